@@ -1,0 +1,36 @@
+# Every target sets up .venv itself; a fresh clone needs only `make demo` / `make test`.
+VENV    := .venv
+PY      := $(VENV)/bin/python
+PYTHON3 ?= python3
+# 8 fake CPU devices for the sharding tests; must be set before JAX is imported.
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+
+.PHONY: venv demo test lint bench rngtest clean
+
+$(VENV)/.installed-dev: pyproject.toml
+	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+$(VENV)/.installed-bench: $(VENV)/.installed-dev
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	touch $@
+
+venv: $(VENV)/.installed-dev
+
+demo: venv
+	$(PY) -m examples.digits.train
+
+test: venv
+	$(PY) -m pytest -q -n 2 tests src/dropmask --doctest-modules
+
+lint: venv
+	$(PY) -m ruff format --check src tests examples benchmarks
+	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m pyright
+
+bench: $(VENV)/.installed-bench
+	XLA_FLAGS= $(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,277 @@
+"""The functional dropout family: one implementation that every module calls.
+
+Channel ("spatial") dropout is ordinary :func:`dropout` with ``broadcast_dims``:
+for images ``x: [batch, height, width, channels]`` pass ``broadcast_dims=(1, 2)`` to
+drop whole feature maps; for sequences ``x: [batch, time, features]`` pass
+``broadcast_dims=(1,)`` to drop the same features at every time step (variational
+dropout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._errors import DtypeError, check_floating, check_key, check_rate, normalize_axes
+from ._random import DEFAULT_IMPL, Impl, check_impl, draw_keep, mask_shape
+
+__all__ = ["alpha_dropout", "drop_path", "dropout", "gaussian_dropout", "word_dropout"]
+
+# SELU's fixed point: the value a dropped unit takes in alpha dropout is
+# -scale * alpha, the SELU output for x -> -inf (Klambauer et al., 2017).
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+_ALPHA_PRIME = -_SELU_SCALE * _SELU_ALPHA
+
+
+def _check_common(x: Any, rate: Any, key: Any, deterministic: bool, fn: str) -> float | None:
+    check_floating(x, fn=fn, hint="" if fn != "dropout" else ", or use word_dropout for token ids")
+    static_rate = check_rate(rate)
+    if not deterministic and static_rate != 0.0:
+        check_key(key, fn=fn)
+    return static_rate
+
+
+def _nan_if_invalid(rate: jax.Array, out: jax.Array) -> jax.Array:
+    """A traced rate cannot be checked at trace time: poison the output instead of clipping."""
+    valid = (rate >= 0) & (rate <= 1)
+    return jnp.where(valid, out, jnp.array(jnp.nan, out.dtype))
+
+
+def dropout(
+    x: jax.typing.ArrayLike,
+    rate: float | jax.Array,
+    key: Any = None,
+    *,
+    broadcast_dims: Sequence[int] = (),
+    deterministic: bool = False,
+    impl: Impl = DEFAULT_IMPL,
+) -> jax.Array:
+    """Zeroes each element with probability ``rate`` and scales the rest by ``1/(1-rate)``.
+
+    Args:
+      x: floating array of any shape ``[...]`` (f16, bf16, f32, f64; dtype preserved).
+      rate: probability of dropping, in ``[0, 1]``: a Python float, or a JAX scalar
+        (e.g. from a schedule) that does not trigger recompilation per value.
+      key: a JAX PRNG key; needed unless ``deterministic`` or ``rate == 0``.
+      broadcast_dims: axes that share one mask value (negative axes allowed).
+      deterministic: if True, return ``x`` unchanged.
+      impl: mask generator; ``"flax"`` is bit-identical to ``flax.linen.Dropout``.
+
+    Returns:
+      An array like ``x``. ``rate == 0`` or ``deterministic`` returns ``x`` itself;
+      ``rate == 1`` returns zeros, with zero (not NaN) gradients. A traced ``rate``
+      outside ``[0, 1]`` makes the output NaN rather than being clipped.
+
+    Raises:
+      DtypeError: ``x`` is not floating point.
+      RateError: a static ``rate`` outside ``[0, 1]`` or NaN.
+      AxisError: a ``broadcast_dims`` axis out of range.
+      MissingKeyError: ``key`` is None in training mode.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> y = dropmask.dropout(jnp.ones((2, 4)), 0.5, jax.random.key(0))
+      >>> sorted(set(y.ravel().tolist())) in ([0.0, 2.0], [2.0], [0.0])
+      True
+    """
+    static_rate = _check_common(x, rate, key, deterministic, "dropout")
+    x = jnp.asarray(x)
+    check_impl(impl)
+    bshape = mask_shape(x.shape, broadcast_dims)
+    if deterministic or static_rate == 0.0:
+        return x
+    if static_rate == 1.0:
+        return jnp.zeros_like(x)
+    if static_rate is not None:
+        # Python float arithmetic, exactly as Flax does it, for bit-identical outputs.
+        keep_prob = 1.0 - static_rate
+        mask, realised = draw_keep(key, bshape, keep_prob, impl)
+        mask = jnp.broadcast_to(mask, x.shape)
+        return lax.select(mask, x / realised, jnp.zeros_like(x))
+    rate = jnp.asarray(rate, dtype=jnp.float32)
+    keep_prob = 1.0 - rate
+    mask, realised = draw_keep(key, bshape, keep_prob, impl)
+    mask = jnp.broadcast_to(mask, x.shape)
+    # At keep_prob == 0 every element is dropped; dividing by 1 instead keeps the
+    # unselected branch (and so the gradient) finite.
+    safe_keep = jnp.where(realised > 0, realised, 1.0).astype(x.dtype)
+    out = lax.select(mask, x / safe_keep, jnp.zeros_like(x))
+    return _nan_if_invalid(rate, out)
+
+
+def drop_path(
+    x: jax.typing.ArrayLike,
+    rate: float | jax.Array,
+    key: Any = None,
+    *,
+    batch_axis: int = 0,
+    deterministic: bool = False,
+    impl: Impl = DEFAULT_IMPL,
+) -> jax.Array:
+    """Stochastic depth: drops whole examples of a residual branch, scaling the rest.
+
+    Args:
+      x: ``[batch, ...]`` floating residual-branch output.
+      rate: probability of dropping an example's branch.
+      key: PRNG key (needed in training mode).
+      batch_axis: the axis that indexes examples; one decision is drawn per index.
+      deterministic: if True, return ``x``.
+      impl: mask generator, as in :func:`dropout`.
+
+    Returns:
+      ``x`` with each example either zeroed or scaled by ``1/(1-rate)``.
+    """
+    x_arr = jnp.asarray(x)
+    (axis,) = normalize_axes((batch_axis,), max(x_arr.ndim, 1), name="batch_axis")
+    others = tuple(i for i in range(x_arr.ndim) if i != axis)
+    return dropout(
+        x_arr, rate, key, broadcast_dims=others, deterministic=deterministic, impl=impl
+    )
+
+
+def word_dropout(
+    tokens: jax.typing.ArrayLike,
+    rate: float | jax.Array,
+    key: Any = None,
+    *,
+    unk_id: int,
+    broadcast_dims: Sequence[int] = (),
+    deterministic: bool = False,
+    impl: Impl = DEFAULT_IMPL,
+) -> jax.Array:
+    """Replaces each token id with ``unk_id`` with probability ``rate`` (no rescaling).
+
+    Args:
+      tokens: integer token ids ``[..., time]``.
+      rate: probability of replacing a token.
+      key: PRNG key (needed in training mode).
+      unk_id: the id dropped tokens become; must fit ``tokens.dtype``.
+      broadcast_dims: axes that share one decision (e.g. drop a word type per batch).
+      deterministic: if True, return ``tokens``.
+      impl: ``"flax"`` draws ``bernoulli(key, rate)`` as the SST-2 example's
+        ``WordDropout`` does, so the replaced positions match it bit for bit.
+
+    Returns:
+      Token ids of the same shape and dtype.
+    """
+    tokens = jnp.asarray(tokens)
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise DtypeError(
+            f"word_dropout expects integer token ids, got dtype {tokens.dtype}. "
+            f"For floating activations use dropout instead."
+        )
+    info = np.iinfo(tokens.dtype)
+    if isinstance(unk_id, bool) or not isinstance(unk_id, int | np.integer):
+        raise TypeError(f"unk_id must be a Python int, got {type(unk_id).__name__}.")
+    if not info.min <= int(unk_id) <= info.max:
+        raise ValueError(
+            f"unk_id={unk_id} does not fit the token dtype {tokens.dtype} (range "
+            f"[{info.min}, {info.max}]). Use a wider dtype, e.g. tokens.astype(jnp.int32)."
+        )
+    static_rate = check_rate(rate)
+    check_impl(impl)
+    bshape = mask_shape(tokens.shape, broadcast_dims)
+    if deterministic or static_rate == 0.0:
+        return tokens
+    if static_rate == 1.0:
+        return jnp.full_like(tokens, unk_id)
+    check_key(key, fn="word_dropout")
+    drop, _ = draw_keep(key, bshape, rate, impl)
+    drop = jnp.broadcast_to(drop, tokens.shape)
+    return jnp.where(drop, jnp.asarray(unk_id, tokens.dtype), tokens)
+
+
+def gaussian_dropout(
+    x: jax.typing.ArrayLike,
+    rate: float,
+    key: Any = None,
+    *,
+    broadcast_dims: Sequence[int] = (),
+    deterministic: bool = False,
+) -> jax.Array:
+    """Multiplies ``x`` by noise drawn from ``N(1, rate / (1 - rate))``.
+
+    The noise has the same mean and variance as the ``mask / keep_prob`` factor of
+    :func:`dropout` at the same rate (Srivastava et al., 2014, section 10).
+
+    Args:
+      x: floating array ``[...]``; noise is drawn in f32 and the result cast back.
+      rate: in ``[0, 1)``; ``rate == 1`` would need infinite variance.
+      key: PRNG key (needed in training mode).
+      broadcast_dims: axes that share one noise value.
+      deterministic: if True, return ``x``.
+
+    Returns:
+      An array like ``x``.
+    """
+    check_floating(x, fn="gaussian_dropout")
+    static_rate = check_rate(rate, allow_one=False)
+    x = jnp.asarray(x)
+    bshape = mask_shape(x.shape, broadcast_dims)
+    if deterministic or static_rate == 0.0:
+        return x
+    check_key(key, fn="gaussian_dropout")
+    rate_arr = jnp.asarray(rate, jnp.float32)
+    std = jnp.sqrt(rate_arr / jnp.where(rate_arr < 1, 1.0 - rate_arr, 1.0))
+    noise = 1.0 + std * jax.random.normal(key, bshape, dtype=jnp.float32)
+    out = (x.astype(jnp.float32) * noise).astype(x.dtype)
+    if static_rate is None:
+        out = jnp.where(rate_arr < 1, out, jnp.array(jnp.nan, x.dtype))
+        out = _nan_if_invalid(rate_arr, out)
+    return out
+
+
+def alpha_dropout(
+    x: jax.typing.ArrayLike,
+    rate: float | jax.Array,
+    key: Any = None,
+    *,
+    broadcast_dims: Sequence[int] = (),
+    deterministic: bool = False,
+    impl: Impl = DEFAULT_IMPL,
+) -> jax.Array:
+    """Dropout for SELU networks: keeps zero mean and unit variance of the activations.
+
+    Dropped units are set to SELU's saturation value ``-scale * alpha`` and the result
+    is transformed by ``a * y + b`` so that a standardised input stays standardised
+    (Klambauer et al., 2017).
+
+    Args:
+      x: floating activations ``[...]``, ideally SELU outputs.
+      rate: probability of dropping, in ``[0, 1]``; ``rate == 1`` returns zeros (the
+        mean of the SELU fixed point), with zero gradients.
+      key: PRNG key (needed in training mode).
+      broadcast_dims: axes that share one mask value.
+      deterministic: if True, return ``x``.
+      impl: mask generator, as in :func:`dropout`.
+
+    Returns:
+      An array like ``x``.
+    """
+    static_rate = _check_common(x, rate, key, deterministic, "alpha_dropout")
+    x = jnp.asarray(x)
+    bshape = mask_shape(x.shape, broadcast_dims)
+    if deterministic or static_rate == 0.0:
+        return x
+    if static_rate == 1.0:
+        return jnp.zeros_like(x)
+    rate_arr = jnp.asarray(rate, jnp.float32)
+    keep_prob = 1.0 - rate_arr if static_rate is None else 1.0 - static_rate
+    mask, realised = draw_keep(key, bshape, keep_prob, impl)
+    mask = jnp.broadcast_to(mask, x.shape)
+    realised = jnp.asarray(realised, jnp.float32)
+    drop_prob = 1.0 - realised
+    safe_keep = jnp.where(realised > 0, realised, 1.0)
+    a = lax.rsqrt(safe_keep * (1.0 + drop_prob * _ALPHA_PRIME**2))
+    b = -a * _ALPHA_PRIME * drop_prob
+    y = jnp.where(mask, x.astype(jnp.float32), _ALPHA_PRIME)
+    out = jnp.where(realised > 0, a * y + b, 0.0).astype(x.dtype)
+    if static_rate is None:
+        out = _nan_if_invalid(rate_arr, out)
+    return out
