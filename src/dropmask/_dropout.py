@@ -9,7 +9,8 @@ dropout).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -18,7 +19,20 @@ import numpy as np
 from jax import lax
 
 from ._errors import DtypeError, check_floating, check_key, check_rate, normalize_axes
-from ._random import DEFAULT_IMPL, Impl, check_impl, draw_keep, mask_shape
+from ._random import (
+    DEFAULT_IMPL,
+    Block,
+    Impl,
+    Threshold,
+    bits_from_words,
+    check_impl,
+    compare,
+    draw_keep,
+    key_words,
+    local_block,
+    mask_shape,
+    threshold,
+)
 
 __all__ = ["alpha_dropout", "drop_path", "dropout", "gaussian_dropout", "word_dropout"]
 
@@ -43,6 +57,58 @@ def _nan_if_invalid(rate: jax.Array, out: jax.Array) -> jax.Array:
     return jnp.where(valid, out, jnp.array(jnp.nan, out.dtype))
 
 
+Combine = Callable[[jax.Array, jax.Array, Any], jax.Array]
+
+
+def _with_keep_mask(
+    x: jax.Array,
+    key: Any,
+    bshape: tuple[int, ...],
+    keep_prob: Any,
+    impl: str,
+    combine: Combine,
+    block: Block | None = None,
+) -> jax.Array:
+    """``combine(x, keep, realised_keep_prob)`` with ``keep: bool[x.shape]`` drawn from ``key``.
+
+    With ``impl="fast"`` the mask is computed inside ``jax.checkpoint``, so reverse-mode
+    autodiff saves only the two key words and regenerates the mask in the backward
+    pass: no per-element residual, and forward-mode (``jvp``, ``hessian``) still works.
+    """
+    if impl == "flax":
+        mask, realised = draw_keep(key, bshape, keep_prob, impl, block)
+        return combine(x, jnp.broadcast_to(mask, x.shape), realised)
+    thr = threshold(keep_prob)
+
+    def regenerate(x: jax.Array, words: jax.Array, value: Any, realised: Any) -> jax.Array:
+        bits = bits_from_words(words, bshape, block)
+        keep = compare(bits, Threshold(thr.shift, value, realised))
+        return combine(x, jnp.broadcast_to(keep, x.shape), realised)
+
+    if isinstance(thr.value, int):  # static: keep the threshold a compile-time constant
+        regenerate = functools.partial(regenerate, value=thr.value, realised=thr.realised)
+        return jax.checkpoint(regenerate, policy=_SAVE_NOTHING)(x, key_words(key))
+    return jax.checkpoint(regenerate, policy=_SAVE_NOTHING)(
+        x, key_words(key), thr.value, thr.realised
+    )
+
+
+_SAVE_NOTHING = jax.checkpoint_policies.nothing_saveable
+
+
+def _compute_dtype(dtype: Any) -> Any:
+    """Half-precision inputs are scaled in f32 so that ``1/keep`` is not rounded first."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _select_scaled(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
+    """``x / realised`` where kept, 0 elsewhere; finite (zero) when ``realised == 0``."""
+    dtype = _compute_dtype(x.dtype)
+    realised = jnp.asarray(realised, dtype)
+    scale = jnp.where(realised > 0, 1.0 / jnp.where(realised > 0, realised, 1.0), 0.0)
+    return lax.select(keep, (x.astype(dtype) * scale).astype(x.dtype), jnp.zeros_like(x))
+
+
 def dropout(
     x: jax.typing.ArrayLike,
     rate: float | jax.Array,
@@ -51,6 +117,8 @@ def dropout(
     broadcast_dims: Sequence[int] = (),
     deterministic: bool = False,
     impl: Impl = DEFAULT_IMPL,
+    global_shape: Sequence[int] | None = None,
+    offset: Sequence[Any] | None = None,
 ) -> jax.Array:
     """Zeroes each element with probability ``rate`` and scales the rest by ``1/(1-rate)``.
 
@@ -61,7 +129,12 @@ def dropout(
       key: a JAX PRNG key; needed unless ``deterministic`` or ``rate == 0``.
       broadcast_dims: axes that share one mask value (negative axes allowed).
       deterministic: if True, return ``x`` unchanged.
-      impl: mask generator; ``"flax"`` is bit-identical to ``flax.linen.Dropout``.
+      impl: mask generator: ``"fast"`` (default; counter-based Philox, mask
+        regenerated in the backward pass, same bits under any jit/vmap/sharding) or
+        ``"flax"`` (bit-identical to ``flax.linen.Dropout``).
+      global_shape: inside ``shard_map``: the global shape ``x`` is a block of. With
+        ``offset`` the local result equals the matching block of the global dropout.
+      offset: the global index of ``x``'s first element, one per axis (may be traced).
 
     Returns:
       An array like ``x``. ``rate == 0`` or ``deterministic`` returns ``x`` itself;
@@ -84,24 +157,25 @@ def dropout(
     x = jnp.asarray(x)
     check_impl(impl)
     bshape = mask_shape(x.shape, broadcast_dims)
+    block = local_block(x.shape, global_shape, offset, broadcast_dims)
     if deterministic or static_rate == 0.0:
         return x
     if static_rate == 1.0:
         return jnp.zeros_like(x)
-    if static_rate is not None:
-        # Python float arithmetic, exactly as Flax does it, for bit-identical outputs.
+    if impl == "flax" and block is not None:
+        raise ValueError(
+            "global_shape/offset need impl='fast'; impl='flax' masks are not blockwise."
+        )
+    if impl == "flax" and static_rate is not None:
+        # Python float arithmetic exactly as Flax does it, for bit-identical outputs.
         keep_prob = 1.0 - static_rate
-        mask, realised = draw_keep(key, bshape, keep_prob, impl)
+        mask, _ = draw_keep(key, bshape, keep_prob, impl)
         mask = jnp.broadcast_to(mask, x.shape)
-        return lax.select(mask, x / realised, jnp.zeros_like(x))
+        return lax.select(mask, x / keep_prob, jnp.zeros_like(x))
+    if static_rate is not None:
+        return _with_keep_mask(x, key, bshape, 1.0 - static_rate, impl, _select_scaled, block)
     rate = jnp.asarray(rate, dtype=jnp.float32)
-    keep_prob = 1.0 - rate
-    mask, realised = draw_keep(key, bshape, keep_prob, impl)
-    mask = jnp.broadcast_to(mask, x.shape)
-    # At keep_prob == 0 every element is dropped; dividing by 1 instead keeps the
-    # unselected branch (and so the gradient) finite.
-    safe_keep = jnp.where(realised > 0, realised, 1.0).astype(x.dtype)
-    out = lax.select(mask, x / safe_keep, jnp.zeros_like(x))
+    out = _with_keep_mask(x, key, bshape, 1.0 - rate, impl, _select_scaled, block)
     return _nan_if_invalid(rate, out)
 
 
@@ -130,9 +204,7 @@ def drop_path(
     x_arr = jnp.asarray(x)
     (axis,) = normalize_axes((batch_axis,), max(x_arr.ndim, 1), name="batch_axis")
     others = tuple(i for i in range(x_arr.ndim) if i != axis)
-    return dropout(
-        x_arr, rate, key, broadcast_dims=others, deterministic=deterministic, impl=impl
-    )
+    return dropout(x_arr, rate, key, broadcast_dims=others, deterministic=deterministic, impl=impl)
 
 
 def word_dropout(
@@ -227,6 +299,18 @@ def gaussian_dropout(
     return out
 
 
+def _alpha_affine(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
+    """``a * where(keep, x, alpha') + b`` with the (a, b) that preserve mean 0, variance 1."""
+    dtype = _compute_dtype(x.dtype)
+    realised = jnp.asarray(realised, dtype)
+    drop = 1.0 - realised
+    safe_keep = jnp.where(realised > 0, realised, 1.0)
+    a = lax.rsqrt(safe_keep * (1.0 + drop * _ALPHA_PRIME**2))
+    b = -a * _ALPHA_PRIME * drop
+    y = jnp.where(keep, x.astype(dtype), jnp.asarray(_ALPHA_PRIME, dtype))
+    return jnp.where(realised > 0, a * y + b, 0.0).astype(x.dtype)
+
+
 def alpha_dropout(
     x: jax.typing.ArrayLike,
     rate: float | jax.Array,
@@ -263,15 +347,7 @@ def alpha_dropout(
         return jnp.zeros_like(x)
     rate_arr = jnp.asarray(rate, jnp.float32)
     keep_prob = 1.0 - rate_arr if static_rate is None else 1.0 - static_rate
-    mask, realised = draw_keep(key, bshape, keep_prob, impl)
-    mask = jnp.broadcast_to(mask, x.shape)
-    realised = jnp.asarray(realised, jnp.float32)
-    drop_prob = 1.0 - realised
-    safe_keep = jnp.where(realised > 0, realised, 1.0)
-    a = lax.rsqrt(safe_keep * (1.0 + drop_prob * _ALPHA_PRIME**2))
-    b = -a * _ALPHA_PRIME * drop_prob
-    y = jnp.where(mask, x.astype(jnp.float32), _ALPHA_PRIME)
-    out = jnp.where(realised > 0, a * y + b, 0.0).astype(x.dtype)
+    out = _with_keep_mask(x, key, bshape, keep_prob, impl, _alpha_affine)
     if static_rate is None:
         out = _nan_if_invalid(rate_arr, out)
     return out

@@ -34,7 +34,9 @@ def _key(module: nn.Module, collection: str, rng: Any) -> jax.Array:
     if rng is not None:
         return rng
     if not (module.has_rng(collection) or module.has_rng("params")):
-        check_key(None, fn=f"{type(module).__name__} {module.name or ''}".strip(), stream=collection)
+        check_key(
+            None, fn=f"{type(module).__name__} {module.name or ''}".strip(), stream=collection
+        )
     return module.make_rng(collection)
 
 

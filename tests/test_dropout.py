@@ -1,0 +1,310 @@
+"""The functional dropout family: semantics, dtypes, transformations, errors."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import dropmask
+
+IMPLS = ("fast", "flax")
+FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32)
+
+
+def _x(shape=(64, 32), dtype=jnp.float32):
+    return jax.random.normal(jax.random.key(42), shape, dtype=jnp.float32).astype(dtype)
+
+
+# --- bit-identity with Flax -----------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(7,), (4, 5), (3, 4, 5), (2, 3, 4, 5)])
+@pytest.mark.parametrize("rate", [0.05, 0.3, 0.5, 0.9])
+def test_flax_impl_bit_identical_to_linen(shape, rate):
+    x, key = _x(shape), jax.random.key(7)
+    ours = dropmask.dropout(x, rate, key, impl="flax")
+    theirs = nn.Dropout(rate, deterministic=False).apply({}, x, rng=key)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+@pytest.mark.parametrize("broadcast_dims", [(0,), (-1,), (0, 2), (1,)])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_flax_impl_bit_identical_with_broadcast_dims(broadcast_dims, dtype):
+    x, key = _x((4, 6, 8), dtype), jax.random.key(3)
+    ours = dropmask.dropout(x, 0.25, key, broadcast_dims=broadcast_dims, impl="flax")
+    theirs = nn.Dropout(0.25, broadcast_dims=broadcast_dims, deterministic=False).apply(
+        {}, x, rng=key
+    )
+    assert ours.dtype == theirs.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(theirs, np.float32))
+
+
+def test_flax_impl_bit_identical_to_nnx():
+    x = _x((16, 16))
+    theirs = nnx.Dropout(0.4, rngs=nnx.Rngs(dropout=11))
+    key = nnx.Rngs(dropout=11)["dropout"].fork()()
+    np.testing.assert_array_equal(
+        np.asarray(dropmask.dropout(x, 0.4, key, impl="flax")), np.asarray(theirs(x))
+    )
+
+
+def test_flax_impl_gradients_match_flax():
+    x, key = _x((8, 8)), jax.random.key(5)
+    ours = jax.grad(lambda x: jnp.sum(jnp.sin(dropmask.dropout(x, 0.3, key, impl="flax"))))(x)
+    layer = nn.Dropout(0.3, deterministic=False)
+    theirs = jax.grad(lambda x: jnp.sum(jnp.sin(layer.apply({}, x, rng=key))))(x)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+# --- semantics ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rate_zero_and_deterministic_return_input_itself(impl):
+    x = _x()
+    assert dropmask.dropout(x, 0.0, None, impl=impl) is x
+    assert dropmask.dropout(x, 0.7, None, deterministic=True, impl=impl) is x
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rate_one_gives_zeros_and_zero_gradients(impl, dtype):
+    x, key = _x(dtype=dtype), jax.random.key(0)
+    y = dropmask.dropout(x, 1.0, key, impl=impl)
+    assert y.dtype == dtype and not np.asarray(y, np.float32).any()
+    g = jax.grad(lambda x: dropmask.dropout(x, 1.0, key, impl=impl).astype(jnp.float32).sum())(x)
+    assert np.isfinite(np.asarray(g, np.float32)).all() and not np.asarray(g, np.float32).any()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_traced_rate_one_is_nan_free_and_does_not_recompile(impl):
+    x, key = _x(), jax.random.key(0)
+    traces = []
+
+    @jax.jit
+    def loss(x, rate):
+        traces.append(1)
+        return jnp.sum(dropmask.dropout(x, rate, key, impl=impl) ** 2)
+
+    for rate in (0.0, 0.2, 0.5, 1.0):
+        value, grad = jax.value_and_grad(loss)(x, jnp.float32(rate))
+        assert np.isfinite(float(value)) and np.isfinite(np.asarray(grad)).all()
+    assert len(traces) == 1
+    assert float(loss(x, jnp.float32(1.0))) == 0.0
+    np.testing.assert_allclose(float(loss(x, jnp.float32(0.0))), float(jnp.sum(x**2)), rtol=1e-6)
+
+
+def test_traced_rate_out_of_range_poisons_output_instead_of_clipping():
+    y = jax.jit(lambda r: dropmask.dropout(_x(), r, jax.random.key(0)))(jnp.float32(1.5))
+    assert np.isnan(np.asarray(y)).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", (*FLOATS, jnp.float64))
+def test_dtype_preserved(impl, dtype):
+    with jax.enable_x64(dtype == jnp.float64):
+        x = jnp.ones((32, 32), dtype)
+        assert dropmask.dropout(x, 0.3, jax.random.key(1), impl=impl).dtype == dtype
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_kept_values_scaled_by_realised_keep_probability(impl):
+    x = jnp.ones((256, 256))
+    y = np.asarray(dropmask.dropout(x, 0.1, jax.random.key(2), impl=impl))
+    kept = y[y != 0]
+    np.testing.assert_allclose(kept, 1 / 0.9, rtol=1e-5)
+    # unbiased: mean within 4 sigma of 1 (per-element variance rate/(1-rate))
+    sigma = np.sqrt(0.1 / 0.9 / y.size)
+    assert abs(y.mean() - 1.0) < 4 * sigma
+
+
+def test_bf16_fast_scaling_is_not_rounded_to_bf16_first():
+    # 1/0.9 rounds to 1.109375 in bf16; scaling in f32 then rounding once is closer.
+    x = jnp.full((64, 64), 3.0, jnp.bfloat16)
+    y = np.asarray(dropmask.dropout(x, 0.1, jax.random.key(0)), np.float32)
+    kept = y[y != 0]
+    expected = float(jnp.asarray(3.0 / 0.9, jnp.bfloat16))
+    np.testing.assert_array_equal(kept, expected)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("broadcast_dims", [(0,), (1,), (-1,), (0, 2)])
+def test_broadcast_dims_share_mask_exactly(impl, broadcast_dims):
+    x = jnp.ones((6, 7, 8))
+    y = np.asarray(
+        dropmask.dropout(x, 0.5, jax.random.key(4), broadcast_dims=broadcast_dims, impl=impl)
+    )
+    for axis in broadcast_dims:
+        first = np.take(y, [0], axis=axis)
+        np.testing.assert_array_equal(y, np.broadcast_to(first, y.shape))
+    assert 0 < (y == 0).mean() < 1
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_jit_matches_eager_and_vmap_over_keys_matches_loop(impl):
+    x = _x((8, 16))
+    keys = jax.random.split(jax.random.key(9), 5)
+    eager = [dropmask.dropout(x, 0.3, k, impl=impl) for k in keys]
+    jitted = jax.jit(lambda k: dropmask.dropout(x, 0.3, k, impl=impl))
+    vmapped = jax.vmap(lambda k: dropmask.dropout(x, 0.3, k, impl=impl))(keys)
+    # Flax divides by keep_prob, which XLA may turn into a multiply under jit: the
+    # masks agree exactly but values only to 1 ulp. "fast" multiplies in both.
+    check = np.testing.assert_array_equal
+    if impl == "flax":
+        check = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-7)  # noqa: E731
+    for i, k in enumerate(keys):
+        check(np.asarray(jitted(k)), np.asarray(eager[i]))
+        check(np.asarray(vmapped[i]), np.asarray(eager[i]))
+        np.testing.assert_array_equal(np.asarray(jitted(k)) != 0, np.asarray(eager[i]) != 0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gradient_is_mask_times_scale(impl):
+    x, key = _x((16, 16)), jax.random.key(6)
+    mask = np.asarray(dropmask.keep_mask(key, x.shape, 0.4, impl=impl))
+    g = jax.grad(lambda x: dropmask.dropout(x, 0.4, key, impl=impl).sum())(x)
+    np.testing.assert_allclose(np.asarray(g), mask / 0.6, rtol=1e-4)
+    y = dropmask.dropout(x, 0.4, key, impl=impl)
+    np.testing.assert_array_equal(np.asarray(y) != 0, mask & (np.asarray(x) != 0))
+
+
+def test_fast_composes_with_remat_scan_jvp_and_higher_order_grad():
+    key, x = jax.random.key(1), _x((4, 8))
+
+    def f(x):
+        return jnp.sum(jnp.tanh(dropmask.dropout(x, 0.5, key)) ** 2)
+
+    g = jax.grad(f)(x)
+    np.testing.assert_allclose(np.asarray(jax.grad(jax.checkpoint(f))(x)), np.asarray(g))
+    _, tangent = jax.jvp(f, (x,), (jnp.ones_like(x),))
+    np.testing.assert_allclose(float(tangent), float(jnp.sum(g)), rtol=1e-5)
+    h = jax.hessian(lambda v: f(v.reshape(4, 8)))(x.ravel())
+    assert h.shape == (32, 32) and np.isfinite(np.asarray(h)).all()
+
+    def body(carry, k):
+        return carry + dropmask.dropout(x, 0.5, k).sum(), None
+
+    keys = jax.random.split(key, 3)
+    total, _ = jax.lax.scan(body, 0.0, keys)
+    expected = sum(float(dropmask.dropout(x, 0.5, k).sum()) for k in keys)
+    np.testing.assert_allclose(float(total), expected, rtol=1e-5)
+
+
+def test_fast_saves_only_the_key_for_backward():
+    x, key = _x((32, 32)), jax.random.key(0)
+    _, residuals = jax.vjp(lambda x: dropmask.dropout(x, 0.3, key), x)
+    leaves = [leaf for leaf in jax.tree.leaves(residuals) if hasattr(leaf, "nbytes")]
+    assert sum(leaf.nbytes for leaf in leaves) <= 64, [(leaf.shape, leaf.dtype) for leaf in leaves]
+
+
+# --- variants -------------------------------------------------------------------
+
+
+def test_drop_path_one_decision_per_example():
+    x = jnp.ones((64, 5, 3))
+    y = np.asarray(dropmask.drop_path(x, 0.5, jax.random.key(0)))
+    per_example = y.reshape(64, -1)
+    assert all(len(set(row.tolist())) == 1 for row in per_example)
+    assert set(np.unique(y).tolist()) == {0.0, 2.0}
+    assert dropmask.drop_path(x, 0.5, None, deterministic=True) is x
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_word_dropout_replaces_with_unk_at_rate(impl):
+    tokens = jnp.arange(1, 200_001, dtype=jnp.int32)
+    out = np.asarray(dropmask.word_dropout(tokens, 0.2, jax.random.key(0), unk_id=0, impl=impl))
+    replaced = out == 0
+    sigma = np.sqrt(0.2 * 0.8 / out.size)
+    assert abs(replaced.mean() - 0.2) < 4 * sigma
+    np.testing.assert_array_equal(out[~replaced], np.asarray(tokens)[~replaced])
+    assert out.dtype == np.int32
+
+
+def test_word_dropout_flax_impl_matches_sst2_example_layer():
+    tokens = jnp.arange(50, dtype=jnp.int32).reshape(5, 10)
+    key = jax.random.key(3)
+    drop = jax.random.bernoulli(key, p=0.3, shape=tokens.shape)
+    expected = jnp.where(drop, jnp.array([1]), tokens)  # the SST-2 WordDropout's last line
+    ours = dropmask.word_dropout(tokens, 0.3, key, unk_id=1, impl="flax")
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(expected))
+
+
+def test_gaussian_dropout_moments():
+    x = jnp.ones((400_000,))
+    y = np.asarray(dropmask.gaussian_dropout(x, 0.2, jax.random.key(0)))
+    var = 0.2 / 0.8
+    assert abs(y.mean() - 1) < 4 * np.sqrt(var / y.size)
+    assert abs(y.var() - var) < 4 * var * np.sqrt(2 / y.size)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_alpha_dropout_preserves_standardised_moments(impl):
+    x = jax.random.normal(jax.random.key(1), (400_000,))
+    y = np.asarray(dropmask.alpha_dropout(x, 0.2, jax.random.key(2), impl=impl))
+    assert abs(y.mean()) < 0.01 and abs(y.std() - 1) < 0.01
+    assert not np.asarray(dropmask.alpha_dropout(x, 1.0, jax.random.key(2))).any()
+
+
+@pytest.mark.parametrize("fn", [dropmask.gaussian_dropout, dropmask.alpha_dropout])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_variants_dtype_jit_vmap_grad(fn, dtype):
+    x, key = _x((4, 8), dtype), jax.random.key(0)
+    y = jax.jit(lambda x: fn(x, 0.3, key))(x)
+    assert y.dtype == dtype
+    ys = jax.vmap(lambda k: fn(x, 0.3, k))(jax.random.split(key, 3))
+    assert ys.shape == (3, 4, 8)
+    g = jax.grad(lambda x: fn(x, 0.3, key).astype(jnp.float32).sum())(x)
+    assert np.isfinite(np.asarray(g, np.float32)).all()
+
+
+# --- errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan")])
+def test_bad_rate(rate):
+    with pytest.raises(dropmask.RateError, match=r"rate must be in \[0, 1\]"):
+        dropmask.dropout(jnp.ones(3), rate, jax.random.key(0))
+    with pytest.raises(dropmask.RateError):
+        dropmask.keep_mask(jax.random.key(0), (3,), rate)
+
+
+def test_gaussian_rate_one_rejected():
+    with pytest.raises(dropmask.RateError, match=r"\[0, 1\)"):
+        dropmask.gaussian_dropout(jnp.ones(3), 1.0, jax.random.key(0))
+
+
+def test_axis_out_of_range():
+    with pytest.raises(dropmask.AxisError, match="axis 3.*2 dimensions"):
+        dropmask.dropout(jnp.ones((2, 2)), 0.5, jax.random.key(0), broadcast_dims=(3,))
+    with pytest.raises(dropmask.AxisError, match="repeats"):
+        dropmask.dropout(jnp.ones((2, 2)), 0.5, jax.random.key(0), broadcast_dims=(1, -1))
+
+
+def test_integer_input_points_to_word_dropout():
+    with pytest.raises(TypeError, match="word_dropout"):
+        dropmask.dropout(jnp.arange(4), 0.5, jax.random.key(0))
+
+
+def test_missing_key_in_training_mode():
+    with pytest.raises(dropmask.MissingKeyError, match="deterministic=True"):
+        dropmask.dropout(jnp.ones(4), 0.5)
+
+
+def test_unk_id_out_of_dtype_range():
+    with pytest.raises(ValueError, match=r"int8 \(range \[-128, 127\]\)"):
+        dropmask.word_dropout(jnp.arange(4, dtype=jnp.int8), 0.5, jax.random.key(0), unk_id=300)
+    with pytest.raises(TypeError, match="integer token ids"):
+        dropmask.word_dropout(jnp.ones(4), 0.5, jax.random.key(0), unk_id=0)
+
+
+def test_bad_impl():
+    with pytest.raises(ValueError, match="impl must be one of"):
+        dropmask.dropout(jnp.ones(4), 0.5, jax.random.key(0), impl="torch")  # type: ignore[arg-type]
+
+
+def test_errors_raised_before_any_work():
+    # raised at trace time: no array is computed inside jit before the error
+    with pytest.raises(dropmask.RateError):
+        jax.jit(lambda x: dropmask.dropout(x, 2.0, jax.random.key(0))).lower(jnp.ones(3))
