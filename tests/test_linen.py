@@ -1,0 +1,136 @@
+"""dropmask.linen: a drop-in for flax.linen.Dropout and the variant layers."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dropmask
+from dropmask import linen as dl
+
+
+class MLP(nn.Module):
+    dropout_cls: type
+    impl_kwargs: dict
+
+    @nn.compact
+    def __call__(self, x, training: bool):
+        x = nn.Dense(16)(x)
+        x = self.dropout_cls(0.3, deterministic=not training, **self.impl_kwargs)(x)
+        x = nn.Dense(16)(nn.relu(x))
+        x = self.dropout_cls(0.5, broadcast_dims=(0,), **self.impl_kwargs)(x, not training)
+        return nn.Dense(3)(x)
+
+
+def test_swapping_flax_dropout_gives_identical_outputs_and_gradients():
+    x = jax.random.normal(jax.random.key(0), (8, 5))
+    theirs = MLP(nn.Dropout, {})
+    ours = MLP(dl.Dropout, {"impl": "flax"})
+    params = theirs.init(jax.random.key(1), x, training=False)
+    rngs = {"dropout": jax.random.key(2)}
+
+    def loss(model, p):
+        return jnp.sum(model.apply(p, x, training=True, rngs=rngs) ** 2)
+
+    np.testing.assert_array_equal(
+        np.asarray(ours.apply(params, x, training=True, rngs=rngs)),
+        np.asarray(theirs.apply(params, x, training=True, rngs=rngs)),
+    )
+    g_ours, g_theirs = (
+        jax.grad(lambda p: loss(ours, p))(params),
+        jax.grad(lambda p: loss(theirs, p))(params),
+    )
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), g_ours, g_theirs
+    )
+
+
+def test_default_impl_trains_evaluates_and_is_reproducible():
+    x = jnp.ones((4, 5))
+    model = MLP(dl.Dropout, {})
+    params = model.init(jax.random.key(1), x, training=False)
+    a = model.apply(params, x, training=True, rngs={"dropout": jax.random.key(3)})
+    b = model.apply(params, x, training=True, rngs={"dropout": jax.random.key(3)})
+    c = model.apply(params, x, training=True, rngs={"dropout": jax.random.key(4)})
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(a), np.asarray(c))
+    evals = model.apply(params, x, training=False)
+    np.testing.assert_array_equal(
+        np.asarray(evals), np.asarray(model.apply(params, x, training=False))
+    )
+
+
+def test_merge_param_errors_like_flax():
+    x = jnp.ones((2, 3))
+    with pytest.raises(ValueError, match="passed to the constructor and at call time"):
+        dl.Dropout(0.5, deterministic=True).apply({}, x, deterministic=True)
+    with pytest.raises(ValueError, match="must be passed to the constructor or at call time"):
+        dl.Dropout(0.5).apply({}, x)
+
+
+def test_missing_stream_names_it_and_shows_fix():
+    with pytest.raises(dropmask.MissingKeyError, match=r"rngs=\{'noise': jax.random.key\(0\)\}"):
+        dl.Dropout(0.5, rng_collection="noise").apply({}, jnp.ones(3), deterministic=False)
+
+
+def test_init_in_training_mode_falls_back_to_params_stream_like_flax():
+    x = jnp.ones((2, 3))
+    ours = dl.Dropout(0.5, deterministic=False, impl="flax").init_with_output(jax.random.key(0), x)[
+        0
+    ]
+    theirs = nn.Dropout(0.5, deterministic=False).init_with_output(jax.random.key(0), x)[0]
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def test_explicit_rng_argument_and_custom_collection():
+    x, key = jnp.ones((6, 6)), jax.random.key(9)
+    y = dl.Dropout(0.5, deterministic=False).apply({}, x, rng=key)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(dropmask.dropout(x, 0.5, key)))
+    z = dl.Dropout(0.5, rng_collection="attn").apply({}, x, False, rngs={"attn": key})
+    assert z.shape == x.shape
+
+
+def test_traced_rate_field_for_schedules():
+    x = jnp.ones((64, 64))
+
+    @jax.jit
+    def run(rate):
+        return dl.Dropout(rate, deterministic=False).apply(
+            {}, x, rngs={"dropout": jax.random.key(0)}
+        )
+
+    assert float(jnp.mean(run(jnp.float32(0.0)))) == 1.0
+    assert float(jnp.mean(run(jnp.float32(1.0)))) == 0.0
+
+
+def test_rate_zero_does_not_consume_rng():
+    # Flax skips make_rng for rate 0, so later layers' keys are unchanged; so do we.
+    class Two(nn.Module):
+        cls: type
+
+        @nn.compact
+        def __call__(self, x):
+            x = self.cls(0.0, deterministic=False)(x)
+            return self.cls(0.5, deterministic=False)(x)
+
+    x, rngs = jnp.ones((8, 8)), {"dropout": jax.random.key(1)}
+    np.testing.assert_array_equal(
+        np.asarray(Two(lambda *a, **k: dl.Dropout(*a, impl="flax", **k)).apply({}, x, rngs=rngs)),
+        np.asarray(Two(nn.Dropout).apply({}, x, rngs=rngs)),
+    )
+
+
+def test_variant_layers():
+    rngs = {"dropout": jax.random.key(0)}
+    tokens = jnp.arange(1, 101, dtype=jnp.int32).reshape(10, 10)
+    out = dl.WordDropout(0.5, unk_id=0).apply({}, tokens, False, rngs=rngs)
+    assert out.dtype == jnp.int32 and 0 < float(jnp.mean(out == 0)) < 1
+    assert dl.WordDropout(0.5, unk_id=0, deterministic=True).apply({}, tokens) is tokens
+    x = jnp.ones((16, 4))
+    y = dl.DropPath(0.5).apply({}, x, False, rngs=rngs)
+    assert all(len(set(row.tolist())) == 1 for row in np.asarray(y))
+    assert dl.GaussianDropout(0.2).apply({}, x, False, rngs=rngs).shape == x.shape
+    assert dl.AlphaDropout(0.2).apply({}, x, False, rngs=rngs).shape == x.shape
+    for layer in (dl.GaussianDropout(0.2), dl.AlphaDropout(0.2), dl.DropPath(0.2)):
+        assert layer.apply({}, x, True) is x

@@ -1,0 +1,99 @@
+"""dropmask.nnx: a drop-in for flax.nnx.Dropout and the variant layers."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import dropmask
+from dropmask import nnx as dnnx
+
+
+class MLP(nnx.Module):
+    def __init__(self, dropout_cls, rngs: nnx.Rngs, **kwargs):
+        self.linear = nnx.Linear(4, 8, rngs=rngs)
+        self.dropout = dropout_cls(0.5, rngs=rngs, **kwargs)
+        self.out = nnx.Linear(8, 2, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(self.dropout(self.linear(x)))
+
+
+def test_swapping_nnx_dropout_gives_identical_outputs_and_gradients():
+    x = jax.random.normal(jax.random.key(0), (16, 4))
+    ours = MLP(dnnx.Dropout, nnx.Rngs(params=0, dropout=1), impl="flax")
+    theirs = MLP(nnx.Dropout, nnx.Rngs(params=0, dropout=1))
+    for _ in range(3):  # the forked stream advances identically
+        np.testing.assert_array_equal(np.asarray(ours(x)), np.asarray(theirs(x)))
+
+    def loss(model):
+        return jnp.sum(model(x) ** 2)
+
+    g_ours, g_theirs = nnx.grad(loss)(ours), nnx.grad(loss)(theirs)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+        nnx.state(g_ours, nnx.Param),
+        nnx.state(g_theirs, nnx.Param),
+    )
+
+
+def test_train_eval_and_view():
+    x = jnp.ones((8, 4))
+    model = MLP(dnnx.Dropout, nnx.Rngs(params=0, dropout=1))
+    model.eval()
+    a, b = model(x), model(x)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    model.train()
+    assert not np.array_equal(np.asarray(model(x)), np.asarray(model(x)))
+    frozen = nnx.view(model, deterministic=True)
+    np.testing.assert_array_equal(np.asarray(frozen(x)), np.asarray(a))
+
+
+def test_call_time_arguments_take_precedence():
+    x = jnp.ones((32,))
+    layer = dnnx.Dropout(0.5, deterministic=True)
+    assert layer(x) is x
+    key = jax.random.key(3)
+    y = layer(x, deterministic=False, rngs=key)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(dropmask.dropout(x, 0.5, key)))
+    z = layer(x, deterministic=False, rngs=nnx.Rngs(dropout=3))
+    assert z.shape == x.shape
+
+
+def test_errors():
+    layer = dnnx.Dropout(0.5)
+    with pytest.raises(dropmask.MissingKeyError, match=r"rngs=nnx.Rngs\(dropout=0\)"):
+        layer(jnp.ones(3))
+    with pytest.raises(ValueError, match="No `deterministic`"):
+        dnnx.Dropout(0.5, deterministic=None, rngs=nnx.Rngs(0))(jnp.ones(3))
+    with pytest.raises(TypeError, match="rngs must be"):
+        dnnx.Dropout(0.5, rngs=3)  # type: ignore[arg-type]
+
+
+def test_jit_with_nnx_transforms():
+    model = MLP(dnnx.Dropout, nnx.Rngs(params=0, dropout=1))
+
+    @nnx.jit
+    def step(model, x):
+        return model(x)
+
+    x = jnp.ones((4, 4))
+    assert not np.array_equal(np.asarray(step(model, x)), np.asarray(step(model, x)))
+
+
+def test_variant_layers():
+    rngs = nnx.Rngs(dropout=0)
+    tokens = jnp.arange(1, 101, dtype=jnp.int32)
+    out = dnnx.WordDropout(0.5, unk_id=0, rngs=rngs)(tokens)
+    assert out.dtype == jnp.int32 and 0 < float(jnp.mean(out == 0)) < 1
+    x = jnp.ones((16, 4))
+    y = dnnx.DropPath(0.5, rngs=rngs)(x)
+    assert all(len(set(row.tolist())) == 1 for row in np.asarray(y))
+    for layer in (
+        dnnx.GaussianDropout(0.2, rngs=rngs),
+        dnnx.AlphaDropout(0.2, rngs=rngs),
+        dnnx.Dropout(0.2, broadcast_dims=(0,), rngs=rngs),
+    ):
+        assert layer(x).shape == x.shape
+        assert layer(x, deterministic=True) is x

@@ -1,0 +1,105 @@
+"""The fast mask is the same for every sharding, and needs no communication."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import dropmask
+from dropmask import linen as dl
+
+SHAPE = (64, 128)
+COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
+
+
+def _mesh(n: int) -> Mesh:
+    if len(jax.devices()) < n:
+        pytest.skip(f"needs {n} devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    return Mesh(np.array(jax.devices()[:n]), ("d",))
+
+
+@functools.cache
+def _reference(broadcast_dims=()):
+    x = jnp.ones(SHAPE)
+    return np.asarray(dropmask.dropout(x, 0.5, jax.random.key(0), broadcast_dims=broadcast_dims))
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("broadcast_dims", [(), (0,), (1,)])
+def test_named_sharding_bit_identical_and_communication_free(n, axis, broadcast_dims):
+    spec = PartitionSpec(*(("d" if i == axis else None) for i in range(2)))
+    sharding = NamedSharding(_mesh(n), spec)
+    x = jax.device_put(jnp.ones(SHAPE), sharding)
+    f = jax.jit(
+        lambda x, k: dropmask.dropout(x, 0.5, k, broadcast_dims=broadcast_dims),
+        out_shardings=sharding,
+    )
+    key = jax.random.key(0)
+    np.testing.assert_array_equal(np.asarray(f(x, key)), _reference(broadcast_dims))
+    hlo = f.lower(x, key).compile().as_text()
+    assert not any(op in hlo for op in COLLECTIVES), [op for op in COLLECTIVES if op in hlo]
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_shard_map_with_global_offsets(n):
+    mesh = _mesh(n)
+    rows = SHAPE[0] // n
+
+    def local(x, key):
+        offset = (jax.lax.axis_index("d") * rows, 0)
+        return dropmask.dropout(x, 0.5, key, global_shape=SHAPE, offset=offset)
+
+    f = jax.jit(
+        jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(PartitionSpec("d"), PartitionSpec()),
+            out_specs=PartitionSpec("d"),
+        )
+    )
+    np.testing.assert_array_equal(np.asarray(f(jnp.ones(SHAPE), jax.random.key(0))), _reference())
+
+
+class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x, training: bool):
+        x = nn.relu(nn.Dense(32)(x))
+        x = dl.Dropout(0.3, deterministic=not training)(x)
+        return nn.Dense(4)(x)
+
+
+def test_data_parallel_step_matches_single_device():
+    mesh = _mesh(8)
+    x = jax.random.normal(jax.random.key(0), (64, 8))
+    y = jax.random.randint(jax.random.key(1), (64,), 0, 4)
+    model = MLP()
+    params = model.init(jax.random.key(2), x, training=False)
+    tx = optax.sgd(0.1)
+
+    def step(params, opt_state, x, y, key):
+        def loss_fn(p):
+            logits = model.apply(p, x, training=True, rngs={"dropout": key})
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    key = jax.random.fold_in(jax.random.key(3), 0)
+    single = jax.jit(step)(params, tx.init(params), x, y, key)
+    data = NamedSharding(mesh, PartitionSpec("d"))
+    sharded = jax.jit(step)(
+        params, tx.init(params), jax.device_put(x, data), jax.device_put(y, data), key
+    )
+    np.testing.assert_allclose(float(sharded[2]), float(single[2]), rtol=1e-6)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6),
+        sharded[0],
+        single[0],
+    )
