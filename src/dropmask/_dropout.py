@@ -261,7 +261,7 @@ def word_dropout(
 
 def gaussian_dropout(
     x: jax.typing.ArrayLike,
-    rate: float,
+    rate: float | jax.Array,
     key: Any = None,
     *,
     broadcast_dims: Sequence[int] = (),

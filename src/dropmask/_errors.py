@@ -52,8 +52,11 @@ def concrete_value(x: Any) -> float | None:
         return float(x)
     if isinstance(x, np.ndarray) and x.shape == ():
         return float(x)
-    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.shape == ():
-        return float(x)
+    if isinstance(x, jax.Array) and x.shape == ():
+        try:
+            return float(x)
+        except jax.errors.ConcretizationTypeError:  # a tracer: known only at run time
+            return None
     return None
 
 

@@ -31,6 +31,8 @@ _NO_DETERMINISTIC = (
 class _Stochastic(nnx.Module):
     """Shared constructor and key/mode resolution for the stochastic layers."""
 
+    impl: Impl
+
     def __init__(
         self,
         rate: float | jax.Array,
