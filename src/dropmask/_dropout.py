@@ -9,7 +9,6 @@ dropout).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,21 +78,41 @@ def _with_keep_mask(
         mask, realised = draw_keep(key, bshape, keep_prob, impl, block)
         return combine(x, jnp.broadcast_to(mask, x.shape), realised)
     thr = threshold(keep_prob)
+    global_shape, offset = (None, None) if block is None else (block.global_shape, block.offset)
+    static = (bshape, thr.shift, global_shape, combine)
+    if isinstance(thr.value, int):  # a static rate: the threshold is a compile-time constant
+        return _regenerate_static(*static, x, key_words(key), offset, thr.value, thr.realised)
+    return _regenerate_traced(*static, x, key_words(key), offset, thr.value, thr.realised)
 
-    def regenerate(x: jax.Array, words: jax.Array, value: Any, realised: Any) -> jax.Array:
-        bits = bits_from_words(words, bshape, block)
-        keep = compare(bits, Threshold(thr.shift, value, realised))
-        return combine(x, jnp.broadcast_to(keep, x.shape), realised)
 
-    if isinstance(thr.value, int):  # static: keep the threshold a compile-time constant
-        regenerate = functools.partial(regenerate, value=thr.value, realised=thr.realised)
-        return jax.checkpoint(regenerate, policy=_SAVE_NOTHING)(x, key_words(key))
-    return jax.checkpoint(regenerate, policy=_SAVE_NOTHING)(
-        x, key_words(key), thr.value, thr.realised
-    )
+def _regenerate(
+    bshape: tuple[int, ...],
+    shift: int,
+    global_shape: tuple[int, ...] | None,
+    combine: Combine,
+    x: jax.Array,
+    words: jax.Array,
+    offset: tuple[Any, ...] | None,
+    value: Any,
+    realised: Any,
+) -> jax.Array:
+    block = None if global_shape is None or offset is None else Block(global_shape, offset)
+    keep = compare(bits_from_words(words, bshape, block), Threshold(shift, value, realised))
+    return combine(x, jnp.broadcast_to(keep, x.shape), realised)
 
 
 _SAVE_NOTHING = jax.checkpoint_policies.nothing_saveable
+# Module-level and jitted, so that eager calls hit a compilation cache instead of
+# re-tracing the checkpointed body op by op; under an outer jit they are inlined.
+_STATIC_SHAPE_ARGS = (0, 1, 2, 3)
+_regenerate_traced = jax.jit(
+    jax.checkpoint(_regenerate, policy=_SAVE_NOTHING, static_argnums=_STATIC_SHAPE_ARGS),
+    static_argnums=_STATIC_SHAPE_ARGS,
+)
+_regenerate_static = jax.jit(
+    jax.checkpoint(_regenerate, policy=_SAVE_NOTHING, static_argnums=(*_STATIC_SHAPE_ARGS, 7, 8)),
+    static_argnums=(*_STATIC_SHAPE_ARGS, 7, 8),
+)
 
 
 def _compute_dtype(dtype: Any) -> Any:
@@ -101,12 +120,26 @@ def _compute_dtype(dtype: Any) -> Any:
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def _scale_and_fill(realised: Any, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    """``1/realised`` (0 when nothing is kept) and the value for dropped elements (0).
+
+    Both are NaN when ``realised`` is NaN (a traced rate outside [0, 1]), so that the
+    whole output is NaN; they are scalars, so no per-element residual is needed.
+    """
+    realised = jnp.asarray(realised, dtype)
+    positive = realised > 0
+    scale = jnp.where(positive, 1.0 / jnp.where(positive, realised, 1.0), 0.0)
+    invalid = jnp.isnan(realised)
+    return jnp.where(invalid, jnp.nan, scale), jnp.where(invalid, jnp.nan, 0.0)
+
+
 def _select_scaled(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
     """``x / realised`` where kept, 0 elsewhere; finite (zero) when ``realised == 0``."""
     dtype = _compute_dtype(x.dtype)
-    realised = jnp.asarray(realised, dtype)
-    scale = jnp.where(realised > 0, 1.0 / jnp.where(realised > 0, realised, 1.0), 0.0)
-    return lax.select(keep, (x.astype(dtype) * scale).astype(x.dtype), jnp.zeros_like(x))
+    scale, fill = _scale_and_fill(realised, dtype)
+    return lax.select(keep, x.astype(dtype) * scale, jnp.broadcast_to(fill, x.shape)).astype(
+        x.dtype
+    )
 
 
 def dropout(
@@ -175,8 +208,10 @@ def dropout(
     if static_rate is not None:
         return _with_keep_mask(x, key, bshape, 1.0 - static_rate, impl, _select_scaled, block)
     rate = jnp.asarray(rate, dtype=jnp.float32)
-    out = _with_keep_mask(x, key, bshape, 1.0 - rate, impl, _select_scaled, block)
-    return _nan_if_invalid(rate, out)
+    if impl == "flax":
+        out = _with_keep_mask(x, key, bshape, 1.0 - rate, impl, _select_scaled, block)
+        return _nan_if_invalid(rate, out)
+    return _with_keep_mask(x, key, bshape, 1.0 - rate, impl, _select_scaled, block)
 
 
 def drop_path(
@@ -308,7 +343,8 @@ def _alpha_affine(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
     a = lax.rsqrt(safe_keep * (1.0 + drop * _ALPHA_PRIME**2))
     b = -a * _ALPHA_PRIME * drop
     y = jnp.where(keep, x.astype(dtype), jnp.asarray(_ALPHA_PRIME, dtype))
-    return jnp.where(realised > 0, a * y + b, 0.0).astype(x.dtype)
+    _, fill = _scale_and_fill(realised, dtype)
+    return jnp.where(realised > 0, a * y + b, fill).astype(x.dtype)
 
 
 def alpha_dropout(
@@ -348,6 +384,6 @@ def alpha_dropout(
     rate_arr = jnp.asarray(rate, jnp.float32)
     keep_prob = 1.0 - rate_arr if static_rate is None else 1.0 - static_rate
     out = _with_keep_mask(x, key, bshape, keep_prob, impl, _alpha_affine)
-    if static_rate is None:
+    if static_rate is None and impl == "flax":
         out = _nan_if_invalid(rate_arr, out)
     return out

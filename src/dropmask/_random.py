@@ -181,8 +181,11 @@ def threshold(p: Any) -> Threshold:
                 return Threshold(32 - nbits, value, realised)
     p = jnp.asarray(p, jnp.float32)
     scale = float(2**_TRACED_BITS)
-    value = jnp.round(p * scale)
-    return Threshold(32 - _TRACED_BITS, value.astype(_U32), value / scale)
+    value = jnp.round(jnp.clip(p, 0.0, 1.0) * scale)
+    # A traced probability cannot be validated at trace time; outside [0, 1] (or NaN)
+    # it yields realised = NaN, which callers turn into NaN outputs, never a clip.
+    realised = jnp.where((p >= 0) & (p <= 1), value / scale, jnp.nan)
+    return Threshold(32 - _TRACED_BITS, value.astype(_U32), realised)
 
 
 def compare(bits: jax.Array, thr: Threshold) -> jax.Array:
