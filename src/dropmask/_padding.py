@@ -1,0 +1,548 @@
+"""Host-side padding, bucketing and packing: NumPy, run before ``jit``.
+
+Every function takes a list of arrays ``[length_i, *inner]`` (the inner shape is
+shared) and returns NumPy arrays. Three ways to batch variable-length data:
+
+* :func:`pad_sequences` pads to one length (the longest, or ``max_len``).
+* :func:`pad_to_bucket` / :func:`bucket_by_length` pad to the smallest of a few
+  fixed lengths, so a jitted step compiles at most ``len(buckets)`` shapes.
+* :func:`pack_sequences` concatenates short sequences into fixed-length rows with
+  ``segment_ids`` (1, 2, ...; 0 = padding) and per-segment ``positions``, for
+  :func:`dropmask.segment_mask`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from ._masks import check_static_int
+
+__all__ = [
+    "BucketBatch",
+    "Packed",
+    "bucket_boundaries",
+    "bucket_by_length",
+    "pack_sequences",
+    "pad_sequences",
+    "pad_to_bucket",
+    "unpack_sequences",
+]
+
+Side = Literal["right", "left"]
+
+
+# ----------------------------------------------------------------- validation
+
+
+def _check_choice(value: Any, name: str, fn: str, *, allow_none: bool) -> None:
+    choices: tuple[Any, ...] = ("right", "left") + ((None,) if allow_none else ())
+    if value not in choices:
+        raise ValueError(f"{fn}: {name} must be one of {choices}, got {value!r}.")
+
+
+class _Layout:
+    """The shared inner shape of a stream of sequences, checked one by one.
+
+    An empty 1-D sequence (``[]``) fits any inner shape.
+    """
+
+    def __init__(self, fn: str) -> None:
+        self.fn = fn
+        self.inner: tuple[int, ...] | None = None
+        self.first = -1
+
+    def add(self, index: int, seq: Any) -> np.ndarray:
+        a = np.asarray(seq)
+        if a.ndim == 0:
+            raise ValueError(
+                f"{self.fn}: sequence {index} is a scalar; each sequence must be an array "
+                f"[length, ...]. Wrap single values in a list."
+            )
+        if a.shape == (0,):
+            return a
+        if self.inner is None:
+            self.inner, self.first = a.shape[1:], index
+        elif a.shape[1:] != self.inner:
+            raise ValueError(
+                f"{self.fn}: sequence {index} has inner shape {a.shape[1:]} but sequence "
+                f"{self.first} has {self.inner}; every sequence must be [length, *inner] "
+                f"with the same inner shape."
+            )
+        return a
+
+    def shaped(self, a: np.ndarray) -> np.ndarray:
+        return a.reshape((0, *(self.inner or ()))) if a.shape == (0,) else a
+
+
+def _collect(seqs: Iterable[Any], fn: str, dtype: Any) -> tuple[list[np.ndarray], np.dtype, tuple]:
+    """Validates a finite collection: ``(arrays, dtype, inner shape)``."""
+    layout = _Layout(fn)
+    arrays = [layout.add(i, s) for i, s in enumerate(seqs)]
+    if not arrays:
+        raise ValueError(f"{fn}: got no sequences; pass a non-empty list of arrays [length, ...].")
+    arrays = [layout.shaped(a) for a in arrays]
+    if dtype is None:
+        nonempty = [a for a in arrays if a.shape[0] > 0]
+        out_dtype = np.result_type(*(nonempty or arrays))
+    else:
+        out_dtype = np.dtype(dtype)
+    return arrays, out_dtype, layout.inner or ()
+
+
+def _check_pad_value(pad_value: Any, dtype: np.dtype, fn: str) -> None:
+    if np.ndim(pad_value) != 0:
+        raise ValueError(f"{fn}: pad_value must be a scalar, got shape {np.shape(pad_value)}.")
+    if np.issubdtype(dtype, np.integer):
+        value = float(pad_value)
+        info = np.iinfo(dtype)
+        if not value.is_integer() or not info.min <= value <= info.max:
+            raise ValueError(
+                f"{fn}: pad_value={pad_value!r} cannot be stored in dtype {dtype} (integers "
+                f"in [{info.min}, {info.max}]). Pick another pad_value or pass dtype=."
+            )
+
+
+def _too_long(lengths: np.ndarray, limit: int, fn: str, what: str) -> None:
+    over = np.flatnonzero(lengths > limit)
+    if over.size:
+        i = int(over[np.argmax(lengths[over])])
+        raise ValueError(
+            f"{fn}: {over.size} sequence(s) are longer than {what}={limit} (the longest, "
+            f"index {i}, has length {int(lengths[i])}). Pass truncate='right' (keep the "
+            f"start) or truncate='left' (keep the end), or allow a longer {what}."
+        )
+
+
+def _cut(a: np.ndarray, limit: int, truncate: str | None) -> np.ndarray:
+    if a.shape[0] <= limit:
+        return a
+    return a[:limit] if truncate == "right" else a[a.shape[0] - limit :]
+
+
+# ----------------------------------------------------------------- padding
+
+
+def pad_sequences(
+    seqs: Iterable[Any],
+    *,
+    pad_value: Any = 0,
+    max_len: int | None = None,
+    multiple_of: int | None = None,
+    side: Side = "right",
+    truncate: Side | None = None,
+    dtype: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pads sequences to a common length.
+
+    Args:
+      seqs: arrays ``[length_i, *inner]`` (lists are fine); lengths may be 0.
+      pad_value: scalar written into padding; must fit ``dtype``.
+      max_len: padded length; default: the longest sequence.
+      multiple_of: round the default length up to a multiple of this (e.g. 8 for
+        tensor cores); with ``max_len`` it must divide ``max_len``.
+      side: ``"right"`` (padding after the data) or ``"left"``.
+      truncate: what to do with sequences longer than ``max_len``: None raises,
+        ``"right"`` drops their end, ``"left"`` drops their start.
+      dtype: output dtype; default: the common dtype of the non-empty sequences.
+
+    Returns:
+      ``(padded [batch, length, *inner], lengths int32[batch])``.
+
+    Raises:
+      ValueError: no sequences, mixed inner shapes, a sequence longer than
+        ``max_len`` without ``truncate``, or an invalid option.
+
+    Example:
+      >>> import dropmask
+      >>> padded, lengths = dropmask.pad_sequences([[1, 2, 3], [4, 5], [6, 7, 8, 9]])
+      >>> padded.tolist(), lengths.tolist()
+      ([[1, 2, 3, 0], [4, 5, 0, 0], [6, 7, 8, 9]], [3, 2, 4])
+    """
+    fn = "pad_sequences"
+    _check_choice(side, "side", fn, allow_none=False)
+    _check_choice(truncate, "truncate", fn, allow_none=True)
+    if max_len is not None:
+        max_len = check_static_int(max_len, name="max_len", fn=fn)
+    if multiple_of is not None:
+        multiple_of = check_static_int(multiple_of, name="multiple_of", fn=fn, minimum=1)
+        if max_len is not None and max_len % multiple_of:
+            raise ValueError(
+                f"{fn}: max_len={max_len} is not a multiple of multiple_of={multiple_of}; pass "
+                f"max_len={math.ceil(max_len / multiple_of) * multiple_of} or drop one of them."
+            )
+    arrays, out_dtype, inner = _collect(seqs, fn, dtype)
+    _check_pad_value(pad_value, out_dtype, fn)
+    lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+    if max_len is None:
+        length = int(lengths.max())
+        if multiple_of is not None:
+            length = math.ceil(length / multiple_of) * multiple_of
+    else:
+        length = max_len
+        if truncate is None:
+            _too_long(lengths, length, fn, "max_len")
+    return _fill(arrays, length, inner, out_dtype, pad_value, side, truncate)
+
+
+def _fill(
+    arrays: Sequence[np.ndarray],
+    length: int,
+    inner: tuple,
+    dtype: np.dtype,
+    pad_value: Any,
+    side: str,
+    truncate: str | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    out = np.full((len(arrays), length, *inner), pad_value, dtype=dtype)
+    lengths = np.empty(len(arrays), dtype=np.int32)
+    for i, a in enumerate(arrays):
+        a = _cut(a, length, truncate)
+        n = a.shape[0]
+        lengths[i] = n
+        if side == "right":
+            out[i, :n] = a
+        else:
+            out[i, length - n :] = a
+    return out, lengths
+
+
+# ----------------------------------------------------------------- bucketing
+
+
+def _check_buckets(buckets: Sequence[int], fn: str) -> tuple[int, ...]:
+    out = tuple(check_static_int(b, name="buckets[i]", fn=fn, minimum=1) for b in buckets)
+    if not out or any(a >= b for a, b in zip(out, out[1:], strict=False)):
+        raise ValueError(
+            f"{fn}: buckets must be a non-empty, strictly increasing sequence of lengths, "
+            f"got {tuple(buckets)!r}."
+        )
+    return out
+
+
+def bucket_boundaries(
+    lengths: Sequence[int] | np.ndarray, num_buckets: int, *, multiple_of: int = 1
+) -> tuple[int, ...]:
+    """Bucket lengths at quantiles of a dataset's sequence lengths.
+
+    Args:
+      lengths: the dataset's sequence lengths (non-negative ints).
+      num_buckets: at most this many buckets are returned.
+      multiple_of: round every boundary up to a multiple of this.
+
+    Returns:
+      Strictly increasing lengths; the last one fits the longest sequence.
+
+    Example:
+      >>> import dropmask
+      >>> dropmask.bucket_boundaries([3, 5, 9, 17, 30, 31], 3, multiple_of=8)
+      (16, 32)
+    """
+    fn = "bucket_boundaries"
+    num_buckets = check_static_int(num_buckets, name="num_buckets", fn=fn, minimum=1)
+    multiple_of = check_static_int(multiple_of, name="multiple_of", fn=fn, minimum=1)
+    arr = np.asarray(lengths)
+    if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{fn}: lengths must be a non-empty 1-D list of ints, got {arr!r}.")
+    if arr.min() < 0:
+        raise ValueError(f"{fn}: lengths must be >= 0, got {int(arr.min())}.")
+    qs = np.quantile(arr, np.linspace(0, 1, num_buckets + 1)[1:], method="higher")
+    rounded = {max(multiple_of, math.ceil(int(q) / multiple_of) * multiple_of) for q in qs}
+    return tuple(sorted(rounded))
+
+
+def pad_to_bucket(
+    seqs: Iterable[Any],
+    buckets: Sequence[int],
+    *,
+    pad_value: Any = 0,
+    side: Side = "right",
+    truncate: Side | None = None,
+    dtype: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pads a batch to the smallest bucket length that fits its longest sequence.
+
+    Args:
+      seqs: arrays ``[length_i, *inner]``.
+      buckets: strictly increasing allowed lengths.
+      pad_value, side, dtype: as in :func:`pad_sequences`.
+      truncate: for sequences longer than the largest bucket: None raises,
+        ``"right"``/``"left"`` cut them to it.
+
+    Returns:
+      ``(padded [batch, bucket, *inner], lengths int32[batch])``.
+
+    Example:
+      >>> import dropmask
+      >>> dropmask.pad_to_bucket([[1, 2, 3], [4]], buckets=(2, 4, 8))[0].shape
+      (2, 4)
+    """
+    fn = "pad_to_bucket"
+    buckets = _check_buckets(buckets, fn)
+    _check_choice(side, "side", fn, allow_none=False)
+    _check_choice(truncate, "truncate", fn, allow_none=True)
+    arrays, out_dtype, inner = _collect(seqs, fn, dtype)
+    _check_pad_value(pad_value, out_dtype, fn)
+    lengths = np.array([a.shape[0] for a in arrays])
+    if truncate is None:
+        _too_long(lengths, buckets[-1], fn, "the largest bucket")
+    longest = int(lengths.max())
+    target = next((b for b in buckets if b >= longest), buckets[-1])
+    return _fill(arrays, target, inner, out_dtype, pad_value, side, truncate)
+
+
+class BucketBatch(NamedTuple):
+    """A batch from :func:`bucket_by_length`.
+
+    Attributes:
+      padded: ``[batch_size, bucket, *inner]``.
+      lengths: ``int32[batch_size]``; 0 for filler rows.
+      indices: ``int64[batch_size]``: each row's position in the input; -1 for
+        filler rows that complete a final, partial batch.
+    """
+
+    padded: np.ndarray
+    lengths: np.ndarray
+    indices: np.ndarray
+
+
+def bucket_by_length(
+    seqs: Iterable[Any],
+    buckets: Sequence[int],
+    batch_size: int,
+    *,
+    pad_value: Any = 0,
+    side: Side = "right",
+    truncate: Side | None = None,
+    drop_remainder: bool = False,
+    dtype: Any = None,
+) -> Iterator[BucketBatch]:
+    """Groups sequences of similar length into batches of a few fixed shapes.
+
+    Each sequence joins the smallest bucket that fits it; a bucket emits a batch
+    when it holds ``batch_size`` sequences. When the input is exhausted, partial
+    batches are completed with empty filler rows (length 0, index -1) so every
+    batch has shape ``[batch_size, bucket, *inner]``: a jitted step compiles at most
+    ``len(buckets)`` times. ``seqs`` may be a generator; it is read lazily.
+
+    Args:
+      seqs: arrays ``[length_i, *inner]``.
+      buckets: strictly increasing lengths (see :func:`bucket_boundaries`).
+      batch_size: rows per batch.
+      pad_value, side, dtype: as in :func:`pad_sequences`.
+      truncate: for sequences longer than the largest bucket: None raises.
+      drop_remainder: drop partial batches instead of completing them.
+
+    Yields:
+      :class:`BucketBatch` ``(padded, lengths, indices)``.
+
+    Example:
+      >>> import dropmask
+      >>> seqs = [[1], [2, 3, 4], [5, 6], [7, 8, 9, 10, 11]]
+      >>> [b.padded.shape for b in dropmask.bucket_by_length(seqs, (2, 8), batch_size=2)]
+      [(2, 2), (2, 8)]
+    """
+    fn = "bucket_by_length"
+    buckets = _check_buckets(buckets, fn)
+    batch_size = check_static_int(batch_size, name="batch_size", fn=fn, minimum=1)
+    _check_choice(side, "side", fn, allow_none=False)
+    _check_choice(truncate, "truncate", fn, allow_none=True)
+    if dtype is not None:
+        _check_pad_value(pad_value, np.dtype(dtype), fn)
+    return _bucket_batches(
+        seqs, buckets, batch_size, pad_value, side, truncate, drop_remainder, dtype
+    )
+
+
+def _bucket_batches(
+    seqs: Iterable[Any],
+    buckets: tuple[int, ...],
+    batch_size: int,
+    pad_value: Any,
+    side: str,
+    truncate: str | None,
+    drop_remainder: bool,
+    dtype: Any,
+) -> Iterator[BucketBatch]:
+    fn = "bucket_by_length"
+    layout = _Layout(fn)
+    pending: dict[int, list[tuple[int, np.ndarray]]] = {b: [] for b in buckets}
+    out_dtype = None if dtype is None else np.dtype(dtype)
+
+    def emit(bucket: int, items: list[tuple[int, np.ndarray]]) -> BucketBatch:
+        arrays = [layout.shaped(a) for _, a in items]
+        filler = batch_size - len(arrays)
+        arrays += [np.zeros((0, *(layout.inner or ())))] * filler
+        final_dtype = np.dtype(np.float64) if out_dtype is None else out_dtype
+        padded, lengths = _fill(
+            arrays, bucket, layout.inner or (), final_dtype, pad_value, side, truncate
+        )
+        indices = np.array([i for i, _ in items] + [-1] * filler, dtype=np.int64)
+        return BucketBatch(padded, lengths, indices)
+
+    count = 0
+    for index, seq in enumerate(seqs):
+        a = layout.add(index, seq)
+        count += 1
+        n = a.shape[0]
+        if n:
+            if out_dtype is None:
+                # A stream's dtype is fixed by its first non-empty sequence.
+                out_dtype = a.dtype
+                _check_pad_value(pad_value, out_dtype, fn)
+            elif dtype is None and not np.can_cast(a.dtype, out_dtype, casting="same_kind"):
+                raise ValueError(
+                    f"{fn}: sequence {index} has dtype {a.dtype}, which cannot be stored in "
+                    f"the batch dtype {out_dtype} without losing its kind. Pass dtype=."
+                )
+        if n > buckets[-1] and truncate is None:
+            _too_long(np.array([n]), buckets[-1], fn, "the largest bucket")
+        bucket = next((b for b in buckets if b >= n), buckets[-1])
+        pending[bucket].append((index, a))
+        if len(pending[bucket]) == batch_size and layout.inner is not None:
+            yield emit(bucket, pending[bucket])
+            pending[bucket] = []
+    if count == 0:
+        raise ValueError(f"{fn}: got no sequences; pass a non-empty iterable of arrays.")
+    for bucket in buckets:
+        items = pending[bucket]
+        while items:
+            chunk, items = items[:batch_size], items[batch_size:]
+            if len(chunk) == batch_size or not drop_remainder:
+                yield emit(bucket, chunk)
+
+
+# ----------------------------------------------------------------- packing
+
+
+class Packed(NamedTuple):
+    """Sequences packed into rows by :func:`pack_sequences`.
+
+    Attributes:
+      values: ``[rows, max_len, *inner]``.
+      segment_ids: ``int32[rows, max_len]``: 1, 2, ... for the sequences of a row in
+        order, 0 for padding (the t5x / MaxText convention).
+      positions: ``int32[rows, max_len]``: 0, 1, ... within each sequence; 0 on padding.
+      row: ``int32[n]``: the row of input sequence ``i`` (-1 for an empty sequence).
+      start: ``int32[n]``: its offset within the row.
+      lengths: ``int32[n]``: its (possibly truncated) length.
+    """
+
+    values: np.ndarray
+    segment_ids: np.ndarray
+    positions: np.ndarray
+    row: np.ndarray
+    start: np.ndarray
+    lengths: np.ndarray
+
+
+def pack_sequences(
+    seqs: Iterable[Any],
+    max_len: int,
+    *,
+    pad_value: Any = 0,
+    num_rows: int | None = None,
+    truncate: Side | None = None,
+    dtype: Any = None,
+) -> Packed:
+    """Packs short sequences into rows of ``max_len`` (first fit, in input order).
+
+    Args:
+      seqs: arrays ``[length_i, *inner]``.
+      max_len: row length.
+      pad_value: written where no sequence lies.
+      num_rows: a fixed number of rows (for a fixed shape); None uses as few as
+        first-fit needs.
+      truncate: for sequences longer than ``max_len``: None raises.
+      dtype: as in :func:`pad_sequences`.
+
+    Returns:
+      :class:`Packed`. Use ``segment_mask(packed.segment_ids)`` (with
+      :func:`dropmask.causal_mask` for decoders) so that sequences in one row do not
+      attend to each other, and ``segment_ids > 0`` as the token mask.
+
+    Raises:
+      ValueError: as :func:`pad_sequences`, or the sequences do not fit ``num_rows``.
+
+    Example:
+      >>> import dropmask
+      >>> p = dropmask.pack_sequences([[1, 2, 3], [4, 5], [6, 7]], max_len=5)
+      >>> p.values.tolist()
+      [[1, 2, 3, 4, 5], [6, 7, 0, 0, 0]]
+      >>> p.segment_ids.tolist(), p.positions.tolist()
+      ([[1, 1, 1, 2, 2], [1, 1, 0, 0, 0]], [[0, 1, 2, 0, 1], [0, 1, 0, 0, 0]])
+    """
+    fn = "pack_sequences"
+    max_len = check_static_int(max_len, name="max_len", fn=fn, minimum=1)
+    if num_rows is not None:
+        num_rows = check_static_int(num_rows, name="num_rows", fn=fn)
+    _check_choice(truncate, "truncate", fn, allow_none=True)
+    arrays, out_dtype, inner = _collect(seqs, fn, dtype)
+    _check_pad_value(pad_value, out_dtype, fn)
+    if truncate is None:
+        _too_long(np.array([a.shape[0] for a in arrays]), max_len, fn, "max_len")
+    arrays = [_cut(a, max_len, truncate) for a in arrays]
+    lengths = np.array([a.shape[0] for a in arrays], dtype=np.int32)
+    row = np.full(len(arrays), -1, dtype=np.int32)
+    start = np.zeros(len(arrays), dtype=np.int32)
+    free = np.zeros(0, dtype=np.int64)
+    for i, n in enumerate(lengths):
+        if n == 0:
+            continue
+        fits = np.flatnonzero(free >= n)
+        r = int(fits[0]) if fits.size else free.size
+        if r == free.size:
+            free = np.append(free, max_len)
+        row[i], start[i] = r, max_len - free[r]
+        free[r] -= n
+    rows = free.size if num_rows is None else num_rows
+    if free.size > rows:
+        raise ValueError(
+            f"{fn}: the sequences need {free.size} rows of max_len={max_len}, but "
+            f"num_rows={rows}. Raise num_rows or max_len, or pack fewer sequences per call."
+        )
+    values = np.full((rows, max_len, *inner), pad_value, dtype=out_dtype)
+    segment_ids = np.zeros((rows, max_len), dtype=np.int32)
+    positions = np.zeros((rows, max_len), dtype=np.int32)
+    next_id = np.ones(rows, dtype=np.int32)
+    for i, a in enumerate(arrays):
+        r, s, n = row[i], start[i], lengths[i]
+        if r < 0:
+            continue
+        values[r, s : s + n] = a
+        segment_ids[r, s : s + n] = next_id[r]
+        positions[r, s : s + n] = np.arange(n)
+        next_id[r] += 1
+    return Packed(values, segment_ids, positions, row, start, lengths)
+
+
+def unpack_sequences(x: Any, packed: Packed) -> list[np.ndarray]:
+    """Cuts per-sequence pieces out of a packed array (e.g. a model's outputs).
+
+    Args:
+      x: ``[rows, max_len, ...]``, aligned with ``packed.values``.
+      packed: the result of :func:`pack_sequences`.
+
+    Returns:
+      One array ``[length_i, ...]`` per input sequence, in input order.
+
+    Example:
+      >>> import dropmask
+      >>> p = dropmask.pack_sequences([[1, 2], [], [3]], max_len=4)
+      >>> [a.tolist() for a in dropmask.unpack_sequences(p.values, p)]
+      [[1, 2], [], [3]]
+    """
+    x = np.asarray(x)
+    if x.shape[:2] != packed.segment_ids.shape:
+        raise ValueError(
+            f"unpack_sequences: x must start with the packed shape {packed.segment_ids.shape}, "
+            f"got {x.shape}."
+        )
+    empty = np.zeros((0, *x.shape[2:]), dtype=x.dtype)
+    return [
+        x[r, s : s + n] if r >= 0 else empty
+        for r, s, n in zip(packed.row, packed.start, packed.lengths, strict=True)
+    ]

@@ -1,0 +1,582 @@
+"""NaN-safe masked reductions, softmax and cross-entropy.
+
+The contract, for values and gradients alike:
+
+* Masked elements never influence a result, whatever they hold (NaN, inf).
+  Every function first replaces masked elements with a harmless value
+  (``jnp.where(mask, x, safe)``) and masks again after any op whose derivative
+  could be non-finite there: the "double where" pattern, so gradients at masked
+  positions are exactly 0 and ``jax_debug_nans`` stays quiet.
+* A row with no valid element returns a documented value, never NaN, with finite
+  (zero) gradients: sum -> 0; mean, var, std, max, min -> ``fill`` (default 0);
+  logsumexp -> ``fill`` (default -inf, i.e. log 0); softmax -> all zeros;
+  log_softmax -> ``fill`` (default 0) at every masked position.
+* float16 / bfloat16 inputs are reduced in float32 and returned in the input dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._errors import DtypeError, MaskShapeError, normalize_axes
+from ._masks import as_array, broadcast_mask, is_concrete
+
+__all__ = [
+    "masked_cross_entropy",
+    "masked_log_softmax",
+    "masked_logsumexp",
+    "masked_max",
+    "masked_mean",
+    "masked_min",
+    "masked_softmax",
+    "masked_std",
+    "masked_sum",
+    "masked_var",
+]
+
+Axis = int | Sequence[int] | None
+
+
+# ----------------------------------------------------------------- boundary checks
+
+
+def _check_dtype(x: jax.Array, fn: str, *, integers: bool) -> None:
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    integer = jnp.issubdtype(x.dtype, jnp.integer)
+    if floating or (integers and integer):
+        return
+    kinds = "a floating or integer" if integers else "a floating-point"
+    raise DtypeError(
+        f"{fn} expects {kinds} array, got dtype {x.dtype}. Cast it first, e.g. "
+        f"x.astype(jnp.float32)."
+    )
+
+
+def _axes(axis: Axis, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    return normalize_axes(axis if isinstance(axis, Sequence) else (axis,), ndim, name="axis")
+
+
+def _prepare(
+    x: Any, mask: Any, axis: Axis, fn: str, *, integers: bool = False
+) -> tuple[jax.Array, jax.Array, tuple[int, ...]]:
+    x = as_array(x)
+    _check_dtype(x, fn, integers=integers)
+    axes = _axes(axis, x.ndim)
+    return x, broadcast_mask(mask, x.shape, fn=fn), axes
+
+
+def _check_fill(fill: Any, fn: str) -> None:
+    if np.ndim(fill) != 0:
+        raise TypeError(f"{fn}: fill must be a scalar, got shape {np.shape(fill)}.")
+
+
+def compute_dtype(dtype: Any) -> Any:
+    """The dtype a floating reduction runs in: float32 for 16-bit floats."""
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+        return jnp.float32
+    return dtype
+
+
+def _result_float(dtype: Any) -> Any:
+    """Mean-like results: floats keep their dtype, integers give the default float."""
+    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.result_type(float)
+
+
+def _squeeze(a: jax.Array, axes: tuple[int, ...], keepdims: bool) -> jax.Array:
+    return a if keepdims else jnp.squeeze(a, axes)
+
+
+# ----------------------------------------------------------------- sum, mean, var, std
+
+
+def masked_sum(
+    x: jax.typing.ArrayLike,
+    mask: jax.typing.ArrayLike | None,
+    axis: Axis = None,
+    *,
+    keepdims: bool = False,
+) -> jax.Array:
+    """Sum of the valid elements of ``x``.
+
+    Args:
+      x: floating or integer ``[...]``.
+      mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
+      axis: axis or axes to reduce; None reduces all.
+      keepdims: keep reduced axes with size 1.
+
+    Returns:
+      The sum over valid elements, 0 for a row with none. Floats keep their dtype
+      (16-bit floats accumulate in float32); integers follow ``jnp.sum``.
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> x = jnp.array([[1, 2, 3, 0], [4, 5, 0, 0], [6, 7, 8, 9]])
+      >>> dropmask.masked_sum(x, x != 0, axis=-1).tolist()
+      [6, 9, 30]
+    """
+    x, m, axes = _prepare(x, mask, axis, "masked_sum", integers=True)
+    xs = jnp.where(m, x, jnp.zeros((), x.dtype))
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return jnp.sum(xs, axis=axes, keepdims=keepdims)
+    acc = compute_dtype(x.dtype)
+    return jnp.sum(xs.astype(acc), axis=axes, keepdims=keepdims).astype(x.dtype)
+
+
+def masked_mean(
+    x: jax.typing.ArrayLike,
+    mask: jax.typing.ArrayLike | None,
+    axis: Axis = None,
+    *,
+    keepdims: bool = False,
+    fill: jax.typing.ArrayLike = 0.0,
+) -> jax.Array:
+    """Mean of the valid elements of ``x``; ``fill`` for a row with none.
+
+    Unlike ``jnp.mean(x, where=mask)`` an empty row is not NaN, and its gradient is 0.
+
+    Args:
+      x: floating or integer ``[...]``.
+      mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
+      axis: axis or axes to reduce; None reduces all.
+      keepdims: keep reduced axes with size 1.
+      fill: scalar returned for a row with no valid element.
+
+    Returns:
+      The masked mean, in ``x``'s dtype (the default float for integer ``x``).
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> x = jnp.array([[1, 2, 3, 0], [4, 5, 0, 0], [0, 0, 0, 0]])
+      >>> dropmask.masked_mean(x, x != 0, axis=-1).tolist()
+      [2.0, 4.5, 0.0]
+    """
+    x, m, axes = _prepare(x, mask, axis, "masked_mean", integers=True)
+    _check_fill(fill, "masked_mean")
+    out_dtype = _result_float(x.dtype)
+    acc = compute_dtype(out_dtype)
+    total = jnp.sum(jnp.where(m, x, 0).astype(acc), axis=axes, keepdims=keepdims)
+    count = jnp.sum(m, axis=axes, keepdims=keepdims, dtype=acc)
+    mean = total / jnp.maximum(count, 1)
+    return jnp.where(count > 0, mean, jnp.asarray(fill, acc)).astype(out_dtype)
+
+
+def _masked_var(
+    x: Any, mask: Any, axis: Axis, keepdims: bool, ddof: Any, fn: str
+) -> tuple[jax.Array, jax.Array, Any]:
+    """Returns ``(var, defined, out_dtype)``, var in the compute dtype, 0 where undefined."""
+    x, m, axes = _prepare(x, mask, axis, fn, integers=True)
+    if isinstance(ddof, bool) or not isinstance(ddof, int | np.integer) or ddof < 0:
+        raise ValueError(f"{fn}: ddof must be a non-negative int, got {ddof!r}.")
+    out_dtype = _result_float(x.dtype)
+    acc = compute_dtype(out_dtype)
+    xs = jnp.where(m, x, 0).astype(acc)
+    count = jnp.sum(m, axis=axes, keepdims=True, dtype=acc)
+    mean = jnp.sum(xs, axis=axes, keepdims=True) / jnp.maximum(count, 1)
+    # Two-pass (centred) form: no catastrophic cancellation, unlike E[x^2] - E[x]^2.
+    centred = jnp.where(m, xs - mean, 0)
+    sq = jnp.sum(centred * centred, axis=axes, keepdims=keepdims)
+    denom = _squeeze(count, axes, keepdims) - ddof
+    defined = denom > 0
+    var = jnp.where(defined, sq / jnp.where(defined, denom, 1), 0)
+    return var, defined, out_dtype
+
+
+def masked_var(
+    x: jax.typing.ArrayLike,
+    mask: jax.typing.ArrayLike | None,
+    axis: Axis = None,
+    *,
+    keepdims: bool = False,
+    ddof: int = 0,
+    fill: jax.typing.ArrayLike = 0.0,
+) -> jax.Array:
+    """Variance of the valid elements; ``fill`` where fewer than ``ddof + 1`` are valid.
+
+    Args:
+      x: floating or integer ``[...]``.
+      mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
+      axis: axis or axes to reduce; None reduces all.
+      keepdims: keep reduced axes with size 1.
+      ddof: delta degrees of freedom; the divisor is ``count - ddof``.
+      fill: scalar returned where the variance is undefined (``count <= ddof``).
+
+    Returns:
+      The masked variance in ``x``'s dtype (default float for integers).
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> x = jnp.array([[1.0, 3.0, 99.0], [5.0, 0.0, 0.0]])
+      >>> dropmask.masked_var(x, jnp.array([[1, 1, 0], [0, 0, 0]], bool), axis=1).tolist()
+      [1.0, 0.0]
+    """
+    _check_fill(fill, "masked_var")
+    var, defined, out_dtype = _masked_var(x, mask, axis, keepdims, ddof, "masked_var")
+    return jnp.where(defined, var, jnp.asarray(fill, var.dtype)).astype(out_dtype)
+
+
+def masked_std(
+    x: jax.typing.ArrayLike,
+    mask: jax.typing.ArrayLike | None,
+    axis: Axis = None,
+    *,
+    keepdims: bool = False,
+    ddof: int = 0,
+    fill: jax.typing.ArrayLike = 0.0,
+) -> jax.Array:
+    """Standard deviation of the valid elements; ``fill`` where it is undefined.
+
+    The gradient at zero variance (a constant row) is taken to be 0 rather than the
+    infinite derivative of ``sqrt`` at 0.
+
+    Args:
+      x: floating or integer ``[...]``.
+      mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
+      axis: axis or axes to reduce; None reduces all.
+      keepdims: keep reduced axes with size 1.
+      ddof: delta degrees of freedom.
+      fill: scalar returned where fewer than ``ddof + 1`` elements are valid.
+
+    Returns:
+      The masked standard deviation in ``x``'s dtype (default float for integers).
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> x = jnp.array([2.0, 4.0, jnp.nan])
+      >>> float(dropmask.masked_std(x, jnp.array([True, True, False])))
+      1.0
+    """
+    _check_fill(fill, "masked_std")
+    var, defined, out_dtype = _masked_var(x, mask, axis, keepdims, ddof, "masked_std")
+    positive = var > 0
+    std = jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1)), 0)
+    return jnp.where(defined, std, jnp.asarray(fill, std.dtype)).astype(out_dtype)
+
+
+# ----------------------------------------------------------------- max, min
+
+
+def _masked_extreme(
+    x: Any, mask: Any, axis: Axis, keepdims: bool, fill: Any, fn: str, *, is_max: bool
+) -> jax.Array:
+    x, m, axes = _prepare(x, mask, axis, fn, integers=True)
+    _check_fill(fill, fn)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        if not jnp.issubdtype(jnp.result_type(fill), jnp.integer):
+            raise DtypeError(
+                f"{fn}: x has integer dtype {x.dtype}, so fill must be an int, got {fill!r}."
+            )
+        info = np.iinfo(x.dtype)
+        neutral = info.min if is_max else info.max
+    else:
+        neutral = -np.inf if is_max else np.inf
+    xs = jnp.where(m, x, jnp.asarray(neutral, x.dtype))
+    reduce = jnp.max if is_max else jnp.min
+    out = reduce(xs, axis=axes, keepdims=keepdims)
+    anyvalid = jnp.any(m, axis=axes, keepdims=keepdims)
+    return jnp.where(anyvalid, out, jnp.asarray(fill, x.dtype))
+
+
+def masked_max(
+    x: jax.typing.ArrayLike,
+    mask: jax.typing.ArrayLike | None,
+    axis: Axis = None,
+    *,
+    keepdims: bool = False,
+    fill: jax.typing.ArrayLike = 0,
+) -> jax.Array:
+    """Maximum of the valid elements; ``fill`` for a row with none.
+
+    Args:
+      x: floating or integer ``[...]``.
+      mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
+      axis: axis or axes to reduce; None reduces all.
+      keepdims: keep reduced axes with size 1.
+      fill: scalar for an empty row (default 0, so that max-pooling an empty
+        sequence gives zeros, not -inf); an int for integer ``x``.
+
+    Returns:
+      The masked maximum in ``x``'s dtype. Ties share the gradient, as in ``jnp.max``.
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> x = jnp.array([[1.0, jnp.inf], [2.0, 3.0]])
+      >>> dropmask.masked_max(x, jnp.array([[True, False], [False, False]]), axis=1).tolist()
+      [1.0, 0.0]
+    """
+    return _masked_extreme(x, mask, axis, keepdims, fill, "masked_max", is_max=True)
+
+
+def masked_min(
+    x: jax.typing.ArrayLike,
+    mask: jax.typing.ArrayLike | None,
+    axis: Axis = None,
+    *,
+    keepdims: bool = False,
+    fill: jax.typing.ArrayLike = 0,
+) -> jax.Array:
+    """Minimum of the valid elements; ``fill`` for a row with none.
+
+    Args:
+      x: floating or integer ``[...]``.
+      mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
+      axis: axis or axes to reduce; None reduces all.
+      keepdims: keep reduced axes with size 1.
+      fill: scalar for an empty row (default 0); an int for integer ``x``.
+
+    Returns:
+      The masked minimum in ``x``'s dtype.
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> float(dropmask.masked_min(jnp.array([4.0, -jnp.inf]), jnp.array([True, False])))
+      4.0
+    """
+    return _masked_extreme(x, mask, axis, keepdims, fill, "masked_min", is_max=False)
+
+
+# ----------------------------------------------------------------- log-sum-exp family
+
+
+def _shifted(
+    x: jax.Array, m: jax.Array, axes: tuple[int, ...]
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(x - shift, exp(x - shift), sum exp, shift)`` over valid elements, in f32+.
+
+    ``shift`` is the valid maximum (0 where it is not finite).
+
+    Masked elements are set to the shift before ``exp`` so both the value and the
+    derivative there are finite, then zeroed. The shift is a constant for autodiff
+    (the result does not depend on it).
+    """
+    xz = jnp.where(m, x, jnp.zeros((), x.dtype)).astype(compute_dtype(x.dtype))
+    top = jnp.max(jnp.where(m, xz, -jnp.inf), axis=axes, keepdims=True)
+    shift = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0))
+    shifted = jnp.where(m, xz, shift) - shift
+    e = jnp.where(m, jnp.exp(shifted), 0)
+    return shifted, e, jnp.sum(e, axis=axes, keepdims=True), shift
+
+
+def _safe_denominator(s: jax.Array) -> jax.Array:
+    # `s == 0` (not `s > 0`) so that a NaN from a *valid* element still propagates.
+    return jnp.where(s == 0, 1, s)
+
+
+def softmax_core(x: jax.Array, m: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """Masked softmax without boundary checks, in the compute dtype (shared with attention)."""
+    xz = jnp.where(m, x, jnp.zeros((), x.dtype)).astype(compute_dtype(x.dtype))
+    return _softmax_of_sanitised(xz, m, axes)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _softmax_of_sanitised(xz: jax.Array, m: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    _, e, s, _ = _shifted(xz, m, axes)
+    return e / _safe_denominator(s)
+
+
+@_softmax_of_sanitised.defjvp
+def _softmax_jvp(
+    axes: tuple[int, ...], primals: tuple[jax.Array, jax.Array], tangents: tuple[Any, Any]
+) -> tuple[jax.Array, jax.Array]:
+    # The closed form y * (t - <y, t>), as jax.nn.softmax uses: one fused pass in the
+    # backward instead of differentiating exp, sum and divide separately. y is 0 at
+    # masked positions (and the tangent too, after the outer where), so they get 0.
+    xz, m = primals
+    y = _softmax_of_sanitised(xz, m, axes)
+    t = tangents[0]
+    return y, y * (t - jnp.sum(y * t, axis=axes, keepdims=True))
+
+
+def masked_logsumexp(
+    x: jax.typing.ArrayLike,
+    mask: jax.typing.ArrayLike | None,
+    axis: Axis = None,
+    *,
+    keepdims: bool = False,
+    fill: jax.typing.ArrayLike = -np.inf,
+) -> jax.Array:
+    """``log(sum(exp(x)))`` over valid elements; ``fill`` (default -inf) for an empty row.
+
+    Args:
+      x: floating ``[...]``.
+      mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
+      axis: axis or axes to reduce; None reduces all.
+      keepdims: keep reduced axes with size 1.
+      fill: scalar for a row with no valid element; -inf is the exact ``log(0)``.
+
+    Returns:
+      The masked log-sum-exp in ``x``'s dtype; its gradient is
+      ``masked_softmax(x, mask)`` (0 on an empty row).
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> x = jnp.array([0.0, 0.0, jnp.nan])
+      >>> round(float(dropmask.masked_logsumexp(x, jnp.array([True, True, False]))), 4)
+      0.6931
+    """
+    x, m, axes = _prepare(x, mask, axis, "masked_logsumexp")
+    _check_fill(fill, "masked_logsumexp")
+    _, _, s, shift = _shifted(x, m, axes)
+    nonzero = s != 0
+    lse = jnp.log(jnp.where(nonzero, s, 1)) + shift
+    anyvalid = jnp.any(m, axis=axes, keepdims=True)
+    empty_value = jnp.where(anyvalid, -jnp.inf, jnp.asarray(fill, s.dtype))
+    out = jnp.where(nonzero, lse, empty_value)
+    return _squeeze(out, axes, keepdims).astype(x.dtype)
+
+
+def masked_softmax(
+    x: jax.typing.ArrayLike, mask: jax.typing.ArrayLike | None, axis: Axis = -1
+) -> jax.Array:
+    """Softmax over valid elements; masked positions and empty rows are exactly 0.
+
+    Unlike ``jax.nn.softmax(jnp.where(mask, x, -jnp.inf))`` an all-masked row is all
+    zeros (not NaN) and, unlike a ``finfo.min`` fill, not a uniform average.
+
+    Args:
+      x: floating ``[...]``.
+      mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
+      axis: axis or axes to normalise over.
+
+    Returns:
+      An array like ``x`` that sums to 1 over ``axis`` on rows with a valid element.
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> x = jnp.zeros((2, 2))
+      >>> dropmask.masked_softmax(x, jnp.array([[True, True], [False, False]])).tolist()
+      [[0.5, 0.5], [0.0, 0.0]]
+    """
+    x, m, axes = _prepare(x, mask, axis, "masked_softmax")
+    return softmax_core(x, m, axes).astype(x.dtype)
+
+
+def masked_log_softmax(
+    x: jax.typing.ArrayLike,
+    mask: jax.typing.ArrayLike | None,
+    axis: Axis = -1,
+    *,
+    fill: jax.typing.ArrayLike = 0.0,
+) -> jax.Array:
+    """Log-softmax over valid elements; ``fill`` (default 0) at masked positions.
+
+    The default fill is 0 rather than ``log 0 = -inf`` so that products such as
+    ``p * log_p`` stay finite, in value and in gradient, at masked positions.
+
+    Args:
+      x: floating ``[...]``.
+      mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
+      axis: axis or axes to normalise over.
+      fill: scalar written at masked positions (and so across empty rows).
+
+    Returns:
+      An array like ``x``.
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> y = dropmask.masked_log_softmax(jnp.zeros(3), jnp.array([True, True, False]))
+      >>> [round(v, 4) for v in y.tolist()]
+      [-0.6931, -0.6931, 0.0]
+    """
+    x, m, axes = _prepare(x, mask, axis, "masked_log_softmax")
+    _check_fill(fill, "masked_log_softmax")
+    shifted, _, s, _ = _shifted(x, m, axes)
+    out = jnp.where(m, shifted - jnp.log(_safe_denominator(s)), jnp.asarray(fill, s.dtype))
+    return out.astype(x.dtype)
+
+
+# ----------------------------------------------------------------- cross-entropy
+
+
+def masked_cross_entropy(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    mask: jax.typing.ArrayLike | None = None,
+    *,
+    reduction: Literal["mean", "sum", "none"] = "mean",
+) -> jax.Array:
+    """Softmax cross-entropy averaged over valid tokens only.
+
+    Args:
+      logits: floating ``[..., num_classes]``.
+      labels: integer class ids ``[...]``, or floating class probabilities
+        ``[..., num_classes]``. Labels of masked tokens are ignored (any value,
+        e.g. -100 or a pad id).
+      mask: ``bool``, broadcastable to ``logits.shape[:-1]``; True = a token that
+        counts. None means all tokens count.
+      reduction: ``"mean"`` (sum over valid tokens / their number; 0 if there are
+        none), ``"sum"``, or ``"none"`` (per-token losses ``[...]``, 0 where masked).
+
+    Returns:
+      A scalar (or ``[...]`` for ``"none"``) in ``logits``' dtype. Gradients at
+      masked tokens are exactly 0. A traced label outside ``[0, num_classes)`` on a
+      valid token gives NaN, not a silently clipped class.
+
+    Raises:
+      ValueError: a concrete valid label out of range, or an unknown ``reduction``.
+      MaskShapeError: ``labels`` or ``mask`` do not fit ``logits``.
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> logits = jnp.array([[0.0, 0.0], [jnp.nan, 0.0]])
+      >>> float(dropmask.masked_cross_entropy(logits, jnp.array([0, -100]),
+      ...                                     jnp.array([True, False])))  # log 2
+      0.6931471824645996
+    """
+    fn = "masked_cross_entropy"
+    logits = as_array(logits)
+    labels = as_array(labels)
+    _check_dtype(logits, fn, integers=False)
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
+    if logits.ndim == 0:
+        raise MaskShapeError(f"{fn}: logits need a class axis [..., num_classes], got a scalar.")
+    batch, classes = logits.shape[:-1], logits.shape[-1]
+    sparse = jnp.issubdtype(labels.dtype, jnp.integer)
+    expected = batch if sparse else logits.shape
+    if not sparse and not jnp.issubdtype(labels.dtype, jnp.floating):
+        raise DtypeError(
+            f"{fn}: labels must be integer ids or float probabilities, got {labels.dtype}."
+        )
+    if labels.shape != expected:
+        kind = "integer labels [...]" if sparse else "probability labels [..., num_classes]"
+        raise MaskShapeError(
+            f"{fn}: {kind} must have shape {expected} for logits {logits.shape}, got "
+            f"{labels.shape}."
+        )
+    tok = broadcast_mask(mask, batch, fn=fn)
+    if sparse and is_concrete(labels) and (mask is None or is_concrete(mask)):
+        host = np.asarray(labels)[np.asarray(tok)]
+        if host.size and (host.min() < 0 or host.max() >= classes):
+            raise ValueError(
+                f"{fn}: labels of valid tokens must be in [0, {classes}), got values in "
+                f"[{host.min()}, {host.max()}]. Mask out ignored tokens (e.g. label -100) "
+                f"with mask=labels >= 0."
+            )
+    row = jnp.broadcast_to(tok[..., None], logits.shape)
+    shifted, _, s, _ = _shifted(logits, row, (logits.ndim - 1,))
+    log_z = jnp.log(_safe_denominator(s))
+    if sparse:
+        in_range = (labels >= 0) & (labels < classes)
+        safe = jnp.where(tok & in_range, labels, 0)[..., None]
+        per_token = (log_z - jnp.take_along_axis(shifted, safe, axis=-1))[..., 0]
+        per_token = jnp.where(tok & ~in_range, np.nan, per_token)
+    else:
+        probs = jnp.where(row, labels, jnp.zeros((), labels.dtype)).astype(shifted.dtype)
+        per_token = -jnp.sum(probs * (shifted - log_z), axis=-1)
+    per_token = jnp.where(tok, per_token, 0)
+    if reduction == "none":
+        return per_token.astype(logits.dtype)
+    total = jnp.sum(per_token)
+    if reduction == "sum":
+        return total.astype(logits.dtype)
+    count = jnp.sum(tok, dtype=total.dtype)
+    return (total / jnp.maximum(count, 1)).astype(logits.dtype)

@@ -1,0 +1,320 @@
+"""dot_product_attention: Flax parity, empty rows, padding junk, dropout, Flax plug-in."""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given
+from hypothesis import strategies as st
+
+import dropmask as dm
+
+TOL = {"rtol": 1e-5, "atol": 1e-6}
+SHAPES = [(2, 5, 3, 6, 4), (1, 3, 2, 3, 8)]  # batch, q_len, heads, kv_len, depth
+
+
+def _qkv(seed, b, q_len, h, kv_len, d):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(b, q_len, h, d)).astype(np.float32)
+    k = rng.normal(size=(b, kv_len, h, d)).astype(np.float32)
+    v = rng.normal(size=(b, kv_len, h, d)).astype(np.float32)
+    return q, k, v, rng
+
+
+@jax.jit
+def _both(q, k, v, mask, bias):
+    return (
+        dm.dot_product_attention(q, k, v, mask=mask, bias=bias),
+        nn.dot_product_attention(q, k, v, mask=mask, bias=bias),
+    )
+
+
+@given(st.sampled_from(SHAPES), st.integers(0, 2**32 - 1))
+def test_matches_flax_when_every_query_has_a_key(shape, seed):
+    q, k, v, rng = _qkv(seed, *shape)
+    b, q_len, h, kv_len, _ = shape
+    mask = rng.random((b, 1, q_len, kv_len)) < 0.5
+    mask[..., rng.integers(kv_len)] = True  # at least one valid key per query
+    bias = rng.normal(size=(1, h, q_len, kv_len)).astype(np.float32)
+    ours, flax = _both(q, k, v, mask, bias)
+    np.testing.assert_allclose(ours, flax, **TOL)
+
+
+def _padded_case(junk=True):
+    """Batch 0 is fully valid; batch 1 has 2 valid tokens, so its last queries see nothing."""
+    q, k, v, _ = _qkv(0, 2, 4, 2, 4, 8)
+    valid = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)
+    mask = dm.attention_mask(valid, valid)
+    if junk:
+        for a in (q, k, v):
+            a[1, 2:] = np.nan
+            a[1, 3, 0, 0] = np.inf
+    else:
+        for a in (q, k, v):
+            a[1, 2:] = 0.0
+    return q, k, v, mask, valid
+
+
+@jax.jit
+def _loss_and_grads(q, k, v, mask):
+    def loss(q, k, v):
+        out = dm.dot_product_attention(q, k, v, mask=mask)
+        return jnp.sum(out * jnp.arange(out.size, dtype=out.dtype).reshape(out.shape) / out.size)
+
+    out = dm.dot_product_attention(q, k, v, mask=mask)
+    return out, jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+
+def test_query_with_no_valid_key_outputs_zeros_with_finite_gradients():
+    q, k, v, mask, valid = _padded_case()
+    with jax.debug_nans(True):
+        out, grads = _loss_and_grads(q, k, v, mask)
+    assert (np.asarray(out)[1, 2:] == 0).all()
+    for g in grads:
+        g = np.asarray(g)
+        assert np.isfinite(g).all() and (g[1, 2:] == 0).all()
+    # Padding junk never leaks: identical to the same batch padded with zeros.
+    q0, k0, v0, _, _ = _padded_case(junk=False)
+    out0, grads0 = _loss_and_grads(q0, k0, v0, mask)
+    np.testing.assert_array_equal(out, out0)
+    for g, g0 in zip(grads, grads0, strict=True):
+        np.testing.assert_array_equal(g, g0)
+    # The anchors average the values over the padding instead.
+    flax = nn.dot_product_attention(q0, k0, v0, mask=mask)
+    np.testing.assert_allclose(flax[1, 2:], np.broadcast_to(v0[1].mean(0), (2, 2, 8)), **TOL)
+    jaxnn = jax.nn.dot_product_attention(q0, k0, v0, mask=mask)
+    np.testing.assert_allclose(jaxnn[1, 2:], flax[1, 2:], **TOL)
+    # Where a query has keys, everything matches Flax.
+    np.testing.assert_allclose(out0[0], flax[0], **TOL)
+    np.testing.assert_allclose(out0[1, :2], flax[1, :2], **TOL)
+
+
+@jax.jit
+def _causal_variants(q, k, v, pad):
+    attend = functools.partial(dm.dot_product_attention, q, k, v)
+    kg, vg = k[:, :, :2], v[:, :, :2]  # 4 query heads share 2 key/value heads
+    return {
+        "is_causal": attend(is_causal=True),
+        "causal_mask": attend(mask=dm.causal_mask(5)),
+        "jax": jax.nn.dot_product_attention(q, k, v, is_causal=True),
+        "neg_inf_bias": attend(bias=jnp.where(dm.causal_mask(5), 0.0, -jnp.inf)),
+        "pad_is_causal": attend(mask=pad, is_causal=True),
+        "pad_and_causal": attend(mask=dm.combine_masks(pad, dm.causal_mask(5))),
+        "grouped": dm.dot_product_attention(q, kg, vg, mask=pad),
+        "repeated": dm.dot_product_attention(
+            q, kg.repeat(2, axis=2), vg.repeat(2, axis=2), mask=pad
+        ),
+    }
+
+
+def test_is_causal_bias_and_grouped_query_heads():
+    q, k, v, _ = _qkv(1, 2, 5, 4, 5, 8)
+    pad = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], bool)[:, None, None, :]
+    out = _causal_variants(q, k, v, pad)
+    for name in ("causal_mask", "jax", "neg_inf_bias"):  # an -inf bias acts as a mask
+        np.testing.assert_allclose(out[name], out["is_causal"], err_msg=name, **TOL)
+    np.testing.assert_allclose(out["pad_is_causal"], out["pad_and_causal"], **TOL)
+    np.testing.assert_allclose(out["grouped"], out["repeated"], **TOL)
+
+
+@functools.partial(jax.jit, static_argnames="broadcast")
+def _dropout_pair(q, k, v, mask, key, broadcast):
+    kwargs = {"dropout_rate": 0.4, "deterministic": False, "broadcast_dropout": broadcast}
+    return (
+        dm.dot_product_attention(q, k, v, mask=mask, key=key, impl="flax", **kwargs),
+        dm.dot_product_attention(q, k, v, mask=mask, dropout_rng=key, impl="flax", **kwargs),
+        nn.dot_product_attention(q, k, v, mask=mask, dropout_rng=key, **kwargs),
+    )
+
+
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_dropout_matches_flax_with_the_flax_generator(broadcast):
+    q, k, v, rng = _qkv(2, 2, 4, 3, 5, 4)
+    mask = rng.random((2, 1, 4, 5)) < 0.7
+    mask[..., 0] = True
+    ours, same, flax = _dropout_pair(q, k, v, mask, jax.random.key(3), broadcast)
+    np.testing.assert_allclose(ours, flax, **TOL)
+    np.testing.assert_array_equal(same, ours)
+
+
+def test_dropout_default_generator_and_modes():
+    q, k, v, _ = _qkv(3, 2, 4, 3, 4, 4)
+    weights = []
+
+    class Capture:
+        def sow(self, collection, name, value):
+            weights.append(value)
+
+    key = jax.random.key(0)
+    out = dm.dot_product_attention(q, k, v, dropout_rate=0.5, key=key, deterministic=False)
+    plain = dm.dot_product_attention(q, k, v, dropout_rate=0.5, key=key, deterministic=True)
+    assert not np.allclose(out, plain)
+    np.testing.assert_allclose(plain, dm.dot_product_attention(q, k, v), **TOL)
+    # Undo the dropout by hand: the same key gives the same mask, shared across batch and heads.
+    dm.dot_product_attention(q, k, v, module=Capture())
+    keep = dm.keep_mask(key, weights[0].shape, 0.5, broadcast_dims=(0, 1))
+    assert (keep == keep[:1, :1]).all()
+    manual = jnp.einsum("...hqk,...khd->...qhd", jnp.where(keep, weights[0] / 0.5, 0), v)
+    np.testing.assert_allclose(out, manual, **TOL)
+    with pytest.raises(dm.MissingKeyError, match="needs a PRNG key"):
+        dm.dot_product_attention(q, k, v, dropout_rate=0.5, deterministic=False)
+    with pytest.raises(dm.RateError, match="dropout_rate must be in"):
+        dm.dot_product_attention(q, k, v, dropout_rate=1.5, key=key, deterministic=False)
+    with pytest.raises(ValueError, match="not both"):
+        dm.dot_product_attention(q, k, v, key=key, dropout_rng=key)
+
+
+def test_plugs_into_linen_multi_head_attention():
+    x = jax.random.normal(jax.random.key(0), (2, 5, 16))
+    valid = jnp.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], bool)
+    mask = nn.make_attention_mask(valid, valid)  # Flax's float32 0/1 mask
+    cfg = {"num_heads": 4, "qkv_features": 16, "dropout_rate": 0.3}
+    flax_layer = nn.MultiHeadDotProductAttention(**cfg)
+    ours_layer = nn.MultiHeadDotProductAttention(
+        **cfg, attention_fn=functools.partial(dm.dot_product_attention, impl="flax")
+    )
+    params = jax.jit(functools.partial(flax_layer.init, deterministic=True))(
+        jax.random.key(1), x, mask=mask
+    )
+    rngs = {"dropout": jax.random.key(2)}
+    for det in (True, False):
+        apply = functools.partial(jax.jit, static_argnames="deterministic")
+        want = apply(flax_layer.apply)(params, x, mask=mask, deterministic=det, rngs=rngs)
+        got = apply(ours_layer.apply)(params, x, mask=mask, deterministic=det, rngs=rngs)
+        rows = np.asarray(valid)  # padded queries: Flax averages, we give zeros then project
+        np.testing.assert_allclose(np.asarray(got)[rows], np.asarray(want)[rows], **TOL)
+    sow = jax.jit(
+        functools.partial(ours_layer.apply, deterministic=True, sow_weights=True),
+        static_argnames="mutable",
+    )
+    _, state = sow(params, x, mask=mask, mutable=("intermediates",))
+    (sown,) = state["intermediates"]["attention_weights"]
+    assert sown.shape == (2, 4, 5, 5)
+    np.testing.assert_array_equal(sown[1, :, 3:], 0.0)
+
+
+@nnx.jit(static_argnames="is_causal")
+def _nnx_call(layer, x, mask, is_causal=False):
+    return layer(x, mask=mask, is_causal=is_causal)
+
+
+def test_plugs_into_nnx_multi_head_attention():
+    x = jax.random.normal(jax.random.key(0), (2, 5, 16))
+    cfg = {"num_heads": 4, "in_features": 16, "qkv_features": 16, "decode": False}
+    flax_layer = nnx.MultiHeadAttention(**cfg, rngs=nnx.Rngs(0))
+    ours_layer = nnx.MultiHeadAttention(
+        **cfg, attention_fn=dm.dot_product_attention, rngs=nnx.Rngs(0)
+    )
+    mask = dm.attention_mask(jnp.ones((2, 5), bool), jnp.array([True] * 4 + [False]))
+    np.testing.assert_allclose(
+        _nnx_call(ours_layer, x, mask), _nnx_call(flax_layer, x, mask), **TOL
+    )
+    causal = _nnx_call(flax_layer, x, None, is_causal=True)
+    np.testing.assert_allclose(_nnx_call(ours_layer, x, None, is_causal=True), causal, **TOL)
+    grouped = {**cfg, "num_kv_heads": 2}
+    flax_gqa = nnx.MultiHeadAttention(**grouped, rngs=nnx.Rngs(1))
+    ours_gqa = nnx.MultiHeadAttention(
+        **grouped, attention_fn=dm.dot_product_attention, rngs=nnx.Rngs(1)
+    )
+    np.testing.assert_allclose(
+        _nnx_call(ours_gqa, x, None, is_causal=True),
+        _nnx_call(flax_gqa, x, None, is_causal=True),
+        **TOL,
+    )
+    # Decoding builds a float mask with nnx.combine_masks, one token at a time.
+    dec = nnx.MultiHeadAttention(
+        **{**cfg, "decode": True}, attention_fn=dm.dot_product_attention, rngs=nnx.Rngs(0)
+    )
+    dec.init_cache((2, 5, 16))
+    steps = [_nnx_call(dec, x[:, t : t + 1], None) for t in range(5)]
+    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), causal, rtol=1e-5, atol=1e-5)
+
+
+@jax.jit
+def _variants(q, k, v, mask):
+    half = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]
+    einsums = {"qk_attn_weights_einsum": jnp.einsum, "attn_weights_value_einsum": jnp.einsum}
+    return {
+        "full": dm.dot_product_attention(q, k, v, mask=mask),
+        "half": dm.dot_product_attention(*half, mask=mask),
+        "dtype": dm.dot_product_attention(q, k, v, dtype=jnp.bfloat16),
+        "einsums": dm.dot_product_attention(q, k, v, mask=mask, **einsums),
+        "vmap": jax.vmap(lambda a, b, c, m: dm.dot_product_attention(a, b, c, mask=m))(
+            q, k, v, mask
+        ),
+    }
+
+
+def test_bf16_custom_einsums_and_vmap():
+    q, k, v, rng = _qkv(4, 2, 3, 2, 4, 8)
+    mask = rng.random((2, 1, 3, 4)) < 0.6
+    mask[..., 0] = True
+    out = _variants(q, k, v, mask)
+    assert out["half"].dtype == out["dtype"].dtype == jnp.bfloat16
+    np.testing.assert_allclose(out["half"].astype(jnp.float32), out["full"], rtol=5e-2, atol=5e-2)
+    np.testing.assert_allclose(out["einsums"], out["full"], **TOL)
+    np.testing.assert_allclose(out["vmap"], out["full"], **TOL)
+
+
+def test_packed_rows_attend_like_separate_sequences():
+    rng = np.random.default_rng(5)
+    seqs = [rng.normal(size=(n, 1, 4)).astype(np.float32) for n in (3, 2, 4)]
+    packed = dm.pack_sequences(seqs, max_len=5)
+    x = jnp.asarray(packed.values)
+    mask = dm.combine_masks(dm.segment_mask(packed.segment_ids), dm.causal_mask(5))
+    out = dm.dot_product_attention(x, x, x, mask=mask)
+    # Reference: the same sequences one per row, padded, through Flax's attention.
+    padded, lengths = dm.pad_sequences(seqs)
+    valid = dm.sequence_mask(lengths, padded.shape[1])
+    flax_mask = nn.combine_masks(nn.make_attention_mask(valid, valid), nn.make_causal_mask(valid))
+    alone = nn.dot_product_attention(padded, padded, padded, mask=flax_mask)
+    pieces = dm.unpack_sequences(np.asarray(out), packed)
+    for i, (piece, n) in enumerate(zip(pieces, lengths, strict=True)):
+        np.testing.assert_allclose(piece, alone[i, :n], **TOL)
+    assert (np.asarray(out)[packed.segment_ids == 0] == 0).all()
+
+
+def test_errors():
+    q = jnp.ones((1, 3, 2, 4))
+    with pytest.raises(ValueError, match="same rank >= 3"):
+        dm.dot_product_attention(q, q[0], q[0])
+    with pytest.raises(ValueError, match="batch dims must match"):
+        dm.dot_product_attention(q, jnp.ones((2, 3, 2, 4)), jnp.ones((2, 3, 2, 4)))
+    with pytest.raises(ValueError, match="same length and heads"):
+        dm.dot_product_attention(q, q, jnp.ones((1, 4, 2, 4)))
+    with pytest.raises(ValueError, match="depths must match"):
+        dm.dot_product_attention(q, jnp.ones((1, 3, 2, 5)), jnp.ones((1, 3, 2, 5)))
+    with pytest.raises(ValueError, match=r"query heads \(2\) must be a multiple"):
+        dm.dot_product_attention(q, jnp.ones((1, 3, 3, 4)), jnp.ones((1, 3, 3, 4)))
+    with pytest.raises(
+        dm.MaskShapeError,
+        match=r"mask of shape \(3, 3, 3\) does not broadcast to shape \(1, 2, 3, 3\)",
+    ):
+        dm.dot_product_attention(q, q, q, mask=jnp.ones((3, 3, 3), bool))
+    with pytest.raises(
+        dm.MaskShapeError, match="bias of shape.*build masks with dropmask.attention_mask"
+    ):
+        dm.dot_product_attention(q, q, q, bias=jnp.ones((3, 4)))
+    with pytest.raises(dm.DtypeError, match="floating point"):
+        dm.dot_product_attention(*(jnp.ones((1, 3, 2, 4), jnp.int32),) * 3)
+    with pytest.raises(dm.DtypeError, match="mask must be boolean or numeric"):
+        dm.dot_product_attention(q, q, q, mask=jax.random.split(jax.random.key(0), 3))
+    with pytest.raises(ValueError, match="must be given together"):
+        dm.dot_product_attention(q, q, q, qk_attn_weights_einsum=jnp.einsum)
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        dm.dot_product_attention(
+            q,
+            q,
+            q,
+            precision="highest",
+            qk_attn_weights_einsum=jnp.einsum,
+            attn_weights_value_einsum=jnp.einsum,
+        )
+    with pytest.raises(ValueError, match="impl must be one of"):
+        dm.dot_product_attention(q, q, q, impl="mine")
