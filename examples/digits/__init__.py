@@ -1,0 +1,1 @@
+"""Dropout on scikit-learn's handwritten digits, following the Flax Linen dropout guide."""

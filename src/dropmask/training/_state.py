@@ -1,0 +1,109 @@
+"""A Flax ``TrainState`` that carries the PRNG key for dropout and other streams."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax.training import train_state
+
+from ._keys import step_key, step_rngs
+
+__all__ = ["TrainState"]
+
+
+def check_key(key: Any) -> None:
+    """Raises TypeError unless ``key`` is one scalar PRNG key (typed or raw ``uint32[2]``)."""
+    dtype = getattr(key, "dtype", None)
+    shape = tuple(getattr(key, "shape", ()))
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key) and shape == ():
+        return
+    if dtype == jnp.uint32 and shape == (2,):
+        return
+    got = f"{type(key).__name__} with dtype {dtype} and shape {shape}" if dtype else repr(key)
+    raise TypeError(
+        f"TrainState key must be one PRNG key (jax.random.key(seed), or a raw uint32[2] "
+        f"key), got {got}. Split one from your root key, e.g. "
+        f"main_key, params_key, dropout_key = jax.random.split(jax.random.key(0), 3)."
+    )
+
+
+class TrainState(train_state.TrainState):
+    """``flax.training.train_state.TrainState`` plus the PRNG ``key`` for random layers.
+
+    The key is a pytree leaf, so it passes through ``jax.jit`` and is kept unchanged
+    by ``apply_gradients``; only ``step`` advances, and :meth:`step_key` folds it in
+    to give every step fresh dropout masks.
+
+    Attributes:
+      key: a scalar PRNG key, typically the ``dropout_key`` split from the root key.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, optax
+      >>> import flax.linen as nn
+      >>> from dropmask import linen as dl
+      >>> from dropmask.training import TrainState
+      >>> class MLP(nn.Module):
+      ...     @nn.compact
+      ...     def __call__(self, x, training: bool):  # x: [batch, 4]
+      ...         x = nn.Dense(3)(x)
+      ...         return dl.Dropout(0.5, deterministic=not training)(x)
+      >>> params_key, dropout_key = jax.random.split(jax.random.key(0))
+      >>> model = MLP()
+      >>> params = model.init(params_key, jnp.ones((2, 4)), training=False)["params"]
+      >>> state = TrainState.create(
+      ...     apply_fn=model.apply, params=params, tx=optax.sgd(0.1), key=dropout_key)
+      >>> @jax.jit
+      ... def train_step(state, x):
+      ...     def loss_fn(params):
+      ...         y = state.apply_fn({"params": params}, x, training=True,
+      ...                            rngs={"dropout": state.step_key()})
+      ...         return jnp.mean(y**2)
+      ...     return state.apply_gradients(grads=jax.grad(loss_fn)(state.params))
+      >>> state = train_step(state, jnp.ones((2, 4)))
+      >>> int(state.step), state.key is not None
+      (1, True)
+    """
+
+    key: jax.Array
+
+    @classmethod
+    def create(cls, *, apply_fn: Any, params: Any, tx: Any, **kwargs: Any) -> TrainState:
+        """Like ``flax.training.train_state.TrainState.create``, plus a required ``key``.
+
+        ``step`` starts as an ``int32`` scalar array rather than Flax's Python ``0``:
+        a Python int and the array that ``apply_gradients`` returns are different
+        ``jit`` signatures, so with Flax's default a jitted ``train_step`` compiles
+        twice (steps 0 and 1); here it compiles once.
+
+        Raises:
+          TypeError: ``key`` is missing or is not one PRNG key (e.g. an int seed).
+        """
+        if "key" not in kwargs:
+            raise TypeError(
+                "TrainState.create needs key=..., the PRNG key for dropout, e.g. "
+                "TrainState.create(apply_fn=..., params=..., tx=..., key=dropout_key)."
+            )
+        check_key(kwargs["key"])
+        state = super().create(apply_fn=apply_fn, params=params, tx=tx, **kwargs)
+        return state.replace(step=jnp.zeros((), jnp.int32))
+
+    def step_key(self) -> jax.Array:
+        """``jax.random.fold_in(self.key, self.step)``: this step's key for one stream.
+
+        Returns:
+          A scalar PRNG key; pass it as ``rngs={'dropout': state.step_key()}``.
+        """
+        return step_key(self)
+
+    def rngs(self, *names: str) -> dict[str, jax.Array]:
+        """Independent keys for this step, one per named stream (see :func:`step_rngs`).
+
+        Args:
+          *names: stream names, e.g. ``'dropout'``, ``'lstm'``.
+
+        Returns:
+          ``{name: key}``, for ``apply_fn(variables, x, rngs=state.rngs('dropout'))``.
+        """
+        return step_rngs(self, *names)
