@@ -29,8 +29,15 @@ lint: venv
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pyright
 
+# BENCH_FLAGS: --quick (smallest size only) or --peak-gbps N (GPU bandwidth column).
 bench: $(VENV)/.installed-bench
-	XLA_FLAGS= $(PY) -m benchmarks.run
+	XLA_FLAGS= $(PY) -m benchmarks.run $(BENCH_FLAGS)
+
+# dieharder on dropmask's raw bit stream: about 5-6 min on 2 cores.
+# RNGTEST_FLAGS=--reference also runs the same battery on threefry (about 11 min).
+rngtest: $(VENV)/.installed-dev
+	command -v dieharder >/dev/null || { apt-get update && apt-get install -y dieharder; }
+	XLA_FLAGS= $(PY) -m benchmarks.rngtest $(RNGTEST_FLAGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -20,6 +20,7 @@ Two generators live here:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -157,7 +158,19 @@ def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
       >>> bool((r.random_bits(k, (4, 8))[1] == r.random_bits(k, (32,))[8:16]).all())
       True
     """
-    return bits_from_words(key_words(key), tuple(int(d) for d in shape))
+    return _jitted_bits(key, tuple(int(d) for d in shape), None, None)
+
+
+# Jitted so that eager calls compile once per shape instead of dispatching ~100 ops.
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _jitted_bits(
+    key: Any,
+    shape: tuple[int, ...],
+    global_shape: tuple[int, ...] | None,
+    offset: tuple[Any, ...] | None,
+) -> jax.Array:
+    block = None if global_shape is None or offset is None else Block(global_shape, offset)
+    return bits_from_words(key_words(key), shape, block)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +238,8 @@ def draw_keep(
             )
         return jax.random.bernoulli(key, p=keep_prob, shape=shape), keep_prob
     thr = threshold(keep_prob)
-    return compare(bits_from_words(key_words(key), shape, block), thr), thr.realised
+    global_shape, offset = (None, None) if block is None else (block.global_shape, block.offset)
+    return compare(_jitted_bits(key, shape, global_shape, offset), thr), thr.realised
 
 
 def keep_mask(
