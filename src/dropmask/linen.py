@@ -90,6 +90,9 @@ class Dropout(nn.Module):
 class WordDropout(nn.Module):
     """Replaces token ids with ``unk_id`` at ``rate`` (the SST-2 example's layer).
 
+    The SST-2 example names these fields ``dropout_rate`` and ``unk_idx``; here they are
+    ``rate`` and ``unk_id``, as in the rest of dropmask.
+
     Attributes:
       rate: probability of replacing a token.
       unk_id: the id of the unknown-word token.
