@@ -301,7 +301,7 @@ def test_errors():
         dm.MaskShapeError, match="bias of shape.*build masks with dropmask.attention_mask"
     ):
         dm.dot_product_attention(q, q, q, bias=jnp.ones((3, 4)))
-    with pytest.raises(dm.DtypeError, match="floating point"):
+    with pytest.raises(dm.DtypeError, match="floating-point"):
         dm.dot_product_attention(*(jnp.ones((1, 3, 2, 4), jnp.int32),) * 3)
     with pytest.raises(dm.DtypeError, match="mask must be boolean or numeric"):
         dm.dot_product_attention(q, q, q, mask=jax.random.split(jax.random.key(0), 3))

@@ -74,6 +74,8 @@ def test_rate_one_gives_zeros_and_zero_gradients(impl, dtype):
     x, key = _x(dtype=dtype), jax.random.key(0)
     y = dropmask.dropout(x, 1.0, key, impl=impl)
     assert y.dtype == dtype and not np.asarray(y, np.float32).any()
+    # no randomness is drawn at rate 1, so (as in Flax) no key is needed
+    assert not np.asarray(dropmask.dropout(x, 1.0, None, impl=impl), np.float32).any()
     g = jax.grad(lambda x: dropmask.dropout(x, 1.0, key, impl=impl).astype(jnp.float32).sum())(x)
     assert np.isfinite(np.asarray(g, np.float32)).all() and not np.asarray(g, np.float32).any()
 

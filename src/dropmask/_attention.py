@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from ._dropout import dropout
-from ._errors import DtypeError, check_key, check_rate
+from ._errors import DtypeError, check_floating, check_key, check_rate
 from ._masks import as_array, causal_mask, check_broadcastable
 from ._random import DEFAULT_IMPL, Impl, check_impl
 from ._reductions import compute_dtype, softmax_core
@@ -155,8 +155,7 @@ def dot_product_attention(
 
     q, k, v = as_array(q), as_array(k), as_array(v)
     dtype = jnp.result_type(q, k, v) if dtype is None else jnp.dtype(dtype)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise DtypeError(f"{_FN}: q, k, v must be floating point, got dtype {dtype}.")
+    check_floating(jnp.zeros((), dtype), fn=f"{_FN} (q, k, v)")
     _check_qkv(q, k, v)
     heads, kv_heads = q.shape[-2], k.shape[-2]
     groups = heads // kv_heads

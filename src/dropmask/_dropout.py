@@ -17,7 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._errors import DtypeError, check_floating, check_key, check_rate, normalize_axes
+from ._errors import (
+    DtypeError,
+    check_floating,
+    check_key,
+    check_rate,
+    concrete_value,
+    normalize_axes,
+)
 from ._random import (
     DEFAULT_IMPL,
     Block,
@@ -45,9 +52,18 @@ _ALPHA_PRIME = -_SELU_SCALE * _SELU_ALPHA
 def _check_common(x: Any, rate: Any, key: Any, deterministic: bool, fn: str) -> float | None:
     check_floating(x, fn=fn, hint="" if fn != "dropout" else ", or use word_dropout for token ids")
     static_rate = check_rate(rate)
-    if not deterministic and static_rate != 0.0:
+    if needs_key(rate, deterministic):
         check_key(key, fn=fn)
     return static_rate
+
+
+def needs_key(rate: Any, deterministic: bool) -> bool:
+    """Whether a call draws randomness: not in eval mode, and unless ``rate`` is 0 or 1.
+
+    Modules use this to decide whether to fetch a key, so that (as in Flax) a layer
+    with rate 0 or 1, given as a float or a concrete JAX scalar, consumes none.
+    """
+    return not deterministic and concrete_value(rate) not in (0.0, 1.0)
 
 
 def _nan_if_invalid(rate: jax.Array, out: jax.Array) -> jax.Array:

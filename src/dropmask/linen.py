@@ -40,10 +40,6 @@ def _key(module: nn.Module, collection: str, rng: Any) -> jax.Array:
     return module.make_rng(collection)
 
 
-def _needs_key(deterministic: bool, rate: Any) -> bool:
-    return not deterministic and not (isinstance(rate, int | float) and rate in (0.0, 1.0))
-
-
 class Dropout(nn.Module):
     """Drop-in replacement for ``flax.linen.Dropout``.
 
@@ -76,7 +72,7 @@ class Dropout(nn.Module):
     ) -> jax.Array:
         """Masks ``inputs: [...]`` and rescales by ``1/(1-rate)`` in training mode."""
         det = _resolve(self, deterministic)
-        key = _key(self, self.rng_collection, rng) if _needs_key(det, self.rate) else None
+        key = _key(self, self.rng_collection, rng) if _dropout.needs_key(self.rate, det) else None
         return _dropout.dropout(
             inputs,
             self.rate,
@@ -113,7 +109,7 @@ class WordDropout(nn.Module):
     ) -> jax.Array:
         """Applies word dropout to ``tokens: int[..., time]``."""
         det = _resolve(self, deterministic)
-        key = _key(self, self.rng_collection, rng) if _needs_key(det, self.rate) else None
+        key = _key(self, self.rng_collection, rng) if _dropout.needs_key(self.rate, det) else None
         return _dropout.word_dropout(
             tokens, self.rate, key, unk_id=self.unk_id, deterministic=det, impl=self.impl
         )
@@ -134,7 +130,7 @@ class DropPath(nn.Module):
     ) -> jax.Array:
         """Applies drop-path to ``inputs: [batch, ...]``."""
         det = _resolve(self, deterministic)
-        key = _key(self, self.rng_collection, rng) if _needs_key(det, self.rate) else None
+        key = _key(self, self.rng_collection, rng) if _dropout.needs_key(self.rate, det) else None
         return _dropout.drop_path(
             inputs, self.rate, key, batch_axis=self.batch_axis, deterministic=det, impl=self.impl
         )
@@ -154,7 +150,7 @@ class GaussianDropout(nn.Module):
     ) -> jax.Array:
         """Applies Gaussian dropout to ``inputs: [...]``."""
         det = _resolve(self, deterministic)
-        key = _key(self, self.rng_collection, rng) if _needs_key(det, self.rate) else None
+        key = _key(self, self.rng_collection, rng) if _dropout.needs_key(self.rate, det) else None
         return _dropout.gaussian_dropout(
             inputs, self.rate, key, broadcast_dims=self.broadcast_dims, deterministic=det
         )
@@ -175,7 +171,7 @@ class AlphaDropout(nn.Module):
     ) -> jax.Array:
         """Applies alpha dropout to ``inputs: [...]``."""
         det = _resolve(self, deterministic)
-        key = _key(self, self.rng_collection, rng) if _needs_key(det, self.rate) else None
+        key = _key(self, self.rng_collection, rng) if _dropout.needs_key(self.rate, det) else None
         return _dropout.alpha_dropout(
             inputs,
             self.rate,

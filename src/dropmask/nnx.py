@@ -63,8 +63,7 @@ class _Stochastic(nnx.Module):
         return bool(value)
 
     def _key(self, deterministic: bool, rngs: Any) -> jax.Array | None:
-        rate = self.rate
-        if deterministic or (isinstance(rate, int | float) and rate in (0.0, 1.0)):
+        if not _dropout.needs_key(self.rate, deterministic):
             return None
         source = rngs if rngs is not None else self.rngs
         if source is None:
