@@ -1,8 +1,8 @@
 """``make rngtest``: a bounded dieharder battery on dropmask's raw mask bit stream.
 
-Dumps ``dropmask._random.random_bits(jax.random.key(seed), (n,))`` (uint32,
-little-endian: element ``i`` of one key's stream, the bits mask element ``i`` is drawn
-from) to a file and runs a fixed list of dieharder tests on it with ``-g 201``
+Dumps ``dropmask._fast_mask.random_bits(jax.random.key(seed), (n,))`` (uint32,
+little-endian: the Threefry-4x32-20 blocks that masks are cut from, at consecutive
+counters under one key) to a file and runs a fixed list of dieharder tests on it with ``-g 201``
 (file_input_raw), each as its own dieharder process reading the file from the start.
 With ``--reference`` the same battery runs on ``jax.random.bits`` (threefry) for
 comparison. Results replace the ``rngtest`` section of ``benchmarks/RESULTS.md``.
@@ -101,14 +101,14 @@ _REWOUND = re.compile(r"was rewound (\d+) times")
 
 def dropmask_bits() -> Callable[[jax.Array, int], jax.Array]:
     """dropmask's generator, or a loud failure if this checkout does not have it."""
-    from dropmask import _random
+    from dropmask import _fast_mask
 
-    if not hasattr(_random, "random_bits"):
+    if not hasattr(_fast_mask, "random_bits"):
         raise SystemExit(
-            "dropmask._random.random_bits is missing: this checkout has no raw bit stream "
+            "dropmask._fast_mask.random_bits is missing: this checkout has no raw bit stream "
             "to test. It should be random_bits(key, shape) -> uint32[shape]."
         )
-    fn = jax.jit(_random.random_bits, static_argnums=1)  # eager would run op by op
+    fn = jax.jit(_fast_mask.random_bits, static_argnums=1)  # eager would run op by op
     return lambda key, n: fn(key, (n,))
 
 
@@ -118,7 +118,7 @@ def threefry_bits() -> Callable[[jax.Array, int], jax.Array]:
 
 
 STREAMS: dict[str, tuple[str, Callable[[], Callable[[jax.Array, int], jax.Array]]]] = {
-    "dropmask": ("dropmask._random.random_bits(key, (n,))", dropmask_bits),
+    "dropmask": ("dropmask._fast_mask.random_bits(key, (n,))", dropmask_bits),
     "threefry": ("jax.random.bits(key, (n,), uint32) [threefry2x32]", threefry_bits),
 }
 

@@ -4,6 +4,8 @@ Statistical tests use fixed seeds and 4-sigma bounds (or, for chi-square, the
 quantile with the same two-sided tail mass, p = 6.3e-5).
 """
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -13,29 +15,88 @@ from scipy import stats
 
 import dropmask
 import dropmask.linen
-from dropmask import _random
+from dropmask import _fast_mask
+from dropmask._threefry import threefry4x32
 
 P_4SIGMA = 2 * stats.norm.sf(4.0)
 
 
+PI_COUNTER = (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344)
+PI_KEY = (0xA4093822, 0x299F31D0, 0x082EFA98, 0xEC4E6C89)
+
+
 @pytest.mark.parametrize(
-    ("counter", "key", "expected"),
-    [  # Random123 known-answer vectors for philox2x32 with 10 rounds
-        ((0x00000000, 0x00000000), 0x00000000, (0xFF1DAE59, 0x6CD10DF2)),
-        ((0xFFFFFFFF, 0xFFFFFFFF), 0xFFFFFFFF, (0x2C3F628B, 0xAB4FD7AD)),
-        ((0x243F6A88, 0x85A308D3), 0x13198A2E, (0xDD7CE038, 0xF62A4C12)),
+    ("counter", "key", "rounds", "expected"),
+    [  # Random123 known-answer vectors (tests/kat_vectors) for threefry4x32
+        ((0,) * 4, (0,) * 4, 20, (0x9C6CA96A, 0xE17EAE66, 0xFC10ECD4, 0x5256A7D8)),
+        (
+            (0xFFFFFFFF,) * 4,
+            (0xFFFFFFFF,) * 4,
+            20,
+            (0x2A881696, 0x57012287, 0xF6C7446E, 0xA16A6732),
+        ),
+        (PI_COUNTER, PI_KEY, 20, (0x59CD1DBB, 0xB8879579, 0x86B5D00C, 0xAC8B6D84)),
+        ((0,) * 4, (0,) * 4, 13, (0x531C7E4F, 0x39491EE5, 0x2C855A92, 0x3D6ABF9A)),
+        (PI_COUNTER, PI_KEY, 13, (0x4AA71D8F, 0x734738C2, 0x431FC6A8, 0xAE6DEBF1)),
     ],
 )
-def test_philox_known_answers(counter, key, expected):
+def test_threefry_known_answers(counter, key, rounds, expected):
     u32 = jnp.uint32
-    out = _random.philox2x32(u32(counter[0]), u32(counter[1]), u32(key))
+    out = threefry4x32([u32(c) for c in counter], [u32(k) for k in key], rounds=rounds)
     assert tuple(int(w) for w in out) == expected
+
+
+SHAPES = [(64, 128), (3, 50), (7,), (5, 33, 1), (), (2, 3, 40), (4, 70), (1, 1)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("rate", [0.5, 0.25, 0.1, 0.01, 0.999])
+def test_packed_and_per_element_paths_give_the_same_mask(shape, rate):
+    words = _fast_mask.key_words(jax.random.key(3))
+    thr = _fast_mask.threshold(1 - rate)
+    draw = jax.jit(
+        lambda w, packed: _fast_mask.keep_from_words(w, shape, thr, packed=packed), static_argnums=1
+    )
+    np.testing.assert_array_equal(np.asarray(draw(words, True)), np.asarray(draw(words, False)))
+
+
+def test_cpu_packed_path_is_not_fused_into_the_consumer():
+    """The generator must sit in its own computation: fused into the elementwise
+    consumer, XLA would recompute it for each of the 32 elements a word serves."""
+    f = jax.jit(lambda x, k: dropmask.dropout(x, 0.1, k))
+    hlo = f.lower(jnp.ones((256, 256)), jax.random.key(0)).compile().as_text()
+    assert hlo.count(" conditional(") == 1, hlo
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_blocks_match_the_global_mask_at_any_offset(packed):
+    key, full_shape = jax.random.key(4), (6, 70, 8)
+    words = _fast_mask.key_words(key)
+    thr = _fast_mask.threshold(0.7)
+    full = np.asarray(_fast_mask.keep_from_words(words, full_shape, thr, packed=packed))
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def block(words, offset, shape):
+        return _fast_mask.keep_from_words(
+            words, shape, thr, _fast_mask.Block(full_shape, tuple(offset)), packed=packed
+        )
+
+    # Offsets along the packed (last) axis that are and are not multiples of 32 words,
+    # traced, so that the kernel cannot rely on alignment.
+    for offset, shape in [
+        ((0, 0, 0), (6, 70, 8)),
+        ((3, 33, 2), (2, 30, 4)),
+        ((1, 5, 3), (4, 65, 5)),
+    ]:
+        got = np.asarray(block(words, jnp.array(offset), shape))
+        want = full[tuple(slice(o, o + d) for o, d in zip(offset, shape, strict=True))]
+        np.testing.assert_array_equal(got, want)
 
 
 def test_bits_depend_only_on_key_and_flat_index():
     key = jax.random.key(0)
-    flat = np.asarray(_random.random_bits(key, (6 * 7 * 8,)))
-    cube = np.asarray(jax.jit(lambda k: _random.random_bits(k, (6, 7, 8)))(key))
+    flat = np.asarray(_fast_mask.random_bits(key, (6 * 7 * 8,)))
+    cube = np.asarray(jax.jit(lambda k: _fast_mask.random_bits(k, (6, 7, 8)))(key))
     np.testing.assert_array_equal(cube.ravel(), flat)
     block = dropmask.keep_mask(key, (2, 3, 4), 0.5, global_shape=(6, 7, 8), offset=(3, 4, 2))
     full = dropmask.keep_mask(key, (6, 7, 8), 0.5)
@@ -64,23 +125,23 @@ def test_realised_keep_rate_within_4_sigma(rate, impl):
 
 
 @pytest.mark.parametrize(
-    ("rate", "shift"), [(0.5, 24), (0.25, 24), (0.1, 16), (0.3, 16), (0.001, 0), (0.999, 0)]
+    ("rate", "nbits"),
+    [(0.5, 1), (0.25, 2), (0.75, 2), (0.125, 4), (0.1, 16), (0.3, 16), (0.001, 32), (0.999, 32)],
 )
-def test_fewest_bits_for_the_rate(rate, shift):
-    thr = _random.threshold(1 - rate)
-    assert thr.shift == shift
-    nbits = 32 - shift
+def test_fewest_bits_for_the_rate(rate, nbits):
+    thr = _fast_mask.threshold(1 - rate)
+    assert (thr.nbits, thr.shift) == (nbits, 0)
     assert thr.realised == thr.value / 2**nbits
     assert abs(thr.realised - (1 - rate)) <= 1e-3 * min(rate, 1 - rate)
 
 
 def test_traced_threshold_is_exact_in_float32():
-    thr = jax.jit(lambda p: _random.threshold(p).realised)(jnp.float32(0.9))
+    thr = jax.jit(lambda p: _fast_mask.threshold(p).realised)(jnp.float32(0.9))
     assert float(thr) * 2**24 == round(0.9 * 2**24)
 
 
 def test_raw_bytes_are_uniform():
-    bits = np.asarray(_random.random_bits(jax.random.key(5), (1 << 20,)))
+    bits = np.asarray(_fast_mask.random_bits(jax.random.key(5), (1 << 20,)))
     for shift in (0, 8, 16, 24):
         counts = np.bincount((bits >> shift) & 0xFF, minlength=256)
         assert stats.chisquare(counts).pvalue > P_4SIGMA
@@ -123,9 +184,13 @@ def test_broadcast_masks_exactly_shared():
     np.testing.assert_array_equal(m, np.broadcast_to(m[:, :1], m.shape))
 
 
-def test_too_many_elements_error():
-    with pytest.raises(ValueError, match="2\\*\\*32"):
-        jax.eval_shape(lambda k: dropmask.keep_mask(k, (1 << 16, 1 << 16), 0.5), jax.random.key(0))
+def test_too_many_words_error():
+    def draw(shape):
+        return jax.eval_shape(lambda k: dropmask.keep_mask(k, shape, 0.5), jax.random.key(0))
+
+    draw((1 << 16, 1 << 16))  # 2**32 elements are 2**27 words: fine
+    with pytest.raises(ValueError, match="2\\*\\*32 words"):
+        draw((1 << 16, 1 << 21))
 
 
 def test_block_arguments_validated():

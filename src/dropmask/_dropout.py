@@ -25,20 +25,8 @@ from ._errors import (
     concrete_value,
     normalize_axes,
 )
-from ._random import (
-    DEFAULT_IMPL,
-    Block,
-    Impl,
-    Threshold,
-    bits_from_words,
-    check_impl,
-    compare,
-    draw_keep,
-    key_words,
-    local_block,
-    mask_shape,
-    threshold,
-)
+from ._fast_mask import Block, Threshold, keep_from_words, key_words, local_block, threshold
+from ._random import DEFAULT_IMPL, Impl, check_impl, draw_keep, mask_shape
 
 __all__ = ["alpha_dropout", "drop_path", "dropout", "gaussian_dropout", "word_dropout"]
 
@@ -87,7 +75,7 @@ def _with_keep_mask(
     """``combine(x, keep, realised_keep_prob)`` with ``keep: bool[x.shape]`` drawn from ``key``.
 
     With ``impl="fast"`` the mask is computed inside ``jax.checkpoint``, so reverse-mode
-    autodiff saves only the two key words and regenerates the mask in the backward
+    autodiff saves only the four key words and regenerates the mask in the backward
     pass: no per-element residual, and forward-mode (``jvp``, ``hessian``) still works.
     """
     if impl == "flax":
@@ -95,7 +83,7 @@ def _with_keep_mask(
         return combine(x, jnp.broadcast_to(mask, x.shape), realised)
     thr = threshold(keep_prob)
     global_shape, offset = (None, None) if block is None else (block.global_shape, block.offset)
-    static = (bshape, thr.shift, global_shape, combine)
+    static = (bshape, thr.nbits, thr.shift, global_shape, combine)
     if isinstance(thr.value, int):  # a static rate: the threshold is a compile-time constant
         return _regenerate_static(*static, x, key_words(key), offset, thr.value, thr.realised)
     return _regenerate_traced(*static, x, key_words(key), offset, thr.value, thr.realised)
@@ -103,6 +91,7 @@ def _with_keep_mask(
 
 def _regenerate(
     bshape: tuple[int, ...],
+    nbits: int,
     shift: int,
     global_shape: tuple[int, ...] | None,
     combine: Combine,
@@ -113,21 +102,21 @@ def _regenerate(
     realised: Any,
 ) -> jax.Array:
     block = None if global_shape is None or offset is None else Block(global_shape, offset)
-    keep = compare(bits_from_words(words, bshape, block), Threshold(shift, value, realised))
+    keep = keep_from_words(words, bshape, Threshold(nbits, shift, value, realised), block)
     return combine(x, jnp.broadcast_to(keep, x.shape), realised)
 
 
 _SAVE_NOTHING = jax.checkpoint_policies.nothing_saveable
 # Module-level and jitted, so that eager calls hit a compilation cache instead of
 # re-tracing the checkpointed body op by op; under an outer jit they are inlined.
-_STATIC_SHAPE_ARGS = (0, 1, 2, 3)
+_STATIC_SHAPE_ARGS = (0, 1, 2, 3, 4)
 _regenerate_traced = jax.jit(
     jax.checkpoint(_regenerate, policy=_SAVE_NOTHING, static_argnums=_STATIC_SHAPE_ARGS),
     static_argnums=_STATIC_SHAPE_ARGS,
 )
 _regenerate_static = jax.jit(
-    jax.checkpoint(_regenerate, policy=_SAVE_NOTHING, static_argnums=(*_STATIC_SHAPE_ARGS, 7, 8)),
-    static_argnums=(*_STATIC_SHAPE_ARGS, 7, 8),
+    jax.checkpoint(_regenerate, policy=_SAVE_NOTHING, static_argnums=(*_STATIC_SHAPE_ARGS, 8, 9)),
+    static_argnums=(*_STATIC_SHAPE_ARGS, 8, 9),
 )
 
 
@@ -178,7 +167,7 @@ def dropout(
       key: a JAX PRNG key; needed unless ``deterministic`` or ``rate == 0``.
       broadcast_dims: axes that share one mask value (negative axes allowed).
       deterministic: if True, return ``x`` unchanged.
-      impl: mask generator: ``"fast"`` (default; counter-based Philox, mask
+      impl: mask generator: ``"fast"`` (default; counter-based Threefry, mask
         regenerated in the backward pass, same bits under any jit/vmap/sharding) or
         ``"flax"`` (bit-identical to ``flax.linen.Dropout``).
       global_shape: inside ``shard_map``: the global shape ``x`` is a block of. With

@@ -1,0 +1,345 @@
+"""The ``"fast"`` keep-mask: Threefry blocks cut into bit-packed words of 32 elements.
+
+The mask is cut into words of 32 consecutive elements along its *packing axis* (its
+last axis longer than 1). Word ``n`` (its row-major index among all words of the
+global mask) takes 128-bit Threefry-4x32-20 blocks at counters ``(n, j, 0, 0)`` under
+the four key words; its element ``l`` reads the ``l``-th ``b``-bit field of those
+blocks and is kept when the field is below an integer threshold. ``b`` (1, 2, 4, 8,
+16 or 32) is the fewest bits that represent the keep probability to a relative error
+of 1e-3 (32 bits with a 24-bit threshold for a traced rate). Element values depend
+only on ``(key, global position)``, so the mask is the same under ``jit`` or not,
+under ``vmap`` over keys and for any sharding.
+
+Speed. On CPU one Threefry call then serves 8 to 32 elements: a word's keep-flags are
+computed once, bit-packed into a ``uint32`` (1 bit per element in memory), and
+unpacked inside the consumer's fusion. XLA would otherwise fuse the generator into the
+elementwise consumer and recompute it for every element, so the packed words are
+produced inside a ``lax.cond`` whose predicate XLA cannot fold; fusion does not cross
+that boundary. Other backends compute each element's field directly, which needs no
+materialised words; both paths give identical masks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._errors import normalize_axes
+from ._threefry import threefry4x32
+
+__all__ = ["Block", "Threshold", "keep_from_words", "key_words", "random_bits", "threshold"]
+
+LANES = 32  # elements per packed word: one uint32 of keep-flags
+_BLOCK_BITS = 128  # bits per Threefry-4x32 call
+_FIELD_BITS = (1, 2, 4, 8, 16, 32)
+_U32 = jnp.uint32
+# A static rate is represented with the fewest bits whose threshold is within this
+# relative error of both the rate and the keep probability.
+_RATE_REL_TOL = 1e-3
+_TRACED_BITS = 24  # thresholds up to 2**24 are exact in float32
+
+
+def key_words(key: Any) -> jax.Array:
+    """Four uint32 words (the Threefry key) from a key of any impl or a raw uint32 key."""
+    return jax.random.bits(key, (4,), _U32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """Where a local array sits in a global one: for masks drawn inside ``shard_map``.
+
+    Attributes:
+      global_shape: the shape of the whole (unsharded) mask.
+      offset: the global index of the local block's first element, one entry per
+        axis (ints or traced scalars such as ``lax.axis_index('x') * local_size``).
+    """
+
+    global_shape: tuple[int, ...]
+    offset: tuple[Any, ...]
+
+
+def local_block(
+    shape: tuple[int, ...],
+    global_shape: Sequence[int] | None,
+    offset: Sequence[Any] | None,
+    broadcast_dims: Sequence[int] = (),
+) -> Block | None:
+    """Validates ``global_shape`` / ``offset`` against a local ``shape``; None if unset."""
+    if global_shape is None and offset is None:
+        return None
+    if global_shape is None or offset is None:
+        raise ValueError(
+            "global_shape and offset go together (the local block's place in the global "
+            f"array), got global_shape={global_shape!r}, offset={offset!r}."
+        )
+    global_shape = tuple(int(d) for d in global_shape)
+    offset = tuple(offset)
+    if len(global_shape) != len(shape) or len(offset) != len(shape):
+        raise ValueError(
+            f"global_shape and offset need one entry per axis of the local shape {shape}, "
+            f"got global_shape={global_shape} and {len(offset)} offsets."
+        )
+    if any(g < d for g, d in zip(global_shape, shape, strict=True)):
+        raise ValueError(f"global_shape {global_shape} is smaller than the local shape {shape}.")
+    axes = normalize_axes(broadcast_dims, len(shape), name="broadcast_dims")
+    return Block(
+        tuple(1 if i in axes else d for i, d in enumerate(global_shape)),
+        tuple(0 if i in axes else o for i, o in enumerate(offset)),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Threshold:
+    """``keep = (field >> shift) < value`` for a ``nbits``-bit random field.
+
+    True with probability ``realised``.
+    """
+
+    nbits: int
+    shift: int
+    value: Any  # int, or a traced uint32 scalar
+    realised: Any  # float, or a traced float32 scalar
+
+
+def threshold(p: Any) -> Threshold:
+    """The integer threshold for "True with probability p", static or traced ``p``."""
+    if isinstance(p, int | float):
+        for nbits in _FIELD_BITS:
+            scale = 2**nbits
+            value = min(round(p * scale), scale - 1) if p < 1 else scale
+            realised = value / scale
+            err = abs(realised - p)
+            if nbits == 32 or err <= _RATE_REL_TOL * min(p, 1 - p):
+                return Threshold(nbits, 0, value, realised)
+    p = jnp.asarray(p, jnp.float32)
+    scale = float(2**_TRACED_BITS)
+    value = jnp.round(jnp.clip(p, 0.0, 1.0) * scale)
+    # A traced probability cannot be validated at trace time; outside [0, 1] (or NaN)
+    # it yields realised = NaN, which callers turn into NaN outputs, never a clip.
+    realised = jnp.where((p >= 0) & (p <= 1), value / scale, jnp.nan)
+    return Threshold(32, 32 - _TRACED_BITS, value.astype(_U32), realised)
+
+
+def _compare(field: jax.Array, thr: Threshold) -> jax.Array:
+    """Boolean keep-flags from random fields (an integer compare, no floats)."""
+    if isinstance(thr.value, int) and thr.value >= 2 ** (thr.nbits - thr.shift):
+        return jnp.ones(field.shape, bool)
+    shifted = field >> _U32(thr.shift) if thr.shift else field
+    return shifted < jnp.asarray(thr.value, _U32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fields:
+    """Where lane ``l`` of a word finds its ``nbits`` bits in the word's Threefry blocks."""
+
+    nbits: int
+
+    @property
+    def per_output(self) -> int:  # fields per 32-bit output word
+        return 32 // self.nbits
+
+    @property
+    def per_call(self) -> int:  # fields per 128-bit block
+        return _BLOCK_BITS // self.nbits
+
+    @property
+    def calls(self) -> int:  # Threefry calls per word of LANES elements
+        return -(-LANES // self.per_call)
+
+    def locate(self, lane: Any) -> tuple[Any, Any, Any]:
+        """(call ``j``, output word ``o``, bit offset) of ``lane``'s field."""
+        within = lane % self.per_call
+        return (
+            lane // self.per_call,
+            within // self.per_output,
+            (within % self.per_output) * self.nbits,
+        )
+
+    def extract(self, output: jax.Array, bit: Any) -> jax.Array:
+        field = output >> jnp.asarray(bit, _U32) if not isinstance(bit, int) or bit else output
+        return field & _U32(2**self.nbits - 1) if self.nbits < 32 else field
+
+
+def _packing_axis(global_shape: tuple[int, ...]) -> int:
+    """The axis words run along: the last one longer than 1 (so [batch, time, 1] packs time)."""
+    longer = [i for i, d in enumerate(global_shape) if d > 1]
+    return longer[-1] if longer else len(global_shape) - 1
+
+
+def _check_word_count(global_word_shape: tuple[int, ...]) -> None:
+    size = math.prod(global_word_shape)
+    if size >= 2**32:
+        raise ValueError(
+            f"impl='fast' numbers mask words ({LANES} elements each) with 32 bits, but "
+            f"the mask needs {size} >= 2**32 words (global word shape {global_word_shape}). "
+            f"Split the array, share the mask along an axis with broadcast_dims, or use "
+            f"impl='flax'."
+        )
+
+
+def _row_major(coords: Sequence[jax.Array], global_word_shape: tuple[int, ...]) -> jax.Array:
+    """uint32 row-major index, among the global words, of global word coordinates."""
+    index = jnp.zeros(coords[0].shape, _U32)
+    stride = 1
+    for axis in reversed(range(len(global_word_shape))):
+        if global_word_shape[axis] > 1:
+            index = index + coords[axis] * _U32(stride)
+        stride *= global_word_shape[axis]
+    return index
+
+
+def _coords(shape: tuple[int, ...], start: Sequence[Any]) -> list[jax.Array]:
+    """Global coordinates ``start + iota`` of every entry of a local ``shape``, per axis;
+    built from iotas so that any sharding computes them locally."""
+    coords = []
+    for axis in range(len(shape)):
+        position = lax.broadcasted_iota(_U32, shape, axis)
+        if not isinstance(start[axis], int) or start[axis]:
+            position = position + jnp.asarray(start[axis]).astype(_U32)
+        coords.append(position)
+    return coords
+
+
+def _packed_flags(words: jax.Array, index: jax.Array, thr: Threshold) -> jax.Array:
+    """uint32 keep-flags, bit ``l`` for lane ``l``, of the words numbered ``index``."""
+    fields = _Fields(thr.nbits)
+    key = [words[i] for i in range(4)]
+    packed = jnp.zeros(index.shape, _U32)
+    zero = jnp.zeros((), _U32)
+    for j in range(fields.calls):
+        outputs = threefry4x32((index, _U32(j), zero, zero), key)
+        for lane in range(j * fields.per_call, min(LANES, (j + 1) * fields.per_call)):
+            _, o, bit = fields.locate(lane)
+            keep = _compare(fields.extract(outputs[o], bit), thr)
+            packed = packed | (keep.astype(_U32) << _U32(lane))
+    return packed
+
+
+def _materialised(fn: Any) -> Any:
+    """``fn()`` computed in its own XLA computation, so that it is not fused (and so not
+    recomputed) into every element of its consumers. The predicate is always True; the
+    barrier only hides that from XLA's simplifier."""
+    always = lax.optimization_barrier(jnp.ones((), bool))
+    out = jax.eval_shape(fn)
+    # Inside shard_map the branches must also agree on which mesh axes they vary over.
+    axis_type = getattr(out, "manual_axis_type", None)
+    varying = tuple(sorted(axis_type.varying)) if axis_type is not None else ()
+
+    def never() -> jax.Array:
+        zeros = jnp.zeros(out.shape, out.dtype)
+        return lax.pcast(zeros, varying, to="varying") if varying else zeros
+
+    return lax.cond(always, fn, never)
+
+
+def keep_from_words(
+    words: jax.Array,
+    shape: tuple[int, ...],
+    thr: Threshold,
+    block: Block | None = None,
+    *,
+    packed: bool | None = None,
+) -> jax.Array:
+    """``bool[*shape]`` keep-mask from ``key_words(key)``, True with probability
+    ``thr.realised``; within ``block``'s global mask when given. ``packed`` picks the
+    path (both give the same mask); None means packed on CPU, per element elsewhere."""
+    if not shape:
+        scalar = None if block is None else Block((1,), (0,))
+        return keep_from_words(words, (1,), thr, scalar, packed=packed)[0]
+    global_shape = shape if block is None else block.global_shape
+    offset = (0,) * len(shape) if block is None else block.offset
+    axis = _packing_axis(global_shape)
+    global_word_shape = _with(global_shape, axis, -(-global_shape[axis] // LANES))
+    _check_word_count(global_word_shape)
+    lane0 = offset[axis] % LANES  # where the local block starts within its first word
+    word_start = _with(offset, axis, offset[axis] // LANES)
+    fields = _Fields(thr.nbits)
+    key = [words[i] for i in range(4)]
+
+    def packed_path() -> jax.Array:
+        # One word more when the block may start mid-word (its last word then spills).
+        spill = 0 if isinstance(lane0, int) and lane0 == 0 else 1
+        word_shape = _with(shape, axis, -(-shape[axis] // LANES) + spill)
+        flags = _materialised(
+            lambda: _packed_flags(
+                words, _row_major(_coords(word_shape, word_start), global_word_shape), thr
+            )
+        )
+        return _unpack(flags, shape, axis, lane0)
+
+    def per_element_path() -> jax.Array:
+        coords = _coords(shape, _with(offset, axis, lane0))
+        position = coords[axis]  # counted from the start of the block's first word
+        coords[axis] = position // _U32(LANES) + jnp.asarray(word_start[axis]).astype(_U32)
+        index = _row_major(coords, global_word_shape)
+        j, o, bit = fields.locate(position % _U32(LANES))
+        zero = jnp.zeros((), _U32)
+        outputs = threefry4x32((index, j.astype(_U32), zero, zero), key)
+        chosen = outputs[0]
+        for k in range(1, 4):
+            chosen = jnp.where(o == k, outputs[k], chosen)
+        return _compare(fields.extract(chosen, bit), thr)
+
+    if packed is not None:
+        return packed_path() if packed else per_element_path()
+    return lax.platform_dependent(cpu=packed_path, default=per_element_path)
+
+
+def _with(values: Sequence[Any], axis: int, value: Any) -> tuple[Any, ...]:
+    return tuple(value if i == axis else v for i, v in enumerate(values))
+
+
+def _unpack(flags: jax.Array, shape: tuple[int, ...], axis: int, lane0: Any) -> jax.Array:
+    """``bool[*shape]`` from packed words along ``axis``, starting at bit ``lane0``."""
+    n_words = flags.shape[axis]
+    spread = jnp.broadcast_to(
+        jnp.expand_dims(flags, axis + 1),
+        (*flags.shape[: axis + 1], LANES, *flags.shape[axis + 1 :]),
+    ).reshape(_with(flags.shape, axis, n_words * LANES))
+    if isinstance(lane0, int):
+        spread = lax.slice_in_dim(spread, lane0, lane0 + shape[axis], axis=axis)
+    else:
+        spread = lax.dynamic_slice_in_dim(spread, lane0, shape[axis], axis=axis)
+    lane = (lax.broadcasted_iota(_U32, shape, axis) + jnp.asarray(lane0).astype(_U32)) & _U32(
+        LANES - 1
+    )
+    return ((spread >> lane) & _U32(1)).astype(bool)
+
+
+def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
+    """The generator's raw stream: ``uint32[*shape]``; flat element ``i`` is output word
+    ``i % 4`` of Threefry-4x32-20 at counter ``(i // 4, 0, 0, 0)`` under ``key_words(key)``.
+
+    Example:
+      >>> import jax, dropmask._fast_mask as r
+      >>> k = jax.random.key(0)
+      >>> bool((r.random_bits(k, (4, 8))[1] == r.random_bits(k, (32,))[8:16]).all())
+      True
+    """
+    return _jitted_bits(key, tuple(int(d) for d in shape))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _jitted_bits(key: Any, shape: tuple[int, ...]) -> jax.Array:
+    size = math.prod(shape)
+    calls = -(-size // 4)
+    if calls >= 2**32:
+        raise ValueError(
+            f"random_bits numbers its 128-bit blocks with 32 bits, so it draws at most "
+            f"2**34 words; shape {shape} needs {size}. Draw it in pieces."
+        )
+    words = key_words(key)
+
+    def blocks(index: jax.Array) -> jax.Array:
+        zero = jnp.zeros((), _U32)
+        return jnp.stack(threefry4x32((index, zero, zero, zero), [words[i] for i in range(4)]))
+
+    out = _materialised(lambda: blocks(lax.iota(_U32, calls)))
+    return out.T.reshape(-1)[:size].reshape(shape)
