@@ -53,3 +53,43 @@ def interleaved_medians(
             jax.block_until_ready(fn(*args))
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def paired_ratios(
+    numerator: tuple[Callable[..., Any], Sequence[Any]],
+    denominator: tuple[Callable[..., Any], Sequence[Any]],
+    *,
+    repeats: int = 21,
+    warmup: int = 2,
+) -> list[float]:
+    """``time(numerator) / time(denominator)`` for each of ``repeats`` back-to-back pairs.
+
+    The two calls of a pair run within milliseconds of each other, so load that
+    drifts over seconds on a shared machine cancels in each ratio; which one runs
+    first alternates between pairs so that neither always gets the warmer cache.
+    """
+    for fn, args in (numerator, denominator):
+        for _ in range(warmup):
+            jax.block_until_ready(fn(*args))
+
+    def timed(fn: Callable[..., Any], args: Sequence[Any]) -> float:
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        return time.perf_counter() - start
+
+    ratios = []
+    for i in range(repeats):
+        if i % 2:
+            den = timed(*denominator)
+            num = timed(*numerator)
+        else:
+            num = timed(*numerator)
+            den = timed(*denominator)
+        ratios.append(num / den)
+    return ratios
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(25th percentile, median, 75th percentile)."""
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3

@@ -179,6 +179,27 @@ def test_no_dependence_between_neighbours_rows_steps_splits_and_streams():
         assert (a != b).mean() > 0.49, name
 
 
+@pytest.mark.parametrize("rate", [0.5, 0.1, 0.3])
+def test_no_dependence_across_the_word_layout(rate):
+    """Lanes of one word, the same lane of neighbouring words, and lanes fed by
+    neighbouring Threefry calls (8 apart at 16 bits per element) are independent, and
+    every lane keeps at the same rate."""
+    m = np.asarray(dropmask.keep_mask(jax.random.key(78), (2048, 1024), rate))
+    lanes = m.reshape(2048, 32, 32)  # [row, word, lane]
+    pairs = {
+        "lanes 0 and 1 of a word": (lanes[:, :, 0], lanes[:, :, 1]),
+        "lanes 7 and 8 (neighbouring calls)": (lanes[:, :, 7], lanes[:, :, 8]),
+        "lane 0 and lane 31": (lanes[:, :, 0], lanes[:, :, 31]),
+        "same lane, neighbouring words": (lanes[:, :-1, 5], lanes[:, 1:, 5]),
+        "last lane of a word, first of the next": (lanes[:, :-1, 31], lanes[:, 1:, 0]),
+    }
+    for name, (a, b) in pairs.items():
+        assert _independent(a.ravel(), b.ravel()) > P_4SIGMA, name
+    per_lane = lanes.reshape(-1, 32).mean(axis=0)
+    sigma = np.sqrt(rate * (1 - rate) / (2048 * 32))
+    assert np.all(np.abs(per_lane - (1 - rate)) < 4.5 * sigma), per_lane
+
+
 def test_broadcast_masks_exactly_shared():
     m = np.asarray(dropmask.keep_mask(jax.random.key(1), (16, 32, 8), 0.3, broadcast_dims=(1,)))
     np.testing.assert_array_equal(m, np.broadcast_to(m[:, :1], m.shape))
