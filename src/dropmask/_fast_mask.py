@@ -329,17 +329,20 @@ def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
 @functools.partial(jax.jit, static_argnums=1)
 def _jitted_bits(key: Any, shape: tuple[int, ...]) -> jax.Array:
     size = math.prod(shape)
-    calls = -(-size // 4)
-    if calls >= 2**32:
+    if size >= 2**32:
         raise ValueError(
-            f"random_bits numbers its 128-bit blocks with 32 bits, so it draws at most "
-            f"2**34 words; shape {shape} needs {size}. Draw it in pieces."
+            f"random_bits indexes words with 32 bits, so it draws fewer than 2**32 at a "
+            f"time; shape {shape} has {size}. Draw it in pieces."
         )
     words = key_words(key)
-
-    def blocks(index: jax.Array) -> jax.Array:
-        zero = jnp.zeros((), _U32)
-        return jnp.stack(threefry4x32((index, zero, zero, zero), [words[i] for i in range(4)]))
-
-    out = _materialised(lambda: blocks(lax.iota(_U32, calls)))
-    return out.T.reshape(-1)[:size].reshape(shape)
+    # Element by element (each computes its block and keeps one word of it): stacking
+    # the four outputs instead makes XLA's concatenate emitter re-expand the shared
+    # round expressions, which is thousands of times slower.
+    flat = lax.iota(_U32, size)
+    zero = jnp.zeros((), _U32)
+    outputs = threefry4x32((flat >> _U32(2), zero, zero, zero), [words[i] for i in range(4)])
+    which = flat & _U32(3)
+    chosen = outputs[0]
+    for k in range(1, 4):
+        chosen = jnp.where(which == k, outputs[k], chosen)
+    return chosen.reshape(shape)
