@@ -34,7 +34,15 @@ from jax import lax
 from ._errors import normalize_axes
 from ._threefry import threefry4x32
 
-__all__ = ["Block", "Threshold", "keep_from_words", "key_words", "random_bits", "threshold"]
+__all__ = [
+    "Block",
+    "Threshold",
+    "keep_from_words",
+    "key_words",
+    "local_block",
+    "random_bits",
+    "threshold",
+]
 
 LANES = 32  # elements per packed word: one uint32 of keep-flags
 _BLOCK_BITS = 128  # bits per Threefry-4x32 call
