@@ -103,3 +103,17 @@ def test_data_parallel_step_matches_single_device():
         sharded[0],
         single[0],
     )
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_each_device_generates_only_its_own_words(axis):
+    """The packed words are computed inside a conditional; it must be partitioned like
+    the data (each device draws its local words), not replicated on every device."""
+    spec = PartitionSpec(*(("d" if i == axis else None) for i in range(2)))
+    sharding = NamedSharding(_mesh(8), spec)
+    x = jax.device_put(jnp.ones((256, 2048)), sharding)
+    f = jax.jit(lambda x, k: dropmask.dropout(x, 0.1, k), out_shardings=sharding)
+    hlo = f.lower(x, jax.random.key(0)).compile().as_text()
+    local_words = "u32[32,64]" if axis == 0 else "u32[256,8]"
+    conditionals = [line for line in hlo.splitlines() if " conditional(" in line]
+    assert conditionals and all(local_words in line for line in conditionals), conditionals
