@@ -28,7 +28,13 @@ import optax
 from jax import lax
 
 import dropmask
-from benchmarks._timing import interleaved_medians, paired_ratios, quartiles
+from benchmarks._timing import (
+    interleaved_medians,
+    paired_per_pass_ratios,
+    per_pass_medians,
+    quartiles,
+)
+from dropmask import _fast_mask
 
 RATE = 0.1
 KEEP = 1.0 - RATE
@@ -38,7 +44,10 @@ MODES = ("fwd", "fwd+bwd")
 LIMIT = "x * c (memory-bound limit)"
 FLAX = "flax.linen.Dropout (threefry)"
 TARGET_SHAPE = (4096, 4096)
-LOOP_ELEMENTS = 1 << 26  # elements processed per looped call: 64 passes at 2^20, 4 at 2^24
+# Per-pass times are the slope between a loop of SHORT_PASSES passes and one with
+# extra_passes(n) more: 256 more at 2^20 elements, 16 more at 2^24.
+SHORT_PASSES = 2
+EXTRA_ELEMENTS = 1 << 28
 
 # MLP train step for the temp-memory measurement.
 MLP_BATCH = 1024
@@ -169,6 +178,29 @@ def _looped_fwd_bwd(
     return jax.jit(run)
 
 
+def extra_passes(n: int) -> int:
+    """How many more passes the long loop runs than the short one, for ``n`` elements."""
+    return max(4, EXTRA_ELEMENTS // n)
+
+
+def _looped_mask_words(shape: tuple[int, ...], passes: int) -> Callable[[jax.Array, Any], Any]:
+    """``passes`` draws of the packed keep-words that dropmask's CPU forward pass computes
+    before applying them (the generator alone), a fresh key per pass; ``x`` is unused."""
+    thr = _fast_mask.threshold(KEEP)
+    words_shape = jax.eval_shape(
+        lambda: _fast_mask.packed_keep_words(jnp.zeros(4, jnp.uint32), shape, thr)
+    )
+
+    def run(x: jax.Array, key: Any) -> jax.Array:
+        def body(i: jax.Array, acc: jax.Array) -> jax.Array:
+            words = _fast_mask.key_words(jax.random.fold_in(key, i))
+            return acc ^ _fast_mask.packed_keep_words(words, shape, thr)
+
+        return lax.fori_loop(0, passes, body, jnp.zeros(words_shape.shape, jnp.uint32))
+
+    return jax.jit(run)
+
+
 def _inputs(shape: tuple[int, ...], dtype: Any) -> tuple[jax.Array, jax.Array]:
     kx, kg = jax.random.split(jax.random.key(1234))
     return jax.random.normal(kx, shape, dtype), jax.random.normal(kg, shape, dtype)
@@ -202,24 +234,27 @@ def time_speed(
 
     Two timings per contestant: one call (outputs freshly allocated, as an op-by-op
     user sees it; on CPU, buffers over 32 MiB come from mmap and every call pays a page
-    fault per 4 KiB page), and the per-pass time of a loop of passes inside one jit
-    (buffers reused: the steady state a training step sees). Targets use the loop.
+    fault per 4 KiB page), and the per-pass time of a loop of passes inside one jit:
+    the slope between a short and a long loop, so that what a call pays once (copying
+    the input into the loop, faulting in the output) cancels. Targets use the loop.
     """
     dtype = DTYPES[dtype_name]
     x, g = _inputs(shape, dtype)
     n = math.prod(shape)
-    trips = max(1, LOOP_ELEMENTS // n)
-    calls, loops = {}, {}
+    extra = extra_passes(n)
+    calls, short, long = {}, {}, {}
     for c in cs:
         aux = c.make_aux(dtype)
         if mode == "fwd":
             calls[c.name] = (_fwd(c), (x, aux))
-            loops[c.name] = (_looped_fwd(c, trips), (x, aux))
+            short[c.name] = (_looped_fwd(c, SHORT_PASSES), (x, aux))
+            long[c.name] = (_looped_fwd(c, SHORT_PASSES + extra), (x, aux))
         else:
             calls[c.name] = (_fwd_bwd(c), (x, aux, g))
-            loops[c.name] = (_looped_fwd_bwd(c, trips), (x, aux, g))
+            short[c.name] = (_looped_fwd_bwd(c, SHORT_PASSES), (x, aux, g))
+            long[c.name] = (_looped_fwd_bwd(c, SHORT_PASSES + extra), (x, aux, g))
     call_s = interleaved_medians(calls, repeats=repeats)
-    loop_s = {k: v / trips for k, v in interleaved_medians(loops, repeats=repeats).items()}
+    loop_s = per_pass_medians(short, long, extra, repeats=repeats)
     itemsize = jnp.dtype(dtype).itemsize
     ideal_bytes = (2 if mode == "fwd" else 4) * n * itemsize
     rows = []
@@ -242,7 +277,7 @@ def time_speed(
                 "ms_call": call_s[c.name] * 1e3,
                 "ratio_call": call_s[c.name] / call_s[LIMIT],
                 "ms_loop": loop_s[c.name] * 1e3,
-                "loop_trips": trips,
+                "loop_passes": f"{SHORT_PASSES} vs {SHORT_PASSES + extra}",
                 "ratio_to_limit": loop_s[c.name] / loop_s[LIMIT],
                 "ideal_gbps": ideal_bytes / loop_s[c.name] / 1e9,
                 **check,
@@ -377,8 +412,7 @@ def paired_target_ratios(cs: list[Contestant], repeats: int) -> dict[tuple[str, 
     by_name = {c.name: c for c in cs}
     dm = by_name[f"dropmask (default impl={default_impl()!r})"]
     out: dict[tuple[str, str], dict] = {}
-    n = math.prod(TARGET_SHAPE)
-    trips = max(1, LOOP_ELEMENTS // n)
+    extra = extra_passes(math.prod(TARGET_SHAPE))
     for dtype_name, dtype in DTYPES.items():
         x, g = _inputs(TARGET_SHAPE, dtype)
         for mode in MODES:
@@ -386,13 +420,23 @@ def paired_target_ratios(cs: list[Contestant], repeats: int) -> dict[tuple[str, 
 
             def case(c: Contestant, mode: str = mode, x: jax.Array = x, g: jax.Array = g) -> Any:
                 aux = c.make_aux(x.dtype)
-                if mode == "fwd":
-                    return _looped_fwd(c, trips), (x, aux)
-                return _looped_fwd_bwd(c, trips), (x, aux, g)
+                loop = _looped_fwd if mode == "fwd" else _looped_fwd_bwd
+                args = (x, aux) if mode == "fwd" else (x, aux, g)
+                return (loop(c, SHORT_PASSES), loop(c, SHORT_PASSES + extra)), args
 
-            entry = {"vs_limit": paired_ratios(case(dm), case(by_name[LIMIT]), repeats=repeats)}
+            entry = {
+                "vs_limit": paired_per_pass_ratios(case(dm), case(by_name[LIMIT]), repeats=repeats)
+            }
+            if mode == "fwd" and default_impl() == "fast":
+                gen = (
+                    _looped_mask_words(TARGET_SHAPE, SHORT_PASSES),
+                    _looped_mask_words(TARGET_SHAPE, SHORT_PASSES + extra),
+                )
+                entry["generator_vs_limit"] = paired_per_pass_ratios(
+                    (gen, (x, jax.random.key(0))), case(by_name[LIMIT]), repeats=repeats
+                )
             if FLAX in by_name:
-                entry["flax_speedup"] = paired_ratios(
+                entry["flax_speedup"] = paired_per_pass_ratios(
                     case(by_name[FLAX]), case(dm), repeats=max(3, repeats // 3)
                 )
             out[(dtype_name, mode)] = entry
@@ -448,6 +492,14 @@ def targets(
             quartiles(p["vs_limit"])[1] <= limit and bool(r["ok"]),
             "" if r["ok"] else "output check failed",
         )
+        if "generator_vs_limit" in p:
+            add(
+                f"(diagnostic) f32 {mode}: generating the packed mask alone, x limit",
+                _spread(p["generator_vs_limit"]),
+                None,
+                "no target: the packed keep-words without applying them; the forward "
+                "pass costs about 1 + this",
+            )
     for mode in MODES:
         r, p = row("f32", mode, dm), paired.get(("f32", mode))
         if r is None or p is None or "flax_speedup" not in p or na:
@@ -539,8 +591,8 @@ def speed_tables(speed: list[dict[str, Any]], peak_gbps: float | None) -> str:
             if peak_gbps:
                 cols.insert(4, ("of peak", "frac_of_peak:.2f"))
         parts.append(
-            f"**{mode}, {dtype}, {list(shape)} ({math.prod(shape)} elements, loop of "
-            f"{rows[0]['loop_trips']})** — dropmask vs flax.linen.Dropout: "
+            f"**{mode}, {dtype}, {list(shape)} ({math.prod(shape)} elements, loops of "
+            f"{rows[0]['loop_passes']} passes)** — dropmask vs flax.linen.Dropout: "
             f"{flax_row['ms_loop'] / dm_row['ms_loop']:.1f}x in the loop, "
             f"{flax_row['ms_call'] / dm_row['ms_call']:.1f}x per call\n\n"
             + markdown_table(rows, cols)

@@ -228,3 +228,15 @@ def test_block_arguments_validated():
             global_shape=(4, 4),
             offset=(0, 0),
         )
+
+
+def test_packed_keep_words_are_the_mask_bits():
+    shape = (3, 70)
+    words = _fast_mask.key_words(jax.random.key(5))
+    thr = _fast_mask.threshold(0.9)
+    packed = np.asarray(_fast_mask.packed_keep_words(words, shape, thr))
+    assert packed.shape == (3, 3) and packed.dtype == np.uint32
+    lanes = (packed[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+    unpacked = lanes.reshape(3, 96)[:, :70].astype(bool)
+    expected = np.asarray(_fast_mask.keep_from_words(words, shape, thr, packed=False))
+    np.testing.assert_array_equal(unpacked, expected)

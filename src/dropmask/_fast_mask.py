@@ -40,6 +40,7 @@ __all__ = [
     "keep_from_words",
     "key_words",
     "local_block",
+    "packed_keep_words",
     "random_bits",
     "threshold",
 ]
@@ -228,6 +229,18 @@ def _packed_flags(words: jax.Array, index: jax.Array, thr: Threshold) -> jax.Arr
             keep = _compare(fields.extract(outputs[o], bit), thr)
             packed = packed | (keep.astype(_U32) << _U32(lane))
     return packed
+
+
+def packed_keep_words(words: jax.Array, shape: tuple[int, ...], thr: Threshold) -> jax.Array:
+    """The keep-flags of a whole ``shape`` mask as the CPU path computes them, unexpanded:
+    ``uint32`` words along the packing axis, bit ``l`` of word ``w`` for element
+    ``32 * w + l`` (for measuring the generator apart from applying the mask)."""
+    shape = shape or (1,)
+    axis = _packing_axis(shape)
+    word_shape = _with(shape, axis, -(-shape[axis] // LANES))
+    _check_word_count(word_shape)
+    index = _row_major(_coords(word_shape, (0,) * len(shape)), word_shape)
+    return _packed_flags(words, index, thr)
 
 
 def _materialised(fn: Any) -> Any:
