@@ -45,9 +45,11 @@ LIMIT = "x * c (memory-bound limit)"
 FLAX = "flax.linen.Dropout (threefry)"
 TARGET_SHAPE = (4096, 4096)
 # Per-pass times are the slope between a loop of SHORT_PASSES passes and one with
-# extra_passes(n) more: 256 more at 2^20 elements, 16 more at 2^24.
+# extra_passes(n) more: 128 more at 2^20 elements, 8 more at 2^24 (16 for the paired
+# target ratios, which have fewer contestants to time).
 SHORT_PASSES = 2
-EXTRA_ELEMENTS = 1 << 28
+EXTRA_ELEMENTS = 1 << 27
+TARGET_EXTRA_PASSES = 16
 
 # MLP train step for the temp-memory measurement.
 MLP_BATCH = 1024
@@ -180,7 +182,7 @@ def _looped_fwd_bwd(
 
 def extra_passes(n: int) -> int:
     """How many more passes the long loop runs than the short one, for ``n`` elements."""
-    return max(4, EXTRA_ELEMENTS // n)
+    return max(8, EXTRA_ELEMENTS // n)
 
 
 def _looped_mask_words(shape: tuple[int, ...], passes: int) -> Callable[[jax.Array, Any], Any]:
@@ -412,7 +414,7 @@ def paired_target_ratios(cs: list[Contestant], repeats: int) -> dict[tuple[str, 
     by_name = {c.name: c for c in cs}
     dm = by_name[f"dropmask (default impl={default_impl()!r})"]
     out: dict[tuple[str, str], dict] = {}
-    extra = extra_passes(math.prod(TARGET_SHAPE))
+    extra = TARGET_EXTRA_PASSES
     for dtype_name, dtype in DTYPES.items():
         x, g = _inputs(TARGET_SHAPE, dtype)
         for mode in MODES:

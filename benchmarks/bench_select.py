@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from benchmarks._timing import interleaved_medians
+from benchmarks._timing import interleaved_medians, per_pass_medians
 
 KEEP = 0.9  # rate 0.1, a Python float exactly as in flax.linen.Dropout
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
@@ -300,38 +300,62 @@ def backward_jaxpr() -> str:
     return str(jax.make_jaxpr(vjp_fn)(g))
 
 
+SHORT_PASSES, EXTRA_PASSES = 2, 16
+
+
+def _looped(step: Callable[..., Any], passes: int, fwd: bool) -> Callable[..., Any]:
+    """``passes`` applications of ``step`` inside one jit, each feeding the next."""
+    if fwd:
+        return jax.jit(lambda x, aux: lax.fori_loop(0, passes, lambda i, x: step(x, aux), x))
+
+    def run(x: jax.Array, aux: Any, g: jax.Array) -> Any:
+        return lax.fori_loop(0, passes, lambda i, c: step(c[0], aux, c[1]), (x, g))
+
+    return jax.jit(run)
+
+
 def study_speed(shape: tuple[int, ...], repeats: int) -> list[dict[str, Any]]:
-    """Median ms of each form (mask given as an input), fwd and fwd+bwd, vs ``x * c``."""
+    """Milliseconds of each form (mask given as an input), fwd and fwd+bwd, vs ``x * c``.
+
+    Per pass: the slope between loops of 2 and 18 passes inside one jit, so that what a
+    call pays once (copying the input into the loop, faulting in fresh buffers) cancels.
+    Per call: one jitted call, fresh buffers included (what op-by-op code pays).
+    """
     rows = []
     for dname, dtype in DTYPES.items():
         x, mask, g = example_inputs(shape, dtype, seed=3)
         c = jnp.asarray(1 / KEEP, dtype)
         for mode in ("fwd", "fwd+bwd"):
-            cases: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
+            fwd = mode == "fwd"
+            steps: dict[str, tuple[Callable[..., Any], Any]] = {}
             for name, form in forms().items():
-                fn = form if mode == "fwd" else fwd_bwd(form)
-                args = (x, mask) if mode == "fwd" else (x, mask, g)
-                cases[name] = (jax.jit(fn), args)
+                steps[name] = (form if fwd else fwd_bwd(form), mask)
 
             def scale(x: jax.Array, c: jax.Array) -> jax.Array:
                 return x * c
 
-            if mode == "fwd":
-                cases["x * c (limit)"] = (jax.jit(scale), (x, c))
+            if fwd:
+                steps["x * c (limit)"] = (scale, c)
             else:
-                cases["x * c (limit)"] = (
-                    jax.jit(lambda x, c, g: _vjp_scale(scale, x, c, g)),
-                    (x, c, g),
-                )
-            medians = interleaved_medians(cases, repeats=repeats)
-            for name, sec in medians.items():
+                steps["x * c (limit)"] = (lambda x, c, g: _vjp_scale(scale, x, c, g), c)
+            calls, short, long = {}, {}, {}
+            for name, (step, aux) in steps.items():
+                args = (x, aux) if fwd else (x, aux, g)
+                calls[name] = (jax.jit(step), args)
+                short[name] = (_looped(step, SHORT_PASSES, fwd), args)
+                long[name] = (_looped(step, SHORT_PASSES + EXTRA_PASSES, fwd), args)
+            per_call = interleaved_medians(calls, repeats=repeats)
+            per_pass = per_pass_medians(short, long, EXTRA_PASSES, repeats=repeats)
+            for name, sec in per_pass.items():
                 rows.append(
                     {
                         "dtype": dname,
                         "mode": mode,
                         "form": name,
-                        "ms": round(sec * 1e3, 3),
-                        "vs select": round(sec / medians["select"], 3),
+                        "ms/pass": round(sec * 1e3, 3),
+                        "pass vs select": round(sec / per_pass["select"], 3),
+                        "ms/call": round(per_call[name] * 1e3, 3),
+                        "call vs select": round(per_call[name] / per_call["select"], 3),
                     }
                 )
     return rows
