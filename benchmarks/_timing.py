@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -23,11 +25,11 @@ def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 7, warmup:
 
 
 def interleaved_medians(
-    cases: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]],
+    cases: Mapping[Any, tuple[Callable[..., Any], Sequence[Any]]],
     *,
     repeats: int = 7,
     warmup: int = 2,
-) -> dict[str, float]:
+) -> dict[Any, float]:
     """Median wall time of each ``fn(*args)`` in ``cases``, timed round-robin.
 
     On a shared machine the background load drifts during a run; timing the
@@ -46,7 +48,7 @@ def interleaved_medians(
     for fn, args in cases.values():
         for _ in range(warmup):
             jax.block_until_ready(fn(*args))
-    times: dict[str, list[float]] = {name: [] for name in cases}
+    times: dict[Any, list[float]] = {name: [] for name in cases}
     for _ in range(repeats):
         for name, (fn, args) in cases.items():
             start = time.perf_counter()
@@ -55,66 +57,107 @@ def interleaved_medians(
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def per_pass_medians(
-    short: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]],
-    long: Mapping[str, tuple[Callable[..., Any], Sequence[Any]]],
-    extra_passes: int,
-    *,
-    repeats: int = 7,
-    warmup: int = 2,
-) -> dict[str, float]:
-    """Seconds per pass of each looped case: ``(median(long) - median(short)) / extra_passes``.
+@dataclass(frozen=True)
+class Looped:
+    """One contestant as loops of passes inside one jit, at two lengths.
 
-    ``short[name]`` and ``long[name]`` run the same loop with ``extra_passes`` more
-    passes in ``long``. Whatever a call pays once (copying the input into the loop,
-    page-faulting a freshly allocated output: tens of ms for 64 MiB on CPU) cancels in
-    the difference, so a slow kernel cannot hide behind a large fixed cost. All cases
-    are timed round-robin (see :func:`interleaved_medians`).
+    ``make(passes)`` returns a jitted function of ``*args`` running ``passes`` passes;
+    ``short`` passes and ``short + extra`` passes are timed, and the per-pass time is
+    the difference over ``extra``: whatever a call pays once (copying the input into
+    the loop, page-faulting a fresh output: tens of ms for 64 MiB on this CPU) cancels,
+    so a slow kernel cannot hide behind a large fixed cost.
     """
-    cases = {("short", k): v for k, v in short.items()} | {("long", k): v for k, v in long.items()}
+
+    make: Callable[[int], Callable[..., Any]]
+    args: Sequence[Any]
+    extra: int
+    short: int = 2
+
+    @functools.cached_property
+    def short_fn(self) -> Callable[..., Any]:
+        return self.make(self.short)
+
+    @functools.cached_property
+    def long_fn(self) -> Callable[..., Any]:
+        return self.make(self.short + self.extra)
+
+
+def looped(
+    make: Callable[[int], Callable[..., Any]],
+    args: Sequence[Any],
+    *,
+    extra_seconds: float = 0.25,
+    min_extra: int = 8,
+    max_extra: int = 512,
+) -> Looped:
+    """A :class:`Looped` whose extra passes take about ``extra_seconds``.
+
+    A probe times loops of 2 and 10 passes to estimate the per-pass time; cheap
+    kernels get many extra passes (so their difference clears the per-call noise),
+    slow ones few (so the run stays short). Clamped to ``[min_extra, max_extra]``.
+    """
+    probe = Looped(make, args, extra=min_extra)
+    for fn in (probe.short_fn, probe.long_fn):
+        jax.block_until_ready(fn(*args))
+    short = min(_timed(probe.short_fn, args) for _ in range(2))
+    long = min(_timed(probe.long_fn, args) for _ in range(2))
+    per_pass = (long - short) / min_extra
+    extra = max_extra if per_pass <= 0 else round(extra_seconds / per_pass)
+    extra = max(min_extra, min(max_extra, extra))
+    if extra == min_extra:
+        return probe
+    return Looped(make, args, extra=extra)
+
+
+def per_pass_medians(
+    loops: Mapping[str, Looped], *, repeats: int = 7, warmup: int = 2
+) -> dict[str, float]:
+    """Seconds per pass of each loop: ``(median(long) - median(short)) / extra``, with
+    all loops timed round-robin (see :func:`interleaved_medians`)."""
+    cases = {}
+    for name, loop in loops.items():
+        cases[(name, "short")] = (loop.short_fn, loop.args)
+        cases[(name, "long")] = (loop.long_fn, loop.args)
     medians = interleaved_medians(cases, repeats=repeats, warmup=warmup)
     return {
-        name: _positive_slope(medians[("long", name)] - medians[("short", name)], name)
-        / extra_passes
-        for name in short
+        name: _positive_slope(medians[(name, "long")] - medians[(name, "short")], name) / loop.extra
+        for name, loop in loops.items()
     }
 
 
 def paired_per_pass_ratios(
-    numerator: tuple[tuple[Callable[..., Any], Callable[..., Any]], Sequence[Any]],
-    denominator: tuple[tuple[Callable[..., Any], Callable[..., Any]], Sequence[Any]],
-    *,
-    repeats: int = 21,
-    warmup: int = 2,
+    numerator: Looped, denominator: Looped, *, repeats: int = 21, warmup: int = 2
 ) -> list[float]:
-    """Per-pass time ratios, one per repeat: ``(num_long - num_short) / (den_long - den_short)``.
+    """Per-pass time ratios numerator / denominator, one per repeat.
 
-    Each side is ``((short_fn, long_fn), args)``: the same loop with fewer and more
-    passes (the same number more on both sides). The four calls of a repeat run back
-    to back, in an order that alternates between repeats, so that load drifting on a
-    shared machine cancels in each ratio, and per-call fixed costs cancel in each
-    difference (see :func:`per_pass_medians`).
+    The four calls of a repeat (both loops of both sides) run back to back, in an order
+    that alternates between repeats, so that load drifting on a shared machine cancels
+    in each ratio, and per-call fixed costs cancel in each difference (see
+    :class:`Looped`).
     """
-    calls = [(fn, numerator[1]) for fn in numerator[0]]
-    calls += [(fn, denominator[1]) for fn in denominator[0]]
+    calls = [
+        (numerator.short_fn, numerator.args),
+        (numerator.long_fn, numerator.args),
+        (denominator.short_fn, denominator.args),
+        (denominator.long_fn, denominator.args),
+    ]
     for fn, args in calls:
         for _ in range(warmup):
             jax.block_until_ready(fn(*args))
-
-    def timed(fn: Callable[..., Any], args: Sequence[Any]) -> float:
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        return time.perf_counter() - start
-
     ratios = []
     for i in range(repeats):
-        order = range(4) if i % 2 == 0 else reversed(range(4))
         t = [0.0] * 4
-        for j in order:
-            t[j] = timed(*calls[j])
-        num = _positive_slope(t[1] - t[0], "numerator")
-        ratios.append(num / _positive_slope(t[3] - t[2], "denominator"))
+        for j in range(4) if i % 2 == 0 else reversed(range(4)):
+            t[j] = _timed(*calls[j])
+        num = _positive_slope(t[1] - t[0], "numerator") / numerator.extra
+        ratios.append(num / (_positive_slope(t[3] - t[2], "denominator") / denominator.extra))
     return ratios
+
+
+def _timed(fn: Callable[..., Any], args: Sequence[Any]) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - start
 
 
 def _positive_slope(seconds: float, name: Any) -> float:

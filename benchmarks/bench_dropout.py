@@ -29,7 +29,9 @@ from jax import lax
 
 import dropmask
 from benchmarks._timing import (
+    Looped,
     interleaved_medians,
+    looped,
     paired_per_pass_ratios,
     per_pass_medians,
     quartiles,
@@ -44,12 +46,6 @@ MODES = ("fwd", "fwd+bwd")
 LIMIT = "x * c (memory-bound limit)"
 FLAX = "flax.linen.Dropout (threefry)"
 TARGET_SHAPE = (4096, 4096)
-# Per-pass times are the slope between a loop of SHORT_PASSES passes and one with
-# extra_passes(n) more: 128 more at 2^20 elements, 8 more at 2^24 (16 for the paired
-# target ratios, which have fewer contestants to time).
-SHORT_PASSES = 2
-EXTRA_ELEMENTS = 1 << 27
-TARGET_EXTRA_PASSES = 16
 
 # MLP train step for the temp-memory measurement.
 MLP_BATCH = 1024
@@ -153,6 +149,22 @@ def _step_aux(c: Contestant, aux: Any, i: jax.Array) -> Any:
     return jax.random.fold_in(aux, i) if c.is_dropout else aux
 
 
+_LOOPS: dict[tuple[str, tuple[int, ...], str, str], Looped] = {}
+
+
+def _loop(c: Contestant, shape: tuple[int, ...], dtype_name: str, mode: str) -> Looped:
+    """``c``'s loops for one case (see ``_timing.Looped``), pass count probed once."""
+    key = (c.name, shape, dtype_name, mode)
+    if key not in _LOOPS:
+        x, g = _inputs(shape, DTYPES[dtype_name])
+        aux = c.make_aux(x.dtype)
+        if mode == "fwd":
+            _LOOPS[key] = looped(lambda passes: _looped_fwd(c, passes), (x, aux))
+        else:
+            _LOOPS[key] = looped(lambda passes: _looped_fwd_bwd(c, passes), (x, aux, g))
+    return _LOOPS[key]
+
+
 def _looped_fwd(c: Contestant, trips: int) -> Callable[[jax.Array, Any], jax.Array]:
     """``trips`` forward passes inside one jit, each feeding the next: no output buffer
     is allocated per pass, so the time is the kernel's, not the allocator's."""
@@ -178,11 +190,6 @@ def _looped_fwd_bwd(
         return lax.fori_loop(0, trips, lambda i, carry: body(i, carry, aux), (x, g))
 
     return jax.jit(run)
-
-
-def extra_passes(n: int) -> int:
-    """How many more passes the long loop runs than the short one, for ``n`` elements."""
-    return max(8, EXTRA_ELEMENTS // n)
 
 
 def _looped_mask_words(shape: tuple[int, ...], passes: int) -> Callable[[jax.Array, Any], Any]:
@@ -243,20 +250,13 @@ def time_speed(
     dtype = DTYPES[dtype_name]
     x, g = _inputs(shape, dtype)
     n = math.prod(shape)
-    extra = extra_passes(n)
-    calls, short, long = {}, {}, {}
+    calls, loops = {}, {}
     for c in cs:
         aux = c.make_aux(dtype)
-        if mode == "fwd":
-            calls[c.name] = (_fwd(c), (x, aux))
-            short[c.name] = (_looped_fwd(c, SHORT_PASSES), (x, aux))
-            long[c.name] = (_looped_fwd(c, SHORT_PASSES + extra), (x, aux))
-        else:
-            calls[c.name] = (_fwd_bwd(c), (x, aux, g))
-            short[c.name] = (_looped_fwd_bwd(c, SHORT_PASSES), (x, aux, g))
-            long[c.name] = (_looped_fwd_bwd(c, SHORT_PASSES + extra), (x, aux, g))
+        calls[c.name] = (_fwd(c), (x, aux)) if mode == "fwd" else (_fwd_bwd(c), (x, aux, g))
+        loops[c.name] = _loop(c, shape, dtype_name, mode)
     call_s = interleaved_medians(calls, repeats=repeats)
-    loop_s = per_pass_medians(short, long, extra, repeats=repeats)
+    loop_s = per_pass_medians(loops, repeats=repeats)
     itemsize = jnp.dtype(dtype).itemsize
     ideal_bytes = (2 if mode == "fwd" else 4) * n * itemsize
     rows = []
@@ -279,7 +279,7 @@ def time_speed(
                 "ms_call": call_s[c.name] * 1e3,
                 "ratio_call": call_s[c.name] / call_s[LIMIT],
                 "ms_loop": loop_s[c.name] * 1e3,
-                "loop_passes": f"{SHORT_PASSES} vs {SHORT_PASSES + extra}",
+                "loop_passes": f"{loops[c.name].short}/{loops[c.name].short + loops[c.name].extra}",
                 "ratio_to_limit": loop_s[c.name] / loop_s[LIMIT],
                 "ideal_gbps": ideal_bytes / loop_s[c.name] / 1e9,
                 **check,
@@ -409,37 +409,28 @@ def memory(cs: list[Contestant]) -> tuple[list[dict[str, Any]], list[dict[str, A
 
 
 def paired_target_ratios(cs: list[Contestant], repeats: int) -> dict[tuple[str, str], dict]:
-    """Paired ratios at the target size: dropmask / limit and Flax / dropmask, per (dtype,
-    mode), each pair timed back to back so that machine-load drift cancels."""
+    """Paired per-pass ratios at the target size: dropmask / limit and Flax / dropmask,
+    per (dtype, mode), each pair timed back to back so that machine-load drift cancels."""
     by_name = {c.name: c for c in cs}
     dm = by_name[f"dropmask (default impl={default_impl()!r})"]
     out: dict[tuple[str, str], dict] = {}
-    extra = TARGET_EXTRA_PASSES
     for dtype_name, dtype in DTYPES.items():
-        x, g = _inputs(TARGET_SHAPE, dtype)
         for mode in MODES:
             print(f"  paired ratios {mode} {dtype_name} {list(TARGET_SHAPE)} ...", flush=True)
-
-            def case(c: Contestant, mode: str = mode, x: jax.Array = x, g: jax.Array = g) -> Any:
-                aux = c.make_aux(x.dtype)
-                loop = _looped_fwd if mode == "fwd" else _looped_fwd_bwd
-                args = (x, aux) if mode == "fwd" else (x, aux, g)
-                return (loop(c, SHORT_PASSES), loop(c, SHORT_PASSES + extra)), args
-
-            entry = {
-                "vs_limit": paired_per_pass_ratios(case(dm), case(by_name[LIMIT]), repeats=repeats)
-            }
+            ours, limit = (_loop(c, TARGET_SHAPE, dtype_name, mode) for c in (dm, by_name[LIMIT]))
+            entry = {"vs_limit": paired_per_pass_ratios(ours, limit, repeats=repeats)}
             if mode == "fwd" and default_impl() == "fast":
-                gen = (
-                    _looped_mask_words(TARGET_SHAPE, SHORT_PASSES),
-                    _looped_mask_words(TARGET_SHAPE, SHORT_PASSES + extra),
+                x, _ = _inputs(TARGET_SHAPE, dtype)
+                gen = looped(
+                    lambda passes: _looped_mask_words(TARGET_SHAPE, passes),
+                    (x, jax.random.key(0)),
                 )
-                entry["generator_vs_limit"] = paired_per_pass_ratios(
-                    (gen, (x, jax.random.key(0))), case(by_name[LIMIT]), repeats=repeats
-                )
+                entry["generator_vs_limit"] = paired_per_pass_ratios(gen, limit, repeats=repeats)
             if FLAX in by_name:
                 entry["flax_speedup"] = paired_per_pass_ratios(
-                    case(by_name[FLAX]), case(dm), repeats=max(3, repeats // 3)
+                    _loop(by_name[FLAX], TARGET_SHAPE, dtype_name, mode),
+                    ours,
+                    repeats=max(3, repeats // 3),
                 )
             out[(dtype_name, mode)] = entry
     return out
@@ -580,6 +571,7 @@ def speed_tables(speed: list[dict[str, Any]], peak_gbps: float | None) -> str:
             ("contestant", "contestant"),
             ("ms/pass (loop)", "ms_loop:.3f"),
             ("x limit (loop)", "ratio_to_limit:.2f"),
+            ("passes (short/long)", "loop_passes"),
             ("speedup vs flax.linen (loop)", "speedup_vs_flax:.2f"),
             ("ms/call", "ms_call:.3f"),
             ("x limit (call)", "ratio_call:.2f"),
@@ -593,8 +585,8 @@ def speed_tables(speed: list[dict[str, Any]], peak_gbps: float | None) -> str:
             if peak_gbps:
                 cols.insert(4, ("of peak", "frac_of_peak:.2f"))
         parts.append(
-            f"**{mode}, {dtype}, {list(shape)} ({math.prod(shape)} elements, loops of "
-            f"{rows[0]['loop_passes']} passes)** — dropmask vs flax.linen.Dropout: "
+            f"**{mode}, {dtype}, {list(shape)} ({math.prod(shape)} elements)** — "
+            "dropmask vs flax.linen.Dropout: "
             f"{flax_row['ms_loop'] / dm_row['ms_loop']:.1f}x in the loop, "
             f"{flax_row['ms_call'] / dm_row['ms_call']:.1f}x per call\n\n"
             + markdown_table(rows, cols)
@@ -620,11 +612,15 @@ def run(quick: bool = False, peak_gbps: float | None = None) -> dict[str, Any]:
     md = (
         "### Dropout speed\n\n"
         "Median ms. *loop*: per pass of a `lax.fori_loop` of passes inside one jit (a "
-        "fresh key per pass via `fold_in`; buffers reused: the kernel's time). *call*: "
-        "one jitted call with freshly allocated outputs (on Linux CPU, outputs over "
-        "32 MiB are mmap'd and every call page-faults them in, which inflates the limit "
-        "as much as the contestants). `x limit` = time / time of `x * c` measured the "
-        "same way. The targets use the loop.\n\n"
+        "fresh key per pass via `fold_in`): the difference between a short and a long loop "
+        "divided by the extra passes, so what a call pays once (copying the input into the "
+        "loop, page-faulting a fresh output) cancels and the kernel's own time remains; "
+        "each contestant gets enough extra passes for about 0.25 s of work (at least 8). "
+        "*call*: one jitted call with freshly allocated outputs, what op-by-op code pays "
+        "(on Linux CPU, outputs over 32 MiB are mmap'd and every call page-faults them "
+        "in: about 30 ms for 64 MiB here, which swamps a 3.5 ms kernel and pulls every "
+        "ratio toward 1). `x limit` = time / time of `x * c` measured the same way. The "
+        "targets use the loop.\n\n"
     )
     md += speed_tables(speed, peak_gbps) + "\n"
     md += "### Dropout memory\n\n"
