@@ -618,7 +618,7 @@ def run(quick: bool = False, peak_gbps: float | None = None) -> dict[str, Any]:
         "each contestant gets enough extra passes for about 0.25 s of work (at least 8). "
         "*call*: one jitted call with freshly allocated outputs, what op-by-op code pays "
         "(on Linux CPU, outputs over 32 MiB are mmap'd and every call page-faults them "
-        "in: about 30 ms for 64 MiB here, which swamps a 3.5 ms kernel and pulls every "
+        "in: about 30 ms for 64 MiB here, which swamps a 3 ms kernel and pulls every "
         "ratio toward 1). `x limit` = time / time of `x * c` measured the same way. The "
         "targets use the loop.\n\n"
     )
@@ -653,10 +653,11 @@ def run(quick: bool = False, peak_gbps: float | None = None) -> dict[str, Any]:
     )
     md += "\n### Targets (dropmask default impl, CPU, [4096, 4096])\n\n"
     md += (
-        "Speed targets are medians of paired ratios: each pair times the two loops back "
-        "to back (order alternating), so that load drifting on a shared machine cancels "
-        "in each ratio; quartiles show the spread. The tables above time all contestants "
-        "round-robin and can disagree with them by the machine's drift.\n\n"
+        "Speed targets are medians of paired per-pass ratios: each pair times the short "
+        "and long loops of both sides back to back (order alternating), so that load "
+        "drifting on a shared machine cancels in each ratio; quartiles show the spread. "
+        "The tables above time all contestants round-robin and can disagree with them by "
+        "the machine's drift.\n\n"
     )
     md += markdown_table(
         target_rows,
