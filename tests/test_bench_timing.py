@@ -16,12 +16,12 @@ class FakeClock:
         return self.now
 
 
-def fake_loop(clock: FakeClock, fixed: float, per_pass: float, noise=lambda: 0.0):
+def fake_loop(clock: FakeClock, fixed: float, per_pass: float):
     """``make(passes)`` for a kernel costing ``fixed + passes * per_pass`` seconds a call."""
 
     def make(passes: int):
         def run() -> None:
-            clock.now += fixed + passes * per_pass + noise()
+            clock.now += fixed + passes * per_pass
 
         return run
 
