@@ -51,13 +51,21 @@ SHAPES = [(64, 128), (3, 50), (7,), (5, 33, 1), (), (2, 3, 40), (4, 70), (1, 1)]
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("rate", [0.5, 0.25, 0.1, 0.01, 0.999])
-def test_packed_and_per_element_paths_give_the_same_mask(shape, rate):
+def test_all_paths_give_the_same_mask(shape, rate):
     words = _fast_mask.key_words(jax.random.key(3))
     thr = _fast_mask.threshold(1 - rate)
     draw = jax.jit(
-        lambda w, packed: _fast_mask.keep_from_words(w, shape, thr, packed=packed), static_argnums=1
+        lambda w, path: _fast_mask.keep_from_words(w, shape, thr, path=path), static_argnums=1
     )
-    np.testing.assert_array_equal(np.asarray(draw(words, True)), np.asarray(draw(words, False)))
+    want = np.asarray(draw(words, "per_element"))
+    for path in ("packed", "packed_inline", None):
+        np.testing.assert_array_equal(np.asarray(draw(words, path)), want, err_msg=str(path))
+
+
+def test_unknown_path_is_rejected():
+    words = _fast_mask.key_words(jax.random.key(3))
+    with pytest.raises(ValueError, match="path must be one of"):
+        _fast_mask.keep_from_words(words, (4, 4), _fast_mask.threshold(0.5), path="fast")
 
 
 def test_cpu_packed_path_is_not_fused_into_the_consumer():
@@ -68,17 +76,17 @@ def test_cpu_packed_path_is_not_fused_into_the_consumer():
     assert hlo.count(" conditional(") == 1, hlo
 
 
-@pytest.mark.parametrize("packed", [True, False])
-def test_blocks_match_the_global_mask_at_any_offset(packed):
+@pytest.mark.parametrize("path", _fast_mask.PATHS)
+def test_blocks_match_the_global_mask_at_any_offset(path):
     key, full_shape = jax.random.key(4), (6, 70, 8)
     words = _fast_mask.key_words(key)
     thr = _fast_mask.threshold(0.7)
-    full = np.asarray(_fast_mask.keep_from_words(words, full_shape, thr, packed=packed))
+    full = np.asarray(_fast_mask.keep_from_words(words, full_shape, thr, path=path))
 
     @functools.partial(jax.jit, static_argnums=2)
     def block(words, offset, shape):
         return _fast_mask.keep_from_words(
-            words, shape, thr, _fast_mask.Block(full_shape, tuple(offset)), packed=packed
+            words, shape, thr, _fast_mask.Block(full_shape, tuple(offset)), path=path
         )
 
     # Offsets along the packed (last) axis that are and are not multiples of 32 words,
@@ -238,5 +246,5 @@ def test_packed_keep_words_are_the_mask_bits():
     assert packed.shape == (3, 3) and packed.dtype == np.uint32
     lanes = (packed[..., None] >> np.arange(32, dtype=np.uint32)) & 1
     unpacked = lanes.reshape(3, 96)[:, :70].astype(bool)
-    expected = np.asarray(_fast_mask.keep_from_words(words, shape, thr, packed=False))
+    expected = np.asarray(_fast_mask.keep_from_words(words, shape, thr, path="per_element"))
     np.testing.assert_array_equal(unpacked, expected)

@@ -10,13 +10,15 @@ of 1e-3 (32 bits with a 24-bit threshold for a traced rate). Element values depe
 only on ``(key, global position)``, so the mask is the same under ``jit`` or not,
 under ``vmap`` over keys and for any sharding.
 
-Speed. On CPU one Threefry call then serves 8 to 32 elements: a word's keep-flags are
-computed once, bit-packed into a ``uint32`` (1 bit per element in memory), and
-unpacked inside the consumer's fusion. XLA would otherwise fuse the generator into the
-elementwise consumer and recompute it for every element, so the packed words are
-produced inside a ``lax.cond`` whose predicate XLA cannot fold; fusion does not cross
-that boundary. Other backends compute each element's field directly, which needs no
-materialised words; both paths give identical masks.
+Speed. One Threefry call serves 8 to 32 elements on CPU and CUDA GPUs: a word's
+keep-flags are computed once, bit-packed into a ``uint32`` (1 bit per element in
+memory), and unpacked inside the consumer's fusion. XLA:CPU would fuse the generator
+into the elementwise consumer and recompute it for every element, so there the packed
+words are produced inside a ``lax.cond`` whose predicate XLA cannot fold; fusion does
+not cross that boundary. XLA:GPU keeps the generator in its own fusion unaided (a
+``cond`` there would cost a device-to-host sync per call). Other backends compute each
+element's field directly, which needs no materialised words. All paths give
+identical masks.
 """
 
 from __future__ import annotations
@@ -232,7 +234,7 @@ def _packed_flags(words: jax.Array, index: jax.Array, thr: Threshold) -> jax.Arr
 
 
 def packed_keep_words(words: jax.Array, shape: tuple[int, ...], thr: Threshold) -> jax.Array:
-    """The keep-flags of a whole ``shape`` mask as the CPU path computes them, unexpanded:
+    """The keep-flags of a whole ``shape`` mask as the packed paths compute them, unexpanded:
     ``uint32`` words along the packing axis, bit ``l`` of word ``w`` for element
     ``32 * w + l`` (for measuring the generator apart from applying the mask)."""
     shape = shape or (1,)
@@ -260,20 +262,31 @@ def _materialised(fn: Any) -> Any:
     return lax.cond(always, fn, never)
 
 
+PATHS = ("packed", "packed_inline", "per_element")
+
+
 def keep_from_words(
     words: jax.Array,
     shape: tuple[int, ...],
     thr: Threshold,
     block: Block | None = None,
     *,
-    packed: bool | None = None,
+    path: str | None = None,
 ) -> jax.Array:
     """``bool[*shape]`` keep-mask from ``key_words(key)``, True with probability
-    ``thr.realised``; within ``block``'s global mask when given. ``packed`` picks the
-    path (both give the same mask); None means packed on CPU, per element elsewhere."""
+    ``thr.realised``; within ``block``'s global mask when given.
+
+    ``path`` picks how it is computed; all give the same mask. ``"packed"``: packed
+    words inside a ``lax.cond`` (kept out of the consumer's fusion); ``"packed_inline"``:
+    packed words as plain ops; ``"per_element"``: one Threefry call per element. None
+    means the fastest measured per backend: packed on CPU, packed_inline on CUDA,
+    per_element elsewhere.
+    """
+    if path is not None and path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS} or None, got {path!r}.")
     if not shape:
         scalar = None if block is None else Block((1,), (0,))
-        return keep_from_words(words, (1,), thr, scalar, packed=packed)[0]
+        return keep_from_words(words, (1,), thr, scalar, path=path)[0]
     global_shape = shape if block is None else block.global_shape
     offset = (0,) * len(shape) if block is None else block.offset
     axis = _packing_axis(global_shape)
@@ -284,16 +297,16 @@ def keep_from_words(
     fields = _Fields(thr.nbits)
     key = [words[i] for i in range(4)]
 
-    def packed_path() -> jax.Array:
+    def packed_path(materialise: bool) -> jax.Array:
         # One word more when the block may start mid-word (its last word then spills).
         spill = 0 if isinstance(lane0, int) and lane0 == 0 else 1
         word_shape = _with(shape, axis, -(-shape[axis] // LANES) + spill)
-        flags = _materialised(
-            lambda: _packed_flags(
-                words, _row_major(_coords(word_shape, word_start), global_word_shape), thr
-            )
-        )
-        return _unpack(flags, shape, axis, lane0)
+
+        def flags() -> jax.Array:
+            index = _row_major(_coords(word_shape, word_start), global_word_shape)
+            return _packed_flags(words, index, thr)
+
+        return _unpack(_materialised(flags) if materialise else flags(), shape, axis, lane0)
 
     def per_element_path() -> jax.Array:
         coords = _coords(shape, _with(offset, axis, lane0))
@@ -308,9 +321,17 @@ def keep_from_words(
             chosen = jnp.where(o == k, outputs[k], chosen)
         return _compare(fields.extract(chosen, bit), thr)
 
-    if packed is not None:
-        return packed_path() if packed else per_element_path()
-    return lax.platform_dependent(cpu=packed_path, default=per_element_path)
+    if path == "packed":
+        return packed_path(materialise=True)
+    if path == "packed_inline":
+        return packed_path(materialise=False)
+    if path == "per_element":
+        return per_element_path()
+    return lax.platform_dependent(
+        cpu=lambda: packed_path(materialise=True),
+        cuda=lambda: packed_path(materialise=False),
+        default=per_element_path,
+    )
 
 
 def _with(values: Sequence[Any], axis: int, value: Any) -> tuple[Any, ...]:
