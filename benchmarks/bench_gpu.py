@@ -416,8 +416,9 @@ def render(data: dict[str, Any]) -> str:
         "forward+backward: also read g, write dx).",
         f"- per pass: slope between loops of 2 and more passes, median of {REPEATS} "
         "round-robin repeats; rate 0.1.\n",
-        "### Checks\n",
     ]
+    lines += [f"- {a}" for a in data.get("annotations", [])]
+    lines += ["", "### Checks\n"]
     for c in data["checks"]:
         extra = {k: v for k, v in c.items() if k not in ("check", "ok")}
         lines.append(f"- {'ok' if c['ok'] else 'FAILED'}: {c['check']} {extra or ''}".rstrip())
