@@ -17,9 +17,10 @@ What it measures, in priority order (cases past ``--budget`` seconds are skipped
    ``_timing.Looped``) of the contestants of ``bench_dropout`` at [4096, 4096] and
    [8192, 8192], f32 and bf16, forward and forward+backward; achieved bandwidth counts
    the bytes an ideal dropout moves (``x`` in and ``y`` out; plus ``g`` in and ``dx``
-   out backward). Extra rows force the other mask paths and time two experimental
-   fused Pallas kernels (``benchmarks/_pallas_fused.py``, forward only).
-3. The packed-mask generator alone, and the train-step temporary memory.
+   out backward). Extra rows force the other mask paths and time an experimental
+   fused Pallas kernel (``benchmarks/_pallas_fused.py``, forward only).
+3. The packed-mask generator alone, an MLP train step (``bench_train_step``: what
+   dropout adds to a whole step), and the train-step temporary memory.
 4. [1024, 1024] and [2048, 2048] with fewer contestants.
 """
 
@@ -91,19 +92,12 @@ def experimental(mode: str) -> list[bd.Contestant]:
         bd.Contestant("forced path='packed' (cond)", forced_path("packed"), key),
     ]
     if mode == "fwd":
-        out += [
+        # The "columns" layout measured 4.6-5.9x the limit at 6214c19; no longer timed.
+        out.append(
             bd.Contestant(
                 "pallas fused, rows 256 (experimental)", pallas_fused("rows", 256, 4), key
-            ),
-            bd.Contestant(
-                "pallas fused, columns 1024 (experimental)", pallas_fused("columns", 1024, 4), key
-            ),
-            bd.Contestant(
-                "pallas fused, columns 512/8 warps (experimental)",
-                pallas_fused("columns", 512, 8),
-                key,
-            ),
-        ]
+            )
+        )
     return out
 
 
@@ -336,6 +330,16 @@ def generator_alone(run: Run, shape: tuple[int, int]) -> None:
     run.save()
 
 
+def train_step(run: Run, dtype_name: str, smoke: bool) -> None:
+    from benchmarks import bench_train_step
+
+    size = bench_train_step.QUICK if smoke else bench_train_step.GPU
+    rows = bench_train_step.run(*size, dtype_name, extra=16, repeats=REPEATS)
+    run.data.setdefault("train_step", []).append(rows)
+    run.log(bench_train_step.markdown(rows))
+    run.save()
+
+
 def memory(run: Run) -> None:
     cs, _ = bd.contestants()
     base = bd.train_step_temp_bytes(None)
@@ -377,6 +381,8 @@ def measure(
             for mode in bd.MODES:
                 extra = experimental(mode) if shape == main_shapes[-1] else []
                 plan.append(("speed", full + extra, shape, dtype_name, mode))
+        if shape == main_shapes[0]:
+            plan += [("train_step", "f32"), ("train_step", "bf16")]
     plan += [("generator", shape) for shape in main_shapes] + [("memory",)]
     for shape in small_shapes:
         for dtype_name in bd.DTYPES:
@@ -393,6 +399,8 @@ def measure(
                 time_case(run, *step[1:])
             elif step[0] == "generator":
                 generator_alone(run, step[1])
+            elif step[0] == "train_step":
+                train_step(run, step[1], smoke=main_shapes != MAIN_SHAPES)
             else:
                 memory(run)
         except Exception:  # noqa: BLE001 - keep the rest of the plan
@@ -438,6 +446,11 @@ def render(data: dict[str, Any]) -> str:
                 f"| {r['contestant']} | {r['us_per_pass']:.1f} | {r['ratio_to_limit']:.2f} | "
                 f"{r['ideal_gbps']:.0f} | {r['frac_of_peak']:.2f} | {drop} | {ok} |"
             )
+    if data.get("train_step"):
+        from benchmarks import bench_train_step
+
+        lines.append("\n### Train step\n")
+        lines += [bench_train_step.markdown(rows) for rows in data["train_step"]]
     if data.get("generator"):
         lines += ["\n### Packed-mask generator alone (rate 0.1, 16 bits per element)\n"]
         for g in data["generator"]:

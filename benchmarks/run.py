@@ -160,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     print("running bench_masking ...", flush=True)
     masking_rows, masking_md = run_masking(args.quick)
     print(masking_md)
+    print("running bench_train_step ...", flush=True)
+    from benchmarks import bench_train_step
+
+    step_size = bench_train_step.QUICK if args.quick else bench_train_step.CPU
+    step_rows = bench_train_step.run(*step_size)
+    print(bench_train_step.markdown(step_rows))
 
     body = (
         "## Benchmarks (`make bench`)\n\n"
@@ -172,10 +178,15 @@ def main(argv: list[str] | None = None) -> int:
         + masking_md
     )
     write_section(out / "RESULTS.md", BENCH_SECTION, body)
+    step_body = "## Train step (`make bench`)\n\n" + environment_markdown(env) + "\n"
+    write_section(
+        out / "RESULTS.md", "train-step", step_body + bench_train_step.markdown(step_rows)
+    )
     payload = {
         "environment": env,
         "dropout": {k: v for k, v in dropout.items() if k != "markdown"},
         "masking": masking_rows,
+        "train_step": step_rows,
     }
     (out / "results.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     print(f"wrote {out / 'RESULTS.md'} and {out / 'results.json'}")
