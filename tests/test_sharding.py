@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import dropmask
+from dropmask import _fast_mask
 from dropmask import linen as dl
 
 SHAPE = (64, 128)
@@ -43,6 +44,23 @@ def test_named_sharding_bit_identical_and_communication_free(n, axis, broadcast_
     key = jax.random.key(0)
     np.testing.assert_array_equal(np.asarray(f(x, key)), _reference(broadcast_dims))
     hlo = f.lower(x, key).compile().as_text()
+    assert not any(op in hlo for op in COLLECTIVES), [op for op in COLLECTIVES if op in hlo]
+
+
+@pytest.mark.parametrize("path", _fast_mask.PATHS)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_every_mask_path_is_bit_identical_and_communication_free_when_sharded(path, axis):
+    """CPU and CUDA take different paths by default; each must shard like the others."""
+    spec = PartitionSpec(*(("d" if i == axis else None) for i in range(2)))
+    sharding = NamedSharding(_mesh(8), spec)
+    words = _fast_mask.key_words(jax.random.key(0))
+    thr = _fast_mask.threshold(0.9)
+    f = jax.jit(
+        lambda w: _fast_mask.keep_from_words(w, SHAPE, thr, path=path), out_shardings=sharding
+    )
+    want = _fast_mask.keep_from_words(words, SHAPE, thr, path="per_element")
+    np.testing.assert_array_equal(np.asarray(f(words)), np.asarray(want))
+    hlo = f.lower(words).compile().as_text()
     assert not any(op in hlo for op in COLLECTIVES), [op for op in COLLECTIVES if op in hlo]
 
 
