@@ -14,14 +14,14 @@ What it measures, in priority order (cases past ``--budget`` seconds are skipped
    rate, gradients, ``broadcast_dims``, f16/bf16), ``vmap`` over keys equals a loop,
    eager equals ``jit``, and the compiled forward pass holds no ``conditional``.
 2. Per-pass times (the slope between a loop of 2 passes and a longer one, as on CPU;
-   ``_timing.Looped``) of the contestants of ``bench_dropout`` at [4096, 4096] and
-   [8192, 8192], f32 and bf16, forward and forward+backward; achieved bandwidth counts
-   the bytes an ideal dropout moves (``x`` in and ``y`` out; plus ``g`` in and ``dx``
-   out backward). Extra rows force the other mask paths and time an experimental
-   fused Pallas kernel (``benchmarks/_pallas_fused.py``, forward only).
-3. The packed-mask generator alone, an MLP train step (``bench_train_step``: what
-   dropout adds to a whole step), and the train-step temporary memory.
-4. [1024, 1024] and [2048, 2048] with fewer contestants.
+   ``_timing.Looped``) of the contestants of ``bench_dropout`` at [4096, 4096], f32
+   and bf16, forward and forward+backward; achieved bandwidth counts the bytes an
+   ideal dropout moves (``x`` in and ``y`` out; plus ``g`` in and ``dx`` out backward).
+3. An MLP train step (``bench_train_step``: what dropout adds to a whole step).
+4. The same as 2 at [8192, 8192], plus rows that force the other mask paths and time
+   an experimental fused Pallas kernel (``benchmarks/_pallas_fused.py``, forward only).
+5. The packed-mask generator alone, and the train-step temporary memory.
+6. [1024, 1024] and [2048, 2048] with fewer contestants.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ SECTION = "gpu"
 REPEATS = 5
 MAIN_SHAPES = ((4096, 4096), (8192, 8192))
 SMALL_SHAPES = ((1024, 1024), (2048, 2048))
-EXPERIMENT_SHAPE = (8192, 8192)
 
 
 def extra_passes(n: int) -> int:
