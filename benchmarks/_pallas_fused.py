@@ -9,6 +9,11 @@ measurement:
 * ``"rows"``: a ``[rows, E]`` block; the call's words are broadcast along the row.
 * ``"columns"``: the block is handled one column at a time (``E`` strided ``[rows]``
   loads and stores), so each call is computed once per row in a 1-D layout.
+* ``"joined"``: each call's ``E`` fields are computed on ``[rows]`` vectors and put
+  side by side with ``jnp.stack`` pairs (Triton's ``join``, which keeps the new axis in
+  one thread's registers), then reshaped to ``[rows, E]``: meant to give one thread a
+  whole call, where ``"rows"`` seems to split an f32 call over two threads. Not yet
+  timed on a GPU.
 
 Static rates, ``x.shape[-1] % 32 == 0``, no ``broadcast_dims``; forward only (the
 backward pass of dropout is the same kernel applied to the cotangent).
@@ -83,6 +88,26 @@ def _columns_kernel(words_ref, x_ref, o_ref, *, rows, calls_per_word, nbits, thr
         o_ref[:, k] = _apply(x_ref[:, k], field, nbits, thr, scale)
 
 
+def _side_by_side(fields: list[jax.Array]) -> jax.Array:
+    """``[rows, 2, ..., 2]`` whose row-major flattening lists ``fields`` in order."""
+    if len(fields) == 1:
+        return fields[0]
+    return jnp.stack([_side_by_side(fields[0::2]), _side_by_side(fields[1::2])], axis=-1)
+
+
+def _joined_kernel(words_ref, x_ref, o_ref, *, rows, calls_per_word, nbits, thr, scale):
+    width = x_ref.shape[1]
+    outs = _call_words(words_ref, rows, calls_per_word)
+    per_output = 32 // nbits
+    fields = []
+    for k in range(width):
+        field = outs[k // per_output]
+        bit = (k % per_output) * nbits
+        fields.append(field >> _U32(bit) if bit else field)
+    field = _side_by_side(fields).reshape(rows, width)
+    o_ref[...] = _apply(x_ref[...], field, nbits, thr, scale)
+
+
 def fused_dropout(
     x: jax.Array,
     words: jax.Array,
@@ -99,7 +124,7 @@ def fused_dropout(
         raise ValueError("static rate and x.shape[-1] % 32 == 0 only")
     width = min(_fast_mask._Fields(thr.nbits).per_call, _fast_mask.LANES)
     view = x.reshape(x.size // width, width)
-    kernel = {"rows": _rows_kernel, "columns": _columns_kernel}[layout]
+    kernel = {"rows": _rows_kernel, "columns": _columns_kernel, "joined": _joined_kernel}[layout]
     kernel = functools.partial(
         kernel,
         rows=rows,
