@@ -259,7 +259,7 @@ def checks(run: Run, big: tuple[int, int]) -> None:
     run.save()
 
 
-# --- 2-4. speed and memory -----------------------------------------------------------
+# --- 2-6. speed, train step, generator and memory ------------------------------------
 
 
 def time_case(
