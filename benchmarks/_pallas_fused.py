@@ -3,8 +3,8 @@
 Each Threefry-4x32 call serves the ``E`` consecutive elements that the "fast" mask
 assigns to it (8 at 16 bits per element), so the kernel reads ``x`` and writes ``y``
 once and generates the mask in registers; it gives the same output as
-``dropmask.dropout`` bit for bit. Two layouts of the ``[N / E, E]`` view are kept for
-measurement:
+``dropmask.dropout`` bit for bit. Three layouts of the ``[N / E, E]`` view are kept
+for measurement:
 
 * ``"rows"``: a ``[rows, E]`` block; the call's words are broadcast along the row.
 * ``"columns"``: the block is handled one column at a time (``E`` strided ``[rows]``
@@ -20,10 +20,9 @@ backward pass of dropout is the same kernel applied to the cotangent).
 
 Measured on an H200 (``benchmarks/RESULTS.md``, [8192, 8192], rate 0.1, forward):
 ``"rows"`` 2.09x the ``x * c`` limit in f32 and 1.72x in bf16, against 1.53x and 1.78x
-for dropmask's XLA path; ``"columns"`` 4.6-5.9x (strided loads and stores). Both are
-compute-bound; the f32 ``"rows"`` time is about twice its bf16 time for the same number
-of Threefry calls, which suggests the layout computes each call twice in f32 (not
-established).
+for dropmask's XLA path; ``"columns"`` 4.6-5.9x (strided loads and stores). The f32
+``"rows"`` time is about twice its bf16 time for the same number of Threefry calls,
+which suggests the layout computes each call twice in f32 (not established).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ written and read back. This benchmark times SGD steps of an MLP (``layers`` hidd
 dropmask's and Flax's, per step (the slope between a loop of 2 steps and a longer one),
 and reports each dropout's share of the step.
 
-Usage: ``python -m benchmarks.bench_train_step [--batch 4096] [--width 512] [--layers 4]``
-(any backend).
+Usage: ``python -m benchmarks.bench_train_step [--batch 8192] [--width 256] [--layers 4]``
+(any backend; ``--section benchmarks/RESULTS.md`` records the table).
 """
 
 from __future__ import annotations
