@@ -28,6 +28,7 @@ import optax
 from jax import lax
 
 import dropmask
+from benchmarks import _mlp
 from benchmarks._timing import (
     Looped,
     interleaved_medians,
@@ -337,29 +338,11 @@ def residuals(c: Contestant, dtype: Any) -> dict[str, Any]:
     }
 
 
-def _mlp_params(key: jax.Array) -> dict[str, jax.Array]:
-    keys = jax.random.split(key, 3)
-    scale = 1.0 / math.sqrt(MLP_WIDTH)
-    return {
-        f"w{i}": jax.random.normal(k, (MLP_WIDTH, MLP_WIDTH), jnp.float32) * scale
-        for i, k in enumerate(keys)
-    } | {f"b{i}": jnp.zeros((MLP_WIDTH,), jnp.float32) for i in range(3)}
-
-
 def _make_step(
     drop: Callable[[jax.Array, jax.Array], jax.Array] | None,
 ) -> tuple[Callable[..., Any], optax.GradientTransformation]:
     opt = optax.sgd(1e-2)
-
-    def loss_fn(params: dict, x: jax.Array, y: jax.Array, key: jax.Array) -> jax.Array:
-        keys = jax.random.split(key, MLP_DROPOUT_LAYERS)
-        h = x
-        for i in range(MLP_DROPOUT_LAYERS):
-            h = jax.nn.relu(h @ params[f"w{i}"] + params[f"b{i}"])
-            if drop is not None:
-                h = drop(h, keys[i])
-        out = h @ params["w2"] + params["b2"]
-        return jnp.mean((out - y) ** 2)
+    loss_fn = _mlp.loss(drop, MLP_DROPOUT_LAYERS)
 
     def step(params: dict, opt_state: Any, x: jax.Array, y: jax.Array, key: jax.Array) -> Any:
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y, key)
@@ -372,7 +355,7 @@ def _make_step(
 def train_step_temp_bytes(c: Contestant | None) -> int:
     """``temp_size_in_bytes`` of the compiled MLP train step with this dropout (None: none)."""
     step, opt = _make_step(None if c is None else c.apply)
-    params = _mlp_params(jax.random.key(0))
+    params = _mlp.params(jax.random.key(0), MLP_WIDTH, MLP_DROPOUT_LAYERS, jnp.float32)
     x = jnp.zeros((MLP_BATCH, MLP_WIDTH), jnp.float32)
     key = c.make_aux(jnp.float32) if c is not None else jax.random.key(0)
     compiled = jax.jit(step).lower(params, opt.init(params), x, x, key).compile()

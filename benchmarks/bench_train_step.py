@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 from jax import lax
 
+from benchmarks import _mlp
 from benchmarks import bench_dropout as bd
 from benchmarks._timing import Looped, per_pass_medians
 
@@ -37,36 +36,12 @@ NONE = "no dropout"
 CPU = (8192, 256, 4)
 QUICK = (256, 128, 2)
 GPU = (16384, 1024, 4)
-Drop = Callable[[jax.Array, jax.Array], jax.Array] | None
 
 
-def _params(key: jax.Array, width: int, layers: int, dtype: Any) -> dict[str, jax.Array]:
-    keys = jax.random.split(key, layers + 1)
-    scale = 1.0 / math.sqrt(width)
-    return {
-        f"w{i}": (jax.random.normal(k, (width, width)) * scale).astype(dtype)
-        for i, k in enumerate(keys)
-    } | {f"b{i}": jnp.zeros((width,), dtype) for i in range(layers + 1)}
-
-
-def _loss(drop: Drop, layers: int) -> Callable[..., jax.Array]:
-    def loss(params: dict, x: jax.Array, y: jax.Array, key: jax.Array) -> jax.Array:
-        keys = jax.random.split(key, layers)
-        h = x
-        for i in range(layers):
-            h = jax.nn.relu(h @ params[f"w{i}"] + params[f"b{i}"])
-            if drop is not None:
-                h = drop(h, keys[i])
-        out = h @ params[f"w{layers}"] + params[f"b{layers}"]
-        return jnp.mean((out.astype(jnp.float32) - y.astype(jnp.float32)) ** 2)
-
-    return loss
-
-
-def looped_steps(drop: Drop, layers: int, steps: int) -> Callable[..., Any]:
+def looped_steps(drop: _mlp.Drop, layers: int, steps: int) -> Callable[..., Any]:
     """``steps`` SGD steps inside one jit, a fresh dropout key per step."""
     opt = optax.sgd(1e-3)
-    grad = jax.grad(_loss(drop, layers))
+    grad = jax.grad(_mlp.loss(drop, layers))
 
     def run(params: dict, x: jax.Array, y: jax.Array, key: jax.Array) -> dict:
         def body(i: jax.Array, carry: tuple[dict, Any]) -> tuple[dict, Any]:
@@ -86,9 +61,9 @@ def run(
     kx, ky, kp = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(kx, (batch, width)).astype(dtype)
     y = jax.random.normal(ky, (batch, width)).astype(dtype)
-    args = (_params(kp, width, layers, dtype), x, y, jax.random.key(1))
+    args = (_mlp.params(kp, width, layers, dtype), x, y, jax.random.key(1))
     cs, _ = bd.contestants()
-    drops: dict[str, Drop] = {NONE: None}
+    drops: dict[str, _mlp.Drop] = {NONE: None}
     for c in cs:
         if c.name in (bd.FLAX, f"dropmask (default impl={bd.default_impl()!r})"):
             drops[c.name] = c.apply
