@@ -5,7 +5,7 @@ PYTHON3 ?= python3
 # 8 fake CPU devices for the sharding tests; must be set before JAX is imported.
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: venv demo test lint bench rngtest clean
+.PHONY: venv demo test lint bench bench-native rngtest clean
 
 $(VENV)/.installed-dev: pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -33,6 +33,11 @@ lint: venv
 # (GPU bandwidth column).
 bench: $(VENV)/.installed-bench
 	XLA_FLAGS= $(PY) -m benchmarks.run $(BENCH_FLAGS)
+
+# Fused C dropout kernels timed beside XLA (benchmarks/bench_native.py): about 5 min on
+# 2 cores; needs gcc and an x86-64 CPU with AVX2 and AES-NI. NATIVE_FLAGS: --repeats N.
+bench-native: $(VENV)/.installed-dev
+	XLA_FLAGS= $(PY) -m benchmarks.bench_native $(NATIVE_FLAGS)
 
 # dieharder on dropmask's raw bit stream: about 5-6 min on 2 cores.
 # RNGTEST_FLAGS=--reference also runs the same battery on threefry (about 11 min).
