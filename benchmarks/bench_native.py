@@ -232,6 +232,12 @@ def run(repeats: int = 11) -> dict[str, Any]:
                 ),
                 **native_loops(native, dtype_name),
             }
+            if dtype_name == "f32":
+                x, _ = bench_dropout._inputs(SHAPE, jnp.float32)
+                contestants["XLA generator alone (dropmask's packed words)"] = looped(
+                    lambda passes: bench_dropout._looped_mask_words(SHAPE, passes),
+                    (x, jax.random.key(0)),
+                )
             for name, loop in contestants.items():
                 print(f"  {dtype_name} {name} ...", flush=True)
                 ratios = paired_per_pass_ratios(loop, limit, repeats=repeats)
