@@ -11,16 +11,20 @@ are wrong on empty rows (NaN or a uniform average) but set the speed to beat:
   the seed's hand-masked scan body (``where`` on carry and output)
 * ``dot_product_attention`` vs ``flax.linen.dot_product_attention``
 
-Timing: compile and warm up, then ``rounds`` alternating rounds of
-``median_seconds`` per contestant; the reported time is the median over rounds, so
-a busy spell on a shared machine hits both contestants alike.
+Timing: per pass, as in the dropout benchmark (``benchmarks/_timing.py``). Each
+contestant runs in a ``fori_loop`` of passes inside one jit, and its time per pass is
+the slope between a short and a long loop, so per-call costs (dispatch, copying the
+inputs in, page-faulting fresh outputs) cancel. Each pass shifts the first input by
+``i * eps`` (``eps`` a traced zero, so nothing can be hoisted out of the loop) and adds
+the outputs to an accumulator; both contestants pay for that alike. The reported ratio
+is the median of back-to-back pairs (``paired_per_pass_ratios``), so machine-load
+drift cancels in each pair.
 
 Usage: ``python -m benchmarks.bench_masking [--quick]``.
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +37,7 @@ from jax import lax
 
 import dropmask as dm
 
-from ._timing import median_seconds
+from ._timing import Looped, looped, paired_per_pass_ratios, per_pass_medians, quartiles
 
 Case = tuple[str, str, int, Callable[..., Any], Callable[..., Any], tuple[Any, ...]]
 
@@ -171,29 +175,45 @@ def cases(quick: bool) -> list[Case]:
     ]
 
 
-def _time_pair(ours: Callable, anchor: Callable, args: tuple, rounds: int, repeats: int):
-    ours_ms, anchor_ms = [], []
-    for _ in range(rounds):
-        ours_ms.append(median_seconds(ours, *args, repeats=repeats, warmup=1) * 1e3)
-        anchor_ms.append(median_seconds(anchor, *args, repeats=repeats, warmup=1) * 1e3)
-    return statistics.median(ours_ms), statistics.median(anchor_ms)
+def _looped(f: Callable[..., Any], passes: int) -> Callable[..., Any]:
+    """``passes`` calls of ``f`` inside one jit: ``(eps, *args) -> sum of f's outputs``."""
+
+    def run(eps: jax.Array, first: jax.Array, *rest: Any) -> Any:
+        shape = jax.eval_shape(f, first, *rest)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
+
+        def body(i: jax.Array, acc: Any) -> Any:
+            out = f(first + i.astype(first.dtype) * eps.astype(first.dtype), *rest)
+            return jax.tree.map(jnp.add, acc, out)
+
+        return lax.fori_loop(0, passes, body, zeros)
+
+    return jax.jit(run)
+
+
+def _loop(f: Callable[..., Any], args: tuple[Any, ...]) -> Looped:
+    return looped(lambda passes: _looped(f, passes), (jnp.zeros((), jnp.float32), *args))
 
 
 def run(quick: bool = False) -> list[dict]:
-    """Times every case; prints a table; returns one row per case."""
-    rounds, repeats = (1, 3) if quick else (5, 5)
+    """Times every case per pass; prints a table; returns one row per case."""
+    repeats, pairs = (3, 3) if quick else (7, 11)
     rows = []
     for name, anchor_name, n, ours, anchor, args in cases(quick):
-        print(f"  masking {name} [{n} elements] ...", flush=True)
-        ours_ms, anchor_ms = _time_pair(jax.jit(ours), jax.jit(anchor), args, rounds, repeats)
+        print(f"  masking {name} vs {anchor_name} [{n} elements] ...", flush=True)
+        loops = {"ours": _loop(ours, args), "anchor": _loop(anchor, args)}
+        seconds = per_pass_medians(loops, repeats=repeats)
+        ratios = paired_per_pass_ratios(loops["ours"], loops["anchor"], repeats=pairs)
+        q1, q2, q3 = quartiles(ratios)
         rows.append(
             {
                 "name": name,
                 "anchor": anchor_name,
                 "n_elements": int(n),
-                "dropmask_ms": ours_ms,
-                "anchor_ms": anchor_ms,
-                "ratio": ours_ms / anchor_ms,
+                "dropmask_ms": seconds["ours"] * 1e3,
+                "anchor_ms": seconds["anchor"] * 1e3,
+                "ratio": q2,
+                "ratio_quartiles": f"{q1:.2f}-{q3:.2f} ({len(ratios)} pairs)",
             }
         )
     _print_table(rows)

@@ -124,8 +124,14 @@ def run_masking(quick: bool) -> tuple[list[dict[str, Any]] | None, str]:
         rows = list(bench_masking.run(quick))
     except Exception:  # noqa: BLE001 - report another benchmark's failure, keep ours
         return None, "bench_masking.run failed:\n\n```\n" + traceback.format_exc() + "```\n"
-    cols = ["name", "anchor", "n_elements", "dropmask_ms", "anchor_ms", "ratio"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    cols = ["name", "anchor", "n_elements", "dropmask_ms", "anchor_ms", "ratio", "ratio_quartiles"]
+    lines = [
+        "Per pass (the slope between a short and a long loop of passes, as for dropout); "
+        "ratio = dropmask / anchor, the median of back-to-back pairs; below 1 is faster.",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
     for r in rows:
         cells = []
         for c in cols:
