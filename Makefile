@@ -29,7 +29,7 @@ lint: venv
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pyright
 
-# About 29 min on 2 cores. BENCH_FLAGS: --quick (smallest size only) or --peak-gbps N
+# About 32 min on 2 cores. BENCH_FLAGS: --quick (smallest size only) or --peak-gbps N
 # (GPU bandwidth column).
 bench: $(VENV)/.installed-bench
 	XLA_FLAGS= $(PY) -m benchmarks.run $(BENCH_FLAGS)
