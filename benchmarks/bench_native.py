@@ -8,8 +8,11 @@ one streaming pass would meet them, and with which generator:
 
 - Threefry-4x32-20 (dropmask's; the C kernel's mask and output are checked bit for
   bit against ``dropmask.dropout`` before anything is timed);
-- Threefry-4x32-13, Philox-4x32-10 and ARS-5 (AES-NI), the alternatives from the same
-  paper (Salmon et al., SC 2011), to show what a generator change would buy.
+- Threefry-4x32-13, Philox-4x32-10, ARS-5 and ARS-7 (AES-NI), the alternatives from
+  the same paper (Salmon et al., SC 2011), to show what a generator change would buy.
+  Random123's defaults are Threefry-20, Philox-10 and ARS-7, which it describes as a
+  safety margin over the fewest rounds with no known flaws (12 for Threefry-4x32);
+  Threefry-13 and ARS-5 trade most of that margin for speed.
 
 Every row is a paired per-pass ratio against XLA's ``x * c`` loop (the denominator of
 the dropout targets), with the same slope timing as ``make bench``
@@ -60,6 +63,7 @@ GENERATORS = {
     1: "Threefry-4x32-13",
     2: "Philox-4x32-10",
     3: "ARS-5 (AES-NI)",
+    4: "ARS-7 (AES-NI)",
 }
 _ELEMENTS_PER_LOOP_STEP = 256  # 8 words of 32 elements per OpenMP iteration
 

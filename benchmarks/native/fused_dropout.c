@@ -15,6 +15,7 @@
      1  Threefry-4x32-13 (Random123's lowest round count without known flaws is 12)
      2  Philox-4x32-10   (same paper; 32x32->64 multiplies)
      3  ARS-5            (same paper; 5 AES rounds: AES-NI, on 256-bit VAES where present)
+     4  ARS-7            (Random123's default round count for ARS)
 */
 #include <immintrin.h>
 #include <stdint.h>
@@ -112,7 +113,7 @@ WORDS8_4X32(words8_threefry20, threefry2(x, ks, 20))
 WORDS8_4X32(words8_threefry13, threefry2(x, ks, 13))
 WORDS8_4X32(words8_philox10, philox2(x, ks))
 
-/* ARS-5 in AES's own layout: one 128-bit block per (word, call); its eight 16-bit fields
+/* ARS in AES's own layout: one 128-bit block per (word, call); its eight 16-bit fields
    are compared at once and their flags gathered with movemask and pext. */
 static inline __attribute__((always_inline)) uint32_t ars_flags(__m128i block, uint32_t thr) {
   const __m128i bias = _mm_set1_epi16((short)0x8000);
@@ -122,14 +123,14 @@ static inline __attribute__((always_inline)) uint32_t ars_flags(__m128i block, u
 }
 
 typedef struct {
-  __m256i rk[6];
+  __m256i rk[8]; /* round keys for up to 7 rounds */
 } ArsKey;
 
 static ArsKey ars_key(const uint32_t key[4]) {
   ArsKey k;
   uint64_t lo = (uint64_t)key[0] | (uint64_t)key[1] << 32;
   uint64_t hi = (uint64_t)key[2] | (uint64_t)key[3] << 32;
-  for (int i = 0; i < 6; i++) { /* k_{i+1} = k_i + Weyl constants, per 64-bit half */
+  for (int i = 0; i < 8; i++) { /* k_{i+1} = k_i + Weyl constants, per 64-bit half */
     k.rk[i] = _mm256_set_epi64x((long long)hi, (long long)lo, (long long)hi, (long long)lo);
     lo += 0x9E3779B97F4A7C15ull;
     hi += 0xBB67AE8584CAA73Bull;
@@ -137,8 +138,8 @@ static ArsKey ars_key(const uint32_t key[4]) {
   return k;
 }
 
-static inline __attribute__((always_inline)) v8u words8_ars5(const ArsKey *k, uint32_t w,
-                                                             uint32_t thr) {
+static inline __attribute__((always_inline)) v8u words8_ars(const ArsKey *k, uint32_t w,
+                                                            uint32_t thr, int rounds) {
   uint32_t flags[8];
   for (int i = 0; i < 8; i++) {
     uint32_t word = 0;
@@ -147,15 +148,15 @@ static inline __attribute__((always_inline)) v8u words8_ars5(const ArsKey *k, ui
       v = _mm256_xor_si256(v, k->rk[0]);
 #ifdef NO_VAES
       __m128i a = _mm256_castsi256_si128(v), b = _mm256_extracti128_si256(v, 1);
-      for (int r = 1; r < 5; r++) {
+      for (int r = 1; r < rounds; r++) {
         a = _mm_aesenc_si128(a, _mm256_castsi256_si128(k->rk[r]));
         b = _mm_aesenc_si128(b, _mm256_castsi256_si128(k->rk[r]));
       }
-      a = _mm_aesenclast_si128(a, _mm256_castsi256_si128(k->rk[5]));
-      b = _mm_aesenclast_si128(b, _mm256_castsi256_si128(k->rk[5]));
+      a = _mm_aesenclast_si128(a, _mm256_castsi256_si128(k->rk[rounds]));
+      b = _mm_aesenclast_si128(b, _mm256_castsi256_si128(k->rk[rounds]));
 #else
-      for (int r = 1; r < 5; r++) v = _mm256_aesenc_epi128(v, k->rk[r]);
-      v = _mm256_aesenclast_epi128(v, k->rk[5]);
+      for (int r = 1; r < rounds; r++) v = _mm256_aesenc_epi128(v, k->rk[r]);
+      v = _mm256_aesenclast_epi128(v, k->rk[rounds]);
       __m128i a = _mm256_castsi256_si128(v), b = _mm256_extracti128_si256(v, 1);
 #endif
       word |= ars_flags(a, thr) << (8 * j) | ars_flags(b, thr) << (8 * j + 8);
@@ -257,14 +258,18 @@ static Schedule threefry_key(const uint32_t key[4]) {
 KERNELS(threefry20, Schedule, threefry_key, words8_threefry20, k.ks)
 KERNELS(threefry13, Schedule, threefry_key, words8_threefry13, k.ks)
 KERNELS(philox10, Schedule, threefry_key, words8_philox10, k.ks) /* uses key[0..1] */
+#define words8_ars5(k, w, thr) words8_ars(k, w, thr, 5)
+#define words8_ars7(k, w, thr) words8_ars(k, w, thr, 7)
 KERNELS(ars5, ArsKey, ars_key, words8_ars5, &k)
+KERNELS(ars7, ArsKey, ars_key, words8_ars7, &k)
 
 #define DISPATCH(KERNEL, ...)                                   \
   switch (gen) {                                                \
     case 0: KERNEL##_threefry20(__VA_ARGS__); break;            \
     case 1: KERNEL##_threefry13(__VA_ARGS__); break;            \
     case 2: KERNEL##_philox10(__VA_ARGS__); break;              \
-    default: KERNEL##_ars5(__VA_ARGS__); break;                 \
+    case 3: KERNEL##_ars5(__VA_ARGS__); break;                  \
+    default: KERNEL##_ars7(__VA_ARGS__); break;                 \
   }
 
 void packed_words(int gen, const uint32_t *key, uint32_t *out, int64_t n_words, uint32_t thr,
