@@ -12,7 +12,7 @@ one streaming pass would meet them, and with which generator:
   the same paper (Salmon et al., SC 2011), to show what a generator change would buy.
   Random123's defaults are Threefry-20, Philox-10 and ARS-7, which it describes as a
   safety margin over the fewest rounds with no known flaws (12 for Threefry-4x32);
-  Threefry-13 and ARS-5 trade most of that margin for speed.
+  Threefry-13 and ARS-5 give up some or all of that margin for speed.
 
 Every row is a paired per-pass ratio against XLA's ``x * c`` loop (the denominator of
 the dropout targets), with the same slope timing as ``make bench``
