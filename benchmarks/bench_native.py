@@ -20,7 +20,7 @@ the dropout targets), with the same slope timing as ``make bench``
 
 Usage: ``python -m benchmarks.bench_native [--repeats 11] [--out benchmarks]``
 (``make bench-native``). Needs gcc with OpenMP and an x86-64 CPU with AVX2 and AES-NI
-(ARS-5 uses 256-bit VAES where the CPU has it).
+(ARS uses 256-bit VAES where the CPU has it).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import os
 # libgomp reads these once, when the library loads: sleep between parallel regions
 # instead of spinning, so idle OpenMP threads do not steal XLA's cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+os.environ.setdefault("OMP_NUM_THREADS", str(_CPUS or 1))
 
 import argparse  # noqa: E402
 import ctypes  # noqa: E402
@@ -92,7 +93,7 @@ def build(folder: Path) -> ctypes.CDLL:
     """Compiles the kernels into ``folder`` and loads them."""
     why = unsupported()
     if why is not None:
-        raise RuntimeError(f"bench_native needs gcc and an x86-64 CPU with AVX2: {why}.")
+        raise RuntimeError(f"bench_native needs gcc and an x86-64 CPU with AVX2 and AES-NI: {why}.")
     has_vaes = "vaes" in cpu_flags()
     lib = folder / "fused_dropout.so"
     flags = ["-O3", "-mavx2", "-mbmi2", "-maes", "-fopenmp", "-shared", "-fPIC"]
@@ -140,6 +141,12 @@ def check_exact(native: ctypes.CDLL, shape: tuple[int, ...] = (64, 1024)) -> dic
     """Threefry-20 in C against dropmask, bit for bit: the packed words and the dropout
     outputs in f32 and bf16. The other generators: their drop fraction within 6 sigma.
     Raises if anything differs, so no broken kernel is timed."""
+    if shape[-1] % 32 or math.prod(shape) % _ELEMENTS_PER_LOOP_STEP:
+        raise ValueError(
+            f"the C kernels pack words of 32 along the last axis, 256 elements per step: "
+            f"need a last axis that is a multiple of 32 and a size that is a multiple of "
+            f"256, got shape {shape}."
+        )
     key = jax.random.key(7)
     words = np.asarray(_fast_mask.key_words(key))
     mask = Mask.at(RATE)

@@ -62,3 +62,8 @@ def test_ars_same_with_and_without_vaes(native: ctypes.CDLL, tmp_path: Path) -> 
     native.packed_words(3, words, a, n_words, thr, 1)
     plain.packed_words(3, words, b, n_words, thr, 1)
     np.testing.assert_array_equal(a, b)
+
+
+def test_check_exact_rejects_shapes_the_kernels_cannot_lay_out(native: ctypes.CDLL) -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        bench_native.check_exact(native, (16, 48))
