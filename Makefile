@@ -34,7 +34,7 @@ lint: venv
 bench: $(VENV)/.installed-bench
 	XLA_FLAGS= $(PY) -m benchmarks.run $(BENCH_FLAGS)
 
-# Fused C dropout kernels timed beside XLA (benchmarks/bench_native.py): about 6 min on
+# Fused C dropout kernels timed beside XLA (benchmarks/bench_native.py): about 4 min on
 # 2 cores; needs gcc and an x86-64 CPU with AVX2 and AES-NI. NATIVE_FLAGS: --repeats N.
 bench-native: $(VENV)/.installed-dev
 	XLA_FLAGS= $(PY) -m benchmarks.bench_native $(NATIVE_FLAGS)

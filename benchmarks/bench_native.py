@@ -35,6 +35,7 @@ os.environ.setdefault("OMP_NUM_THREADS", str(_CPUS or 1))
 
 import argparse  # noqa: E402
 import ctypes  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
@@ -201,27 +202,22 @@ def native_loops(native: ctypes.CDLL, dtype_name: str) -> dict[str, Looped]:
         raise ValueError(f"the C kernels need a multiple of 256 elements, got {n}.")
     x = jax.random.normal(jax.random.key(1), SHAPE, jnp.float32)
     c = float(1.0 / (1.0 - RATE))
-    loops: dict[str, Looped] = {}
     if dtype_name == "f32":
-        buffers = [np.asarray(x).copy() for _ in range(1 + len(GENERATORS))]
-        loops["C x * c"] = _native_loop(lambda p, b=buffers[0]: native.scale_f32(b, n, c, p))
-        for gen in GENERATORS:
-            b = buffers[1 + gen]
-            loops[f"C fused, {GENERATORS[gen]}"] = _native_loop(
-                lambda p, b=b, g=gen: native.dropout_f32(g, words, b, n, mask.value, mask.scale, p)
-            )
-        for gen in GENERATORS:
-            out = np.zeros(n // 32, np.uint32)
-            loops[f"C generator alone, {GENERATORS[gen]}"] = _native_loop(
-                lambda p, o=out, g=gen: native.packed_words(g, words, o, n // 32, mask.value, p)
-            )
+        buffer, scale, dropout = lambda: np.asarray(x).copy(), native.scale_f32, native.dropout_f32
     else:
-        buffers = [_bf16_bits(x.astype(jnp.bfloat16)) for _ in range(1 + len(GENERATORS))]
-        loops["C x * c"] = _native_loop(lambda p, b=buffers[0]: native.scale_bf16(b, n, c, p))
-        for gen in GENERATORS:
-            b = buffers[1 + gen]
-            loops[f"C fused, {GENERATORS[gen]}"] = _native_loop(
-                lambda p, b=b, g=gen: native.dropout_bf16(g, words, b, n, mask.value, mask.scale, p)
+        buffer = lambda: _bf16_bits(x.astype(jnp.bfloat16))  # noqa: E731
+        scale, dropout = native.scale_bf16, native.dropout_bf16
+    # Each C call takes its pass count last; every contestant gets its own buffer.
+    loops = {"C x * c": _native_loop(functools.partial(scale, buffer(), n, c))}
+    for gen, name in GENERATORS.items():
+        loops[f"C fused, {name}"] = _native_loop(
+            functools.partial(dropout, gen, words, buffer(), n, mask.value, mask.scale)
+        )
+    if dtype_name == "f32":  # the generator alone writes the same words for any dtype
+        for gen, name in GENERATORS.items():
+            out = np.zeros(n // 32, np.uint32)
+            loops[f"C generator alone, {name}"] = _native_loop(
+                functools.partial(native.packed_words, gen, words, out, n // 32, mask.value)
             )
     return loops
 

@@ -216,6 +216,17 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const void *her
   for (size_t i = 0; i < step; i += 64) __builtin_prefetch(p + i, 1, 3);
 }
 
+/* Fused dropout of type T for one generator, applied with APPLY. */
+#define DROPOUT_KERNEL(NAME, T, APPLY, KEY_TYPE, MAKE_KEY, WORDS8, KEY_ARG)               \
+  static void NAME(const uint32_t *key, T *x, int64_t n, uint32_t thr, float scale) {     \
+    KEY_TYPE k = MAKE_KEY(key);                                                           \
+    _Pragma("omp parallel for schedule(static)") for (int64_t w = 0; w < n / 32; w += 8) { \
+      prefetch_ahead(x + w * 32, sizeof(*x) * 256);                                       \
+      v8u packed = WORDS8(KEY_ARG, (uint32_t)w, thr);                                     \
+      for (int q = 0; q < 8; q++) APPLY(x + (w + q) * 32, packed[q], scale);              \
+    }                                                                                     \
+  }
+
 /* For one generator: the packed words alone, and fused dropout in f32 and bf16. `KEY`
    is the generator's key state, built once per pass from `key`. */
 #define KERNELS(NAME, KEY_TYPE, MAKE_KEY, WORDS8, KEY_ARG)                                \
@@ -227,24 +238,8 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const void *her
       memcpy(out + w, &packed, sizeof packed);                                            \
     }                                                                                     \
   }                                                                                       \
-  static void dropout_f32_##NAME(const uint32_t *key, float *x, int64_t n, uint32_t thr,  \
-                                 float scale) {                                           \
-    KEY_TYPE k = MAKE_KEY(key);                                                           \
-    _Pragma("omp parallel for schedule(static)") for (int64_t w = 0; w < n / 32; w += 8) { \
-      prefetch_ahead(x + w * 32, sizeof(*x) * 256);                                       \
-      v8u packed = WORDS8(KEY_ARG, (uint32_t)w, thr);                                     \
-      for (int q = 0; q < 8; q++) apply_f32(x + (w + q) * 32, packed[q], scale);          \
-    }                                                                                     \
-  }                                                                                       \
-  static void dropout_bf16_##NAME(const uint32_t *key, uint16_t *x, int64_t n,            \
-                                  uint32_t thr, float scale) {                            \
-    KEY_TYPE k = MAKE_KEY(key);                                                           \
-    _Pragma("omp parallel for schedule(static)") for (int64_t w = 0; w < n / 32; w += 8) { \
-      prefetch_ahead(x + w * 32, sizeof(*x) * 256);                                       \
-      v8u packed = WORDS8(KEY_ARG, (uint32_t)w, thr);                                     \
-      for (int q = 0; q < 8; q++) apply_bf16(x + (w + q) * 32, packed[q], scale);         \
-    }                                                                                     \
-  }
+  DROPOUT_KERNEL(dropout_f32_##NAME, float, apply_f32, KEY_TYPE, MAKE_KEY, WORDS8, KEY_ARG) \
+  DROPOUT_KERNEL(dropout_bf16_##NAME, uint16_t, apply_bf16, KEY_TYPE, MAKE_KEY, WORDS8, KEY_ARG)
 
 typedef struct {
   uint32_t ks[5];
