@@ -11,6 +11,9 @@ from ._dropout import dropout as dropout
 from ._dropout import gaussian_dropout as gaussian_dropout
 from ._dropout import word_dropout as word_dropout
 from ._errors import AxisError as AxisError
+from ._errors import DropmaskError as DropmaskError
+from ._errors import DropmaskTypeError as DropmaskTypeError
+from ._errors import DropmaskValueError as DropmaskValueError
 from ._errors import DtypeError as DtypeError
 from ._errors import MaskShapeError as MaskShapeError
 from ._errors import MissingKeyError as MissingKeyError
@@ -55,6 +58,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AxisError",
     "BucketBatch",
+    "DropmaskError",
+    "DropmaskTypeError",
+    "DropmaskValueError",
     "DtypeError",
     "MaskShapeError",
     "MissingKeyError",
