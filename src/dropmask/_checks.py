@@ -142,7 +142,7 @@ def check_key(
         if streams is not None:
             close = difflib.get_close_matches(stream, list(streams), n=1)
             given = f" The rngs given are {sorted(streams)!r}" if streams else " No rngs were given"
-            given += f" (did you mean {close[0]!r}?)." if close else "."
+            given += f"; {close[0]!r} looks like a misspelling of {stream!r}." if close else "."
         raise MissingKeyError(
             f"{fn} is in training mode (deterministic=False) and draws from the PRNG stream "
             f"{stream!r}, but no key was provided for it.{given} Pass one to apply, e.g. "

@@ -60,6 +60,7 @@ class _Stochastic(nn.Module):
         if not _dropout.needs_key(fields.rate, det, fn=self._fn):
             return det, None
         if rng is not None:
+            check_key(rng, fn=self._fn, name="rng")
             return det, rng
         stream = fields.rng_collection
         if not (self.has_rng(stream) or self.has_rng("params")):
