@@ -150,16 +150,16 @@ def draw(
         )
     global_shape = None if block is None else block.global_shape
     offset = None if block is None else block.offset
-    if impl == "flax":
+    if impl == "flax" and isinstance(p, float):
         # Only the draw goes through the entry point: the caller's arithmetic runs op by
         # op as in Flax, so that outputs and gradients stay bit-identical to Flax's.
-        if isinstance(p, float):
-            spec, dynamic, realised = MaskSpec(shape, impl, realised=p), None, p
-        else:
-            spec, dynamic = MaskSpec(shape, impl), (p, p)
-            realised = jnp.where((p >= 0) & (p <= 1), p, jnp.nan)
-        flags = _draw_and_combine_jit(spec, _flags, None, key, dynamic, None)
-        return combine(x, flags, realised)
+        flags = _draw_and_combine_jit(
+            MaskSpec(shape, impl, realised=p), _flags, None, key, None, None
+        )
+        return combine(x, flags, p)
+    if impl == "flax":
+        realised = jnp.where((p >= 0) & (p <= 1), p, jnp.nan)
+        return _draw_and_combine_jit(MaskSpec(shape, impl), combine, x, key, (p, realised), None)
     thr = threshold(p)
     if isinstance(thr.value, int):  # a static rate: the threshold is a compile-time constant
         spec = MaskSpec(shape, impl, thr.nbits, thr.shift, thr.value, thr.realised, global_shape)
