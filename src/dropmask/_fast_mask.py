@@ -6,9 +6,9 @@ global mask) takes 128-bit Threefry-4x32-20 blocks at counters ``(n, j, 0, 0)`` 
 the four key words; its element ``l`` reads the ``l``-th ``b``-bit field of those
 blocks and is kept when the field is below an integer threshold. ``b`` (1, 2, 4, 8,
 16 or 32) is the fewest bits that represent the keep probability to a relative error
-of 1e-3 (32 bits with a 24-bit threshold for a traced rate). Element values depend
-only on ``(key, global position)``, so the mask is the same under ``jit`` or not,
-under ``vmap`` over keys and for any sharding.
+of 1e-3 (32 bits with a 24-bit threshold for a rate given as a JAX scalar). Element
+values depend only on ``(key, global position)``, so the mask is the same under ``jit``
+or not, under ``vmap`` over keys and for any sharding.
 
 Speed. One Threefry call serves 8 to 32 elements on CPU and CUDA GPUs: a word's
 keep-flags are computed once, bit-packed into a ``uint32`` (1 bit per element in
@@ -177,8 +177,9 @@ def threshold(p: Any) -> Threshold:
     p = jnp.asarray(p, jnp.float32)
     scale = float(2**_TRACED_BITS)
     value = jnp.round(jnp.clip(p, 0.0, 1.0) * scale)
-    # A traced probability cannot be validated at trace time; outside [0, 1] (or NaN)
-    # it yields realised = NaN, which callers turn into NaN outputs, never a clip.
+    # A run-time probability cannot be validated at trace time; outside [0, 1] (or NaN)
+    # it yields realised = NaN, which callers turn into NaN outputs or an all-dropped
+    # mask, never a clip.
     realised = jnp.where((p >= 0) & (p <= 1), value / scale, jnp.nan)
     return Threshold(32, 32 - _TRACED_BITS, value.astype(_U32), realised)
 
