@@ -8,6 +8,7 @@ dropmask's with ``impl="fast"`` and on dropmask's with ``impl="flax"``.
 
 import functools
 
+import flax.errors
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -135,6 +136,11 @@ def test_default_params_rng_equivalence(Dropout):  # noqa: N803
     v = Model().init({"params": key1}, x)
     v2 = Model().init(key1, x)
     jax.tree_util.tree_map(np.testing.assert_allclose, v, v2)
+
+
+def test_missing_stream_raises_flax_error_type_and_wording(Dropout):  # noqa: N803
+    with pytest.raises(flax.errors.InvalidRngError, match='needs PRNG for "dropout"'):
+        Dropout(0.5, deterministic=False).apply({}, jnp.ones((2, 3)))
 
 
 # --- NNX --------------------------------------------------------------------------

@@ -5,6 +5,11 @@ for images ``x: [batch, height, width, channels]`` pass ``broadcast_dims=(1, 2)`
 drop whole feature maps; for sequences ``x: [batch, time, features]`` pass
 ``broadcast_dims=(1,)`` to drop the same features at every time step (variational
 dropout).
+
+Every variant validates its arguments through one path (``_validate``: input, dtype,
+rate, impl, axes, sharding block, key, in that order) and draws its mask through the
+one entry point ``_random.draw``. The ``apply_*`` functions are the same operations
+for a named caller: the Linen and NNX layers call them so that errors name the layer.
 """
 
 from __future__ import annotations
@@ -421,7 +426,6 @@ def apply_gaussian_dropout(
     x = call.x
     if deterministic or call.value == 0.0:
         return x
-    check_key(key, fn=fn)
     rate_arr = jnp.asarray(probability(rate, call.value, keep=False, fn=fn), jnp.float32)
     std = jnp.sqrt(rate_arr / jnp.where(rate_arr < 1, 1.0 - rate_arr, 1.0))
     noise = 1.0 + std * jax.random.normal(key, mask_shape(x.shape, call.axes), dtype=jnp.float32)

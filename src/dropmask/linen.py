@@ -25,15 +25,36 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import flax.errors
 import flax.linen as nn
 import jax
 
 from . import _dropout
 from ._checks import check_key
+from ._errors import MissingKeyError
 from ._fast_mask import block_from_spec
 from ._random import DEFAULT_IMPL, Impl
 
-__all__ = ["AlphaDropout", "DropPath", "Dropout", "GaussianDropout", "WordDropout"]
+__all__ = [
+    "AlphaDropout",
+    "DropPath",
+    "Dropout",
+    "GaussianDropout",
+    "MissingStreamError",
+    "WordDropout",
+]
+
+
+class MissingStreamError(MissingKeyError, flax.errors.InvalidRngError):
+    """A layer in training mode found no key for its PRNG stream.
+
+    Also Flax's ``InvalidRngError``, with Flax's wording (``needs PRNG for "dropout"``)
+    leading the message, so code written against ``flax.linen.Dropout`` still catches
+    and matches it.
+    """
+
+    def __init__(self, message: str):
+        MissingKeyError.__init__(self, message)
 
 
 class _Stochastic(nn.Module):
@@ -65,7 +86,10 @@ class _Stochastic(nn.Module):
         stream = fields.rng_collection
         if not (self.has_rng(stream) or self.has_rng("params")):
             given = list(self.scope.rngs) if self.scope is not None else []
-            check_key(None, fn=self._fn, stream=stream, streams=given)
+            try:
+                check_key(None, fn=self._fn, stream=stream, streams=given)
+            except MissingKeyError as err:
+                raise MissingStreamError(f'{self.name} needs PRNG for "{stream}". {err}') from None
         return det, self.make_rng(stream)
 
 
