@@ -4,6 +4,21 @@
 constructor and call arguments, the same key derivation (the stream is forked at
 construction, as Flax does), and it follows ``model.train()`` / ``model.eval()`` and
 ``nnx.view(model, deterministic=...)``.
+
+Inside ``shard_map`` each device holds a block of the global array. Give
+:class:`Dropout` the input's ``PartitionSpec`` as ``shard_spec`` (or pass
+``global_shape=`` and ``offset=`` at call time) and each device draws its own block of
+one global mask, the mask the unsharded layer draws for the same key::
+
+    spec = PartitionSpec("data")
+    layer = dnnx.Dropout(0.1, shard_spec=spec)
+    step = jax.shard_map(
+        lambda x, key: layer(x, rngs=key),
+        mesh=mesh, in_specs=(spec, PartitionSpec()), out_specs=spec,
+    )
+
+Pass the same (replicated) key to every device: the device's position, not its key,
+makes its block differ.
 """
 
 from __future__ import annotations
