@@ -280,8 +280,12 @@ def test_gaussian_rate_one_rejected():
 def test_axis_out_of_range():
     with pytest.raises(dropmask.AxisError, match="axis 3.*2 dimensions"):
         dropmask.dropout(jnp.ones((2, 2)), 0.5, jax.random.key(0), broadcast_dims=(3,))
-    with pytest.raises(dropmask.AxisError, match="repeats"):
-        dropmask.dropout(jnp.ones((2, 2)), 0.5, jax.random.key(0), broadcast_dims=(1, -1))
+    # Flax merges a repeated axis; so do we, in every API.
+    x, key = jnp.ones((2, 40)), jax.random.key(0)
+    np.testing.assert_array_equal(
+        np.asarray(dropmask.dropout(x, 0.5, key, broadcast_dims=(1, -1))),
+        np.asarray(dropmask.dropout(x, 0.5, key, broadcast_dims=(1,))),
+    )
 
 
 def test_integer_input_points_to_word_dropout():
@@ -310,3 +314,131 @@ def test_errors_raised_before_any_work():
     # raised at trace time: no array is computed inside jit before the error
     with pytest.raises(dropmask.RateError):
         jax.jit(lambda x: dropmask.dropout(x, 2.0, jax.random.key(0))).lower(jnp.ones(3))
+
+
+# --- rates: one encoding per rate type; traced rates outside [0, 1] ----------------
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("rate", [0.1, 0.3, 0.5, 0.77])
+def test_jax_scalar_rate_gives_the_same_mask_eagerly_and_under_jit(impl, rate):
+    x, key, r = _x((16, 40)), jax.random.key(11), jnp.float32(rate)
+    eager = dropmask.dropout(x, r, key, impl=impl)
+    jitted = jax.jit(lambda x, r: dropmask.dropout(x, r, key, impl=impl))(x, r)
+    np.testing.assert_array_equal(np.asarray(eager), np.asarray(jitted))
+    mask_eager = dropmask.keep_mask(key, (16, 40), r, impl=impl)
+    mask_jit = jax.jit(lambda r: dropmask.keep_mask(key, (16, 40), r, impl=impl))(r)
+    np.testing.assert_array_equal(np.asarray(mask_eager), np.asarray(mask_jit))
+    a = dropmask.alpha_dropout(x, r, key, impl=impl)
+    b = jax.jit(lambda r: dropmask.alpha_dropout(x, r, key, impl=impl))(r)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_python_float_and_jax_scalar_rates_are_each_one_encoding():
+    # A Python (or NumPy) number is compiled in; a JAX scalar is a run-time value, even
+    # when concrete. Both keep each element with the same probability to 1e-3.
+    key = jax.random.key(2)
+    static = dropmask.keep_mask(key, (256, 256), 0.1)
+    numpy_rate = dropmask.keep_mask(key, (256, 256), np.float32(0.1))
+    np.testing.assert_array_equal(np.asarray(static), np.asarray(numpy_rate))
+    runtime = dropmask.keep_mask(key, (256, 256), jnp.float32(0.1))
+    for mask in (static, runtime):
+        assert abs(float(mask.mean()) - 0.9) < 4 * np.sqrt(0.09 / 256**2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("rate", [-0.5, 1.5, float("nan")])
+def test_traced_rate_out_of_range_drops_everything_in_integer_and_bool_outputs(impl, rate):
+    key, tokens = jax.random.key(0), jnp.arange(64, dtype=jnp.int32).reshape(4, 16)
+    mask = jax.jit(lambda r: dropmask.keep_mask(key, (4, 16), r, impl=impl))(jnp.float32(rate))
+    assert not np.asarray(mask).any()  # nothing kept: never clipped to a valid rate
+    words = jax.jit(lambda r: dropmask.word_dropout(tokens, r, key, unk_id=-1, impl=impl))(
+        jnp.float32(rate)
+    )
+    np.testing.assert_array_equal(np.asarray(words), np.full((4, 16), -1))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, r, k: dropmask.dropout(x, r, k),
+        lambda x, r, k: dropmask.dropout(x, r, k, impl="flax"),
+        lambda x, r, k: dropmask.alpha_dropout(x, r, k),
+        lambda x, r, k: dropmask.gaussian_dropout(x, r, k),
+        lambda x, r, k: dropmask.keep_mask(k, x.shape, r),
+        lambda x, r, k: dropmask.word_dropout(x.astype(jnp.int32), r, k, unk_id=0),
+    ],
+)
+def test_traced_rate_out_of_range_is_a_checkify_error(fn):
+    from jax.experimental import checkify
+
+    x, key = _x((4, 8)), jax.random.key(0)
+    checked = checkify.checkify(jax.jit(lambda r: fn(x, r, key)), errors=checkify.user_checks)
+    err, _ = checked(jnp.float32(1.5))
+    assert err.get() is not None and "rate must be in [0, 1], got 1.5" in err.get()
+    err, _ = checked(jnp.float32(0.5))
+    assert err.get() is None
+
+
+# --- complex inputs ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("rate", [0.3, "traced"])
+def test_complex_input_one_mask_for_real_and_imaginary_parts(impl, rate):
+    re, im = _x((8, 40)), _x((8, 40)) * 3.0 + 1.0
+    z, key = jax.lax.complex(re, im), jax.random.key(4)
+    if rate == "traced":
+        out = jax.jit(lambda z, r: dropmask.dropout(z, r, key, impl=impl))(z, jnp.float32(0.3))
+        real = jax.jit(lambda x, r: dropmask.dropout(x, r, key, impl=impl))(re, jnp.float32(0.3))
+    else:
+        out = dropmask.dropout(z, rate, key, impl=impl)
+        real = dropmask.dropout(re, rate, key, impl=impl)
+    assert out.dtype == jnp.complex64
+    if impl == "flax" and rate != "traced":
+        # Flax's own arithmetic: a complex divide, within an ulp of the real one
+        np.testing.assert_allclose(np.asarray(out.real), np.asarray(real), rtol=1e-6, atol=0)
+    else:
+        np.testing.assert_array_equal(np.asarray(out.real), np.asarray(real))
+    kept = np.asarray(real) != 0
+    np.testing.assert_array_equal(np.asarray(out.imag) != 0, kept)
+    assert 0 < kept.mean() < 1
+
+
+def test_complex_flax_impl_bit_identical_to_flax_and_inf_does_not_leak():
+    z = jax.lax.complex(_x((6, 10)), _x((6, 10)) + 2.0)
+    key = jax.random.key(9)
+    ours = dropmask.dropout(z, 0.4, key, impl="flax")
+    theirs = nn.Dropout(0.4, deterministic=False).apply({}, z, rng=key)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    # fast impl: an infinite imaginary part stays in its own part of its own element
+    z_inf = z.at[0, 0].set(jax.lax.complex(jnp.float32(1.0), jnp.float32(jnp.inf)))
+    out = np.asarray(dropmask.dropout(z_inf, 0.4, key))
+    assert np.isfinite(out.real).all()
+    assert np.isfinite(out.imag[1:]).all()
+
+
+def test_complex_gaussian_dropout_same_noise_on_both_parts():
+    re = _x((4, 8))
+    z, key = jax.lax.complex(re, 2.0 * re), jax.random.key(1)
+    out = dropmask.gaussian_dropout(z, 0.3, key)
+    np.testing.assert_array_equal(
+        np.asarray(out.real), np.asarray(dropmask.gaussian_dropout(re, 0.3, key))
+    )
+    np.testing.assert_allclose(np.asarray(out.imag), 2.0 * np.asarray(out.real), rtol=1e-6)
+
+
+# --- broadcast_dims: what Flax accepts -----------------------------------------------
+
+
+@pytest.mark.parametrize("dims", [1, [1], (1,), range(1, 2), np.array([1]), (1, 1), (-1,)])
+def test_broadcast_dims_accepts_what_flax_accepts(dims):
+    x, key = _x((4, 40)), jax.random.key(0)
+    want = dropmask.dropout(x, 0.5, key, broadcast_dims=(1,))
+    np.testing.assert_array_equal(
+        np.asarray(dropmask.dropout(x, 0.5, key, broadcast_dims=dims)), np.asarray(want)
+    )
+    flax_ours = dropmask.dropout(x, 0.5, key, broadcast_dims=dims, impl="flax")
+    if not isinstance(dims, int):  # Flax itself needs an iterable
+        theirs = nn.Dropout(0.5, broadcast_dims=dims, deterministic=False).apply({}, x, rng=key)
+        np.testing.assert_array_equal(np.asarray(flax_ours), np.asarray(theirs))

@@ -127,3 +127,40 @@ def test_variant_layers():
     assert dl.AlphaDropout(0.2).apply({}, x, False, rngs=rngs).shape == x.shape
     for layer in (dl.GaussianDropout(0.2), dl.AlphaDropout(0.2), dl.DropPath(0.2)):
         assert layer.apply({}, x, True) is x
+
+
+VARIANT_LAYERS = [
+    lambda **kw: dl.Dropout(0.4, **kw),
+    lambda **kw: dl.WordDropout(0.4, unk_id=0, **kw),
+    lambda **kw: dl.DropPath(0.4, **kw),
+    lambda **kw: dl.GaussianDropout(0.4, **kw),
+    lambda **kw: dl.AlphaDropout(0.4, **kw),
+]
+
+
+@pytest.mark.parametrize("make", VARIANT_LAYERS)
+def test_every_layer_shares_key_fetching_and_mode_resolution(make):
+    x = jnp.arange(24).reshape(4, 6)
+    x = x if isinstance(make(), dl.WordDropout) else x.astype(jnp.float32) / 7
+    key = jax.random.key(1)
+    # a key from the stream, an explicit rng, or (at init) the 'params' stream
+    from_stream = make(deterministic=False).apply({}, x, rngs={"dropout": key})
+    again = make().apply({}, x, deterministic=False, rngs={"dropout": key})
+    np.testing.assert_array_equal(np.asarray(from_stream), np.asarray(again))
+    from_rng = make(deterministic=False).apply({}, x, rng=key)
+    from_params = make(deterministic=False).init_with_output(key, x)[0]
+    for out in (from_stream, from_rng, from_params):
+        assert not np.array_equal(np.asarray(out), np.asarray(x))
+    np.testing.assert_array_equal(
+        np.asarray(make().apply({}, x, deterministic=True)), np.asarray(x)
+    )
+    with pytest.raises(dropmask.MissingKeyError, match=r"The rngs given are \['drop'\]"):
+        make(deterministic=False).apply({}, x, rngs={"drop": key})
+
+
+def test_int_broadcast_dims_as_in_the_functional_api():
+    x, key = jax.random.normal(jax.random.key(0), (4, 40)), jax.random.key(2)
+    ours = dl.Dropout(0.5, broadcast_dims=0, deterministic=False).apply({}, x, rng=key)
+    np.testing.assert_array_equal(
+        np.asarray(ours), np.asarray(dropmask.dropout(x, 0.5, key, broadcast_dims=(0,)))
+    )

@@ -97,3 +97,30 @@ def test_variant_layers():
     ):
         assert layer(x).shape == x.shape
         assert layer(x, deterministic=True) is x
+
+
+def test_layers_share_one_base_and_only_declare_what_they_use():
+    rngs = nnx.Rngs(dropout=0)
+    layers = [
+        dnnx.Dropout(0.3, rngs=rngs),
+        dnnx.WordDropout(0.3, unk_id=0, rngs=rngs),
+        dnnx.DropPath(0.3, rngs=rngs),
+        dnnx.GaussianDropout(0.3, rngs=rngs),
+        dnnx.AlphaDropout(0.3, rngs=rngs),
+    ]
+    for layer in layers:
+        assert layer.rng_collection == "dropout" and layer.deterministic is False
+    assert not hasattr(layers[3], "impl")  # Gaussian noise has one generator
+    assert all(hasattr(layer, "impl") for layer in layers if layer is not layers[3])
+
+
+def test_int_broadcast_dims_and_complex_inputs():
+    x, key = jax.random.normal(jax.random.key(0), (4, 40)), jax.random.key(2)
+    ours = dnnx.Dropout(0.5, broadcast_dims=0)(x, rngs=key)
+    np.testing.assert_array_equal(
+        np.asarray(ours), np.asarray(dropmask.dropout(x, 0.5, key, broadcast_dims=(0,)))
+    )
+    z = dnnx.Dropout(0.5)(jax.lax.complex(x, -x), rngs=key)
+    np.testing.assert_array_equal(np.asarray(z.imag), -np.asarray(z.real))
+    with pytest.raises(dropmask.DropmaskTypeError, match=r"broadcast_dims=\(\) for none"):
+        dnnx.Dropout(0.5, broadcast_dims=None)  # type: ignore[arg-type]

@@ -249,3 +249,54 @@ def test_packed_keep_words_are_the_mask_bits():
     unpacked = lanes.reshape(3, 96)[:, :70].astype(bool)
     expected = np.asarray(_fast_mask.keep_from_words(words, shape, thr, path="per_element"))
     np.testing.assert_array_equal(unpacked, expected)
+
+
+def test_every_mask_caller_goes_through_the_one_entry_point(monkeypatch):
+    from dropmask import _random
+
+    specs = []
+    entry = _random._draw_and_combine_jit
+
+    def spy(spec, combine, *args):
+        hash(spec)  # the static spec keys the jit cache
+        specs.append(spec)
+        return entry(spec, combine, *args)
+
+    monkeypatch.setattr(_random, "_draw_and_combine_jit", spy)
+    x, key, tokens = jnp.ones((4, 40)), jax.random.key(0), jnp.zeros((4, 40), jnp.int32)
+    calls = [
+        lambda r, impl: dropmask.dropout(x, r, key, impl=impl),
+        lambda r, impl: dropmask.drop_path(x, r, key, impl=impl),
+        lambda r, impl: dropmask.alpha_dropout(x, r, key, impl=impl),
+        lambda r, impl: dropmask.word_dropout(tokens, r, key, unk_id=1, impl=impl),
+        lambda r, impl: dropmask.keep_mask(key, x.shape, r, impl=impl),
+        lambda r, impl: dropmask.dot_product_attention(
+            x[None, :, None, :],
+            x[None, :, None, :],
+            x[None, :, None, :],
+            dropout_rate=r,
+            key=key,
+            deterministic=False,
+            impl=impl,
+        ),
+    ]
+    for call in calls:
+        for impl in ("fast", "flax"):
+            for rate in (0.3, jnp.float32(0.3)):
+                before = len(specs)
+                call(rate, impl)
+                assert len(specs) == before + 1
+                assert specs[-1].impl == impl
+                assert (specs[-1].value is None) == (impl == "flax" or not isinstance(rate, float))
+
+
+@pytest.mark.parametrize("rate", [0.3, "traced"])
+@pytest.mark.parametrize("impl", ["fast", "flax"])
+def test_keep_mask_is_the_mask_every_variant_applies(rate, impl):
+    x, key = jnp.ones((8, 40)), jax.random.key(6)
+    r = jnp.float32(0.3) if rate == "traced" else rate
+    mask = np.asarray(dropmask.keep_mask(key, x.shape, r, impl=impl))
+    np.testing.assert_array_equal(np.asarray(dropmask.dropout(x, r, key, impl=impl)) != 0, mask)
+    tokens = jnp.ones((8, 40), jnp.int32)
+    words = np.asarray(dropmask.word_dropout(tokens, 1 - r, key, unk_id=0, impl=impl))
+    assert 0 < (words == 0).mean() < 1

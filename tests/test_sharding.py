@@ -13,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import dropmask
 from dropmask import _fast_mask
 from dropmask import linen as dl
+from dropmask import nnx as dnnx
 
 SHAPE = (64, 128)
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
@@ -135,3 +136,105 @@ def test_each_device_generates_only_its_own_words(axis):
     local_words = "u32[32,64]" if axis == 0 else "u32[256,8]"
     conditionals = [line for line in hlo.splitlines() if " conditional(" in line]
     assert conditionals and all(local_words in line for line in conditionals), conditionals
+
+
+# --- modules inside shard_map: each device draws its block of one global mask ---------
+
+
+def _mesh2d() -> Mesh:
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    return Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+
+
+SPECS = [
+    PartitionSpec("data"),
+    PartitionSpec(None, "model"),
+    PartitionSpec("data", "model"),
+    PartitionSpec(("data", "model")),
+    PartitionSpec(None, ("model", "data")),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("broadcast_dims", [(), (0,)])
+def test_linen_dropout_in_shard_map_equals_unsharded(spec, broadcast_dims):
+    mesh, x, key = _mesh2d(), jax.random.normal(jax.random.key(1), SHAPE), jax.random.key(3)
+    layer = dl.Dropout(0.3, broadcast_dims=broadcast_dims, deterministic=False)
+    want = layer.apply({}, x, rngs={"dropout": key})
+    sharded = layer.clone(shard_spec=spec)
+    f = jax.jit(
+        jax.shard_map(
+            lambda x, k: sharded.apply({}, x, rngs={"dropout": k}),
+            mesh=mesh,
+            in_specs=(spec, PartitionSpec()),
+            out_specs=spec,
+        )
+    )
+    np.testing.assert_array_equal(np.asarray(f(x, key)), np.asarray(want))
+    if broadcast_dims:
+        return
+    # without shard_spec every device would draw the same local mask
+    same = jax.jit(
+        jax.shard_map(
+            lambda x, k: layer.apply({}, x, rngs={"dropout": k}),
+            mesh=mesh,
+            in_specs=(spec, PartitionSpec()),
+            out_specs=spec,
+        )
+    )
+    assert not np.array_equal(np.asarray(same(x, key)), np.asarray(want))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_nnx_dropout_in_shard_map_equals_unsharded(spec):
+    mesh, x = _mesh2d(), jax.random.normal(jax.random.key(1), SHAPE)
+    key = jax.random.key(5)
+    want = dnnx.Dropout(0.3)(x, rngs=key)
+    layer = dnnx.Dropout(0.3, shard_spec=spec)
+    f = jax.jit(
+        jax.shard_map(
+            lambda x, k: layer(x, rngs=k),
+            mesh=mesh,
+            in_specs=(spec, PartitionSpec()),
+            out_specs=spec,
+        )
+    )
+    np.testing.assert_array_equal(np.asarray(f(x, key)), np.asarray(want))
+
+
+def test_modules_take_call_time_global_shape_and_offset():
+    mesh, x, key = _mesh(8), jax.random.normal(jax.random.key(1), SHAPE), jax.random.key(3)
+    rows = SHAPE[0] // 8
+    linen_layer = dl.Dropout(0.5, deterministic=False)
+    nnx_layer = dnnx.Dropout(0.5)
+
+    def local(x, k):
+        offset = (jax.lax.axis_index("d") * rows, 0)
+        a = linen_layer.apply({}, x, rng=k, global_shape=SHAPE, offset=offset)
+        b = nnx_layer(x, rngs=k, global_shape=SHAPE, offset=offset)
+        return a, b
+
+    spec = PartitionSpec("d")
+    f = jax.jit(
+        jax.shard_map(local, mesh=mesh, in_specs=(spec, PartitionSpec()), out_specs=(spec, spec))
+    )
+    a, b = f(x, key)
+    want = np.asarray(dropmask.dropout(x, 0.5, key))
+    np.testing.assert_array_equal(np.asarray(a), want)
+    np.testing.assert_array_equal(np.asarray(b), want)
+
+
+def test_shard_spec_longer_than_the_input_is_rejected():
+    mesh = _mesh(8)
+    layer = dl.Dropout(0.5, deterministic=False, shard_spec=PartitionSpec(None, None, "d"))
+    f = jax.shard_map(
+        lambda x, k: layer.apply({}, x, rng=k),
+        mesh=mesh,
+        in_specs=(PartitionSpec("d"), PartitionSpec()),
+        out_specs=PartitionSpec("d"),
+    )
+    with pytest.raises(
+        dropmask.DropmaskValueError, match="shard_spec .* has 3 entries but the input has 2"
+    ):
+        jax.jit(f)(jnp.ones(SHAPE), jax.random.key(0))

@@ -16,10 +16,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ._checks import check_floating, check_impl, check_key, check_rate
 from ._dropout import dropout
-from ._errors import DtypeError, check_floating, check_key, check_rate
+from ._errors import DtypeError
 from ._masks import as_array, causal_mask, check_broadcastable
-from ._random import DEFAULT_IMPL, Impl, check_impl
+from ._random import DEFAULT_IMPL, Impl
 from ._reductions import compute_dtype, softmax_core
 
 __all__ = ["dot_product_attention"]

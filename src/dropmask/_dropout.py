@@ -5,28 +5,36 @@ for images ``x: [batch, height, width, channels]`` pass ``broadcast_dims=(1, 2)`
 drop whole feature maps; for sequences ``x: [batch, time, features]`` pass
 ``broadcast_dims=(1,)`` to drop the same features at every time step (variational
 dropout).
+
+Every variant validates its arguments through one path (``_validate``: input, dtype,
+rate, impl, axes, sharding block, key, in that order) and draws its mask through the
+one entry point ``_random.draw``. The ``apply_*`` functions are the same operations
+for a named caller: the Linen and NNX layers call them so that errors name the layer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._errors import (
-    DtypeError,
+from ._checks import (
+    check_array,
     check_floating,
+    check_impl,
     check_key,
     check_rate,
     concrete_value,
     normalize_axes,
+    normalize_broadcast_dims,
 )
-from ._fast_mask import Block, Threshold, keep_from_words, key_words, local_block, threshold
-from ._random import DEFAULT_IMPL, Impl, check_impl, draw_keep, mask_shape
+from ._errors import DropmaskTypeError, DropmaskValueError, DtypeError
+from ._fast_mask import Block, local_block
+from ._random import DEFAULT_IMPL, Impl, draw, mask_shape, probability
 
 __all__ = ["alpha_dropout", "drop_path", "dropout", "gaussian_dropout", "word_dropout"]
 
@@ -37,87 +45,74 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 _ALPHA_PRIME = -_SELU_SCALE * _SELU_ALPHA
 
 
-def _check_common(x: Any, rate: Any, key: Any, deterministic: bool, fn: str) -> float | None:
-    check_floating(x, fn=fn, hint="" if fn != "dropout" else ", or use word_dropout for token ids")
-    static_rate = check_rate(rate)
-    if needs_key(rate, deterministic):
-        check_key(key, fn=fn)
-    return static_rate
-
-
-def needs_key(rate: Any, deterministic: bool) -> bool:
+def needs_key(rate: Any, deterministic: bool, *, fn: str = "dropout") -> bool:
     """Whether a call draws randomness: not in eval mode, and unless ``rate`` is 0 or 1.
 
     Modules use this to decide whether to fetch a key, so that (as in Flax) a layer
-    with rate 0 or 1, given as a float or a concrete JAX scalar, consumes none.
+    with rate 0 or 1, given as a float or a concrete JAX scalar, consumes none. The
+    rate is validated first, so a bad rate is reported before a missing key.
     """
+    check_rate(rate, fn=fn)
     return not deterministic and concrete_value(rate) not in (0.0, 1.0)
 
 
-def _nan_if_invalid(rate: jax.Array, out: jax.Array) -> jax.Array:
-    """A traced rate cannot be checked at trace time: poison the output instead of clipping."""
-    valid = (rate >= 0) & (rate <= 1)
-    return jnp.where(valid, out, jnp.array(jnp.nan, out.dtype))
+class _Call(NamedTuple):
+    """A validated call: the input as an array, the rate when known, the mask's axes."""
+
+    x: jax.Array
+    value: float | None
+    axes: tuple[int, ...]
+    block: Block | None
 
 
-Combine = Callable[[jax.Array, jax.Array, Any], jax.Array]
-
-
-def _with_keep_mask(
-    x: jax.Array,
+def _validate(
+    fn: str,
+    x: Any,
+    rate: Any,
     key: Any,
-    bshape: tuple[int, ...],
-    keep_prob: Any,
-    impl: str,
-    combine: Combine,
-    block: Block | None = None,
-) -> jax.Array:
-    """``combine(x, keep, realised_keep_prob)`` with ``keep: bool[x.shape]`` drawn from ``key``.
-
-    With ``impl="fast"`` the mask is computed inside ``jax.checkpoint``, so reverse-mode
-    autodiff saves only the four key words and regenerates the mask in the backward
-    pass: no per-element residual, and forward-mode (``jvp``, ``hessian``) still works.
-    """
-    if impl == "flax":
-        mask, realised = draw_keep(key, bshape, keep_prob, impl, block)
-        return combine(x, jnp.broadcast_to(mask, x.shape), realised)
-    thr = threshold(keep_prob)
-    global_shape, offset = (None, None) if block is None else (block.global_shape, block.offset)
-    static = (bshape, thr.nbits, thr.shift, global_shape, combine)
-    if isinstance(thr.value, int):  # a static rate: the threshold is a compile-time constant
-        return _regenerate_static(*static, x, key_words(key), offset, thr.value, thr.realised)
-    return _regenerate_traced(*static, x, key_words(key), offset, thr.value, thr.realised)
-
-
-def _regenerate(
-    bshape: tuple[int, ...],
-    nbits: int,
-    shift: int,
-    global_shape: tuple[int, ...] | None,
-    combine: Combine,
-    x: jax.Array,
-    words: jax.Array,
-    offset: tuple[Any, ...] | None,
-    value: Any,
-    realised: Any,
-) -> jax.Array:
-    block = None if global_shape is None or offset is None else Block(global_shape, offset)
-    keep = keep_from_words(words, bshape, Threshold(nbits, shift, value, realised), block)
-    return combine(x, jnp.broadcast_to(keep, x.shape), realised)
+    deterministic: bool,
+    *,
+    kind: str = "inexact",
+    broadcast_dims: Any = (),
+    batch_axis: Any = None,
+    impl: Any = DEFAULT_IMPL,
+    allow_one: bool = True,
+    global_shape: Any = None,
+    offset: Any = None,
+) -> _Call:
+    """The one validation path of every dropout variant, in one order: input, dtype,
+    rate, impl, axes, sharding block, key. Raises before any array work."""
+    name = "tokens" if kind == "integer" else "x"
+    arr = check_array(x, fn=fn, name=name)
+    if kind == "integer":
+        if not jnp.issubdtype(arr.dtype, jnp.integer):
+            raise DtypeError(
+                f"{fn} expects integer token ids, got dtype {arr.dtype}. For floating "
+                f"activations use dropout instead."
+            )
+    else:
+        hint = ", or use word_dropout for token ids" if fn == "dropout" else ""
+        check_floating(arr, fn=fn, hint=hint, allow_complex=kind == "inexact")
+    value = check_rate(rate, fn=fn, allow_one=allow_one)
+    if impl is not None:
+        check_impl(impl, fn=fn)
+    if batch_axis is not None:
+        (axis,) = normalize_axes(batch_axis, arr.ndim, name="batch_axis", fn=fn)
+        axes = tuple(i for i in range(arr.ndim) if i != axis)
+    else:
+        axes = normalize_broadcast_dims(broadcast_dims, arr.ndim, fn=fn)
+    block = local_block(arr.shape, global_shape, offset, axes, fn=fn)
+    if key is not None or (not deterministic and value not in (0.0, 1.0)):
+        check_key(key, fn=fn)
+    return _Call(arr, value, axes, block)
 
 
-_SAVE_NOTHING = jax.checkpoint_policies.nothing_saveable
-# Module-level and jitted, so that eager calls hit a compilation cache instead of
-# re-tracing the checkpointed body op by op; under an outer jit they are inlined.
-_STATIC_SHAPE_ARGS = (0, 1, 2, 3, 4)
-_regenerate_traced = jax.jit(
-    jax.checkpoint(_regenerate, policy=_SAVE_NOTHING, static_argnums=_STATIC_SHAPE_ARGS),
-    static_argnums=_STATIC_SHAPE_ARGS,
-)
-_regenerate_static = jax.jit(
-    jax.checkpoint(_regenerate, policy=_SAVE_NOTHING, static_argnums=(*_STATIC_SHAPE_ARGS, 8, 9)),
-    static_argnums=(*_STATIC_SHAPE_ARGS, 8, 9),
-)
+def _per_part(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+    """``f`` on a real array; on a complex one, on its real and imaginary parts apart, so
+    that both get the same mask and a non-finite part never leaks into the other."""
+    if jnp.iscomplexobj(x):
+        return lax.complex(f(jnp.real(x)), f(jnp.imag(x)))
+    return f(x)
 
 
 def _compute_dtype(dtype: Any) -> Any:
@@ -140,11 +135,21 @@ def _scale_and_fill(realised: Any, dtype: Any) -> tuple[jax.Array, jax.Array]:
 
 def _select_scaled(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
     """``x / realised`` where kept, 0 elsewhere; finite (zero) when ``realised == 0``."""
-    dtype = _compute_dtype(x.dtype)
-    scale, fill = _scale_and_fill(realised, dtype)
-    return lax.select(keep, x.astype(dtype) * scale, jnp.broadcast_to(fill, x.shape)).astype(
-        x.dtype
-    )
+    keep = jnp.broadcast_to(keep, x.shape)
+
+    def apply(part: jax.Array) -> jax.Array:
+        dtype = _compute_dtype(part.dtype)
+        scale, fill = _scale_and_fill(realised, dtype)
+        scaled = part.astype(dtype) * scale
+        return lax.select(keep, scaled, jnp.broadcast_to(fill, part.shape)).astype(part.dtype)
+
+    return _per_part(apply, x)
+
+
+def _flax_select(x: jax.Array, keep: jax.Array, keep_prob: Any) -> jax.Array:
+    """Flax's own arithmetic (a Python-float divide in the input dtype), for bit-identity."""
+    keep = jnp.broadcast_to(keep, x.shape)
+    return lax.select(keep, x / keep_prob, jnp.zeros_like(x))
 
 
 def dropout(
@@ -152,7 +157,7 @@ def dropout(
     rate: float | jax.Array,
     key: Any = None,
     *,
-    broadcast_dims: Sequence[int] = (),
+    broadcast_dims: int | Sequence[int] = (),
     deterministic: bool = False,
     impl: Impl = DEFAULT_IMPL,
     global_shape: Sequence[int] | None = None,
@@ -161,11 +166,16 @@ def dropout(
     """Zeroes each element with probability ``rate`` and scales the rest by ``1/(1-rate)``.
 
     Args:
-      x: floating array of any shape ``[...]`` (f16, bf16, f32, f64; dtype preserved).
+      x: floating or complex array of any shape ``[...]`` (f16, bf16, f32, f64, c64,
+        c128; dtype preserved). A complex element is kept or dropped whole: its real
+        and imaginary parts share one mask.
       rate: probability of dropping, in ``[0, 1]``: a Python float, or a JAX scalar
-        (e.g. from a schedule) that does not trigger recompilation per value.
-      key: a JAX PRNG key; needed unless ``deterministic`` or ``rate == 0``.
-      broadcast_dims: axes that share one mask value (negative axes allowed).
+        (e.g. from a schedule) that does not trigger recompilation per value; a JAX
+        scalar draws the same mask eagerly and under ``jit``.
+      key: a JAX PRNG key; needed unless ``deterministic`` or ``rate`` is 0 or 1. An
+        int seed is not a key: pass ``jax.random.key(seed)``.
+      broadcast_dims: axes that share one mask value: an int or ints, negative axes
+        allowed, repeats merged (as in Flax).
       deterministic: if True, return ``x`` unchanged.
       impl: mask generator: ``"fast"`` (default; counter-based Threefry, mask
         regenerated in the backward pass, same bits under any jit/vmap/sharding) or
@@ -177,11 +187,14 @@ def dropout(
     Returns:
       An array like ``x``. ``rate == 0`` or ``deterministic`` returns ``x`` itself;
       ``rate == 1`` returns zeros, with zero (not NaN) gradients. A traced ``rate``
-      outside ``[0, 1]`` makes the output NaN rather than being clipped.
+      outside ``[0, 1]`` makes the output NaN rather than being clipped (under
+      ``checkify.checkify(..., errors=checkify.user_checks)`` it is an error).
 
     Raises:
-      DtypeError: ``x`` is not floating point.
-      RateError: a static ``rate`` outside ``[0, 1]`` or NaN.
+      DropmaskTypeError: ``x`` is not an array, ``rate`` is not a real scalar, or
+        ``key`` is not a PRNG key.
+      DtypeError: ``x`` is not floating point or complex.
+      RateError: a known ``rate`` outside ``[0, 1]`` or NaN.
       AxisError: a ``broadcast_dims`` axis out of range.
       MissingKeyError: ``key`` is None in training mode.
 
@@ -191,32 +204,54 @@ def dropout(
       >>> sorted(set(y.ravel().tolist())) in ([0.0, 2.0], [2.0], [0.0])
       True
     """
-    static_rate = _check_common(x, rate, key, deterministic, "dropout")
-    x = jnp.asarray(x)
-    check_impl(impl)
-    bshape = mask_shape(x.shape, broadcast_dims)
-    block = local_block(x.shape, global_shape, offset, broadcast_dims)
-    if deterministic or static_rate == 0.0:
+    return apply_dropout(
+        x,
+        rate,
+        key,
+        broadcast_dims=broadcast_dims,
+        deterministic=deterministic,
+        impl=impl,
+        global_shape=global_shape,
+        offset=offset,
+        fn="dropout",
+    )
+
+
+def apply_dropout(
+    x: Any,
+    rate: Any,
+    key: Any,
+    *,
+    broadcast_dims: Any = (),
+    batch_axis: Any = None,
+    deterministic: bool = False,
+    impl: Any = DEFAULT_IMPL,
+    global_shape: Any = None,
+    offset: Any = None,
+    fn: str,
+) -> jax.Array:
+    """:func:`dropout` (or, with ``batch_axis``, :func:`drop_path`) for the caller ``fn``."""
+    call = _validate(
+        fn,
+        x,
+        rate,
+        key,
+        deterministic,
+        broadcast_dims=broadcast_dims,
+        batch_axis=batch_axis,
+        impl=impl,
+        global_shape=global_shape,
+        offset=offset,
+    )
+    x = call.x
+    if deterministic or call.value == 0.0:
         return x
-    if static_rate == 1.0:
+    if call.value == 1.0:
         return jnp.zeros_like(x)
-    if impl == "flax" and block is not None:
-        raise ValueError(
-            "global_shape/offset need impl='fast'; impl='flax' masks are not blockwise."
-        )
-    if impl == "flax" and static_rate is not None:
-        # Python float arithmetic exactly as Flax does it, for bit-identical outputs.
-        keep_prob = 1.0 - static_rate
-        mask, _ = draw_keep(key, bshape, keep_prob, impl)
-        mask = jnp.broadcast_to(mask, x.shape)
-        return lax.select(mask, x / keep_prob, jnp.zeros_like(x))
-    if static_rate is not None:
-        return _with_keep_mask(x, key, bshape, 1.0 - static_rate, impl, _select_scaled, block)
-    rate = jnp.asarray(rate, dtype=jnp.float32)
-    if impl == "flax":
-        out = _with_keep_mask(x, key, bshape, 1.0 - rate, impl, _select_scaled, block)
-        return _nan_if_invalid(rate, out)
-    return _with_keep_mask(x, key, bshape, 1.0 - rate, impl, _select_scaled, block)
+    p = probability(rate, call.value, keep=True, fn=fn)
+    bshape = mask_shape(x.shape, call.axes)
+    combine = _flax_select if impl == "flax" and isinstance(p, float) else _select_scaled
+    return draw(key, bshape, p, impl, combine, x, call.block, fn=fn)
 
 
 def drop_path(
@@ -231,7 +266,7 @@ def drop_path(
     """Stochastic depth: drops whole examples of a residual branch, scaling the rest.
 
     Args:
-      x: ``[batch, ...]`` floating residual-branch output.
+      x: ``[batch, ...]`` floating (or complex) residual-branch output, at least 1-d.
       rate: probability of dropping an example's branch.
       key: PRNG key (needed in training mode).
       batch_axis: the axis that indexes examples; one decision is drawn per index.
@@ -240,11 +275,23 @@ def drop_path(
 
     Returns:
       ``x`` with each example either zeroed or scaled by ``1/(1-rate)``.
+
+    Raises:
+      AxisError: ``batch_axis`` out of range (a 0-d ``x`` has no batch axis).
+      The other errors of :func:`dropout`.
     """
-    x_arr = jnp.asarray(x)
-    (axis,) = normalize_axes((batch_axis,), max(x_arr.ndim, 1), name="batch_axis")
-    others = tuple(i for i in range(x_arr.ndim) if i != axis)
-    return dropout(x_arr, rate, key, broadcast_dims=others, deterministic=deterministic, impl=impl)
+    return apply_dropout(
+        x, rate, key, batch_axis=batch_axis, deterministic=deterministic, impl=impl, fn="drop_path"
+    )
+
+
+def _replace_dropped(x: tuple[jax.Array, jax.Array], drop: jax.Array, realised: Any) -> jax.Array:
+    """``unk_id`` where dropped; every token when a run-time rate is invalid (never clipped)."""
+    tokens, unk = x
+    drop = jnp.broadcast_to(drop, tokens.shape)
+    if not isinstance(realised, float):
+        drop = drop | jnp.isnan(realised)
+    return jnp.where(drop, unk, tokens)
 
 
 def word_dropout(
@@ -253,7 +300,7 @@ def word_dropout(
     key: Any = None,
     *,
     unk_id: int,
-    broadcast_dims: Sequence[int] = (),
+    broadcast_dims: int | Sequence[int] = (),
     deterministic: bool = False,
     impl: Impl = DEFAULT_IMPL,
 ) -> jax.Array:
@@ -261,7 +308,8 @@ def word_dropout(
 
     Args:
       tokens: integer token ids ``[..., time]``.
-      rate: probability of replacing a token.
+      rate: probability of replacing a token. A traced ``rate`` outside ``[0, 1]``
+        replaces every token (nothing is clipped).
       key: PRNG key (needed in training mode).
       unk_id: the id dropped tokens become; must fit ``tokens.dtype``.
       broadcast_dims: axes that share one decision (e.g. drop a word type per batch).
@@ -272,31 +320,60 @@ def word_dropout(
     Returns:
       Token ids of the same shape and dtype.
     """
-    tokens = jnp.asarray(tokens)
-    if not jnp.issubdtype(tokens.dtype, jnp.integer):
-        raise DtypeError(
-            f"word_dropout expects integer token ids, got dtype {tokens.dtype}. "
-            f"For floating activations use dropout instead."
-        )
+    return apply_word_dropout(
+        tokens,
+        rate,
+        key,
+        unk_id=unk_id,
+        broadcast_dims=broadcast_dims,
+        deterministic=deterministic,
+        impl=impl,
+        fn="word_dropout",
+    )
+
+
+def apply_word_dropout(
+    tokens: Any,
+    rate: Any,
+    key: Any,
+    *,
+    unk_id: Any,
+    broadcast_dims: Any = (),
+    deterministic: bool = False,
+    impl: Any = DEFAULT_IMPL,
+    fn: str,
+) -> jax.Array:
+    """:func:`word_dropout` for the caller ``fn``."""
+    call = _validate(
+        fn,
+        tokens,
+        rate,
+        key,
+        deterministic,
+        kind="integer",
+        broadcast_dims=broadcast_dims,
+        impl=impl,
+    )
+    tokens = call.x
     info = np.iinfo(tokens.dtype)
     if isinstance(unk_id, bool) or not isinstance(unk_id, int | np.integer):
-        raise TypeError(f"unk_id must be a Python int, got {type(unk_id).__name__}.")
+        raise DropmaskTypeError(
+            f"{fn}: unk_id must be a Python int, got {type(unk_id).__name__}. Pass the id "
+            f"of the unknown-word token, e.g. unk_id=1."
+        )
     if not info.min <= int(unk_id) <= info.max:
-        raise ValueError(
-            f"unk_id={unk_id} does not fit the token dtype {tokens.dtype} (range "
+        raise DropmaskValueError(
+            f"{fn}: unk_id={unk_id} does not fit the token dtype {tokens.dtype} (range "
             f"[{info.min}, {info.max}]). Use a wider dtype, e.g. tokens.astype(jnp.int32)."
         )
-    static_rate = check_rate(rate)
-    check_impl(impl)
-    bshape = mask_shape(tokens.shape, broadcast_dims)
-    if deterministic or static_rate == 0.0:
+    if deterministic or call.value == 0.0:
         return tokens
-    if static_rate == 1.0:
+    if call.value == 1.0:
         return jnp.full_like(tokens, unk_id)
-    check_key(key, fn="word_dropout")
-    drop, _ = draw_keep(key, bshape, rate, impl)
-    drop = jnp.broadcast_to(drop, tokens.shape)
-    return jnp.where(drop, jnp.asarray(unk_id, tokens.dtype), tokens)
+    p = probability(rate, call.value, keep=False, fn=fn)
+    unk = jnp.asarray(unk_id, tokens.dtype)
+    bshape = mask_shape(tokens.shape, call.axes)
+    return draw(key, bshape, p, impl, _replace_dropped, (tokens, unk), fn=fn)
 
 
 def gaussian_dropout(
@@ -304,7 +381,7 @@ def gaussian_dropout(
     rate: float | jax.Array,
     key: Any = None,
     *,
-    broadcast_dims: Sequence[int] = (),
+    broadcast_dims: int | Sequence[int] = (),
     deterministic: bool = False,
 ) -> jax.Array:
     """Multiplies ``x`` by noise drawn from ``N(1, rate / (1 - rate))``.
@@ -313,34 +390,55 @@ def gaussian_dropout(
     :func:`dropout` at the same rate (Srivastava et al., 2014, section 10).
 
     Args:
-      x: floating array ``[...]``; noise is drawn in f32 and the result cast back.
+      x: floating or complex array ``[...]``; noise is real, drawn in f32, applied to
+        the real and imaginary parts alike, and the result cast back.
       rate: in ``[0, 1)``; ``rate == 1`` would need infinite variance.
       key: PRNG key (needed in training mode).
       broadcast_dims: axes that share one noise value.
       deterministic: if True, return ``x``.
 
     Returns:
-      An array like ``x``.
+      An array like ``x``; NaN for a traced ``rate`` outside ``[0, 1)``.
     """
-    check_floating(x, fn="gaussian_dropout")
-    static_rate = check_rate(rate, allow_one=False)
-    x = jnp.asarray(x)
-    bshape = mask_shape(x.shape, broadcast_dims)
-    if deterministic or static_rate == 0.0:
+    return apply_gaussian_dropout(
+        x,
+        rate,
+        key,
+        broadcast_dims=broadcast_dims,
+        deterministic=deterministic,
+        fn="gaussian_dropout",
+    )
+
+
+def apply_gaussian_dropout(
+    x: Any,
+    rate: Any,
+    key: Any,
+    *,
+    broadcast_dims: Any = (),
+    deterministic: bool = False,
+    fn: str,
+) -> jax.Array:
+    """:func:`gaussian_dropout` for the caller ``fn``."""
+    call = _validate(
+        fn, x, rate, key, deterministic, broadcast_dims=broadcast_dims, impl=None, allow_one=False
+    )
+    x = call.x
+    if deterministic or call.value == 0.0:
         return x
-    check_key(key, fn="gaussian_dropout")
-    rate_arr = jnp.asarray(rate, jnp.float32)
+    rate_arr = jnp.asarray(probability(rate, call.value, keep=False, fn=fn), jnp.float32)
     std = jnp.sqrt(rate_arr / jnp.where(rate_arr < 1, 1.0 - rate_arr, 1.0))
-    noise = 1.0 + std * jax.random.normal(key, bshape, dtype=jnp.float32)
-    out = (x.astype(jnp.float32) * noise).astype(x.dtype)
-    if static_rate is None:
-        out = jnp.where(rate_arr < 1, out, jnp.array(jnp.nan, x.dtype))
-        out = _nan_if_invalid(rate_arr, out)
+    noise = 1.0 + std * jax.random.normal(key, mask_shape(x.shape, call.axes), dtype=jnp.float32)
+    out = _per_part(lambda part: (part.astype(jnp.float32) * noise).astype(part.dtype), x)
+    if call.value is None:
+        valid = (rate_arr >= 0) & (rate_arr < 1)
+        out = jnp.where(valid, out, jnp.array(jnp.nan, x.dtype))
     return out
 
 
 def _alpha_affine(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
     """``a * where(keep, x, alpha') + b`` with the (a, b) that preserve mean 0, variance 1."""
+    keep = jnp.broadcast_to(keep, x.shape)
     dtype = _compute_dtype(x.dtype)
     realised = jnp.asarray(realised, dtype)
     drop = 1.0 - realised
@@ -357,7 +455,7 @@ def alpha_dropout(
     rate: float | jax.Array,
     key: Any = None,
     *,
-    broadcast_dims: Sequence[int] = (),
+    broadcast_dims: int | Sequence[int] = (),
     deterministic: bool = False,
     impl: Impl = DEFAULT_IMPL,
 ) -> jax.Array:
@@ -368,7 +466,7 @@ def alpha_dropout(
     (Klambauer et al., 2017).
 
     Args:
-      x: floating activations ``[...]``, ideally SELU outputs.
+      x: real floating activations ``[...]``, ideally SELU outputs.
       rate: probability of dropping, in ``[0, 1]``; ``rate == 1`` returns zeros (the
         mean of the SELU fixed point), with zero gradients.
       key: PRNG key (needed in training mode).
@@ -377,18 +475,37 @@ def alpha_dropout(
       impl: mask generator, as in :func:`dropout`.
 
     Returns:
-      An array like ``x``.
+      An array like ``x``; NaN for a traced ``rate`` outside ``[0, 1]``.
     """
-    static_rate = _check_common(x, rate, key, deterministic, "alpha_dropout")
-    x = jnp.asarray(x)
-    bshape = mask_shape(x.shape, broadcast_dims)
-    if deterministic or static_rate == 0.0:
+    return apply_alpha_dropout(
+        x,
+        rate,
+        key,
+        broadcast_dims=broadcast_dims,
+        deterministic=deterministic,
+        impl=impl,
+        fn="alpha_dropout",
+    )
+
+
+def apply_alpha_dropout(
+    x: Any,
+    rate: Any,
+    key: Any,
+    *,
+    broadcast_dims: Any = (),
+    deterministic: bool = False,
+    impl: Any = DEFAULT_IMPL,
+    fn: str,
+) -> jax.Array:
+    """:func:`alpha_dropout` for the caller ``fn``."""
+    call = _validate(
+        fn, x, rate, key, deterministic, kind="floating", broadcast_dims=broadcast_dims, impl=impl
+    )
+    x = call.x
+    if deterministic or call.value == 0.0:
         return x
-    if static_rate == 1.0:
+    if call.value == 1.0:
         return jnp.zeros_like(x)
-    rate_arr = jnp.asarray(rate, jnp.float32)
-    keep_prob = 1.0 - rate_arr if static_rate is None else 1.0 - static_rate
-    out = _with_keep_mask(x, key, bshape, keep_prob, impl, _alpha_affine)
-    if static_rate is None and impl == "flax":
-        out = _nan_if_invalid(rate_arr, out)
-    return out
+    p = probability(rate, call.value, keep=True, fn=fn)
+    return draw(key, mask_shape(x.shape, call.axes), p, impl, _alpha_affine, x, fn=fn)

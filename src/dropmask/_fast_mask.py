@@ -6,9 +6,9 @@ global mask) takes 128-bit Threefry-4x32-20 blocks at counters ``(n, j, 0, 0)`` 
 the four key words; its element ``l`` reads the ``l``-th ``b``-bit field of those
 blocks and is kept when the field is below an integer threshold. ``b`` (1, 2, 4, 8,
 16 or 32) is the fewest bits that represent the keep probability to a relative error
-of 1e-3 (32 bits with a 24-bit threshold for a traced rate). Element values depend
-only on ``(key, global position)``, so the mask is the same under ``jit`` or not,
-under ``vmap`` over keys and for any sharding.
+of 1e-3 (32 bits with a 24-bit threshold for a rate given as a JAX scalar). Element
+values depend only on ``(key, global position)``, so the mask is the same under ``jit``
+or not, under ``vmap`` over keys and for any sharding.
 
 Speed. One Threefry call serves 8 to 32 elements on CPU and CUDA GPUs: a word's
 keep-flags are computed once, bit-packed into a ``uint32`` (1 bit per element in
@@ -32,14 +32,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from ._errors import normalize_axes
+from ._errors import DropmaskTypeError, DropmaskValueError
 from ._threefry import threefry4x32
 
 __all__ = [
     "Block",
     "Threshold",
+    "block_from_spec",
     "keep_from_words",
     "key_words",
     "local_block",
@@ -81,30 +83,72 @@ def local_block(
     shape: tuple[int, ...],
     global_shape: Sequence[int] | None,
     offset: Sequence[Any] | None,
-    broadcast_dims: Sequence[int] = (),
+    axes: Sequence[int] = (),
+    *,
+    fn: str = "dropout",
 ) -> Block | None:
-    """Validates ``global_shape`` / ``offset`` against a local ``shape``; None if unset."""
+    """Validates ``global_shape`` / ``offset`` against a local ``shape``; None if unset.
+
+    ``axes`` are the (normalized) broadcast axes: the mask has one entry along each, so
+    its global extent there is 1 and its offset 0.
+    """
     if global_shape is None and offset is None:
         return None
     if global_shape is None or offset is None:
-        raise ValueError(
-            "global_shape and offset go together (the local block's place in the global "
-            f"array), got global_shape={global_shape!r}, offset={offset!r}."
+        raise DropmaskValueError(
+            f"{fn}: global_shape and offset go together (the local block's place in the "
+            f"global array), got global_shape={global_shape!r}, offset={offset!r}. Pass both."
         )
-    global_shape = tuple(int(d) for d in global_shape)
+    dims = tuple(global_shape)
+    if any(isinstance(d, bool) or not isinstance(d, int | np.integer) for d in dims):
+        raise DropmaskTypeError(
+            f"{fn}: global_shape must be a tuple of Python ints, got {global_shape!r}. Pass "
+            f"the unsharded shape, e.g. global_shape=(local[0] * n_devices, local[1])."
+        )
+    dims = tuple(int(d) for d in dims)
     offset = tuple(offset)
-    if len(global_shape) != len(shape) or len(offset) != len(shape):
-        raise ValueError(
-            f"global_shape and offset need one entry per axis of the local shape {shape}, "
-            f"got global_shape={global_shape} and {len(offset)} offsets."
+    if len(dims) != len(shape) or len(offset) != len(shape):
+        raise DropmaskValueError(
+            f"{fn}: global_shape and offset need one entry per axis of the local shape "
+            f"{shape}, got global_shape={dims} and {len(offset)} offsets."
         )
-    if any(g < d for g, d in zip(global_shape, shape, strict=True)):
-        raise ValueError(f"global_shape {global_shape} is smaller than the local shape {shape}.")
-    axes = normalize_axes(broadcast_dims, len(shape), name="broadcast_dims")
+    if any(g < d for g, d in zip(dims, shape, strict=True)):
+        raise DropmaskValueError(
+            f"{fn}: global_shape {dims} is smaller than the local shape {shape}; it is the "
+            f"shape of the whole (unsharded) array."
+        )
     return Block(
-        tuple(1 if i in axes else d for i, d in enumerate(global_shape)),
+        tuple(1 if i in axes else d for i, d in enumerate(dims)),
         tuple(0 if i in axes else o for i, o in enumerate(offset)),
     )
+
+
+def block_from_spec(shape: tuple[int, ...], spec: Any, *, fn: str) -> Block:
+    """The block of a global array that this device holds inside ``shard_map``.
+
+    ``spec`` is the input's ``PartitionSpec`` (as in ``shard_map``'s ``in_specs``): one
+    entry per leading axis, ``None`` or a mesh axis name (or a tuple of names) that the
+    axis is split over. The global size along an axis is the local size times the
+    number of devices on those mesh axes; the offset is this device's index on them
+    (``lax.axis_index``, row-major over a tuple) times the local size.
+    """
+    entries = tuple(spec)
+    if len(entries) > len(shape):
+        raise DropmaskValueError(
+            f"{fn}: shard_spec {spec!r} has {len(entries)} entries but the input has "
+            f"{len(shape)} axes. Pass the PartitionSpec the input has inside shard_map."
+        )
+    entries = entries + (None,) * (len(shape) - len(entries))
+    global_shape, offset = [], []
+    for d, names in zip(shape, entries, strict=True):
+        if names is None:
+            global_shape.append(d)
+            offset.append(0)
+            continue
+        size = lax.axis_size(names)
+        global_shape.append(d * size)
+        offset.append(lax.axis_index(names) * d)
+    return Block(tuple(global_shape), tuple(offset))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +177,9 @@ def threshold(p: Any) -> Threshold:
     p = jnp.asarray(p, jnp.float32)
     scale = float(2**_TRACED_BITS)
     value = jnp.round(jnp.clip(p, 0.0, 1.0) * scale)
-    # A traced probability cannot be validated at trace time; outside [0, 1] (or NaN)
-    # it yields realised = NaN, which callers turn into NaN outputs, never a clip.
+    # A run-time probability cannot be validated at trace time; outside [0, 1] (or NaN)
+    # it yields realised = NaN, which callers turn into NaN outputs or an all-dropped
+    # mask, never a clip.
     realised = jnp.where((p >= 0) & (p <= 1), value / scale, jnp.nan)
     return Threshold(32, 32 - _TRACED_BITS, value.astype(_U32), realised)
 
@@ -188,7 +233,7 @@ def _packing_axis(global_shape: tuple[int, ...]) -> int:
 def _check_word_count(global_word_shape: tuple[int, ...]) -> None:
     size = math.prod(global_word_shape)
     if size >= 2**32:
-        raise ValueError(
+        raise DropmaskValueError(
             f"impl='fast' numbers mask words ({LANES} elements each) with 32 bits, but "
             f"the mask needs {size} >= 2**32 words (global word shape {global_word_shape}). "
             f"Split the array, share the mask along an axis with broadcast_dims, or use "
@@ -284,7 +329,7 @@ def keep_from_words(
     per_element elsewhere.
     """
     if path is not None and path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS} or None, got {path!r}.")
+        raise DropmaskValueError(f"path must be one of {PATHS} or None, got {path!r}.")
     if not shape:
         scalar = None if block is None else Block((1,), (0,))
         return keep_from_words(words, (1,), thr, scalar, path=path)[0]
@@ -375,7 +420,7 @@ def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
 def _jitted_bits(key: Any, shape: tuple[int, ...]) -> jax.Array:
     size = math.prod(shape)
     if size >= 2**32:
-        raise ValueError(
+        raise DropmaskValueError(
             f"random_bits indexes words with 32 bits, so it draws fewer than 2**32 at a "
             f"time; shape {shape} has {size}. Draw it in pieces."
         )

@@ -15,8 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.core import Tracer
 
+from ._checks import check_bool_mask as check_bool_mask
+from ._checks import check_broadcastable as check_broadcastable
+from ._checks import check_integer as _check_integer
+from ._checks import check_lengths as check_lengths
+from ._checks import check_static_int as check_static_int
+from ._checks import is_concrete as is_concrete
 from ._errors import DtypeError, MaskShapeError
 
 __all__ = [
@@ -53,54 +58,6 @@ def as_array(x: Any) -> jax.Array:
     return x if isinstance(x, jax.Array) else jnp.asarray(x)
 
 
-def is_concrete(x: Any) -> bool:
-    """True when ``x`` holds values known at trace time (not a tracer)."""
-    return not isinstance(x, Tracer)
-
-
-def check_static_int(value: Any, *, name: str, fn: str, minimum: int = 0) -> int:
-    """Validates a Python int that fixes a shape, e.g. ``max_len``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(
-            f"{fn}: {name} must be a Python int (it fixes an array shape), got "
-            f"{type(value).__name__}. Pass a static value, e.g. {name}=128."
-        )
-    if value < minimum:
-        raise ValueError(f"{fn}: {name} must be >= {minimum}, got {value}.")
-    return int(value)
-
-
-def check_bool_mask(mask: Any, *, fn: str, name: str = "mask") -> jax.Array:
-    """Returns ``mask`` as a jax bool array; rejects other dtypes with the fix."""
-    dtype = jnp.result_type(mask)
-    if dtype != jnp.bool_:
-        raise DtypeError(
-            f"{fn}: {name} must be boolean (True = valid), got dtype {dtype}. Convert it "
-            f"first: dropmask.from_flax_mask for 0/1 float masks, dropmask.from_bias for "
-            f"additive biases, or `{name} != 0`."
-        )
-    return jnp.asarray(mask)
-
-
-_TRAILING_HINT = "For x: [batch, time, features] and a [batch, time] mask, pass mask[..., None]."
-
-
-def check_broadcastable(
-    shape: Sequence[int], target: Sequence[int], *, fn: str, name: str, hint: str = _TRAILING_HINT
-) -> None:
-    """Raises MaskShapeError unless ``shape`` broadcasts to exactly ``target``."""
-    shape, target = tuple(shape), tuple(target)
-    ok = len(shape) <= len(target)
-    if ok:
-        for s, t in zip(shape[::-1], target[::-1], strict=False):
-            ok = ok and s in (1, t)
-    if not ok:
-        raise MaskShapeError(
-            f"{fn}: {name} of shape {shape} does not broadcast to shape {target} (NumPy "
-            f"rules: trailing axes are aligned and must match or be 1). {hint}"
-        )
-
-
 def broadcast_mask(mask: Any, shape: Sequence[int], *, fn: str, name: str = "mask") -> jax.Array:
     """Validates ``mask`` (bool, broadcastable) and broadcasts it to ``shape``.
 
@@ -122,30 +79,6 @@ def _broadcast_batch(*shapes: tuple[int, ...], fn: str, names: Sequence[str]) ->
         raise MaskShapeError(
             f"{fn}: the leading (batch) dimensions do not broadcast together ({got})."
         ) from None
-
-
-def _check_integer(x: jax.Array, *, fn: str, name: str) -> None:
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise DtypeError(
-            f"{fn}: {name} must be integers, got dtype {x.dtype}. Cast with "
-            f"{name}.astype(jnp.int32)."
-        )
-
-
-def check_lengths(lengths: Any, max_len: int, *, fn: str) -> jax.Array:
-    """Validates integer ``lengths`` in ``[0, max_len]`` (values checked when concrete)."""
-    arr = jnp.asarray(lengths)
-    _check_integer(arr, fn=fn, name="lengths")
-    if is_concrete(lengths) and arr.size:
-        host = np.asarray(lengths)
-        lo, hi = int(host.min()), int(host.max())
-        if lo < 0 or hi > max_len:
-            raise ValueError(
-                f"{fn}: lengths must be in [0, {max_len}] (the padded length), got values "
-                f"in [{lo}, {hi}]. Pad to a longer max_len or truncate the sequences "
-                f"first (dropmask.pad_sequences(..., truncate='right'))."
-            )
-    return arr
 
 
 # ----------------------------------------------------------------- building masks

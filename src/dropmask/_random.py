@@ -1,5 +1,9 @@
 """How keep-masks are drawn from a JAX key: the one entry point for all mask RNG.
 
+Every caller (``dropout``, ``alpha_dropout``, ``word_dropout``, ``keep_mask``, attention
+dropout) goes through :func:`draw`: one jitted, checkpointed function keyed by a hashable
+:class:`MaskSpec` that draws the mask and hands it to the caller's ``combine``.
+
 Two generators:
 
 * ``"fast"`` (the default): counter-based, on Threefry-4x32-20 (``_threefry``), cut
@@ -10,75 +14,172 @@ Two generators:
 * ``"flax"``: ``jax.random.bernoulli(key, keep_prob, shape)``, exactly what
   ``flax.linen.Dropout`` and ``flax.nnx.Dropout`` draw, so outputs match Flax bit for
   bit for the same key.
+
+Rates. A Python or NumPy number is a compile-time constant (``"fast"``: the fewest bits
+that represent it); a JAX scalar, concrete or traced, is always a run-time value (a
+24-bit threshold), so one program serves every value and an eager call draws the same
+mask as a jitted one. A run-time rate outside ``[0, 1]`` makes the drawn probability
+NaN: floating outputs become NaN, and nothing is kept (:func:`keep_mask` is all False);
+under ``checkify.checkify(f, errors=checkify.user_checks)`` it is an error instead.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import checkify
 
-from ._errors import check_key, check_rate, normalize_axes
+from ._checks import (
+    check_impl,
+    check_key,
+    check_rate,
+    check_shape,
+    normalize_broadcast_dims,
+)
+from ._errors import DropmaskValueError
 from ._fast_mask import Block, Threshold, keep_from_words, key_words, local_block, threshold
 
 __all__ = ["Impl", "keep_mask"]
 
 Impl = Literal["fast", "flax"]
-IMPLS: tuple[str, ...] = ("fast", "flax")
 DEFAULT_IMPL: Impl = "fast"
-_U32 = jnp.uint32
 
 
-def check_impl(impl: str) -> None:
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}.")
-
-
-def mask_shape(shape: Sequence[int], broadcast_dims: Sequence[int]) -> tuple[int, ...]:
-    """The shape a mask is drawn at: ``shape`` with every broadcast dim set to 1."""
-    axes = normalize_axes(broadcast_dims, len(shape), name="broadcast_dims")
+def mask_shape(shape: Sequence[int], axes: Sequence[int]) -> tuple[int, ...]:
+    """The shape a mask is drawn at: ``shape`` with every (normalized) axis in ``axes`` 1."""
     return tuple(1 if i in axes else d for i, d in enumerate(shape))
 
 
-def draw_keep(
-    key: Any, shape: tuple[int, ...], keep_prob: Any, impl: str, block: Block | None = None
-) -> tuple[jax.Array, Any]:
-    """Draws a boolean keep-mask of ``shape``.
+def probability(rate: Any, value: float | None, *, keep: bool, fn: str) -> Any:
+    """The probability that a drawn flag is True: ``1 - rate`` if ``keep``, else ``rate``.
 
-    Returns:
-      ``(mask, realised_keep_prob)``: ``mask[i]`` is True with probability
-      ``realised_keep_prob``, the number dropout must divide kept values by for an
-      unbiased output (equal to ``keep_prob`` for ``impl="flax"``).
+    One encoding per rate type: a Python or NumPy number (``value``, already checked)
+    stays a Python float; a JAX scalar becomes a float32 array even when concrete, so
+    eager and jitted calls take the same threshold. A traced rate is checked at run time
+    only under ``checkify``.
     """
-    check_impl(impl)
-    if impl == "flax":
-        if block is not None:
-            raise ValueError(
-                "global_shape/offset need impl='fast'; impl='flax' masks are not blockwise."
-            )
-        return jax.random.bernoulli(key, p=keep_prob, shape=shape), keep_prob
-    thr = threshold(keep_prob)
-    global_shape, offset = (None, None) if block is None else (block.global_shape, block.offset)
-    value = jnp.asarray(thr.value, _U32)
-    return _jitted_keep(key, shape, thr.nbits, thr.shift, global_shape, value, offset), thr.realised
+    if not isinstance(rate, jax.Array):
+        static = float(rate) if value is None else value
+        return 1.0 - static if keep else static
+    rate = jnp.asarray(rate, jnp.float32)
+    if value is None:
+        checkify.debug_check(
+            (rate >= 0) & (rate <= 1), f"{fn}: rate must be in [0, 1], got {{rate}}.", rate=rate
+        )
+    return 1.0 - rate if keep else rate
 
 
-# Jitted so that eager calls compile once per shape instead of dispatching op by op.
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _jitted_keep(
+@dataclasses.dataclass(frozen=True)
+class MaskSpec:
+    """Everything static about one mask draw; hashable, so it keys the jit cache.
+
+    Attributes:
+      shape: the shape the mask is drawn at (broadcast axes are 1).
+      impl: ``"fast"`` or ``"flax"``.
+      nbits, shift, value: the ``"fast"`` integer threshold (``value`` None when the
+        probability is a run-time value).
+      realised: the probability a flag is True, when static.
+      global_shape: for a block of a sharded mask, the global mask shape.
+    """
+
+    shape: tuple[int, ...]
+    impl: str
+    nbits: int = 32
+    shift: int = 0
+    value: int | None = None
+    realised: float | None = None
+    global_shape: tuple[int, ...] | None = None
+
+
+Combine = Callable[[Any, jax.Array, Any], Any]
+
+
+def _draw_and_combine(
+    spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, offset: Any
+) -> Any:
+    """``combine(x, flags, realised)`` with ``flags: bool[spec.shape]`` drawn from ``source``
+    (the four key words for ``"fast"``, the key for ``"flax"``)."""
+    value, realised = (spec.value, spec.realised) if dynamic is None else dynamic
+    if spec.impl == "flax":
+        p: Any = realised if dynamic is None else value  # unclipped, as Flax draws it
+        flags = jax.random.bernoulli(source, p=p, shape=spec.shape)
+    else:
+        block = None if spec.global_shape is None else Block(spec.global_shape, tuple(offset))
+        thr = Threshold(spec.nbits, spec.shift, value, realised)
+        flags = keep_from_words(source, spec.shape, thr, block)
+    return combine(x, flags, realised)
+
+
+# Checkpointed, so that reverse-mode autodiff saves only the key words and regenerates
+# the mask in the backward pass (no per-element residual; jvp still works). Jitted and
+# module-level, so that eager calls hit a compilation cache instead of re-tracing op by
+# op; under an outer jit it is inlined.
+_draw_and_combine_jit = jax.jit(
+    jax.checkpoint(
+        _draw_and_combine, policy=jax.checkpoint_policies.nothing_saveable, static_argnums=(0, 1)
+    ),
+    static_argnums=(0, 1),
+)
+
+
+def draw(
     key: Any,
     shape: tuple[int, ...],
-    nbits: int,
-    shift: int,
-    global_shape: tuple[int, ...] | None,
-    value: jax.Array,
-    offset: tuple[Any, ...] | None,
-) -> jax.Array:
-    block = None if global_shape is None or offset is None else Block(global_shape, offset)
-    return keep_from_words(key_words(key), shape, Threshold(nbits, shift, value, None), block)
+    p: Any,
+    impl: str,
+    combine: Combine,
+    x: Any = None,
+    block: Block | None = None,
+    *,
+    fn: str,
+) -> Any:
+    """``combine(x, flags, realised)``: ``flags: bool[shape]`` True with probability ``p``.
+
+    ``realised`` is the probability the flags realise (what dropout divides by for an
+    unbiased output): ``p`` itself for ``"flax"``, the integer threshold's for
+    ``"fast"``; NaN when a run-time ``p`` is outside ``[0, 1]``.
+    """
+    if impl == "flax" and block is not None:
+        raise DropmaskValueError(
+            f"{fn}: global_shape/offset need impl='fast', got impl='flax' (its masks are not "
+            f"blockwise). Drop impl='flax', or draw the global mask outside shard_map."
+        )
+    global_shape = None if block is None else block.global_shape
+    offset = None if block is None else block.offset
+    if impl == "flax" and isinstance(p, float):
+        # Only the draw goes through the entry point: the caller's arithmetic runs op by
+        # op as in Flax, so that outputs and gradients stay bit-identical to Flax's.
+        flags = _draw_and_combine_jit(
+            MaskSpec(shape, impl, realised=p), _flags, None, key, None, None
+        )
+        return combine(x, flags, p)
+    if impl == "flax":
+        realised = jnp.where((p >= 0) & (p <= 1), p, jnp.nan)
+        return _draw_and_combine_jit(MaskSpec(shape, impl), combine, x, key, (p, realised), None)
+    thr = threshold(p)
+    if isinstance(thr.value, int):  # a static rate: the threshold is a compile-time constant
+        spec = MaskSpec(shape, impl, thr.nbits, thr.shift, thr.value, thr.realised, global_shape)
+        return _draw_and_combine_jit(spec, combine, x, key_words(key), None, offset)
+    spec = MaskSpec(shape, impl, thr.nbits, thr.shift, global_shape=global_shape)
+    dynamic = (thr.value, thr.realised)
+    return _draw_and_combine_jit(spec, combine, x, key_words(key), dynamic, offset)
+
+
+def _flags(x: Any, flags: jax.Array, realised: Any) -> jax.Array:
+    del x, realised
+    return flags
+
+
+def flags_only(x: Any, flags: jax.Array, realised: Any) -> jax.Array:
+    """The drawn flags themselves; all False when a run-time probability is invalid."""
+    del x
+    if isinstance(realised, float):
+        return flags
+    return flags & ~jnp.isnan(realised)
 
 
 def keep_mask(
@@ -86,7 +187,7 @@ def keep_mask(
     shape: Sequence[int],
     rate: float | jax.Array,
     *,
-    broadcast_dims: Sequence[int] = (),
+    broadcast_dims: int | Sequence[int] = (),
     impl: Impl = DEFAULT_IMPL,
     global_shape: Sequence[int] | None = None,
     offset: Sequence[Any] | None = None,
@@ -95,9 +196,11 @@ def keep_mask(
 
     Args:
       key: a JAX PRNG key (``jax.random.key`` or a raw ``uint32[2]`` key).
-      shape: the shape of the array to be masked.
-      rate: probability of dropping an element, in ``[0, 1]``.
-      broadcast_dims: axes along which one mask value is shared.
+      shape: the shape of the array to be masked (non-negative Python ints).
+      rate: probability of dropping an element, in ``[0, 1]``: a Python float, or a
+        JAX scalar (one compilation for all values; the same mask eagerly and under
+        ``jit``).
+      broadcast_dims: axes along which one mask value is shared (an int or ints).
       impl: the generator: ``"fast"`` (counter-based, sharding-invariant) or
         ``"flax"`` (matches ``flax.linen.Dropout`` bit for bit).
       global_shape: inside ``shard_map``, the shape of the whole array ``shape`` is a
@@ -106,7 +209,16 @@ def keep_mask(
       offset: see ``global_shape``.
 
     Returns:
-      ``bool[*shape]``, True where the element is kept.
+      ``bool[*shape]``, True where the element is kept. A traced ``rate`` outside
+      ``[0, 1]`` keeps nothing (all False) rather than being clipped; wrap the caller
+      in ``checkify.checkify(..., errors=checkify.user_checks)`` to raise instead.
+
+    Raises:
+      DropmaskTypeError: ``shape`` is not ints, ``rate`` not a real scalar, or ``key``
+        not a PRNG key.
+      RateError: a known ``rate`` outside ``[0, 1]``.
+      AxisError: a ``broadcast_dims`` axis out of range.
+      MissingKeyError: ``key`` is None and the mask is random.
 
     Example:
       >>> import jax, dropmask
@@ -114,16 +226,18 @@ def keep_mask(
       >>> bool((m[0] == m[1]).all())
       True
     """
-    shape = tuple(int(d) for d in shape)
-    static_rate = check_rate(rate)
-    check_impl(impl)
-    bshape = mask_shape(shape, broadcast_dims)
-    block = local_block(shape, global_shape, offset, broadcast_dims)
-    if static_rate == 0.0:
+    fn = "keep_mask"
+    shape = check_shape(shape, fn=fn)
+    value = check_rate(rate, fn=fn)
+    check_impl(impl, fn=fn)
+    axes = normalize_broadcast_dims(broadcast_dims, len(shape), fn=fn)
+    block = local_block(shape, global_shape, offset, axes, fn=fn)
+    if key is not None or value not in (0.0, 1.0):
+        check_key(key, fn=fn)
+    if value == 0.0:
         return jnp.ones(shape, dtype=bool)
-    if static_rate == 1.0:
+    if value == 1.0:
         return jnp.zeros(shape, dtype=bool)
-    check_key(key, fn="keep_mask")
-    keep_prob = 1.0 - rate
-    mask, _ = draw_keep(key, bshape, keep_prob, impl, block)
+    p = probability(rate, value, keep=True, fn=fn)
+    mask = draw(key, mask_shape(shape, axes), p, impl, flags_only, block=block, fn=fn)
     return jnp.broadcast_to(mask, shape)

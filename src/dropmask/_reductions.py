@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._errors import DtypeError, MaskShapeError, normalize_axes
+from ._checks import normalize_axes
+from ._errors import DtypeError, MaskShapeError
 from ._masks import as_array, broadcast_mask, is_concrete
 
 __all__ = [

@@ -3,6 +3,21 @@
 ``dropmask.linen.Dropout`` is a drop-in replacement for ``flax.linen.Dropout``: same
 fields, same call signature, same ``merge_param`` rules, same PRNG stream.
 Each module only resolves ``deterministic``, fetches a key, and calls the core.
+
+Inside ``shard_map`` each device holds a block of the global array. Give
+:class:`Dropout` the input's ``PartitionSpec`` as ``shard_spec`` (or pass
+``global_shape=`` and ``offset=`` at call time) and each device draws its own block of
+one global mask, the mask the unsharded layer draws for the same key::
+
+    spec = PartitionSpec("data")
+    layer = dl.Dropout(0.1, deterministic=False, shard_spec=spec)
+    step = jax.shard_map(
+        lambda x, k: layer.apply({}, x, rngs={"dropout": k}),
+        mesh=mesh, in_specs=(spec, PartitionSpec()), out_specs=spec,
+    )
+
+Pass the same (replicated) key to every device: the device's position, not its key,
+makes its block differ.
 """
 
 from __future__ import annotations
@@ -10,46 +25,89 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import flax.errors
 import flax.linen as nn
 import jax
 
 from . import _dropout
-from ._errors import check_key
+from ._checks import check_key
+from ._errors import MissingKeyError
+from ._fast_mask import block_from_spec
 from ._random import DEFAULT_IMPL, Impl
 
-__all__ = ["AlphaDropout", "DropPath", "Dropout", "GaussianDropout", "WordDropout"]
+__all__ = [
+    "AlphaDropout",
+    "DropPath",
+    "Dropout",
+    "GaussianDropout",
+    "MissingStreamError",
+    "WordDropout",
+]
 
 
-def _resolve(module: Any, deterministic: bool | None) -> bool:
-    """Merges constructor and call ``deterministic`` exactly as Flax does."""
-    return bool(nn.merge_param("deterministic", module.deterministic, deterministic))
+class MissingStreamError(MissingKeyError, flax.errors.InvalidRngError):
+    """A layer in training mode found no key for its PRNG stream.
 
-
-def _key(module: nn.Module, collection: str, rng: Any) -> jax.Array:
-    """The key for this call: ``rng`` if given, else the next key of ``collection``.
-
-    Like Flax's ``make_rng``, a missing stream falls back to ``'params'`` (so that
-    ``init`` in training mode works); only when neither exists do we raise.
+    Also Flax's ``InvalidRngError``, with Flax's wording (``needs PRNG for "dropout"``)
+    leading the message, so code written against ``flax.linen.Dropout`` still catches
+    and matches it.
     """
-    if rng is not None:
-        return rng
-    if not (module.has_rng(collection) or module.has_rng("params")):
-        check_key(
-            None, fn=f"{type(module).__name__} {module.name or ''}".strip(), stream=collection
-        )
-    return module.make_rng(collection)
+
+    def __init__(self, message: str):
+        MissingKeyError.__init__(self, message)
 
 
-class Dropout(nn.Module):
+class _Stochastic(nn.Module):
+    """What every stochastic layer shares: resolving ``deterministic`` and fetching a key.
+
+    Each layer declares its own fields (``rate``, ``deterministic``, ``rng_collection``,
+    ...) in Flax's order; a layer adds only what differs.
+    """
+
+    @property
+    def _fn(self) -> str:
+        return f"dropmask.linen.{type(self).__name__}"
+
+    def _prepare(self, deterministic: bool | None, rng: Any) -> tuple[bool, Any]:
+        """``(deterministic, key)`` for this call; key None when no randomness is drawn.
+
+        ``deterministic`` is merged exactly as Flax does. The key is ``rng`` if given,
+        else the next key of the layer's stream; like Flax's ``make_rng``, a missing
+        stream falls back to ``'params'`` (so that ``init`` in training mode works), and
+        only when neither exists is it an error, naming the streams that were given.
+        """
+        fields: Any = self  # the fields are declared by each layer
+        det = bool(nn.merge_param("deterministic", fields.deterministic, deterministic))
+        if not _dropout.needs_key(fields.rate, det, fn=self._fn):
+            return det, None
+        if rng is not None:
+            check_key(rng, fn=self._fn, name="rng")
+            return det, rng
+        stream = fields.rng_collection
+        if not (self.has_rng(stream) or self.has_rng("params")):
+            given = list(self.scope.rngs) if self.scope is not None else []
+            try:
+                check_key(None, fn=self._fn, stream=stream, streams=given)
+            except MissingKeyError as err:
+                raise MissingStreamError(f'{self.name} needs PRNG for "{stream}". {err}') from None
+        return det, self.make_rng(stream)
+
+
+class Dropout(_Stochastic):
     """Drop-in replacement for ``flax.linen.Dropout``.
 
     Attributes:
       rate: the dropout probability (not the keep rate), a float or JAX scalar.
-      broadcast_dims: dimensions that share one mask value.
+      broadcast_dims: dimensions that share one mask value (an int or ints).
       deterministic: if True, inputs are returned as is; may instead be passed at
         call time (exactly one of the two).
       rng_collection: the PRNG stream the mask key is drawn from.
       impl: mask generator; ``"flax"`` gives outputs identical to Flax's.
+      shard_spec: inside ``shard_map``, the input's ``PartitionSpec`` (one entry per
+        leading axis: None, a mesh axis name, or a tuple of names). Each device then
+        draws its block of the global mask: global size = local size times the mesh
+        axes' size, offset = ``lax.axis_index`` times the local size. None (default)
+        treats the input as the whole array.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -61,29 +119,45 @@ class Dropout(nn.Module):
     """
 
     rate: float | jax.Array
-    broadcast_dims: Sequence[int] = ()
+    broadcast_dims: int | Sequence[int] = ()
     deterministic: bool | None = None
     rng_collection: str = "dropout"
     impl: Impl = DEFAULT_IMPL
+    shard_spec: Any = None
 
     @nn.compact
     def __call__(
-        self, inputs: jax.Array, deterministic: bool | None = None, rng: Any = None
+        self,
+        inputs: jax.Array,
+        deterministic: bool | None = None,
+        rng: Any = None,
+        *,
+        global_shape: Sequence[int] | None = None,
+        offset: Sequence[Any] | None = None,
     ) -> jax.Array:
-        """Masks ``inputs: [...]`` and rescales by ``1/(1-rate)`` in training mode."""
-        det = _resolve(self, deterministic)
-        key = _key(self, self.rng_collection, rng) if _dropout.needs_key(self.rate, det) else None
-        return _dropout.dropout(
+        """Masks ``inputs: [...]`` and rescales by ``1/(1-rate)`` in training mode.
+
+        ``global_shape`` / ``offset``: this call's block of a global array, as in
+        :func:`dropmask.dropout` (instead of ``shard_spec``).
+        """
+        det, key = self._prepare(deterministic, rng)
+        if self.shard_spec is not None and global_shape is None and not det:
+            block = block_from_spec(jax.numpy.shape(inputs), self.shard_spec, fn=self._fn)
+            global_shape, offset = block.global_shape, block.offset
+        return _dropout.apply_dropout(
             inputs,
             self.rate,
             key,
             broadcast_dims=self.broadcast_dims,
             deterministic=det,
             impl=self.impl,
+            global_shape=global_shape,
+            offset=offset,
+            fn=self._fn,
         )
 
 
-class WordDropout(nn.Module):
+class WordDropout(_Stochastic):
     """Replaces token ids with ``unk_id`` at ``rate`` (the SST-2 example's layer).
 
     The SST-2 example names these fields ``dropout_rate`` and ``unk_idx``; here they are
@@ -108,14 +182,19 @@ class WordDropout(nn.Module):
         self, tokens: jax.Array, deterministic: bool | None = None, rng: Any = None
     ) -> jax.Array:
         """Applies word dropout to ``tokens: int[..., time]``."""
-        det = _resolve(self, deterministic)
-        key = _key(self, self.rng_collection, rng) if _dropout.needs_key(self.rate, det) else None
-        return _dropout.word_dropout(
-            tokens, self.rate, key, unk_id=self.unk_id, deterministic=det, impl=self.impl
+        det, key = self._prepare(deterministic, rng)
+        return _dropout.apply_word_dropout(
+            tokens,
+            self.rate,
+            key,
+            unk_id=self.unk_id,
+            deterministic=det,
+            impl=self.impl,
+            fn=self._fn,
         )
 
 
-class DropPath(nn.Module):
+class DropPath(_Stochastic):
     """Stochastic depth: drops a residual branch per example (``batch_axis``)."""
 
     rate: float | jax.Array
@@ -129,18 +208,23 @@ class DropPath(nn.Module):
         self, inputs: jax.Array, deterministic: bool | None = None, rng: Any = None
     ) -> jax.Array:
         """Applies drop-path to ``inputs: [batch, ...]``."""
-        det = _resolve(self, deterministic)
-        key = _key(self, self.rng_collection, rng) if _dropout.needs_key(self.rate, det) else None
-        return _dropout.drop_path(
-            inputs, self.rate, key, batch_axis=self.batch_axis, deterministic=det, impl=self.impl
+        det, key = self._prepare(deterministic, rng)
+        return _dropout.apply_dropout(
+            inputs,
+            self.rate,
+            key,
+            batch_axis=self.batch_axis,
+            deterministic=det,
+            impl=self.impl,
+            fn=self._fn,
         )
 
 
-class GaussianDropout(nn.Module):
+class GaussianDropout(_Stochastic):
     """Multiplicative ``N(1, rate/(1-rate))`` noise in training mode."""
 
     rate: float | jax.Array
-    broadcast_dims: Sequence[int] = ()
+    broadcast_dims: int | Sequence[int] = ()
     deterministic: bool | None = None
     rng_collection: str = "dropout"
 
@@ -149,18 +233,22 @@ class GaussianDropout(nn.Module):
         self, inputs: jax.Array, deterministic: bool | None = None, rng: Any = None
     ) -> jax.Array:
         """Applies Gaussian dropout to ``inputs: [...]``."""
-        det = _resolve(self, deterministic)
-        key = _key(self, self.rng_collection, rng) if _dropout.needs_key(self.rate, det) else None
-        return _dropout.gaussian_dropout(
-            inputs, self.rate, key, broadcast_dims=self.broadcast_dims, deterministic=det
+        det, key = self._prepare(deterministic, rng)
+        return _dropout.apply_gaussian_dropout(
+            inputs,
+            self.rate,
+            key,
+            broadcast_dims=self.broadcast_dims,
+            deterministic=det,
+            fn=self._fn,
         )
 
 
-class AlphaDropout(nn.Module):
+class AlphaDropout(_Stochastic):
     """Alpha dropout for self-normalising (SELU) networks."""
 
     rate: float | jax.Array
-    broadcast_dims: Sequence[int] = ()
+    broadcast_dims: int | Sequence[int] = ()
     deterministic: bool | None = None
     rng_collection: str = "dropout"
     impl: Impl = DEFAULT_IMPL
@@ -170,13 +258,13 @@ class AlphaDropout(nn.Module):
         self, inputs: jax.Array, deterministic: bool | None = None, rng: Any = None
     ) -> jax.Array:
         """Applies alpha dropout to ``inputs: [...]``."""
-        det = _resolve(self, deterministic)
-        key = _key(self, self.rng_collection, rng) if _dropout.needs_key(self.rate, det) else None
-        return _dropout.alpha_dropout(
+        det, key = self._prepare(deterministic, rng)
+        return _dropout.apply_alpha_dropout(
             inputs,
             self.rate,
             key,
             broadcast_dims=self.broadcast_dims,
             deterministic=det,
             impl=self.impl,
+            fn=self._fn,
         )

@@ -4,6 +4,21 @@
 constructor and call arguments, the same key derivation (the stream is forked at
 construction, as Flax does), and it follows ``model.train()`` / ``model.eval()`` and
 ``nnx.view(model, deterministic=...)``.
+
+Inside ``shard_map`` each device holds a block of the global array. Give
+:class:`Dropout` the input's ``PartitionSpec`` as ``shard_spec`` (or pass
+``global_shape=`` and ``offset=`` at call time) and each device draws its own block of
+one global mask, the mask the unsharded layer draws for the same key::
+
+    spec = PartitionSpec("data")
+    layer = dnnx.Dropout(0.1, shard_spec=spec)
+    step = jax.shard_map(
+        lambda x, key: layer(x, rngs=key),
+        mesh=mesh, in_specs=(spec, PartitionSpec()), out_specs=spec,
+    )
+
+Pass the same (replicated) key to every device: the device's position, not its key,
+makes its block differ.
 """
 
 from __future__ import annotations
@@ -15,7 +30,9 @@ import jax
 from flax import nnx
 
 from . import _dropout
-from ._errors import MissingKeyError
+from ._checks import as_dims, check_rate
+from ._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
+from ._fast_mask import block_from_spec
 from ._random import DEFAULT_IMPL, Impl
 
 __all__ = ["AlphaDropout", "DropPath", "Dropout", "GaussianDropout", "WordDropout"]
@@ -26,12 +43,20 @@ _NO_DETERMINISTIC = (
     "or set it for a whole model with model.train() / model.eval() or "
     "nnx.view(model, deterministic=...)."
 )
+# Flax's own wording comes first, so that code matching on Flax's message still matches.
+_NO_RNGS = (
+    "`deterministic` is False, but no `rngs` argument was provided to {name}: it is in "
+    "training mode and has no PRNG source for stream {stream!r}. Construct it with "
+    "rngs=nnx.Rngs({stream}=0), or call it with rngs=... (an nnx.Rngs, RngStream or key), "
+    "or switch to evaluation with model.eval()."
+)
 
 
 class _Stochastic(nnx.Module):
-    """Shared constructor and key/mode resolution for the stochastic layers."""
+    """What every stochastic layer shares: constructor, mode resolution, key fetching.
 
-    impl: Impl
+    A layer adds only its own arguments (``broadcast_dims``, ``impl``, ...).
+    """
 
     def __init__(
         self,
@@ -41,6 +66,7 @@ class _Stochastic(nnx.Module):
         rng_collection: str = "dropout",
         rngs: nnx.Rngs | nnx.RngStream | None = None,
     ):
+        check_rate(rate, fn=self._fn)
         self.rate = rate
         self.deterministic = deterministic
         self.rng_collection = rng_collection
@@ -51,37 +77,38 @@ class _Stochastic(nnx.Module):
         elif rngs is None:
             self.rngs = nnx.data(None)
         else:
-            raise TypeError(
-                f"rngs must be an nnx.Rngs, nnx.RngStream or None, got {type(rngs).__name__}."
+            raise DropmaskTypeError(
+                f"{self._fn}: rngs must be an nnx.Rngs, nnx.RngStream or None, got "
+                f"{type(rngs).__name__}. Pass e.g. rngs=nnx.Rngs({rng_collection}=0)."
             )
 
-    def _mode(self, deterministic: bool | None) -> bool:
-        """Call-time ``deterministic`` takes precedence over the constructor's."""
+    @property
+    def _fn(self) -> str:
+        return f"dropmask.nnx.{type(self).__name__}"
+
+    def _prepare(self, deterministic: bool | None, rngs: Any) -> tuple[bool, jax.Array | None]:
+        """``(deterministic, key)`` for this call; a call-time value wins over the
+        constructor's, and the key is None when no randomness is drawn."""
         value = deterministic if deterministic is not None else self.deterministic
         if value is None:
-            raise ValueError(_NO_DETERMINISTIC.format(name=type(self).__name__))
-        return bool(value)
-
-    def _key(self, deterministic: bool, rngs: Any) -> jax.Array | None:
-        if not _dropout.needs_key(self.rate, deterministic):
-            return None
+            raise DropmaskValueError(_NO_DETERMINISTIC.format(name=type(self).__name__))
+        det = bool(value)
+        if not _dropout.needs_key(self.rate, det, fn=self._fn):
+            return det, None
         source = rngs if rngs is not None else self.rngs
         if source is None:
             raise MissingKeyError(
-                f"{type(self).__name__} is in training mode (deterministic=False) but has no "
-                f"PRNG source for stream {self.rng_collection!r}. Construct it with "
-                f"rngs=nnx.Rngs({self.rng_collection}=0), or call it with rngs=... "
-                f"(an nnx.Rngs, RngStream or key), or switch to evaluation with model.eval()."
+                _NO_RNGS.format(name=type(self).__name__, stream=self.rng_collection)
             )
         if isinstance(source, nnx.Rngs):
-            return source[self.rng_collection]()
+            return det, source[self.rng_collection]()
         if isinstance(source, nnx.RngStream):
-            return source()
+            return det, source()
         if isinstance(source, jax.Array):
-            return source
-        raise TypeError(
-            f"rngs must be an nnx.Rngs, nnx.RngStream or jax.Array key, got "
-            f"{type(source).__name__}."
+            return det, source
+        raise DropmaskTypeError(
+            f"{self._fn}: rngs must be an nnx.Rngs, nnx.RngStream or jax.Array key, got "
+            f"{type(source).__name__}. Pass e.g. rngs=nnx.Rngs({self.rng_collection}=0)."
         )
 
     def set_view(self, deterministic: bool | None = None) -> None:
@@ -100,6 +127,11 @@ class Dropout(_Stochastic):
       rng_collection: the stream to draw keys from.
       rngs: an ``nnx.Rngs`` / ``RngStream`` (forked here), or None to pass at call time.
       impl: mask generator; ``"flax"`` gives outputs identical to Flax's.
+      shard_spec: inside ``shard_map``, the input's ``PartitionSpec`` (one entry per
+        leading axis: None, a mesh axis name, or a tuple of names). Each device then
+        draws its block of the global mask, the mask the unsharded layer draws: global
+        size = local size times the mesh axes' size, offset = ``lax.axis_index`` times
+        the local size. None (default) treats the input as the whole array.
 
     Example:
       >>> import jax.numpy as jnp
@@ -114,31 +146,48 @@ class Dropout(_Stochastic):
         self,
         rate: float | jax.Array,
         *,
-        broadcast_dims: Sequence[int] = (),
+        broadcast_dims: int | Sequence[int] = (),
         deterministic: bool | None = False,
         rng_collection: str = "dropout",
         rngs: nnx.Rngs | nnx.RngStream | None = None,
         impl: Impl = DEFAULT_IMPL,
+        shard_spec: Any = None,
     ):
         super().__init__(
             rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
         )
-        self.broadcast_dims = tuple(broadcast_dims)
+        self.broadcast_dims = as_dims(broadcast_dims, fn=self._fn)
         self.impl = impl
+        self.shard_spec = shard_spec
 
     def __call__(
-        self, inputs: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
+        self,
+        inputs: jax.Array,
+        *,
+        deterministic: bool | None = None,
+        rngs: Any = None,
+        global_shape: Sequence[int] | None = None,
+        offset: Sequence[Any] | None = None,
     ) -> jax.Array:
-        """Masks ``inputs: [...]`` and rescales by ``1/(1-rate)`` in training mode."""
-        det = self._mode(deterministic)
-        key = self._key(det, rngs)
-        return _dropout.dropout(
+        """Masks ``inputs: [...]`` and rescales by ``1/(1-rate)`` in training mode.
+
+        ``global_shape`` / ``offset``: this call's block of a global array, as in
+        :func:`dropmask.dropout` (instead of ``shard_spec``).
+        """
+        det, key = self._prepare(deterministic, rngs)
+        if self.shard_spec is not None and global_shape is None and not det:
+            block = block_from_spec(jax.numpy.shape(inputs), self.shard_spec, fn=self._fn)
+            global_shape, offset = block.global_shape, block.offset
+        return _dropout.apply_dropout(
             inputs,
             self.rate,
             key,
             broadcast_dims=self.broadcast_dims,
             deterministic=det,
             impl=self.impl,
+            global_shape=global_shape,
+            offset=offset,
+            fn=self._fn,
         )
 
 
@@ -165,10 +214,15 @@ class WordDropout(_Stochastic):
         self, tokens: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
     ) -> jax.Array:
         """Applies word dropout to ``tokens: int[..., time]``."""
-        det = self._mode(deterministic)
-        key = self._key(det, rngs)
-        return _dropout.word_dropout(
-            tokens, self.rate, key, unk_id=self.unk_id, deterministic=det, impl=self.impl
+        det, key = self._prepare(deterministic, rngs)
+        return _dropout.apply_word_dropout(
+            tokens,
+            self.rate,
+            key,
+            unk_id=self.unk_id,
+            deterministic=det,
+            impl=self.impl,
+            fn=self._fn,
         )
 
 
@@ -195,10 +249,15 @@ class DropPath(_Stochastic):
         self, inputs: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
     ) -> jax.Array:
         """Applies drop-path to ``inputs: [batch, ...]``."""
-        det = self._mode(deterministic)
-        key = self._key(det, rngs)
-        return _dropout.drop_path(
-            inputs, self.rate, key, batch_axis=self.batch_axis, deterministic=det, impl=self.impl
+        det, key = self._prepare(deterministic, rngs)
+        return _dropout.apply_dropout(
+            inputs,
+            self.rate,
+            key,
+            batch_axis=self.batch_axis,
+            deterministic=det,
+            impl=self.impl,
+            fn=self._fn,
         )
 
 
@@ -209,7 +268,7 @@ class GaussianDropout(_Stochastic):
         self,
         rate: float | jax.Array,
         *,
-        broadcast_dims: Sequence[int] = (),
+        broadcast_dims: int | Sequence[int] = (),
         deterministic: bool | None = False,
         rng_collection: str = "dropout",
         rngs: nnx.Rngs | nnx.RngStream | None = None,
@@ -217,16 +276,20 @@ class GaussianDropout(_Stochastic):
         super().__init__(
             rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
         )
-        self.broadcast_dims = tuple(broadcast_dims)
+        self.broadcast_dims = as_dims(broadcast_dims, fn=self._fn)
 
     def __call__(
         self, inputs: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
     ) -> jax.Array:
         """Applies Gaussian dropout to ``inputs: [...]``."""
-        det = self._mode(deterministic)
-        key = self._key(det, rngs)
-        return _dropout.gaussian_dropout(
-            inputs, self.rate, key, broadcast_dims=self.broadcast_dims, deterministic=det
+        det, key = self._prepare(deterministic, rngs)
+        return _dropout.apply_gaussian_dropout(
+            inputs,
+            self.rate,
+            key,
+            broadcast_dims=self.broadcast_dims,
+            deterministic=det,
+            fn=self._fn,
         )
 
 
@@ -237,7 +300,7 @@ class AlphaDropout(_Stochastic):
         self,
         rate: float | jax.Array,
         *,
-        broadcast_dims: Sequence[int] = (),
+        broadcast_dims: int | Sequence[int] = (),
         deterministic: bool | None = False,
         rng_collection: str = "dropout",
         rngs: nnx.Rngs | nnx.RngStream | None = None,
@@ -246,20 +309,20 @@ class AlphaDropout(_Stochastic):
         super().__init__(
             rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
         )
-        self.broadcast_dims = tuple(broadcast_dims)
+        self.broadcast_dims = as_dims(broadcast_dims, fn=self._fn)
         self.impl = impl
 
     def __call__(
         self, inputs: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
     ) -> jax.Array:
         """Applies alpha dropout to ``inputs: [...]``."""
-        det = self._mode(deterministic)
-        key = self._key(det, rngs)
-        return _dropout.alpha_dropout(
+        det, key = self._prepare(deterministic, rngs)
+        return _dropout.apply_alpha_dropout(
             inputs,
             self.rate,
             key,
             broadcast_dims=self.broadcast_dims,
             deterministic=det,
             impl=self.impl,
+            fn=self._fn,
         )

@@ -1,0 +1,360 @@
+"""Boundary checks: every public function validates its arguments here, before any work.
+
+One message style: ``"{fn}: {name} must be <expected>, got <given>. <fix>"``, where
+``fn`` is the public function or module the user called. Each check runs on static
+(trace-time) information only, so a bad call fails before anything is computed, also
+under ``jit``. The exception classes live in ``_errors``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import Tracer
+
+from ._errors import (
+    AxisError,
+    DropmaskTypeError,
+    DropmaskValueError,
+    DtypeError,
+    MaskShapeError,
+    MissingKeyError,
+    RateError,
+)
+
+__all__ = [
+    "as_dims",
+    "check_array",
+    "check_bool_mask",
+    "check_broadcastable",
+    "check_floating",
+    "check_impl",
+    "check_integer",
+    "check_key",
+    "check_lengths",
+    "check_rate",
+    "check_shape",
+    "check_static_int",
+    "concrete_value",
+    "is_concrete",
+    "normalize_axes",
+    "normalize_broadcast_dims",
+]
+
+
+def _prefix(fn: str | None) -> str:
+    return f"{fn}: " if fn else ""
+
+
+def is_concrete(x: Any) -> bool:
+    """True when ``x`` holds values known at trace time (not a tracer)."""
+    return not isinstance(x, Tracer)
+
+
+def concrete_value(x: Any) -> float | None:
+    """``x`` as a Python float when it is a real scalar known at trace time, else None."""
+    if isinstance(x, bool | int | float | np.integer | np.floating):
+        return float(x)
+    if isinstance(x, np.ndarray | jax.Array) and x.shape == () and is_concrete(x):
+        if jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.floating):
+            return float(x)
+    return None
+
+
+def check_rate(
+    rate: Any, *, fn: str | None = None, name: str = "rate", allow_one: bool = True
+) -> float | None:
+    """Validates a dropout rate; returns it as a float when known now, None when traced.
+
+    A rate is a real scalar: a Python or NumPy number, a 0-d array, or a JAX scalar
+    (concrete or traced). Only a JAX tracer is left unchecked here (its value exists
+    only at run time).
+
+    Raises:
+      DropmaskTypeError: ``rate`` is not a real scalar (None, a string, a list, an
+        array with elements, a complex or boolean value).
+      RateError: a known rate outside ``[0, 1]`` (``[0, 1)`` when ``allow_one`` is
+        False) or NaN.
+    """
+    pre = _prefix(fn)
+    dtype = getattr(rate, "dtype", None)
+    shape = tuple(getattr(rate, "shape", ()))
+    is_real_number = isinstance(rate, int | float | np.integer | np.floating) and not isinstance(
+        rate, bool | np.bool_
+    )
+    is_real_array = (
+        isinstance(rate, np.ndarray | jax.Array)
+        and dtype is not None
+        and (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer))
+    )
+    if not (is_real_number or is_real_array) or shape != ():
+        got = f"an array of shape {shape} and dtype {dtype}" if dtype is not None else repr(rate)
+        raise DropmaskTypeError(
+            f"{pre}{name} must be a real number in [0, 1] (a Python float or a JAX scalar, "
+            f"e.g. from a schedule), got {got} of type {type(rate).__name__}. Pass one "
+            f"value for the whole array, e.g. {name}=0.1."
+        )
+    value = concrete_value(rate)
+    if value is None:
+        return None
+    upper = "1]" if allow_one else "1)"
+    if math.isnan(value) or value < 0.0 or value > 1.0 or (not allow_one and value == 1.0):
+        raise RateError(
+            f"{pre}{name} must be in [0, {upper} (the probability of dropping), got {value!r}. "
+            f"To keep a fraction p of the units, pass {name}=1 - p."
+        )
+    return value
+
+
+def check_key(
+    key: Any,
+    *,
+    fn: str,
+    stream: str | None = None,
+    name: str = "key",
+    streams: Sequence[str] | None = None,
+) -> None:
+    """Validates one PRNG key: a typed scalar key or a raw ``uint32[2]`` (or ``[4]``) key.
+
+    Serves every caller that takes a key: the dropout functions (``key``), attention
+    (``dropout_rng``), the modules (``stream`` names the Flax PRNG stream), and
+    ``training.TrainState`` (``fn="TrainState.create"``). ``streams``: the PRNG streams
+    the caller was given, named in the message so that a misspelt one stands out.
+
+    Raises:
+      MissingKeyError: ``key`` is None.
+      DropmaskTypeError: ``key`` is not a PRNG key (e.g. an int seed, a batch of keys).
+    """
+    if key is None:
+        if stream is None:
+            raise MissingKeyError(
+                f"{fn} is in training mode (deterministic=False) and needs a PRNG key, got "
+                f"{name}=None. Pass {name}=jax.random.key(0) (or a key split from yours), or "
+                f"set deterministic=True for evaluation."
+            )
+        given = ""
+        if streams is not None:
+            close = difflib.get_close_matches(stream, list(streams), n=1)
+            given = f" The rngs given are {sorted(streams)!r}" if streams else " No rngs were given"
+            given += f"; {close[0]!r} looks like a misspelling of {stream!r}." if close else "."
+        raise MissingKeyError(
+            f"{fn} is in training mode (deterministic=False) and draws from the PRNG stream "
+            f"{stream!r}, but no key was provided for it.{given} Pass one to apply, e.g. "
+            f"model.apply(variables, x, rngs={{{stream!r}: jax.random.key(0)}}), or run in "
+            f"evaluation mode with deterministic=True."
+        )
+    dtype = getattr(key, "dtype", None)
+    shape = tuple(getattr(key, "shape", ()))
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key) and shape == ():
+        return
+    if dtype == jnp.uint32 and shape in ((2,), (4,)):
+        return
+    if isinstance(key, bool | int | np.integer):
+        got = f"the int {key!r}"
+        fix = f"A seed is not a key: pass {name}=jax.random.key({key!r})"
+    elif dtype is not None:
+        got = f"a {type(key).__name__} with dtype {dtype} and shape {shape}"
+        fix = (
+            f"Pass one key, e.g. {name}=jax.random.key(0); for a batch of keys, jax.vmap over them"
+        )
+    else:
+        got = f"{key!r} of type {type(key).__name__}"
+        fix = f"Pass {name}=jax.random.key(0)"
+    raise DropmaskTypeError(
+        f"{_prefix(fn)}{name} must be one PRNG key (jax.random.key(seed), or a raw uint32[2] "
+        f"key), got {got}. {fix}, or a key split from yours: "
+        f"main_key, dropout_key = jax.random.split(jax.random.key(0))."
+    )
+
+
+def check_impl(impl: Any, *, fn: str | None = None) -> None:
+    """Raises DropmaskValueError unless ``impl`` names a mask generator."""
+    impls = ("fast", "flax")
+    if impl not in impls:
+        raise DropmaskValueError(
+            f"{_prefix(fn)}impl must be one of {impls}, got {impl!r}. Use 'fast' (the "
+            f"default) or 'flax' for masks bit-identical to Flax's."
+        )
+
+
+def check_array(x: Any, *, fn: str, name: str = "x") -> jax.Array:
+    """``x`` as a JAX array; rejects Python containers, which JAX's own functions reject."""
+    if isinstance(x, list | tuple | dict | str | bytes) or x is None:
+        raise DropmaskTypeError(
+            f"{fn}: {name} must be an array, got a {type(x).__name__}. Convert it first, "
+            f"e.g. {name}=jnp.asarray({name})."
+        )
+    return x if isinstance(x, jax.Array) else jnp.asarray(x)
+
+
+def check_floating(x: Any, *, fn: str, hint: str = "", allow_complex: bool = False) -> None:
+    """Raises DtypeError unless ``x`` has a floating (or, if allowed, complex) dtype."""
+    dtype = jnp.result_type(x)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return
+    if allow_complex and jnp.issubdtype(dtype, jnp.complexfloating):
+        return
+    kind = "floating-point or complex" if allow_complex else "floating-point"
+    raise DtypeError(
+        f"{fn} expects a {kind} array, got dtype {dtype}. "
+        f"Cast it first, e.g. x.astype(jnp.float32){hint}."
+    )
+
+
+def check_shape(shape: Any, *, fn: str, name: str = "shape") -> tuple[int, ...]:
+    """A static shape as a tuple of non-negative ints; no silent truncation of floats."""
+    dims: tuple[Any, ...] | None = None
+    if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
+        dims = (shape,)
+    elif not isinstance(shape, bool):
+        try:
+            dims = tuple(shape)
+        except TypeError:
+            dims = None
+    if dims is None or any(
+        isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0 for d in dims
+    ):
+        raise DropmaskTypeError(
+            f"{fn}: {name} must be a tuple of non-negative Python ints (a static array "
+            f"shape), got {shape!r}. Pass e.g. {name}=x.shape or {name}=(2, 3)."
+        )
+    return tuple(int(d) for d in dims)
+
+
+def as_dims(value: Any, *, fn: str | None, name: str = "broadcast_dims") -> tuple[int, ...]:
+    """An int or an iterable of ints (tuple, list, range, NumPy array) as a tuple of ints,
+    as Flax accepts for ``broadcast_dims``; not yet checked against an input's rank."""
+    pre = _prefix(fn)
+    if isinstance(value, int | np.integer) and not isinstance(value, bool):
+        return (int(value),)
+    dims: tuple[Any, ...] | None = None
+    if isinstance(value, np.ndarray):
+        dims = tuple(value.ravel().tolist())
+    elif value is not None and not isinstance(value, str | bytes | bool | float):
+        try:
+            dims = tuple(value)
+        except TypeError:
+            dims = None
+    if dims is None:
+        raise DropmaskTypeError(
+            f"{pre}{name} must be an int or a sequence of ints, got {value!r} of type "
+            f"{type(value).__name__}. Pass {name}=() for none, or e.g. {name}=(1,)."
+        )
+    for axis in dims:
+        if not isinstance(axis, int | np.integer) or isinstance(axis, bool):
+            raise DropmaskTypeError(
+                f"{pre}{name} must contain ints, got {axis!r} in {value!r}. Pass e.g. {name}=(1,)."
+            )
+    return tuple(int(a) for a in dims)
+
+
+def normalize_axes(
+    axes: Any, ndim: int, *, name: str, fn: str | None = None, allow_repeats: bool = False
+) -> tuple[int, ...]:
+    """Maps possibly-negative axes into ``range(ndim)``; rejects out-of-range axes.
+
+    ``axes`` is read by :func:`as_dims`. Repeats are an error unless ``allow_repeats``
+    (then they are merged, as Flax does for ``broadcast_dims``).
+    """
+    pre = _prefix(fn)
+    dims = as_dims(axes, fn=fn, name=name)
+    out = []
+    for axis in dims:
+        if ndim == 0:
+            raise AxisError(
+                f"{pre}{name} names axis {axis}, but the input is 0-d (a scalar) and has no "
+                f"axes. Pass {name}=() for a scalar, or reshape the input first."
+            )
+        if not -ndim <= axis < ndim:
+            raise AxisError(
+                f"{pre}{name} contains axis {axis}, but the input has {ndim} dimensions, so "
+                f"axes must be in [{-ndim}, {ndim - 1}]."
+            )
+        out.append(axis % ndim)
+    if len(set(out)) != len(out):
+        if allow_repeats:
+            return tuple(sorted(set(out)))
+        raise AxisError(
+            f"{pre}{name} repeats an axis: {dims!r} (normalized {tuple(out)!r}). Name each "
+            f"axis once."
+        )
+    return tuple(out)
+
+
+def normalize_broadcast_dims(broadcast_dims: Any, ndim: int, *, fn: str) -> tuple[int, ...]:
+    """``broadcast_dims`` as Flax reads it: an int or ints, negative allowed, repeats merged."""
+    return normalize_axes(broadcast_dims, ndim, name="broadcast_dims", fn=fn, allow_repeats=True)
+
+
+def check_static_int(value: Any, *, name: str, fn: str, minimum: int = 0) -> int:
+    """Validates a Python int that fixes a shape, e.g. ``max_len``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise DropmaskTypeError(
+            f"{fn}: {name} must be a Python int (it fixes an array shape), got "
+            f"{type(value).__name__}. Pass a static value, e.g. {name}=128."
+        )
+    if value < minimum:
+        raise DropmaskValueError(f"{fn}: {name} must be >= {minimum}, got {value}.")
+    return int(value)
+
+
+def check_bool_mask(mask: Any, *, fn: str, name: str = "mask") -> jax.Array:
+    """Returns ``mask`` as a jax bool array; rejects other dtypes with the fix."""
+    dtype = jnp.result_type(mask)
+    if dtype != jnp.bool_:
+        raise DtypeError(
+            f"{fn}: {name} must be boolean (True = valid), got dtype {dtype}. Convert it "
+            f"first: dropmask.from_flax_mask for 0/1 float masks, dropmask.from_bias for "
+            f"additive biases, or `{name} != 0`."
+        )
+    return jnp.asarray(mask)
+
+
+_TRAILING_HINT = "For x: [batch, time, features] and a [batch, time] mask, pass mask[..., None]."
+
+
+def check_broadcastable(
+    shape: Sequence[int], target: Sequence[int], *, fn: str, name: str, hint: str = _TRAILING_HINT
+) -> None:
+    """Raises MaskShapeError unless ``shape`` broadcasts to exactly ``target``."""
+    shape, target = tuple(shape), tuple(target)
+    ok = len(shape) <= len(target)
+    if ok:
+        for s, t in zip(shape[::-1], target[::-1], strict=False):
+            ok = ok and s in (1, t)
+    if not ok:
+        raise MaskShapeError(
+            f"{fn}: {name} of shape {shape} does not broadcast to shape {target} (NumPy "
+            f"rules: trailing axes are aligned and must match or be 1). {hint}"
+        )
+
+
+def check_integer(x: jax.Array, *, fn: str, name: str) -> None:
+    """Raises DtypeError unless ``x`` holds integers."""
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise DtypeError(
+            f"{fn}: {name} must be integers, got dtype {x.dtype}. Cast with "
+            f"{name}.astype(jnp.int32)."
+        )
+
+
+def check_lengths(lengths: Any, max_len: int, *, fn: str) -> jax.Array:
+    """Validates integer ``lengths`` in ``[0, max_len]`` (values checked when concrete)."""
+    arr = jnp.asarray(lengths)
+    check_integer(arr, fn=fn, name="lengths")
+    if is_concrete(lengths) and arr.size:
+        host = np.asarray(lengths)
+        lo, hi = int(host.min()), int(host.max())
+        if lo < 0 or hi > max_len:
+            raise DropmaskValueError(
+                f"{fn}: lengths must be in [0, {max_len}] (the padded length), got values "
+                f"in [{lo}, {hi}]. Pad to a longer max_len or truncate the sequences "
+                f"first (dropmask.pad_sequences(..., truncate='right'))."
+            )
+    return arr
