@@ -38,8 +38,8 @@ def _split(flags: dict[str, bool]) -> str:
     return NOT if not any(flags.values()) else DEPENDS
 
 
-def _where_is_select() -> Claim:
-    rows = [r for r in m.hlo_study() if r["form"] == "where"]
+def _where_is_select(study: list[dict[str, Any]]) -> Claim:
+    rows = [r for r in study if r["form"] == "where"]
     same = sum(r["hlo same as select"] for r in rows)
     return Claim(
         "where-is-select",
@@ -51,9 +51,8 @@ def _where_is_select() -> Claim:
     )
 
 
-def _zero_promotes() -> Claim:
+def _zero_promotes(study: list[dict[str, Any]]) -> Claim:
     table = m.dtype_table()
-    study = m.hlo_study()
     converts = max(r["jaxpr array converts"] for r in study if r["form"] == "where")
     kept = {d: table[d]["where"] == table[d]["select"] for d in table}
     return Claim(
@@ -79,8 +78,8 @@ def _select_is_strict() -> Claim:
     )
 
 
-def _multiply_converts() -> Claim:
-    rows = [r for r in m.hlo_study() if r["form"] == "multiply" and r["mode"] == "fwd"]
+def _multiply_converts(study: list[dict[str, Any]]) -> Claim:
+    rows = [r for r in study if r["form"] == "multiply" and r["mode"] == "fwd"]
     converted = {r["dtype"]: r["hlo select"] == 0 for r in rows}
     kept = [d for d, c in converted.items() if c]
     return Claim(
@@ -134,9 +133,10 @@ def _backward_skips() -> Claim:
     )
 
 
-def _gradient(name: str, field: str, claim: str) -> Callable[[], Claim]:
+def _gradient(
+    name: str, field: str, claim: str, edges: dict[str, dict[str, bool]]
+) -> Callable[[], Claim]:
     def build() -> Claim:
-        edges = m.gradient_edges()
         nan = edges["select"][field]
         return Claim(
             name,
@@ -177,11 +177,12 @@ def _residuals() -> Claim:
 
 def fact_claims() -> list[Claim]:
     """The claims decided by compiled programs, dtypes and values (no timing)."""
-    builders = [
-        _where_is_select,
-        _zero_promotes,
+    study, edges = m.hlo_study(), m.gradient_edges()
+    builders: list[Callable[[], Claim]] = [
+        lambda: _where_is_select(study),
+        lambda: _zero_promotes(study),
         _select_is_strict,
-        _multiply_converts,
+        lambda: _multiply_converts(study),
         _tiny_nonzero,
         _multiply_leaks_nan,
         _backward_skips,
@@ -189,11 +190,13 @@ def fact_claims() -> list[Claim]:
             "select-guards-keep-zero",
             "keep=0 grad NaN",
             "select keeps gradients finite at keep_prob == 0 (rate 1)",
+            edges,
         ),
         _gradient(
             "where-guards-log-zero",
             "log(0) at dropped: grad NaN",
             "select/where stop a NaN gradient from log(0) at dropped positions",
+            edges,
         ),
         _f16_overflow,
         _residuals,
