@@ -14,8 +14,7 @@ import pytest
 
 import dropmask
 from dropmask import linen as dl
-from dropmask.audit import CODES, AuditReport, audit_model, audit_step
-from dropmask.audit import _command
+from dropmask.audit import CODES, AuditReport, _command, audit_model, audit_step
 from dropmask.training import TrainState
 
 X = jnp.asarray(np.random.default_rng(0).uniform(0.5, 1.5, (16, 8)), jnp.float32)

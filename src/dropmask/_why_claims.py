@@ -226,7 +226,9 @@ def timing_claims(n: int, repeats: int) -> list[Claim]:
     """The speed claims, from median jitted-call times at ``n`` elements."""
     times = m.timings(n, repeats)
     modes = list(times)
-    ours = {mode: times[mode]["dropmask.dropout"] / times[mode]["bernoulli + select"] for mode in modes}
+    ours = {
+        mode: times[mode]["dropmask.dropout"] / times[mode]["bernoulli + select"] for mode in modes
+    }
     cond = m.cond_study()
     skip = cond["scalar where ms"] / cond["scalar cond ms"]
     vmapped = cond["vmap cond ms"] / cond["vmap where ms"]

@@ -78,7 +78,10 @@ _HLO_OP = re.compile(r"=\s*(?:\([^=]*?\)|\S+)\s+([a-z][a-z0-9-]*)\(")
 
 def compiled_hlo(fn: Callable[..., Any], *args: Any) -> str:
     """Optimized HLO text of ``jax.jit(fn)`` for ``args``."""
-    return jax.jit(fn).lower(*args).compile().as_text()
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    if text is None:
+        raise RuntimeError(f"the {jax.default_backend()} backend gave no HLO text to compare")
+    return text
 
 
 def hlo_ops(text: str) -> collections.Counter[str]:
@@ -281,7 +284,9 @@ def _median(fn: Callable[..., Any], args: tuple[Any, ...], repeats: int) -> floa
     return statistics.median(times)
 
 
-def _interleaved(cases: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]], repeats: int) -> dict:
+def _interleaved(
+    cases: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]], repeats: int
+) -> dict:
     """Median seconds per case, timed round-robin so background load hits all alike."""
     for fn, args in cases.values():
         jax.block_until_ready(fn(*args))

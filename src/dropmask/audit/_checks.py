@@ -65,7 +65,9 @@ def summarize(sites: Mapping[str, SiteInfo], obs: Mapping[str, list[Observation]
     return rows
 
 
-def site_findings(sites: Mapping[str, SiteInfo], obs: Mapping[str, list[Observation]]) -> list[Finding]:
+def site_findings(
+    sites: Mapping[str, SiteInfo], obs: Mapping[str, list[Observation]]
+) -> list[Finding]:
     """Per-site checks in training: never drops, rate outside its interval, batch broadcast."""
     out = []
     for name, info in sites.items():
@@ -123,7 +125,7 @@ def _batch_broadcast(info: SiteInfo, seen: Sequence[Observation]) -> list[Findin
         and o.dropped.any()
         and not o.dropped.all()
         and (o.dropped == o.dropped[:1]).all()
-        and (o.valid == o.valid[:1]).all()
+        and (o.valid is None or (o.valid == o.valid[:1]).all())
         for o in seen
     )
     if not (static or rows_equal):
@@ -152,7 +154,9 @@ def _informative(info: SiteInfo) -> bool:
     return math.prod(info.decision_shape) >= MIN_DECISIONS and info.kind != "other"
 
 
-def across_sites(sites: Mapping[str, SiteInfo], obs: Mapping[str, list[Observation]]) -> list[Finding]:
+def across_sites(
+    sites: Mapping[str, SiteInfo], obs: Mapping[str, list[Observation]]
+) -> list[Finding]:
     """Two sites with equal masks (or the same explicit key) in one call: a shared key."""
     names = [n for n in sites if obs.get(n)]
     out = []

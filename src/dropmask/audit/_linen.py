@@ -173,9 +173,7 @@ def _state_of(result: Any) -> Any:
     return result[0] if type(result) is tuple else result
 
 
-def audit_step(
-    train_step: Callable[..., Any], state: Any, batches: Iterable[Any]
-) -> AuditReport:
+def audit_step(train_step: Callable[..., Any], state: Any, batches: Iterable[Any]) -> AuditReport:
     """Runs ``train_step(state, batch)`` over ``batches`` and checks each site's masks.
 
     Each site's mask must differ between consecutive steps and from every other

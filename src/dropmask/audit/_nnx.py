@@ -39,7 +39,7 @@ def _draws(module: nnx.Module) -> int:
 @functools.cache
 def _recording_class(cls: type) -> type:
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        recorder, path = self.__dict__["_dropmask_audit"]
+        recorder, path = vars(self)["_dropmask_audit"]
         before = _draws(self)
         out = cls.__call__(self, *args, **kwargs)
         recorder.observe(self, path, args, kwargs, out, _draws(self) != before)
@@ -96,7 +96,7 @@ def audit_nnx(
     rec = Recorder()
     for parts, module in nnx.iter_modules(clone):
         path = "/".join(str(p) for p in parts) or type(module).__name__
-        module.__dict__["_dropmask_audit"] = (rec, path)
+        vars(module)["_dropmask_audit"] = (rec, path)
         module.__class__ = _recording_class(type(module))
     outputs = {}
     for phase, mode, extra in (
@@ -126,4 +126,3 @@ def audit_nnx(
             for f in report.findings
         ),
     )
-

@@ -37,12 +37,8 @@ class AuditTarget:
     model: Any
     variables: Mapping[str, Any]
     args: tuple[Any, ...]
-    train_kwargs: Mapping[str, Any] = dataclasses.field(
-        default_factory=lambda: {"training": True}
-    )
-    eval_kwargs: Mapping[str, Any] = dataclasses.field(
-        default_factory=lambda: {"training": False}
-    )
+    train_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": True})
+    eval_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": False})
     train_step: Callable[..., Any] | None = None
     state: Any = None
     batches: Sequence[Any] = ()
@@ -106,4 +102,10 @@ def load_target(example: str) -> AuditTarget:
         raise DropmaskValueError(
             f"{module.__name__} has no audit_target() function returning an AuditTarget."
         )
-    return hook()
+    target = hook()
+    if not isinstance(target, AuditTarget):
+        raise DropmaskTypeError(
+            f"{module.__name__}.audit_target() returned {type(target).__name__}; it must "
+            "return a dropmask.audit.AuditTarget(model=..., variables=..., args=...)."
+        )
+    return target
