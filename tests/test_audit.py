@@ -288,3 +288,33 @@ def test_command_exits_nonzero_on_findings(tmp_path, capsys):
 def test_command_names_a_missing_example():
     with pytest.raises(dropmask.DropmaskValueError, match="no audit hook"):
         _run("no_such_example")
+
+
+class ResidualBlock(nn.Module):
+    """A block that carries a dropout rate for its child: the child is the site."""
+
+    dropout_rate: float = 0.3
+
+    @nn.compact
+    def __call__(self, x, training: bool):
+        h = nn.Dense(x.shape[-1])(x)
+        return x + dl.Dropout(self.dropout_rate, deterministic=not training)(h)
+
+
+def test_blocks_carrying_a_rate_are_not_sites():
+    report = _audit(ResidualBlock(), X)
+    assert report.ok, str(report)
+    assert [s.path for s in report.sites] == ["Dropout_0"]
+
+
+def test_broadcast_over_time_is_not_the_batch_axis():
+    seq = jnp.asarray(np.random.default_rng(3).uniform(0.5, 1.5, (8, 6, 16)), jnp.float32)
+
+    class Recurrent(nn.Module):
+        @nn.compact
+        def __call__(self, x, training: bool):
+            return nn.Dropout(0.5, broadcast_dims=(1,), deterministic=not training)(x)
+
+    report = _audit(Recurrent(), seq)
+    assert report.ok, str(report)
+    assert report.sites[0].broadcast_dims == (1,) and report.sites[0].decisions == 2 * 8 * 16

@@ -229,7 +229,9 @@ def _step_report(rec: Recorder, phases: list[str]) -> AuditReport:
             "no-dropout-sites",
             "",
             "the train step called no dropout layer. Check that it applies the model "
-            "with training=True (and that the model has dropout).",
+            "with training=True (and that the model has dropout). Pass the jitted or plain "
+            "step itself, not a wrapper around an already-compiled one: its compiled "
+            "program cannot be observed.",
         )
         return AuditReport((), (missing,))
     steps = [rec.by_phase(p) for p in phases]
