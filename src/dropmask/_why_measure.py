@@ -21,15 +21,18 @@ import numpy as np
 from jax import lax
 
 __all__ = [
-    "FORMS",
     "KEEP",
+    "backward_selects",
     "compiled_hlo",
+    "cond_study",
     "dtype_table",
+    "forms",
+    "fwd_bwd",
     "gradient_edges",
     "hlo_ops",
     "hlo_study",
     "ieee_zero",
-    "cond_study",
+    "inputs",
     "normalized_hlo",
     "overflow_f16",
     "residual_bytes",
@@ -50,8 +53,6 @@ def forms(keep: float = KEEP) -> dict[str, Form]:
         "multiply": lambda x, mask: mask * x / keep,
     }
 
-
-FORMS = tuple(forms())
 
 
 def fwd_bwd(form: Form) -> Callable[..., tuple[jax.Array, jax.Array]]:
