@@ -54,7 +54,6 @@ def forms(keep: float = KEEP) -> dict[str, Form]:
     }
 
 
-
 def fwd_bwd(form: Form) -> Callable[..., tuple[jax.Array, jax.Array]]:
     """``(x, mask, g) -> (y, dx)``: the output and the input cotangent of one vjp."""
 
