@@ -181,32 +181,26 @@ class Recorder:
         )
         self.sites.setdefault(site, info)
         self.drew[(self.phase, site)] = self.drew.get((self.phase, site), False) or drew
+        # One callback per call carries everything: callbacks of a compiled program
+        # may run in any order, so a site's pieces must not arrive separately.
         key = _explicit_key(kwargs)
+        data = None if key is None else jax.lax.stop_gradient(_key_data(key))
         if same:
             dropped, valid = _pattern(module, kind, jnp.asarray(x), out)
-            jax.debug.callback(functools.partial(self._add, site), dropped, valid)
+            jax.debug.callback(functools.partial(self._add, site), dropped, valid, data)
         else:
-            jax.debug.callback(functools.partial(self._add, site, None, None))
-        if key is not None:
-            data = jax.lax.stop_gradient(_key_data(key))
-            jax.debug.callback(functools.partial(self._add_key, site), data)
+            jax.debug.callback(functools.partial(self._add, site, None, None), data)
 
-    def _add(self, site: str, dropped: Any, valid: Any) -> None:
+    def _add(self, site: str, dropped: Any, valid: Any, key: Any) -> None:
         self.observations.append(
             Observation(
                 self.phase,
                 site,
                 None if dropped is None else np.asarray(dropped),
                 None if valid is None else np.asarray(valid),
-                None,
+                None if key is None else np.asarray(key),
             )
         )
-
-    def _add_key(self, site: str, data: Any) -> None:
-        for obs in reversed(self.observations):
-            if obs.site == site and obs.phase == self.phase:
-                obs.key = np.asarray(data)
-                return
 
     def by_phase(self, phase: str) -> dict[str, list[Observation]]:
         """Observations of one phase grouped by site, in call order."""
