@@ -1,0 +1,24 @@
+"""``dropmask why``: prints each claim about dropout's last line with its verdict."""
+
+from __future__ import annotations
+
+import argparse
+
+from .why import check_claims
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--json``, ``--no-timing``, ``--size`` and ``--repeats``."""
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--no-timing", action="store_true", help="skip the speed claims")
+    parser.add_argument("--size", type=int, default=1 << 20, help="elements per timed array")
+    parser.add_argument("--repeats", type=int, default=15, help="timed calls per contestant")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Prints the report; returns 0 (a verdict is a finding, not a failure)."""
+    report = check_claims(timing=not args.no_timing, size=args.size, repeats=args.repeats)
+    print(report.to_json() if args.json else str(report))
+    return 0

@@ -1,0 +1,30 @@
+"""Finds the dropout bugs that do not stop the loss from going down.
+
+``audit_model`` (Linen) and ``audit_nnx`` (NNX) list a model's dropout sites and
+check evaluation and training; ``audit_step`` runs a train step for a few steps and
+checks that masks change between steps and differ between layers. Each returns an
+:class:`AuditReport` whose findings carry a stable code (see :data:`CODES`), the
+site's module path and a message with the fix.
+"""
+
+from ._linen import audit_model as audit_model
+from ._linen import audit_step as audit_step
+from ._nnx import audit_nnx as audit_nnx
+from ._report import CODES as CODES
+from ._report import AuditReport as AuditReport
+from ._report import Finding as Finding
+from ._report import Site as Site
+from ._target import AuditTarget as AuditTarget
+from ._target import audit_target as audit_target
+
+__all__ = [
+    "CODES",
+    "AuditReport",
+    "AuditTarget",
+    "Finding",
+    "Site",
+    "audit_model",
+    "audit_nnx",
+    "audit_step",
+    "audit_target",
+]

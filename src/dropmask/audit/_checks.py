@@ -1,0 +1,258 @@
+"""Turning recorded drop patterns into findings, each with a stable code and a fix."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ._report import Finding, Site
+from ._sites import Observation, SiteInfo
+
+__all__ = [
+    "across_sites",
+    "across_steps",
+    "eval_findings",
+    "ignores_key",
+    "site_findings",
+    "summarize",
+]
+
+# Half-width of the acceptance interval in binomial standard deviations: a correct
+# layer is flagged with probability below 1e-4 per site.
+SIGMAS = 4.0
+# Fewest independent decisions for two equal masks to be evidence of one shared key
+# rather than chance (2**-16 at rate 0.5).
+MIN_DECISIONS = 16
+
+
+def _dropped(obs: Sequence[Observation]) -> tuple[int, int]:
+    """(dropped, valid) element counts over observations with a pattern."""
+    d = sum(int(o.dropped.sum()) for o in obs if o.dropped is not None)
+    v = sum(int(o.valid.sum()) for o in obs if o.valid is not None)
+    return d, v
+
+
+def _decisions(info: SiteInfo, obs: Sequence[Observation]) -> int:
+    """Independent draws behind the observed fraction: decisions x valid share x calls."""
+    size = math.prod(info.input_shape) or 1
+    per_call = math.prod(info.decision_shape) if info.decision_shape else 1
+    _, valid = _dropped(obs)
+    calls = sum(o.dropped is not None for o in obs)
+    return max(1, round(per_call * valid / size)) if calls else 0
+
+
+def summarize(sites: Mapping[str, SiteInfo], obs: Mapping[str, list[Observation]]) -> list[Site]:
+    """One :class:`Site` row per recorded site, with its realised drop fraction."""
+    rows = []
+    for name, info in sites.items():
+        seen = obs.get(name, [])
+        dropped, valid = _dropped(seen)
+        fraction = dropped / valid if valid and info.kind not in ("other", "gaussian") else None
+        rows.append(
+            Site(
+                name,
+                info.kind,
+                info.module,
+                info.rate,
+                info.input_shape,
+                info.broadcast_dims,
+                fraction,
+                _decisions(info, seen),
+            )
+        )
+    return rows
+
+
+def site_findings(
+    sites: Mapping[str, SiteInfo], obs: Mapping[str, list[Observation]]
+) -> list[Finding]:
+    """Per-site checks in training: never drops, rate outside its interval, batch broadcast."""
+    out = []
+    for name, info in sites.items():
+        seen = [o for o in obs.get(name, []) if o.dropped is not None]
+        if info.kind in ("other", "gaussian") or not seen:
+            out.extend(_batch_broadcast(info, seen))
+            continue
+        dropped, valid = _dropped(seen)
+        rate, n = info.rate, _decisions(info, seen)
+        if rate is not None and rate > 0 and dropped == 0 and valid:
+            out.append(
+                Finding(
+                    "train-never-drops",
+                    name,
+                    f"rate={rate:g} but no element was dropped in training ({valid} inputs). "
+                    "The layer is deterministic in training: pass deterministic=not training "
+                    "(not deterministic=training), and call the model with training=True in "
+                    "the train step.",
+                )
+            )
+        elif rate is not None and 0 < rate < 1 and valid:
+            out.extend(_rate(info, dropped / valid, n))
+        out.extend(_batch_broadcast(info, seen))
+    return out
+
+
+def _rate(info: SiteInfo, fraction: float, n: int) -> list[Finding]:
+    rate = info.rate or 0.0
+    half = SIGMAS * math.sqrt(rate * (1 - rate) / n) + 1.0 / n
+    if abs(fraction - rate) <= half:
+        return []
+    hint = (
+        " It is close to 1 - rate: the layer treats rate as the keep probability; "
+        "dropout's rate is the probability of dropping."
+        if abs(fraction - (1 - rate)) <= half
+        else " Check that the configured rate is the one the layer uses."
+    )
+    return [
+        Finding(
+            "rate-mismatch",
+            info.path,
+            f"configured rate {rate:g}, but {fraction:.3f} of the inputs were dropped, outside "
+            f"[{max(0.0, rate - half):.3f}, {min(1.0, rate + half):.3f}] ({SIGMAS:g} sigma over "
+            f"{n} decisions).{hint}",
+        )
+    ]
+
+
+def _batch_broadcast(info: SiteInfo, seen: Sequence[Observation]) -> list[Finding]:
+    if len(info.input_shape) < 2 or info.kind == "drop_path" or info.input_shape[0] < 2:
+        return []
+    static = 0 in info.broadcast_dims
+    rows_equal = bool(seen) and all(
+        o.dropped is not None
+        and o.dropped.any()
+        and not o.dropped.all()
+        and (o.dropped == o.dropped[:1]).all()
+        and (o.valid is None or (o.valid == o.valid[:1]).all())
+        for o in seen
+    )
+    if not (static or rows_equal):
+        return []
+    return [
+        Finding(
+            "broadcast-batch-axis",
+            info.path,
+            f"the mask is shared along axis 0 (input {info.input_shape}, broadcast_dims="
+            f"{info.broadcast_dims}), so every example drops the same units. Broadcast over "
+            "non-batch axes only, e.g. broadcast_dims=(1,) for [batch, time, features].",
+        )
+    ]
+
+
+def _same(a: Observation, b: Observation) -> bool:
+    """Equal drop decisions wherever both calls had a valid (nonzero) input."""
+    if a.dropped is None or b.dropped is None or a.dropped.shape != b.dropped.shape:
+        return False
+    both = a.valid & b.valid if a.valid is not None and b.valid is not None else True
+    da, db = a.dropped & both, b.dropped & both
+    return bool(da.any()) and not bool(da.all()) and bool((da == db).all())
+
+
+def _informative(info: SiteInfo) -> bool:
+    return math.prod(info.decision_shape) >= MIN_DECISIONS and info.kind != "other"
+
+
+def across_sites(
+    sites: Mapping[str, SiteInfo], obs: Mapping[str, list[Observation]]
+) -> list[Finding]:
+    """Two sites with equal masks (or the same explicit key) in one call: a shared key."""
+    names = [n for n in sites if obs.get(n)]
+    out = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            oa, ob = obs[a][0], obs[b][0]
+            same_key = oa.key is not None and ob.key is not None and np.array_equal(oa.key, ob.key)
+            both = _informative(sites[a]) and _informative(sites[b])
+            if same_key or (both and _same(oa, ob)):
+                out.append(
+                    Finding(
+                        "same-mask-across-sites",
+                        b,
+                        f"draws the same mask as {a}: both layers get one key. Let each layer "
+                        "draw from the named stream (self.make_rng('dropout') / rngs=...) "
+                        "instead of passing one key to several layers, or split the key.",
+                    )
+                )
+    return out
+
+
+def across_steps(
+    sites: Mapping[str, SiteInfo], steps: Sequence[Mapping[str, list[Observation]]]
+) -> list[Finding]:
+    """A site whose mask at step t equals its mask at step t + 1: the key never changes."""
+    out = []
+    for name, info in sites.items():
+        if not _informative(info):
+            continue
+        for before, after in zip(steps, steps[1:], strict=False):
+            if before.get(name) and after.get(name) and _same(before[name][0], after[name][0]):
+                out.append(
+                    Finding(
+                        "same-mask-across-steps",
+                        name,
+                        "draws the same mask at consecutive train steps. Derive a fresh key per "
+                        "step inside the train step: rngs={'dropout': "
+                        "jax.random.fold_in(state.key, state.step)}.",
+                    )
+                )
+                break
+    return out
+
+
+def ignores_key(
+    sites: Mapping[str, SiteInfo],
+    first: Mapping[str, list[Observation]],
+    second: Mapping[str, list[Observation]],
+) -> list[Finding]:
+    """A site whose mask is the same under two different dropout keys."""
+    out = []
+    for name, info in sites.items():
+        if _informative(info) and first.get(name) and second.get(name):
+            if _same(first[name][0], second[name][0]):
+                out.append(
+                    Finding(
+                        "mask-ignores-key",
+                        name,
+                        "draws the same mask under two different dropout keys: it uses a fixed "
+                        "key. Draw it with self.make_rng('dropout') (Linen) or from the "
+                        "module's rngs stream (NNX).",
+                    )
+                )
+    return out
+
+
+def eval_findings(
+    sites: Mapping[str, SiteInfo],
+    drew: Mapping[tuple[str, str], bool],
+    phases: Sequence[str],
+    obs: Sequence[Mapping[str, list[Observation]]],
+    outputs_equal: bool,
+    flag: str,
+) -> list[Finding]:
+    """Sites that draw or drop in evaluation, and evaluation outputs that differ by key."""
+    out = []
+    for name in sites:
+        drop = any(
+            o.dropped is not None and bool(o.dropped.any()) for ph in obs for o in ph.get(name, [])
+        )
+        if drop or any(drew.get((phase, name), False) for phase in phases):
+            out.append(
+                Finding(
+                    "eval-not-deterministic",
+                    name,
+                    "draws random numbers or drops elements in evaluation. Pass "
+                    f"deterministic=not training and call the model with {flag}.",
+                )
+            )
+    if not out and not outputs_equal:
+        out.append(
+            Finding(
+                "eval-not-deterministic",
+                "",
+                "two evaluation calls with different dropout keys gave different outputs. "
+                f"Make every random layer deterministic when the model is called with {flag}.",
+            )
+        )
+    return out

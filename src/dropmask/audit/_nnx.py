@@ -1,0 +1,128 @@
+"""Auditing Flax NNX models: the same checks as for Linen, on a clone of the model.
+
+NNX has no method interceptor, so the audit clones the model (the caller's modules,
+parameters and PRNG counters are left untouched) and gives each submodule of the
+clone a recording subclass that observes its calls.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from flax import nnx
+
+from .._errors import DropmaskTypeError
+from ._linen import _model_report, _trees_equal
+from ._report import AuditReport
+from ._sites import Recorder
+
+__all__ = ["audit_nnx"]
+
+
+def _streams(module: nnx.Module) -> list[nnx.RngStream]:
+    """The PRNG streams a module holds directly (not through its submodules)."""
+    found = []
+    for value in vars(module).values():
+        if isinstance(value, nnx.RngStream):
+            found.append(value)
+        elif isinstance(value, nnx.Rngs):
+            found.extend(v for v in vars(value).values() if isinstance(v, nnx.RngStream))
+    return found
+
+
+def _draws(module: nnx.Module) -> int:
+    return sum(int(stream.count[...]) for stream in _streams(module))
+
+
+@functools.cache
+def _recording_class(cls: type) -> type:
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder, path = vars(self)["_dropmask_audit"]
+        before = _draws(self)
+        out = cls.__call__(self, *args, **kwargs)
+        recorder.observe(self, path, args, kwargs, out, _draws(self) != before)
+        return out
+
+    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
+
+
+def audit_nnx(
+    model: nnx.Module,
+    *args: Any,
+    train_kwargs: Mapping[str, Any] | None = None,
+    eval_kwargs: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> AuditReport:
+    """The NNX counterpart of :func:`audit_model`, run on a clone of ``model``.
+
+    The clone is called twice after ``.eval()`` and twice after ``.train()``; its PRNG
+    streams advance between the calls, so a site whose mask stays the same ignores
+    its stream. ``model`` itself is not called and its PRNG counters do not move.
+
+    Args:
+      model: an ``nnx.Module`` called as ``model(*args, **kwargs)``.
+      *args: positional inputs, e.g. ``x: float32[batch, features]``.
+      train_kwargs: extra keyword arguments for the training calls (default none).
+      eval_kwargs: extra keyword arguments for the evaluation calls (default none).
+      **kwargs: keyword arguments of every call.
+
+    Returns:
+      An :class:`AuditReport`.
+
+    Raises:
+      DropmaskTypeError: ``model`` is not an ``nnx.Module``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from dropmask.audit import audit_nnx
+      >>> class MLP(nnx.Module):
+      ...     def __init__(self, rngs):
+      ...         self.linear = nnx.Linear(4, 64, rngs=rngs)
+      ...         self.dropout = nnx.Dropout(0.5, rngs=rngs)
+      ...     def __call__(self, x):
+      ...         return self.dropout(self.linear(x))
+      >>> audit_nnx(MLP(nnx.Rngs(0, dropout=1)), jnp.ones((8, 4))).ok
+      True
+    """
+    if not isinstance(model, nnx.Module):
+        raise DropmaskTypeError(
+            f"audit_nnx expects an nnx.Module, got {type(model).__name__}. For a Linen "
+            "module use dropmask.audit.audit_model(model, variables, *args)."
+        )
+    clone = nnx.clone(model)
+    rec = Recorder()
+    for parts, module in nnx.iter_modules(clone):
+        path = "/".join(str(p) for p in parts) or type(module).__name__
+        vars(module)["_dropmask_audit"] = (rec, path)
+        module.__class__ = _recording_class(type(module))
+    outputs = {}
+    for phase, mode, extra in (
+        ("eval0", "eval", eval_kwargs),
+        ("eval1", "eval", eval_kwargs),
+        ("train0", "train", train_kwargs),
+        ("train1", "train", train_kwargs),
+    ):
+        getattr(clone, mode)()
+        rec.begin(phase)
+        outputs[phase] = clone(*args, **{**kwargs, **(extra or {})})
+    flag = "model.eval()"
+    report = _model_report(rec, _trees_equal(outputs["eval0"], outputs["eval1"]), flag)
+    # Between the two training calls the streams advanced: equal masks mean a fixed key.
+    return AuditReport(
+        report.sites,
+        tuple(
+            f
+            if f.code != "mask-ignores-key"
+            else type(f)(
+                "same-mask-across-steps",
+                f.path,
+                "draws the same mask on consecutive calls although its PRNG stream advanced: "
+                "it uses a fixed key. Draw from the module's stream (rngs.dropout()) or pass "
+                "rngs=... at call time.",
+            )
+            for f in report.findings
+        ),
+    )

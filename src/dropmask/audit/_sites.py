@@ -1,0 +1,253 @@
+"""Recognising dropout sites and recording, per call, which elements they dropped.
+
+A site is recorded from inside the model's forward pass, where values may be tracers
+(under ``jit``, ``grad``, ``scan``): the drop pattern is computed there and sent to
+the host with ``jax.debug.callback``, so the same code audits eager, jitted and
+differentiated calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .._errors import concrete_value
+
+__all__ = ["Observation", "Recorder", "SiteInfo", "classify"]
+
+# SELU's saturation value -scale * alpha: where alpha dropout's dropped units sit
+# before its affine correction.
+_ALPHA_PRIME = -1.7580993408473766
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteInfo:
+    """What is known about a site when its call is traced (static, Python-side)."""
+
+    path: str
+    kind: str
+    module: str
+    rate: float | None
+    input_shape: tuple[int, ...]
+    broadcast_dims: tuple[int, ...]
+    decision_shape: tuple[int, ...]
+    drew: bool
+
+
+@dataclasses.dataclass
+class Observation:
+    """One executed call of a site: the dropped and valid (nonzero input) elements."""
+
+    phase: str
+    site: str
+    dropped: np.ndarray | None
+    valid: np.ndarray | None
+    key: np.ndarray | None
+
+
+def _kind_by_type(module: Any) -> str | None:
+    """The kind of a known dropout class (Flax's or dropmask's), matched by name."""
+    names = {c.__module__ + "." + c.__name__ for c in type(module).__mro__}
+    for prefix in ("flax.linen.stochastic.", "flax.nnx.nn.stochastic."):
+        if prefix + "Dropout" in names:
+            return "dropout"
+    table = {
+        "Dropout": "dropout",
+        "WordDropout": "word",
+        "DropPath": "drop_path",
+        "GaussianDropout": "gaussian",
+        "AlphaDropout": "alpha",
+    }
+    for name, kind in table.items():
+        if f"dropmask.linen.{name}" in names or f"dropmask.nnx.{name}" in names:
+            return kind
+    return None
+
+
+def _configured_rate(module: Any) -> float | None:
+    for attr in ("rate", "dropout_rate"):
+        if hasattr(module, attr):
+            value = getattr(module, attr)
+            try:
+                return concrete_value(value)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def _has_children(module: Any) -> bool:
+    """Whether a Linen or NNX module holds submodules (a block, not a layer)."""
+    state = getattr(module, "_state", None)
+    if getattr(state, "children", None):
+        return True
+    return any(isinstance(v, nnx.Module) for v in getattr(module, "__dict__", {}).values())
+
+
+def _looks_stochastic(module: Any) -> bool:
+    """A custom leaf layer with a ``rate`` (or ``dropout_rate``) field.
+
+    Blocks that merely carry a rate for their children are not sites: their children
+    are, and a block's own output is not a masked copy of its input.
+    """
+    has_rate = hasattr(module, "rate") or hasattr(module, "dropout_rate")
+    return has_rate and not _has_children(module)
+
+
+def _first_array(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    for value in (*args, kwargs.get("inputs"), kwargs.get("x")):
+        if isinstance(value, jax.Array | np.ndarray):
+            return value
+    return None
+
+
+def classify(module: Any, drew: bool) -> str | None:
+    """``kind`` of a site, or None when ``module`` is not one."""
+    kind = _kind_by_type(module)
+    if kind is not None:
+        return kind
+    if drew or _looks_stochastic(module):
+        return "custom"
+    return None
+
+
+def _explicit_key(kwargs: Mapping[str, Any]) -> Any:
+    for name in ("rng", "rngs", "key"):
+        value = kwargs.get(name)
+        if isinstance(value, jax.Array):
+            return value
+    return None
+
+
+def _key_data(key: jax.Array) -> jax.Array:
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(key)
+    return key
+
+
+class Recorder:
+    """Collects site observations from the model's calls, tagged with a phase label."""
+
+    def __init__(self) -> None:
+        self.phase = ""
+        self.sites: dict[str, SiteInfo] = {}
+        self.drew: dict[tuple[str, str], bool] = {}
+        self.observations: list[Observation] = []
+        self._calls: dict[str, int] = {}
+
+    def begin(self, phase: str) -> None:
+        """Starts a phase: later observations carry ``phase``; call numbering restarts."""
+        self.phase = phase
+        self._calls = {}
+
+    def observe(
+        self,
+        module: Any,
+        path: str,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        out: Any,
+        drew: bool,
+    ) -> None:
+        """Records one call of ``module`` (a site) that mapped ``args`` to ``out``."""
+        kind = classify(module, drew)
+        if kind is None:
+            return
+        count = self._calls.get(path, 0)
+        self._calls[path] = count + 1
+        site = path if count == 0 else f"{path}#{count}"
+        x = _first_array(args, kwargs)
+        same = isinstance(out, jax.Array) and x is not None and jnp.shape(x) == out.shape
+        if not same and kind == "custom":
+            kind = "other"
+        shape = tuple(jnp.shape(x)) if x is not None else ()
+        bdims = _broadcast_dims(module, len(shape))
+        decision_shape = _decision_shape(module, kind, shape, bdims)
+        info = SiteInfo(
+            site,
+            kind,
+            type(module).__name__,
+            _configured_rate(module),
+            shape,
+            bdims,
+            decision_shape,
+            drew,
+        )
+        self.sites.setdefault(site, info)
+        self.drew[(self.phase, site)] = self.drew.get((self.phase, site), False) or drew
+        # One callback per call carries everything: callbacks of a compiled program
+        # may run in any order, so a site's pieces must not arrive separately.
+        key = _explicit_key(kwargs)
+        data = None if key is None else jax.lax.stop_gradient(_key_data(key))
+        if same:
+            dropped, valid = _pattern(module, kind, jnp.asarray(x), out)
+            jax.debug.callback(functools.partial(self._add, site), dropped, valid, data)
+        else:
+            jax.debug.callback(functools.partial(self._add, site, None, None), data)
+
+    def _add(self, site: str, dropped: Any, valid: Any, key: Any) -> None:
+        self.observations.append(
+            Observation(
+                self.phase,
+                site,
+                None if dropped is None else np.asarray(dropped),
+                None if valid is None else np.asarray(valid),
+                None if key is None else np.asarray(key),
+            )
+        )
+
+    def by_phase(self, phase: str) -> dict[str, list[Observation]]:
+        """Observations of one phase grouped by site, in call order."""
+        out: dict[str, list[Observation]] = {}
+        for obs in self.observations:
+            if obs.phase == phase:
+                out.setdefault(obs.site, []).append(obs)
+        return out
+
+
+def _broadcast_dims(module: Any, ndim: int) -> tuple[int, ...]:
+    dims = getattr(module, "broadcast_dims", ()) or ()
+    try:
+        return tuple(sorted({int(d) % ndim for d in dims})) if ndim else ()
+    except (TypeError, ValueError):
+        return ()
+
+
+def _decision_shape(
+    module: Any, kind: str, shape: tuple[int, ...], bdims: tuple[int, ...]
+) -> tuple[int, ...]:
+    """Shape of the independent keep/drop draws behind a site's mask."""
+    if kind == "drop_path" and shape:
+        axis = int(getattr(module, "batch_axis", 0)) % len(shape)
+        return (shape[axis],)
+    return tuple(1 if i in bdims else n for i, n in enumerate(shape))
+
+
+def _pattern(module: Any, kind: str, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(dropped, valid)``: bool arrays shaped like ``x``, outside autodiff."""
+    x, y = jax.lax.stop_gradient(x), jax.lax.stop_gradient(y)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        unk = getattr(module, "unk_id", getattr(module, "unk_idx", None))
+        valid = jnp.ones(x.shape, bool) if unk is None else x != unk
+        return (y != x) & valid, valid
+    xf, yf = x.astype(jnp.float32), y.astype(jnp.float32)
+    if kind == "gaussian":
+        # No element is dropped; the noise factor's side of 1 is the random pattern.
+        valid = xf != 0
+        return ((yf - xf) * xf > 0) & valid, valid
+    if kind == "alpha":
+        rate = _configured_rate(module) or 0.0
+        keep = 1.0 - rate
+        a = (keep * (1.0 + rate * _ALPHA_PRIME**2)) ** -0.5 if keep > 0 else 1.0
+        fill = a * _ALPHA_PRIME + (-a * _ALPHA_PRIME * rate)
+        valid = jnp.abs(xf - _ALPHA_PRIME) > 0.05
+        near_fill = jnp.abs(yf - fill) <= 1e-2 * (1 + abs(fill))
+        return near_fill & (yf != xf) & valid, valid
+    valid = xf != 0
+    return (yf == 0) & valid, valid

@@ -1,0 +1,320 @@
+"""dropmask.audit on Linen models and train steps: each seeded bug is caught by its code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import dropmask
+from dropmask import linen as dl
+from dropmask.audit import CODES, AuditReport, _command, audit_model, audit_step
+from dropmask.training import TrainState
+
+X = jnp.asarray(np.random.default_rng(0).uniform(0.5, 1.5, (16, 8)), jnp.float32)
+
+
+class FlaxMLP(nn.Module):
+    layer: type = nn.Dropout
+
+    @nn.compact
+    def __call__(self, x, training: bool):
+        x = self.layer(0.2, deterministic=not training)(x)
+        x = nn.relu(nn.Dense(32)(x))
+        x = self.layer(0.5, deterministic=not training)(x)
+        return nn.Dense(4)(x)
+
+
+class Zoo(nn.Module):
+    """Every dropmask Linen layer, wired correctly."""
+
+    @nn.compact
+    def __call__(self, x, tokens, training: bool):
+        det = not training
+        tokens = dl.WordDropout(0.3, unk_id=1, deterministic=det)(tokens)
+        h = nn.Dense(32)(x) + nn.Embed(50, 32)(tokens).mean(1)
+        h = dl.DropPath(0.25, deterministic=det)(h)
+        h = dl.GaussianDropout(0.3, deterministic=det)(h)
+        h = dl.AlphaDropout(0.2, deterministic=det)(nn.selu(h))
+        return dl.Dropout(0.1, impl="flax", deterministic=det)(h)
+
+
+class KeepProbAsRate(nn.Module):
+    """Custom layer that passes ``rate`` where the keep probability belongs."""
+
+    rate: float
+    deterministic: bool | None = None
+
+    @nn.compact
+    def __call__(self, x, deterministic=None):
+        if nn.merge_param("deterministic", self.deterministic, deterministic):
+            return x
+        keep = jax.random.bernoulli(self.make_rng("dropout"), self.rate, x.shape)
+        return jnp.where(keep, x / (1 - self.rate), 0)
+
+
+class FixedKey(nn.Module):
+    """Custom layer that ignores the stream: a constant key."""
+
+    rate: float = 0.5
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        if deterministic:
+            return x
+        return dropmask.dropout(x, self.rate, jax.random.key(0))
+
+
+class CustomModel(nn.Module):
+    bug: str
+
+    @nn.compact
+    def __call__(self, x, training: bool):
+        x = nn.Dense(64)(x)
+        if self.bug == "eval-on":
+            return nn.Dropout(0.5, deterministic=False)(x)
+        if self.bug == "wired-wrong":
+            return nn.Dropout(0.5, deterministic=training)(x)
+        if self.bug == "keep-prob":
+            return KeepProbAsRate(0.1)(x, deterministic=not training)
+        if self.bug == "fixed-key":
+            return FixedKey()(x, deterministic=not training)
+        if self.bug == "batch-broadcast":
+            return nn.Dropout(0.5, broadcast_dims=(0,), deterministic=not training)(x)
+        if self.bug == "shared-key":
+            key = self.make_rng("dropout") if training else None
+            x = dl.Dropout(0.5, deterministic=not training)(x, rng=key)
+            return dl.Dropout(0.5, deterministic=not training)(jnp.tanh(x) + 2, rng=key)
+        raise AssertionError(self.bug)
+
+
+def _audit(model, *args, **kwargs) -> AuditReport:
+    variables = model.init(jax.random.key(1), *args, training=False, **kwargs)
+    return audit_model(model, variables, *args, **kwargs)
+
+
+@pytest.mark.parametrize("layer", [nn.Dropout, dl.Dropout], ids=["flax", "dropmask"])
+def test_correct_linen_models_have_no_finding(layer):
+    report = _audit(FlaxMLP(layer), X)
+    assert report.ok, str(report)
+    assert [s.path for s in report.sites] == ["Dropout_0", "Dropout_1"]
+    assert [s.rate for s in report.sites] == [0.2, 0.5]
+    for site in report.sites:
+        assert abs(site.drop_fraction - site.rate) < 4 * np.sqrt(0.25 / site.decisions) + 0.01
+
+
+def test_every_dropmask_layer_audits_clean():
+    tokens = jnp.asarray(np.random.default_rng(1).integers(2, 50, (16, 12)), jnp.int32)
+    report = _audit(Zoo(), X, tokens)
+    assert report.ok, str(report)
+    kinds = {s.kind for s in report.sites}
+    assert kinds == {"word", "drop_path", "gaussian", "alpha", "dropout"}
+
+
+@pytest.mark.parametrize(
+    "bug, code",
+    [
+        ("eval-on", "eval-not-deterministic"),
+        ("wired-wrong", "train-never-drops"),
+        ("keep-prob", "rate-mismatch"),
+        ("fixed-key", "mask-ignores-key"),
+        ("batch-broadcast", "broadcast-batch-axis"),
+        ("shared-key", "same-mask-across-sites"),
+    ],
+)
+def test_each_seeded_model_bug_is_caught_by_its_code(bug, code):
+    report = _audit(CustomModel(bug), X)
+    assert code in report.codes, str(report)
+    assert code in CODES
+    finding = next(f for f in report.findings if f.code == code)
+    assert finding.path and len(finding.message) > 40
+
+
+def test_rate_mismatch_names_the_keep_probability_confusion():
+    report = _audit(CustomModel("keep-prob"), X)
+    (finding,) = [f for f in report.findings if f.code == "rate-mismatch"]
+    assert finding.path == "KeepProbAsRate_0"
+    assert "keep probability" in finding.message
+    (site,) = report.sites
+    assert site.kind == "custom" and site.rate == 0.1
+    assert abs(site.drop_fraction - 0.9) < 0.05
+
+
+def test_model_without_dropout_is_reported():
+    report = _audit(nn.Dense(3), X) if False else None
+    model = nn.Dense(3)
+    variables = model.init(jax.random.key(0), X)
+    report = audit_model(model, variables, X, train_kwargs={}, eval_kwargs={})
+    assert report.codes == {"no-dropout-sites"}
+
+
+def test_audit_does_not_change_variables():
+    model = FlaxMLP()
+    variables = model.init(jax.random.key(1), X, training=False)
+    before = jax.tree.map(np.asarray, variables)
+    audit_model(model, variables, X)
+    jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, variables))
+
+
+def test_report_prints_as_table_and_json():
+    report = _audit(CustomModel("batch-broadcast"), X)
+    text = str(report)
+    assert "Dropout_0" in text and "[broadcast-batch-axis]" in text
+    data = json.loads(report.to_json())
+    assert data["ok"] is False
+    assert data["findings"][0]["code"] == "broadcast-batch-axis"
+    assert data["sites"][0]["input_shape"] == [16, 64]
+
+
+def test_bad_arguments_raise_dropmask_errors():
+    with pytest.raises(dropmask.DropmaskTypeError, match="audit_nnx"):
+        audit_model(object(), {}, X)
+    with pytest.raises(dropmask.DropmaskTypeError, match="rngs"):
+        audit_model(FlaxMLP(), {}, X, rngs=[jax.random.key(0)])
+    with pytest.raises(dropmask.DropmaskValueError, match="at least 2 batches"):
+        audit_step(lambda s, b: s, None, [X])
+
+
+# --- audit_step --------------------------------------------------------------------------
+
+
+def _state(model=None):
+    model = model or FlaxMLP()
+    params = model.init(jax.random.key(1), X, training=False)["params"]
+    return TrainState.create(
+        apply_fn=model.apply, params=params, tx=optax.sgd(0.1), key=jax.random.key(2)
+    )
+
+
+def _step(fold: bool, jit: bool, tuple_out: bool):
+    def train_step(state, batch):
+        key = jax.random.fold_in(state.key, state.step) if fold else state.key
+
+        def loss_fn(params):
+            y = state.apply_fn({"params": params}, batch, training=True, rngs={"dropout": key})
+            return jnp.mean(y**2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        state = state.apply_gradients(grads=grads)
+        return (state, loss) if tuple_out else state
+
+    return jax.jit(train_step) if jit else train_step
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "plain"])
+@pytest.mark.parametrize("tuple_out", [True, False], ids=["tuple", "state"])
+def test_correct_train_step_has_no_finding(jit, tuple_out):
+    report = audit_step(_step(True, jit, tuple_out), _state(), [X, X, X])
+    assert report.ok, str(report)
+    assert len(report.sites) == 2
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "plain"])
+def test_step_without_fold_in_is_caught(jit):
+    report = audit_step(_step(False, jit, True), _state(), [X, X, X])
+    assert report.codes == {"same-mask-across-steps"}, str(report)
+    assert {f.path for f in report.findings} == {"Dropout_0", "Dropout_1"}
+
+
+def test_step_audit_reuses_no_compiled_trace_and_keeps_state():
+    step = _step(False, True, False)
+    state = _state()
+    step(state, X)  # compiled before the audit: the audit must still see the sites
+    before = jax.tree.map(np.asarray, state.params)
+    report = audit_step(step, state, [X, X])
+    assert "same-mask-across-steps" in report.codes
+    assert int(state.step) == 0
+    jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, state.params))
+
+
+def test_step_with_shared_key_across_layers_is_caught():
+    model = CustomModel("shared-key")
+    params = model.init(jax.random.key(1), X, training=False)["params"]
+    state = TrainState.create(
+        apply_fn=model.apply, params=params, tx=optax.sgd(0.1), key=jax.random.key(2)
+    )
+    report = audit_step(_step(True, True, False), state, [X, X])
+    assert report.codes == {"same-mask-across-sites"}, str(report)
+
+
+def test_step_that_never_trains_dropout_is_caught():
+    def train_step(state, batch):
+        def loss_fn(params):
+            return jnp.mean(state.apply_fn({"params": params}, batch, training=False) ** 2)
+
+        return state.apply_gradients(grads=jax.grad(loss_fn)(state.params))
+
+    report = audit_step(jax.jit(train_step), _state(), [X, X])
+    assert report.codes == {"train-never-drops"}
+
+
+# --- the command -----------------------------------------------------------------------
+
+
+def _run(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    _command.add_arguments(parser)
+    return _command.run(parser.parse_args(list(argv)))
+
+
+def test_command_audits_the_digits_example_clean(capsys):
+    assert _run("digits") == 0
+    out = capsys.readouterr().out
+    assert "OK: no finding." in out and "Dropout_1" in out
+
+
+def test_command_exits_nonzero_on_findings(tmp_path, capsys):
+    hook = tmp_path / "hook.py"
+    hook.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "from dropmask.audit import AuditTarget\n"
+        "from tests.test_audit import CustomModel, X\n"
+        "def audit_target():\n"
+        "    model = CustomModel('eval-on')\n"
+        "    v = model.init(jax.random.key(0), X, training=False)\n"
+        "    return AuditTarget(model=model, variables=v, args=(X,))\n"
+    )
+    assert _run(str(hook), "--json") == 1
+    data = json.loads(capsys.readouterr().out)
+    assert [f["code"] for f in data["findings"]] == ["eval-not-deterministic"]
+
+
+def test_command_names_a_missing_example():
+    with pytest.raises(dropmask.DropmaskValueError, match="no audit hook"):
+        _run("no_such_example")
+
+
+class ResidualBlock(nn.Module):
+    """A block that carries a dropout rate for its child: the child is the site."""
+
+    dropout_rate: float = 0.3
+
+    @nn.compact
+    def __call__(self, x, training: bool):
+        h = nn.Dense(x.shape[-1])(x)
+        return x + dl.Dropout(self.dropout_rate, deterministic=not training)(h)
+
+
+def test_blocks_carrying_a_rate_are_not_sites():
+    report = _audit(ResidualBlock(), X)
+    assert report.ok, str(report)
+    assert [s.path for s in report.sites] == ["Dropout_0"]
+
+
+def test_broadcast_over_time_is_not_the_batch_axis():
+    seq = jnp.asarray(np.random.default_rng(3).uniform(0.5, 1.5, (8, 6, 16)), jnp.float32)
+
+    class Recurrent(nn.Module):
+        @nn.compact
+        def __call__(self, x, training: bool):
+            return nn.Dropout(0.5, broadcast_dims=(1,), deterministic=not training)(x)
+
+    report = _audit(Recurrent(), seq)
+    assert report.ok, str(report)
+    assert report.sites[0].broadcast_dims == (1,) and report.sites[0].decisions == 2 * 8 * 16

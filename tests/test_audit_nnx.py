@@ -1,0 +1,87 @@
+"""dropmask.audit.audit_nnx: correct NNX models audit clean, seeded bugs are caught."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import dropmask
+from dropmask import nnx as dnnx
+from dropmask.audit import audit_nnx
+
+X = jnp.asarray(np.random.default_rng(0).uniform(0.5, 1.5, (16, 8)), jnp.float32)
+
+
+class MLP(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs, layer=nnx.Dropout, bug: str = ""):
+        self.bug = bug
+        self.linear = nnx.Linear(8, 64, rngs=rngs)
+        bdims = (0,) if bug == "batch-broadcast" else ()
+        self.dropout = layer(0.5, broadcast_dims=bdims, rngs=rngs)
+        self.out = nnx.Linear(64, 4, rngs=rngs)
+
+    def __call__(self, x):
+        h = self.linear(x)
+        if self.bug == "fixed-key":
+            h = self.dropout(h, rngs=jax.random.key(0))
+        else:
+            h = self.dropout(h)
+        return self.out(h)
+
+
+class AlwaysOn(nnx.Module):
+    """Custom layer that draws from its stream whatever the mode."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.rate = 0.5
+        self.deterministic = False
+        self.rngs = rngs["dropout"].fork()
+
+    def __call__(self, x):
+        return dropmask.dropout(x, self.rate, self.rngs())
+
+
+@pytest.mark.parametrize("layer", [nnx.Dropout, dnnx.Dropout], ids=["flax", "dropmask"])
+def test_correct_nnx_models_have_no_finding(layer):
+    model = MLP(nnx.Rngs(0, dropout=1), layer)
+    report = audit_nnx(model, X)
+    assert report.ok, str(report)
+    (site,) = report.sites
+    assert site.path == "dropout" and site.rate == 0.5
+    assert abs(site.drop_fraction - 0.5) < 0.05
+
+
+def test_audit_leaves_the_model_and_its_streams_alone():
+    model = MLP(nnx.Rngs(0, dropout=1))
+    count = int(model.dropout.rngs.count[...])
+    kernel = np.asarray(model.linear.kernel[...])
+    audit_nnx(model, X)
+    assert int(model.dropout.rngs.count[...]) == count
+    assert type(model.dropout) is nnx.Dropout
+    np.testing.assert_array_equal(np.asarray(model.linear.kernel[...]), kernel)
+    assert model.dropout.deterministic is False
+
+
+@pytest.mark.parametrize(
+    "bug, code",
+    [("fixed-key", "same-mask-across-steps"), ("batch-broadcast", "broadcast-batch-axis")],
+)
+def test_seeded_nnx_bugs_are_caught(bug, code):
+    report = audit_nnx(MLP(nnx.Rngs(0, dropout=1), dnnx.Dropout, bug), X)
+    assert code in report.codes, str(report)
+    assert next(f for f in report.findings if f.code == code).path == "dropout"
+
+
+def test_layer_that_ignores_eval_mode_is_caught():
+    report = audit_nnx(AlwaysOn(nnx.Rngs(dropout=0)), X)
+    assert report.codes == {"eval-not-deterministic"}, str(report)
+
+
+def test_audit_nnx_rejects_linen_modules():
+    import flax.linen as nn
+
+    with pytest.raises(dropmask.DropmaskTypeError, match="audit_model"):
+        audit_nnx(nn.Dense(3), X)
