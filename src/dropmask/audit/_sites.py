@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .._errors import concrete_value
+from .._checks import concrete_value
 
 __all__ = ["Observation", "Recorder", "SiteInfo", "classify"]
 
