@@ -106,7 +106,10 @@ def load(config: ml_collections.ConfigDict) -> Data:
             f"{config.batch_size}. Lower it or raise train_size."
         )
     x_train, x_test, y_train, y_test = train_test_split(
-        images, labels, train_size=config.train_size, stratify=labels,
+        images,
+        labels,
+        train_size=config.train_size,
+        stratify=labels,
         random_state=config.data_seed,
     )
     if config.label_noise > 0:

@@ -279,9 +279,7 @@ class Checkpointer:
                 f"{where} holds another model: only in the checkpoint {missing[:3]}, only "
                 f"in this run {extra[:3]}. Resume with the model it was saved from."
             )
-        for (path, shape, dtype), (_, saved_shape, saved_dtype) in zip(
-            current, saved, strict=True
-        ):
+        for (path, shape, dtype), (_, saved_shape, saved_dtype) in zip(current, saved, strict=True):
             if list(shape) != list(saved_shape) or dtype != saved_dtype:
                 raise CheckpointError(
                     f"{where} holds another model shape: {path} is {saved_dtype}"

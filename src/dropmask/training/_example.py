@@ -19,6 +19,8 @@ import numpy as np
 __all__ = ["Example", "base_config"]
 
 Batch = Mapping[str, np.ndarray]
+# The batch as the jitted train step sees it: sharded over the mesh.
+DeviceBatch = Mapping[str, jax.Array]
 Metrics = Mapping[str, Any]
 
 
@@ -89,7 +91,7 @@ class Example:
     load_data: Callable[[ml_collections.ConfigDict], Any]
     create_state: Callable[[ml_collections.ConfigDict, Any, jax.Array, jax.Array], Any]
     train_batch: Callable[[ml_collections.ConfigDict, Any, jax.Array, int], Batch]
-    train_step: Callable[[Any, Batch], tuple[Any, Metrics]]
+    train_step: Callable[[Any, DeviceBatch], tuple[Any, Metrics]]
     evaluate: Callable[[Any, ml_collections.ConfigDict, Any, str], Mapping[str, float]]
     eval_splits: tuple[str, ...] = ("eval",)
     best_metric: str = "loss"

@@ -73,8 +73,9 @@ def stream_key(key: jax.Array, step: Any, name: str) -> jax.Array:
 
     Example:
       >>> import jax
-      >>> k = stream_key(jax.random.key(0), 3, "dropout")
-      >>> manual = jax.random.fold_in(jax.random.fold_in(jax.random.key(0), stream_id("dropout")), 3)
+      >>> key = jax.random.key(0)
+      >>> k = stream_key(key, 3, "dropout")
+      >>> manual = jax.random.fold_in(jax.random.fold_in(key, stream_id("dropout")), 3)
       >>> bool((jax.random.key_data(k) == jax.random.key_data(manual)).all())
       True
     """
@@ -143,7 +144,5 @@ def step_rngs(state: HasKeyAndStep, *names: str) -> dict[str, jax.Array]:
         )
     ids = {name: stream_id(name) for name in names}
     if len(set(ids.values())) != len(ids):
-        raise DropmaskValueError(
-            f"two stream names share a CRC-32 id: {ids}. Rename one of them."
-        )
+        raise DropmaskValueError(f"two stream names share a CRC-32 id: {ids}. Rename one of them.")
     return {name: stream_key(state.key, state.step, name) for name in ids}

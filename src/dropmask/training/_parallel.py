@@ -76,9 +76,7 @@ def initialize_distributed(
         )
     # Only CPU collectives read this; GPU and TPU runs keep their own transports.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=address, num_processes=count, process_id=index
-    )
+    jax.distributed.initialize(coordinator_address=address, num_processes=count, process_id=index)
     return True
 
 

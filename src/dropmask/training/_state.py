@@ -15,7 +15,7 @@ __all__ = ["TrainState"]
 
 
 def check_key(key: Any) -> None:
-    """Raises DropmaskTypeError unless ``key`` is one scalar PRNG key (typed or raw ``uint32[2]``)."""
+    """Raises DropmaskTypeError unless ``key`` is one scalar PRNG key (typed or ``uint32[2]``)."""
     dtype = getattr(key, "dtype", None)
     shape = tuple(getattr(key, "shape", ()))
     if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key) and shape == ():
