@@ -39,10 +39,15 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
+def _dtype(leaf: Any) -> np.dtype:
+    """A leaf's dtype, for arrays and Python scalars alike."""
+    return np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.result_type(leaf)
+
+
 def _leaf_records(tree: Any) -> list[tuple[str, list[int], str]]:
     paths_leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
     return [
-        (jax.tree_util.keystr(path), list(np.shape(leaf)), str(np.result_type(leaf)))
+        (jax.tree_util.keystr(path), list(np.shape(leaf)), str(_dtype(leaf)))
         for path, leaf in paths_leaves
     ]
 
@@ -216,7 +221,7 @@ class Checkpointer:
         leaves, treedef = jax.tree.flatten(data_target)
         abstract = {
             f"leaf{i:05d}": jax.ShapeDtypeStruct(
-                np.shape(leaf), np.result_type(leaf), sharding=getattr(leaf, "sharding", None)
+                np.shape(leaf), _dtype(leaf), sharding=getattr(leaf, "sharding", None)
             )
             for i, leaf in enumerate(leaves)
         }

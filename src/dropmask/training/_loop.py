@@ -51,15 +51,45 @@ class RunResult:
     config: dict[str, Any]
 
 
-def _check_config(config: ml_collections.ConfigDict) -> None:
-    for name in ("steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
-        value = config.get(name)
-        least = 0 if name == "checkpoint_every" else 1
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise DropmaskValueError(
-                f"config.{name} must be an int >= {least}, got {value!r}. "
-                f"Set it with --config.{name}=N."
-            )
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The loop's config entries, checked once: when to log, evaluate and save."""
+
+    seed: int
+    steps: int
+    log_every: int
+    eval_every: int
+    checkpoint_every: int
+    keep_checkpoints: int
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> Schedule:
+        """Reads and validates the entries of :func:`base_config` from ``config``.
+
+        Raises:
+          DropmaskValueError: an entry is missing, not an int, or below its minimum.
+        """
+        values = {}
+        for field in dataclasses.fields(cls):
+            value = config.get(field.name)
+            least = {"seed": None, "checkpoint_every": 0}.get(field.name, 1)
+            if (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or (least is not None and value < least)
+            ):
+                bound = "an int" if least is None else f"an int >= {least}"
+                raise DropmaskValueError(
+                    f"config.{field.name} must be {bound}, got {value!r}. "
+                    f"Set it with --config.{field.name}=N."
+                )
+            values[field.name] = value
+        return cls(**values)
+
+    def saves(self, done: int) -> bool:
+        """Whether a checkpoint is written after step ``done`` (always after the last)."""
+        every = self.checkpoint_every
+        return done == self.steps or (every > 0 and done % every == 0)
 
 
 def checkpoint_steps(workdir: pathlib.Path) -> list[int]:
@@ -135,16 +165,16 @@ def train(
     """
     started = time.perf_counter()
     workdir = pathlib.Path(workdir)
-    _check_config(config)
+    schedule = Schedule.from_config(config)
     check_workdir(workdir, resume=resume)
     mesh = make_mesh(devices)
     data = example.load_data(config)
     config_dict = config.to_dict()
-    data_key, params_key, dropout_key = jax.random.split(jax.random.key(config.seed), 3)
+    data_key, params_key, dropout_key = jax.random.split(jax.random.key(schedule.seed), 3)
     state = replicate(example.create_state(config, data, params_key, dropout_key), mesh)
     checkpointer = Checkpointer(
         workdir / "checkpoints",
-        keep=config.keep_checkpoints,
+        keep=schedule.keep_checkpoints,
         best_metric=example.best_metric,
         best_mode=example.best_mode,
     )
@@ -157,7 +187,7 @@ def train(
     primary = jax.process_index() == 0
     log = MetricsLog(workdir, start=start, enabled=primary)
     bar = require("tqdm").tqdm(
-        total=config.steps,
+        total=schedule.steps,
         initial=start,
         desc=label or example.name,
         unit="step",
@@ -171,13 +201,13 @@ def train(
     batch_size = 0
     window_start = time.perf_counter()
     try:
-        for step in range(start, config.steps):
+        for step in range(start, schedule.steps):
             batch = shard_batch(example.train_batch(config, data, data_key, step), mesh)
             batch_size = len(next(iter(batch.values())))
             state, metrics = example.train_step(state, batch)
             window.append(metrics)
             done = step + 1
-            if done % config.log_every == 0 or done == config.steps:
+            if done % schedule.log_every == 0 or done == schedule.steps:
                 means = _mean_metrics(window)
                 losses.extend(float(m["loss"]) for m in jax.device_get(window))
                 now = time.perf_counter()
@@ -186,10 +216,8 @@ def train(
                 log.write(done, "train", means)
                 bar.set_postfix(loss=f"{means['loss']:.4f}", ex_per_s=f"{rate:,.0f}")
             bar.update(1)
-            evaluating = done % config.eval_every == 0 or done == config.steps
-            saving = done == config.steps or (
-                config.checkpoint_every and done % config.checkpoint_every == 0
-            )
+            evaluating = done % schedule.eval_every == 0 or done == schedule.steps
+            saving = schedule.saves(done)
             if evaluating or saving:
                 final = _evaluate(example, state, config, data, log, done)
             if saving:
@@ -200,8 +228,10 @@ def train(
                     data_position=example.position(config, data, done),
                     metrics=final.get("eval"),
                 )
-        if start >= config.steps:
-            final = _evaluate(example, state, config, data, log, start)
+        if start >= schedule.steps:
+            # Nothing left to train: report the restored state without logging its
+            # evaluation a second time.
+            final = _evaluate(example, state, config, data, None, start)
     finally:
         bar.close()
         log.close()
@@ -209,7 +239,7 @@ def train(
     result = RunResult(
         workdir=workdir,
         start_step=start,
-        steps=config.steps,
+        steps=schedule.steps,
         losses=losses,
         final=final,
         wall_seconds=time.perf_counter() - started,
@@ -225,13 +255,14 @@ def _evaluate(
     state: Any,
     config: ml_collections.ConfigDict,
     data: Any,
-    log: MetricsLog,
+    log: MetricsLog | None,
     step: int,
 ) -> dict[str, dict[str, float]]:
     out = {}
     for split in example.eval_splits:
         metrics = {k: float(v) for k, v in example.evaluate(state, config, data, split).items()}
-        log.write(step, split, metrics)
+        if log is not None:
+            log.write(step, split, metrics)
         out[split] = metrics
     return out
 

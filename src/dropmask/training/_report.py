@@ -195,7 +195,7 @@ def plot_comparison(
         if split not in summary["rates"][keys[0]]:
             continue
         stats = [summary["rates"][k][split][metric] for k in keys]
-        ax_final.errorbar(
+        line = ax_final.errorbar(
             x,
             [s["mean"] for s in stats],
             yerr=[s["std"] for s in stats],
@@ -203,9 +203,11 @@ def plot_comparison(
             capsize=4,
             label="held-out" if split == "eval" else "training data",
         )
+        color = line.lines[0].get_color()
         for k in keys:
             seeds = [run["final"][split][metric] for run in summary["rates"][k]["runs"]]
-            ax_final.scatter([summary["rates"][k]["rate"]] * len(seeds), seeds, s=8, alpha=0.5)
+            rate = summary["rates"][k]["rate"]
+            ax_final.scatter([rate] * len(seeds), seeds, s=10, alpha=0.5, color=color)
     ax_final.set(xlabel="dropout rate", title=f"final {metric} (mean ± std over seeds)")
     ax_final.legend()
     if "gap" in summary["rates"][keys[0]]:
