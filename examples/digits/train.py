@@ -31,10 +31,12 @@ from .models import MLP
 
 
 @functools.lru_cache(maxsize=16)
-def _model(hidden: tuple[int, ...], rate: float, input_rate: float) -> MLP:
-    # One instance per architecture: ``apply_fn`` is a static part of the jitted
-    # state, so runs that share it (seeds of one rate) share one compilation.
-    return MLP(hidden=hidden, rate=rate, input_rate=input_rate)
+def _model_and_optimizer(
+    hidden: tuple[int, ...], rate: float, input_rate: float, learning_rate: float
+) -> tuple[MLP, optax.GradientTransformation]:
+    # ``apply_fn`` and ``tx`` are static parts of the jitted state: runs that share
+    # the same instances (e.g. the seeds of one rate) share one compilation.
+    return MLP(hidden=hidden, rate=rate, input_rate=input_rate), optax.adam(learning_rate)
 
 
 def create_state(
@@ -48,13 +50,15 @@ def create_state(
     ``init`` runs with ``training=False``: it only needs parameter shapes, so no
     dropout key is involved and ``params_key`` feeds the ``'params'`` stream alone.
     """
-    model = _model(tuple(config.hidden), float(config.rate), float(config.input_rate))
+    model, tx = _model_and_optimizer(
+        tuple(config.hidden),
+        float(config.rate),
+        float(config.input_rate),
+        float(config.learning_rate),
+    )
     variables = model.init(params_key, jnp.asarray(data.train.image[:1]), training=False)
     return TrainState.create(
-        apply_fn=model.apply,
-        params=variables["params"],
-        tx=optax.adam(config.learning_rate),
-        key=dropout_key,
+        apply_fn=model.apply, params=variables["params"], tx=tx, key=dropout_key
     )
 
 

@@ -104,7 +104,9 @@ def test_another_config_is_refused_naming_the_entry(tmp_path):
 def test_another_model_shape_is_refused_naming_the_leaf(tmp_path):
     ckpt = Checkpointer(tmp_path)
     ckpt.save(1, _state(width=8), config=CONFIG, data_position={})
-    with pytest.raises(CheckpointError, match=r"\['kernel'\] is float32\(8, 2\) there and float32\(4, 2\) here"):
+    with pytest.raises(
+        CheckpointError, match=r"\['kernel'\] is float32\(8, 2\) there and float32\(4, 2\) here"
+    ):
         ckpt.restore(_state(width=4), config=CONFIG)
     with pytest.raises(CheckpointError, match="impls"):
         ckpt.restore(_state(impl="rbg"), config=CONFIG)

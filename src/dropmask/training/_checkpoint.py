@@ -172,6 +172,19 @@ class Checkpointer:
         )
         return dict(restored["record"])
 
+    def check_config(self, config: Mapping[str, Any], step: int | None = None) -> dict[str, Any]:
+        """Checks ``config`` against checkpoint ``step`` (default: the latest); returns its record.
+
+        Raises:
+          CheckpointError: no checkpoint, or it was saved with another config (entries
+            other than the run-length ones differ); the message names the entry.
+        """
+        step = self._require(step)
+        record = self.record(step)
+        where = f"checkpoint {step} in {self.directory}"
+        self._check_config(record["config"], _plain(dict(config)), where)
+        return record
+
     def best_step(self) -> int | None:
         """The kept checkpoint with the best ``best_metric``, or ``None``."""
         if self.best_metric is None:
@@ -284,6 +297,11 @@ class Checkpointer:
                 f"{where} holds another model: only in the checkpoint {missing[:3]}, only "
                 f"in this run {extra[:3]}. Resume with the model it was saved from."
             )
+        if list(impls) != list(record["key_impls"]):
+            raise CheckpointError(
+                f"{where} saved PRNG keys of impls {record['key_impls']}, but this run's "
+                f"state has {impls}. Create the key with the same impl."
+            )
         for (path, shape, dtype), (_, saved_shape, saved_dtype) in zip(current, saved, strict=True):
             if list(shape) != list(saved_shape) or dtype != saved_dtype:
                 raise CheckpointError(
@@ -291,8 +309,3 @@ class Checkpointer:
                     f"{tuple(saved_shape)} there and {dtype}{tuple(shape)} here. Resume "
                     f"with the config it was saved from."
                 )
-        if list(impls) != list(record["key_impls"]):
-            raise CheckpointError(
-                f"{where} saved PRNG keys of impls {record['key_impls']}, but this run's "
-                f"state has {impls}. Create the key with the same impl."
-            )

@@ -168,10 +168,7 @@ def train(
     schedule = Schedule.from_config(config)
     check_workdir(workdir, resume=resume)
     mesh = make_mesh(devices)
-    data = example.load_data(config)
     config_dict = config.to_dict()
-    data_key, params_key, dropout_key = jax.random.split(jax.random.key(schedule.seed), 3)
-    state = replicate(example.create_state(config, data, params_key, dropout_key), mesh)
     checkpointer = Checkpointer(
         workdir / "checkpoints",
         keep=schedule.keep_checkpoints,
@@ -180,7 +177,12 @@ def train(
     )
     start = 0
     if resume:
-        start = int(checkpointer.record()["step"])
+        # Refuse another config before loading data or building a model.
+        start = int(checkpointer.check_config(config_dict)["step"])
+    data = example.load_data(config)
+    data_key, params_key, dropout_key = jax.random.split(jax.random.key(schedule.seed), 3)
+    state = replicate(example.create_state(config, data, params_key, dropout_key), mesh)
+    if resume:
         state, _ = checkpointer.restore(
             state, config=config_dict, data_position=example.position(config, data, start)
         )

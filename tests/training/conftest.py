@@ -1,0 +1,27 @@
+"""The digits example's tiny config drives the shared-loop tests."""
+
+import pathlib
+import sys
+
+import ml_collections
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def tiny_config() -> ml_collections.ConfigDict:
+    """Digits' tiny config, logging every step so that every step's loss is recorded."""
+    from examples.digits import configs
+
+    config = configs.get_tiny_config()
+    config.log_every = 1
+    return config
+
+
+@pytest.fixture(scope="session")
+def example():
+    from examples.digits.train import example
+
+    return example
