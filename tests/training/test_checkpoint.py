@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from dropmask import DropmaskError
-from dropmask.training import CheckpointError, Checkpointer, TrainState, from_bytes, to_bytes
+from dropmask.training import Checkpointer, CheckpointError, TrainState, from_bytes, to_bytes
 
 
 class _MLP(nn.Module):

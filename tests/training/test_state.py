@@ -8,8 +8,8 @@ import optax
 import pytest
 from flax.training import train_state
 
-from dropmask import linen as dl
 from dropmask import DropmaskError
+from dropmask import linen as dl
 from dropmask.training import TrainState, step_key, step_rngs, stream_id, stream_key
 
 
