@@ -169,17 +169,24 @@ def train(
     check_workdir(workdir, resume=resume)
     mesh = make_mesh(devices)
     config_dict = config.to_dict()
-    checkpointer = Checkpointer(
-        workdir / "checkpoints",
-        keep=schedule.keep_checkpoints,
-        best_metric=example.best_metric,
-        best_mode=example.best_mode,
-    )
+
+    def open_checkpoints() -> Checkpointer:
+        return Checkpointer(
+            workdir / "checkpoints",
+            keep=schedule.keep_checkpoints,
+            best_metric=example.best_metric,
+            best_mode=example.best_mode,
+        )
+
     start = 0
+    checkpointer = None
     if resume:
         # Refuse another config before loading data or building a model.
+        checkpointer = open_checkpoints()
         start = int(checkpointer.check_config(config_dict)["step"])
     data = example.load_data(config)
+    # A new run creates its directories only once its data has loaded.
+    checkpointer = checkpointer or open_checkpoints()
     data_key, params_key, dropout_key = jax.random.split(jax.random.key(schedule.seed), 3)
     state = replicate(example.create_state(config, data, params_key, dropout_key), mesh)
     if resume:
