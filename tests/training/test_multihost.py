@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import numpy as np
-from conftest import ROOT, tiny_config
 
+from conftest import ROOT, tiny_config
 from dropmask.training import train
 from dropmask.training._logging import read_metrics
 
