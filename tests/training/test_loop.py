@@ -9,8 +9,8 @@ import textwrap
 
 import numpy as np
 import pytest
+from digits_tiny import ROOT, digits_example, tiny_config
 
-from conftest import ROOT, tiny_config
 from dropmask.training import Checkpointer, CheckpointError, compare_rates, train
 from dropmask.training._logging import read_metrics
 
@@ -18,6 +18,11 @@ from dropmask.training._logging import read_metrics
 # per-step loss difference is 2.4e-7 (1.0e-7 relative), from the order of the
 # all-reduce's sums; the masks themselves are identical.
 DEVICE_RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def example():
+    return digits_example()
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +55,7 @@ _KILLED_SAVE = textwrap.dedent(
     from examples.digits.train import example
     from dropmask.training import train
     sys.path.insert(0, {tests!r})
-    from conftest import tiny_config
+    from digits_tiny import tiny_config
 
     finalize = atomicity.AtomicRenameTemporaryPath.finalize
 

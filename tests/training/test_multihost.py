@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+from digits_tiny import ROOT, digits_example, tiny_config
 
-from conftest import ROOT, tiny_config
 from dropmask.training import train
 from dropmask.training._logging import read_metrics
 
@@ -16,6 +17,11 @@ from dropmask.training._logging import read_metrics
 # global batch and masks, summed in another order (measured: at most 1.1e-7 relative).
 RTOL = 1e-5
 STEPS, EVERY = 6, 3
+
+
+@pytest.fixture(scope="module")
+def example():
+    return digits_example()
 
 
 def _config():

@@ -1,10 +1,9 @@
-"""The digits example's tiny config drives the shared-loop tests."""
+"""The digits example's tiny config, which drives the shared-loop tests."""
 
 import pathlib
 import sys
 
 import ml_collections
-import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -20,8 +19,8 @@ def tiny_config() -> ml_collections.ConfigDict:
     return config
 
 
-@pytest.fixture(scope="session")
-def example():
+def digits_example():
+    """The digits :class:`dropmask.training.Example`."""
     from examples.digits.train import example
 
     return example
