@@ -120,11 +120,6 @@ def check_workdir(workdir: pathlib.Path, *, resume: bool) -> None:
         )
 
 
-def _mean_metrics(window: list[Any]) -> dict[str, float]:
-    host = jax.device_get(window)
-    return {name: float(np.mean([m[name] for m in host])) for name in host[0]}
-
-
 def train(
     example: Example,
     config: ml_collections.ConfigDict,
@@ -168,31 +163,9 @@ def train(
     schedule = Schedule.from_config(config)
     check_workdir(workdir, resume=resume)
     mesh = make_mesh(devices)
-    config_dict = config.to_dict()
-
-    def open_checkpoints() -> Checkpointer:
-        return Checkpointer(
-            workdir / "checkpoints",
-            keep=schedule.keep_checkpoints,
-            best_metric=example.best_metric,
-            best_mode=example.best_mode,
-        )
-
-    start = 0
-    checkpointer = None
-    if resume:
-        # Refuse another config before loading data or building a model.
-        checkpointer = open_checkpoints()
-        start = int(checkpointer.check_config(config_dict)["step"])
-    data = example.load_data(config)
-    # A new run creates its directories only once its data has loaded.
-    checkpointer = checkpointer or open_checkpoints()
-    data_key, params_key, dropout_key = jax.random.split(jax.random.key(schedule.seed), 3)
-    state = replicate(example.create_state(config, data, params_key, dropout_key), mesh)
-    if resume:
-        state, _ = checkpointer.restore(
-            state, config=config_dict, data_position=example.position(config, data, start)
-        )
+    checkpointer, data, data_key, state, start = _start(
+        example, config, workdir, schedule, mesh, resume=resume
+    )
     primary = jax.process_index() == 0
     log = MetricsLog(workdir, start=start, enabled=primary)
     bar = require("tqdm").tqdm(
@@ -207,7 +180,6 @@ def train(
     losses: list[float] = []
     window: list[Any] = []
     final: dict[str, dict[str, float]] = {}
-    batch_size = 0
     window_start = time.perf_counter()
     try:
         for step in range(start, schedule.steps):
@@ -217,24 +189,24 @@ def train(
             window.append(metrics)
             done = step + 1
             if done % schedule.log_every == 0 or done == schedule.steps:
-                means = _mean_metrics(window)
-                losses.extend(float(m["loss"]) for m in jax.device_get(window))
-                now = time.perf_counter()
-                rate = len(window) * batch_size / max(now - window_start, 1e-9)
-                window, window_start = [], now
+                host = jax.device_get(window)
+                means = {name: float(np.mean([m[name] for m in host])) for name in host[0]}
+                losses.extend(float(m["loss"]) for m in host)
+                per_second = len(window) * batch_size / (time.perf_counter() - window_start)
+                window, window_start = [], time.perf_counter()
                 log.write(done, "train", means)
-                bar.set_postfix(loss=f"{means['loss']:.4f}", ex_per_s=f"{rate:,.0f}")
+                bar.set_postfix(loss=f"{means['loss']:.4f}", ex_per_s=f"{per_second:,.0f}")
             bar.update(1)
-            evaluating = done % schedule.eval_every == 0 or done == schedule.steps
             saving = schedule.saves(done)
-            if evaluating or saving:
+            if saving or done % schedule.eval_every == 0 or done == schedule.steps:
                 final = _evaluate(example, state, config, data, log, done)
             if saving:
+                position = example.position(config, data, done)
                 checkpointer.save(
                     done,
                     state,
-                    config=config_dict,
-                    data_position=example.position(config, data, done),
+                    config=config.to_dict(),
+                    data_position=position,
                     metrics=final.get("eval"),
                 )
         if start >= schedule.steps:
@@ -252,11 +224,51 @@ def train(
         losses=losses,
         final=final,
         wall_seconds=time.perf_counter() - started,
-        config=config_dict,
+        config=config.to_dict(),
     )
     if primary:
         _report.write_run(result, example)
     return result
+
+
+def _start(
+    example: Example,
+    config: ml_collections.ConfigDict,
+    workdir: pathlib.Path,
+    schedule: Schedule,
+    mesh: Any,
+    *,
+    resume: bool,
+) -> tuple[Checkpointer, Any, jax.Array, Any, int]:
+    """Opens the checkpoints, loads the data, builds (or restores) the placed state.
+
+    Returns:
+      ``(checkpointer, data, data_key, state, start_step)``.
+    """
+
+    def open_checkpoints() -> Checkpointer:
+        return Checkpointer(
+            workdir / "checkpoints",
+            keep=schedule.keep_checkpoints,
+            best_metric=example.best_metric,
+            best_mode=example.best_mode,
+        )
+
+    start, checkpointer = 0, None
+    if resume:
+        # Refuse another config before loading data or building a model.
+        checkpointer = open_checkpoints()
+        start = int(checkpointer.check_config(config.to_dict())["step"])
+    data = example.load_data(config)
+    # A new run creates its directories only once its data has loaded.
+    checkpointer = checkpointer or open_checkpoints()
+    data_key, params_key, dropout_key = jax.random.split(jax.random.key(schedule.seed), 3)
+    state = replicate(example.create_state(config, data, params_key, dropout_key), mesh)
+    if resume:
+        state, _ = checkpointer.restore(
+            state, config=config.to_dict(), data_position=example.position(config, data, start)
+        )
+    return checkpointer, data, data_key, state, start
 
 
 def _evaluate(
