@@ -27,7 +27,9 @@ __all__ = ["initialize_distributed", "make_mesh", "replicate", "shard_batch"]
 
 DATA_AXIS = "data"
 
-# Read when the matching flag is not given; the same names JAX's own launchers use.
+# Read when the matching flag is not given. The first is also the variable that
+# jax.distributed.initialize itself reads; the two counts are read here, so that a run
+# never depends on which cluster JAX manages to detect.
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
