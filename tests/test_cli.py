@@ -150,6 +150,9 @@ def test_compare_rates_with_num_seeds(capsys, tmp_path):
     status, _, err = _train(capsys, "--compare-rates=0", "--rate=0.1")
     assert status == 2
     _one_line_error(err, "not both")
+    status, _, err = _train(capsys, "--num-seeds=3")
+    assert status == 2
+    _one_line_error(err, "--num-seeds applies to --compare-rates")
 
 
 def test_progress_bar_and_no_progress(capsys, tmp_path):

@@ -41,7 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num-seeds",
         type=int,
-        default=1,
         help="with --compare-rates: seeds SEED..SEED+N-1 per rate, for the spread (1)",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -129,6 +128,10 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
     rates = _rates(args.compare_rates) if args.compare_rates is not None else None
     if args.rate is not None and rates is not None:
         raise DropmaskValueError("give --rate or --compare-rates, not both")
+    if args.num_seeds is not None and rates is None:
+        raise DropmaskValueError(
+            "--num-seeds applies to --compare-rates; for one run pick the seed with --seed"
+        )
     example = _load_example(args.example)
     config = _config.apply_overrides(example.get_config(), overrides)
     if args.steps is not None:
@@ -161,7 +164,7 @@ def _execute(args: argparse.Namespace, example: Any, config: Any, rates: list[fl
         written = "metrics.jsonl, tensorboard/, curves.png, summary.json, checkpoints/"
         wall = result.wall_seconds
     else:
-        seeds = [config.seed + i for i in range(args.num_seeds)]
+        seeds = [config.seed + i for i in range(args.num_seeds or 1)]
         summary = compare_rates(
             example,
             config,
