@@ -28,7 +28,7 @@ from flax.training import train_state
 import dropmask
 from dropmask import linen as dl
 from dropmask import nnx as dnnx
-from dropmask.training import TrainState
+from dropmask.training import TrainState, stream_id
 
 FLAX_EXACT_LINEN = functools.partial(dl.Dropout, impl="flax")
 
@@ -201,13 +201,15 @@ def test_guide_train_state_loop(keys):
     np.testing.assert_array_equal(jax.random.key_data(state.key), jax.random.key_data(dropout_key))
     assert np.mean(losses[-5:]) < np.mean(losses[:5])
     # dropmask.training.TrainState runs the same loop step for step (so the loop is
-    # reproducible from the root key), and its step_key() is the guide's fold_in.
+    # reproducible from the root key); its step_key() is the per-stream rule, the
+    # guide's fold_in of the step applied to the 'dropout' stream's own key.
     ours, our_losses = _run_guide_loop(dl.Dropout, TrainState, steps=30)
     assert our_losses == losses
     jax.tree.map(np.testing.assert_array_equal, ours.params, state.params)
+    stream_root = jax.random.fold_in(dropout_key, stream_id("dropout"))
     np.testing.assert_array_equal(
         jax.random.key_data(ours.step_key()),
-        jax.random.key_data(jax.random.fold_in(dropout_key, 30)),
+        jax.random.key_data(jax.random.fold_in(stream_root, 30)),
     )
 
 

@@ -1,21 +1,28 @@
-"""Digits data: a stratified train/test split of ``sklearn.datasets.load_digits``.
+"""Digits data: a stratified train/test split, and each step's batch as a pure function.
 
-The dataset ships with scikit-learn, so nothing is downloaded. Everything here is
-host-side NumPy except the per-epoch shuffle, which is drawn from a JAX key so that
-the whole demo derives from one root key.
+scikit-learn ships the 1797 8x8 images, so nothing is downloaded; ``config.data_path``
+may name an ``.npz`` with the same arrays instead. The batch of step ``s`` depends only
+on the data, the data key and ``s``: epoch ``s // steps_per_epoch`` is shuffled by
+``fold_in(data_key, epoch)``, so a run resumed at any step sees the batches an
+uninterrupted run would.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import functools
+import pathlib
+import zipfile
 
 import jax
+import ml_collections
 import numpy as np
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
-# load_digits pixels are integers in [0, 16].
+from dropmask.training import DataError
+
+NUM_CLASSES = 10
+NUM_PIXELS = 64
+# The pixels of load_digits are integers in [0, 16].
 _MAX_PIXEL = 16.0
 
 
@@ -35,46 +42,117 @@ class Split:
         return len(self.label)
 
 
-def load(train_size: int, *, seed: int, label_noise: float = 0.0) -> tuple[Split, Split]:
-    """Loads digits and splits them into stratified train and test sets.
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """The train split (possibly with noisy labels) and the clean test split."""
 
-    Args:
-      train_size: images in the train split; the remaining ``1797 - train_size`` are
-        the test split.
-      seed: seeds the split and the label noise.
-      label_noise: fraction of *training* labels replaced by a uniformly random class
-        (which may equal the true one); test labels are never changed.
+    train: Split
+    test: Split
 
-    Returns:
-      ``(train, test)`` splits.
+
+def _read(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(pixels, classes)`` of ``path``, or of the bundled digits when empty."""
+    if not path:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        return digits.data, digits.target
+    file = pathlib.Path(path)
+    expected = "an .npz with arrays 'data' [n, 64] (pixels in [0, 16]) and 'target' [n]"
+    if not file.is_file():
+        raise DataError(
+            f"config.data_path={path!r} does not exist. Give {expected}, or leave it empty "
+            f"for scikit-learn's bundled digits."
+        )
+    try:
+        with np.load(file) as arrays:
+            data, target = arrays["data"], arrays["target"]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+        raise DataError(
+            f"config.data_path={path!r} is not readable as {expected}: {error}."
+        ) from None
+    if data.ndim != 2 or data.shape[1] != NUM_PIXELS or target.shape != (len(data),):
+        raise DataError(
+            f"config.data_path={path!r} holds data {data.shape} and target {target.shape}; "
+            f"expected {expected}."
+        )
+    return data, target
+
+
+def load(config: ml_collections.ConfigDict) -> Data:
+    """Loads the digits and splits them into stratified train and test sets.
+
+    Uses ``config.data_path``, ``train_size``, ``data_seed`` (split and label noise)
+    and ``label_noise`` (fraction of *training* labels replaced by a uniformly random
+    class, which may equal the true one; test labels never change).
+
+    Raises:
+      DataError: a missing or unreadable ``data_path``, too few images per class for
+        ``train_size``, or a ``batch_size`` outside ``[1, train_size]``.
     """
-    digits = load_digits()
-    images = (digits.data / _MAX_PIXEL).astype(np.float32)
-    labels = digits.target.astype(np.int32)
+    from sklearn.model_selection import train_test_split
+
+    pixels, classes = _read(config.data_path)
+    images = (np.asarray(pixels) / _MAX_PIXEL).astype(np.float32)
+    labels = np.asarray(classes).astype(np.int32)
+    if not NUM_CLASSES <= config.train_size <= len(labels) - NUM_CLASSES:
+        raise DataError(
+            f"config.train_size must be in [{NUM_CLASSES}, {len(labels) - NUM_CLASSES}] so "
+            f"both splits hold every class, got {config.train_size}."
+        )
+    if not 1 <= config.batch_size <= config.train_size:
+        raise DataError(
+            f"config.batch_size must be in [1, train_size={config.train_size}], got "
+            f"{config.batch_size}. Lower it or raise train_size."
+        )
     x_train, x_test, y_train, y_test = train_test_split(
-        images, labels, train_size=train_size, stratify=labels, random_state=seed
+        images,
+        labels,
+        train_size=config.train_size,
+        stratify=labels,
+        random_state=config.data_seed,
     )
-    if label_noise > 0:
-        rng = np.random.default_rng(seed)
-        flip = rng.random(len(y_train)) < label_noise
-        random_labels = rng.integers(0, 10, len(y_train), dtype=np.int32)
+    if config.label_noise > 0:
+        rng = np.random.default_rng(config.data_seed)
+        flip = rng.random(len(y_train)) < config.label_noise
+        random_labels = rng.integers(0, NUM_CLASSES, len(y_train), dtype=np.int32)
         y_train = np.where(flip, random_labels, y_train).astype(np.int32)
-    return Split(x_train, y_train), Split(x_test, y_test)
+    return Data(Split(x_train, y_train), Split(x_test, y_test))
 
 
-def batches(split: Split, batch_size: int, key: jax.Array) -> Iterator[dict[str, np.ndarray]]:
-    """Yields one shuffled epoch of full batches.
+def steps_per_epoch(config: ml_collections.ConfigDict, data: Data) -> int:
+    """Full batches per epoch; the remainder is dropped so every step has one shape."""
+    return len(data.train) // config.batch_size
 
-    Args:
-      split: the data to batch.
-      batch_size: examples per batch; the remainder of the epoch is dropped so that
-        every batch has the same shape and ``train_step`` compiles once.
-      key: PRNG key for this epoch's order, e.g. ``fold_in(main_key, epoch)``.
 
-    Yields:
-      ``{'image': float32[batch_size, 64], 'label': int32[batch_size]}``.
-    """
-    order = np.asarray(jax.random.permutation(key, len(split)))
-    for start in range(0, len(split) - batch_size + 1, batch_size):
-        idx = order[start : start + batch_size]
-        yield {"image": split.image[idx], "label": split.label[idx]}
+@functools.lru_cache(maxsize=4)
+def _order(key_data: bytes, impl: str, epoch: int, n: int) -> np.ndarray:
+    key = jax.random.wrap_key_data(np.frombuffer(key_data, np.uint32), impl=impl)
+    return np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), n))
+
+
+def train_batch(
+    config: ml_collections.ConfigDict, data: Data, data_key: jax.Array, step: int
+) -> dict[str, np.ndarray]:
+    """The batch of ``step``: ``{'image': f32[batch_size, 64], 'label': i32[batch_size]}``."""
+    epoch, index = divmod(step, steps_per_epoch(config, data))
+    order = _order(
+        np.asarray(jax.random.key_data(data_key)).tobytes(),
+        str(jax.random.key_impl(data_key)),
+        epoch,
+        len(data.train),
+    )
+    idx = order[index * config.batch_size : (index + 1) * config.batch_size]
+    return {"image": data.train.image[idx], "label": data.train.label[idx]}
+
+
+def position(config: ml_collections.ConfigDict, data: Data, step: int) -> dict[str, int]:
+    """Where the pipeline is at ``step``: epoch, batch within it, and the epoch's shape."""
+    per_epoch = steps_per_epoch(config, data)
+    epoch, index = divmod(step, per_epoch)
+    return {
+        "epoch": epoch,
+        "batch": index,
+        "steps_per_epoch": per_epoch,
+        "train_size": len(data.train),
+    }

@@ -1,149 +1,148 @@
-"""The digits demo: a tiny config trains, is reproducible, and writes its reports."""
-
-import dataclasses
-import json
+"""The digits example: data, a pure batch schedule, its steps, and a tiny run that learns."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from examples.digits import configs, input_pipeline, train
-from examples.digits.models import MLP
+
+from dropmask.training import DataError
+from dropmask.training import train as run_training
 
 
 @pytest.fixture(scope="module")
-def data() -> tuple[input_pipeline.Split, input_pipeline.Split]:
-    config = configs.tiny()
-    return input_pipeline.load(config.train_size, seed=config.seed)
-
-
-def _state(dropout: bool) -> train.TrainState:
-    """A fresh state for the tiny config's model, with or without dropout."""
-    config = configs.tiny()
-    _, params_key, dropout_key = jax.random.split(jax.random.key(config.seed), 3)
-    rates = (config.rate, config.input_rate) if dropout else (0.0, 0.0)
-    model = MLP(hidden=config.hidden, rate=rates[0], input_rate=rates[1])
-    return train.create_train_state(
-        model, params_key, dropout_key, jnp.zeros((1, 64)), config.learning_rate
-    )
-
-
-# One state per model for the module: train_step's jit cache is keyed on the model
-# instance (``apply_fn`` is static), so fresh models would recompile in every test.
-@pytest.fixture(scope="module")
-def dropout_state() -> train.TrainState:
-    return _state(dropout=True)
+def config():
+    return configs.get_tiny_config()
 
 
 @pytest.fixture(scope="module")
-def baseline_state() -> train.TrainState:
-    return _state(dropout=False)
+def data(config):
+    return input_pipeline.load(config)
 
 
-def _batch(split: input_pipeline.Split, n: int = 25) -> dict[str, np.ndarray]:
-    return {"image": split.image[:n], "label": split.label[:n]}
+@pytest.fixture(scope="module")
+def state(config, data):
+    _, params_key, dropout_key = jax.random.split(jax.random.key(0), 3)
+    return train.create_state(config, data, params_key, dropout_key)
+
+
+def _batch(config, data, step=0):
+    return input_pipeline.train_batch(config, data, jax.random.key(1), step)
 
 
 def test_splits_are_stratified_and_scaled(data):
-    train_split, test_split = data
-    assert train_split.image.shape == (100, 64) and train_split.image.dtype == np.float32
-    assert len(test_split) == configs.NUM_EXAMPLES - 100
-    assert 0.0 <= train_split.image.min() and train_split.image.max() <= 1.0
-    np.testing.assert_array_equal(np.bincount(train_split.label), np.full(10, 10))
+    assert data.train.image.shape == (96, 64) and data.train.image.dtype == np.float32
+    assert len(data.test) == 1797 - 96
+    assert 0.0 <= data.train.image.min() and data.train.image.max() <= 1.0
+    counts = np.bincount(data.train.label, minlength=10)
+    assert counts.min() >= 9 and counts.max() <= 10, counts
 
 
-def test_batches_cover_an_epoch_once_with_static_shapes():
-    ids = np.arange(100)
-    split = input_pipeline.Split(image=ids[:, None].astype(np.float32), label=ids)
-    got = list(input_pipeline.batches(split, 30, jax.random.key(0)))
-    assert [b["image"].shape for b in got] == [(30, 1)] * 3  # 100 // 30, remainder dropped
-    seen = np.concatenate([b["label"] for b in got])
-    assert len(np.unique(seen)) == 90
-    assert not np.array_equal(seen, ids[:90])  # shuffled
-    again = np.concatenate(
-        [b["label"] for b in input_pipeline.batches(split, 30, jax.random.key(0))]
+def test_batches_are_a_pure_function_of_key_and_step(config, data):
+    key = jax.random.key(1)
+    per_epoch = input_pipeline.steps_per_epoch(config, data)
+    assert per_epoch == 4  # 96 // 24
+    epoch = [input_pipeline.train_batch(config, data, key, s)["label"] for s in range(per_epoch)]
+    assert all(b.shape == (24,) for b in epoch)
+    # One epoch visits every image once, in a shuffled order.
+    images = np.concatenate(
+        [input_pipeline.train_batch(config, data, key, s)["image"] for s in range(4)]
     )
-    np.testing.assert_array_equal(seen, again)
+    assert len(np.unique(images, axis=0)) == len(np.unique(data.train.image, axis=0))
+    assert not np.array_equal(images, data.train.image)
+    # The same step gives the same batch in any order of calls; epochs differ.
+    again = input_pipeline.train_batch(config, data, key, 2)
+    np.testing.assert_array_equal(again["label"], epoch[2])
+    next_epoch = input_pipeline.train_batch(config, data, key, 4)["image"]
+    assert not np.array_equal(next_epoch, images[:24])
+    assert input_pipeline.position(config, data, 9) == {
+        "epoch": 2,
+        "batch": 1,
+        "steps_per_epoch": 4,
+        "train_size": 96,
+    }
 
 
-def test_label_noise_changes_only_train_labels():
-    clean_train, clean_test = input_pipeline.load(200, seed=0)
-    noisy_train, noisy_test = input_pipeline.load(200, seed=0, label_noise=0.5)
-    np.testing.assert_array_equal(clean_test.label, noisy_test.label)
-    changed = np.mean(clean_train.label != noisy_train.label)
+def test_label_noise_changes_only_train_labels(config):
+    clean, noisy = config.copy_and_resolve_references(), config.copy_and_resolve_references()
+    clean.train_size = noisy.train_size = 200
+    noisy.label_noise = 0.5
+    a, b = input_pipeline.load(clean), input_pipeline.load(noisy)
+    np.testing.assert_array_equal(a.test.label, b.test.label)
+    changed = np.mean(a.train.label != b.train.label)
     # Half are redrawn, and a redrawn label differs from the true one 9 times in 10.
     assert 0.3 < changed < 0.6, changed
 
 
-def test_loss_drops_over_a_few_steps(data, dropout_state):
-    train_split, _ = data
-    state = dropout_state
-    before = train.eval_step(state, train_split.image, train_split.label)["loss"]
-    for epoch in range(5):
-        for batch in input_pipeline.batches(train_split, 25, jax.random.key(epoch)):
-            state, loss = train.train_step(state, batch)
-    after = train.eval_step(state, train_split.image, train_split.label)["loss"]
-    assert int(state.step) == 20
-    assert np.isfinite(float(loss))
-    assert float(after) < 0.85 * float(before), (float(before), float(after))
+def test_data_path_npz_and_errors(config, tmp_path):
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    path = tmp_path / "digits.npz"
+    np.savez(path, data=digits.data, target=digits.target)
+    from_file = config.copy_and_resolve_references()
+    from_file.data_path = str(path)
+    np.testing.assert_array_equal(
+        input_pipeline.load(from_file).train.image, input_pipeline.load(config).train.image
+    )
+    np.savez(path, data=digits.data[:, :10], target=digits.target)
+    with pytest.raises(DataError, match=r"holds data \(1797, 10\)"):
+        input_pipeline.load(from_file)
+    bad = config.copy_and_resolve_references()
+    bad.batch_size = 500
+    with pytest.raises(DataError, match="batch_size must be in"):
+        input_pipeline.load(bad)
+    bad = config.copy_and_resolve_references()
+    bad.train_size = 1797
+    with pytest.raises(DataError, match="train_size"):
+        input_pipeline.load(bad)
 
 
-def test_train_step_is_deterministic_for_a_key(data, dropout_state):
-    state, batch = dropout_state, _batch(data[0])
-    (a, loss_a), (b, loss_b) = train.train_step(state, batch), train.train_step(state, batch)
-    assert float(loss_a) == float(loss_b)
+def test_train_step_changes_every_parameter_and_is_reproducible(config, data, state):
+    batch = _batch(config, data)
+    (a, metrics_a), (b, metrics_b) = train.train_step(state, batch), train.train_step(state, batch)
+    assert float(metrics_a["loss"]) == float(metrics_b["loss"])
+    assert 0.0 <= float(metrics_a["accuracy"]) <= 1.0
     jax.tree.map(np.testing.assert_array_equal, a.params, b.params)
+    changed = jax.tree.map(
+        lambda x, y: bool(np.any(np.asarray(x) != np.asarray(y))), a.params, state.params
+    )
+    assert all(jax.tree.leaves(changed)), changed
     # Another key, or the same key at another step, draws other masks.
-    _, loss_key = train.train_step(state.replace(key=jax.random.key(7)), batch)
-    _, loss_step = train.train_step(state.replace(step=state.step + 1), batch)
-    assert float(loss_key) != float(loss_a)
-    assert float(loss_step) != float(loss_a)
+    _, other_key = train.train_step(state.replace(key=jax.random.key(7)), batch)
+    _, other_step = train.train_step(state.replace(step=state.step + 1), batch)
+    assert float(other_key["loss"]) != float(metrics_a["loss"])
+    assert float(other_step["loss"]) != float(metrics_a["loss"])
 
 
-def test_baseline_ignores_the_dropout_key(data, baseline_state):
-    state, batch = baseline_state, _batch(data[0])
-    _, loss_a = train.train_step(state, batch)
-    _, loss_b = train.train_step(state.replace(key=jax.random.key(7)), batch)
-    assert float(loss_a) == float(loss_b)
+def test_rate_zero_ignores_the_dropout_key(config, data):
+    no_dropout = config.copy_and_resolve_references()
+    no_dropout.rate = 0.0
+    _, params_key, dropout_key = jax.random.split(jax.random.key(0), 3)
+    state = train.create_state(no_dropout, data, params_key, dropout_key)
+    batch = _batch(config, data)
+    _, a = train.train_step(state, batch)
+    _, b = train.train_step(state.replace(key=jax.random.key(7)), batch)
+    assert float(a["loss"]) == float(b["loss"])
 
 
-def test_eval_is_deterministic_and_needs_no_key(data, dropout_state):
-    _, test_split = data
-    state = dropout_state
-    a = train.eval_step(state, test_split.image, test_split.label)
-    b = train.eval_step(state.replace(key=jax.random.key(9)), test_split.image, test_split.label)
-    assert float(a["loss"]) == float(b["loss"]) and float(a["accuracy"]) == float(b["accuracy"])
+def test_eval_is_deterministic_and_needs_no_key(config, data, state):
+    a = train.evaluate(state, config, data, "eval")
+    b = train.evaluate(state.replace(key=jax.random.key(9)), config, data, "eval")
+    assert a == b and set(a) == {"loss", "accuracy"}
+    assert train.evaluate(state, config, data, "train_eval") != a
 
 
-def test_main_writes_metrics_and_plot(tmp_path, capsys):
-    out = tmp_path / "digits"
-    histories = train.main(["--tiny", "--no-progress", "--out", str(out)])
-    printed = capsys.readouterr().out
-    assert "no dropout" in printed and "dropout 0.5" in printed and "acc gap" in printed
-
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["config"] == dataclasses.asdict(configs.tiny()) | {"hidden": [32]}
-    assert [r["name"] for r in metrics["runs"]] == ["no dropout", "dropout 0.5"]
-    assert [r["rate"] for r in metrics["runs"]] == [0.0, 0.5]
-    for run, history in zip(metrics["runs"], histories, strict=True):
-        assert run["epoch"] == [0, 1, 2, 3]
-        final = run["final"]
-        assert 0.0 <= final["test_accuracy"] <= 1.0
-        assert final["accuracy_gap"] == pytest.approx(
-            final["train_accuracy"] - final["test_accuracy"], abs=1e-12
-        )
-        assert final["train_loss"] == history.train_loss[-1]
-        # Training helped: the first evaluation is at initialisation.
-        assert run["test_accuracy"][-1] > run["test_accuracy"][0]
-
-    png = (out / "curves.png").read_bytes()
-    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
-
-
-def test_config_validation():
-    with pytest.raises(ValueError, match=r"rate must be in \[0, 1\)"):
-        configs.Config(rate=1.0)
-    with pytest.raises(ValueError, match="batch_size"):
-        configs.Config(train_size=20, batch_size=50)
-    with pytest.raises(ValueError, match="train_size"):
-        configs.Config(train_size=1797)
+def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
+    longer = config.copy_and_resolve_references()
+    longer.steps, longer.log_every = 24, 1
+    full = run_training(train.example, longer, tmp_path / "full", devices=1, progress=False)
+    first, last = np.mean(full.losses[:4]), np.mean(full.losses[-4:])
+    assert last < 0.8 * first, (first, last)
+    assert full.final["eval"]["accuracy"] > 0.5
+    half = longer.copy_and_resolve_references()
+    half.steps = 12
+    part = run_training(train.example, half, tmp_path / "part", devices=1, progress=False)
+    rest = run_training(
+        train.example, longer, tmp_path / "part", devices=1, progress=False, resume=True
+    )
+    assert part.losses + rest.losses == full.losses

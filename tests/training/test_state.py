@@ -8,8 +8,9 @@ import optax
 import pytest
 from flax.training import train_state
 
+from dropmask import DropmaskError
 from dropmask import linen as dl
-from dropmask.training import TrainState, step_key, step_rngs, stream_id
+from dropmask.training import TrainState, step_key, step_rngs, stream_id, stream_key
 
 
 class _Model(nn.Module):
@@ -34,7 +35,7 @@ def state() -> TrainState:
 
 
 def _loss(state: TrainState, params: dict, x: jax.Array) -> jax.Array:
-    y = state.apply_fn({"params": params}, x, training=True, rngs={"dropout": state.step_key()})
+    y = state.apply_fn({"params": params}, x, training=True, rngs=state.rngs("dropout"))
     return jnp.mean(y**2)
 
 
@@ -91,15 +92,51 @@ def test_train_step_is_reproducible_and_key_dependent(state):
     assert not np.array_equal(*kernels)
 
 
-def test_step_key_is_fold_in_of_step_and_differs_per_step(state):
+def _rule(key: jax.Array, step: int, name: str) -> np.ndarray:
+    return _bits(jax.random.fold_in(jax.random.fold_in(key, stream_id(name)), step))
+
+
+def test_step_key_is_the_stream_rule_and_differs_per_step(state):
     keys = [state.replace(step=s).step_key() for s in range(20)]
     assert len({_bits(k).tobytes() for k in keys}) == 20
     for s, k in enumerate(keys):
-        np.testing.assert_array_equal(_bits(k), _bits(jax.random.fold_in(state.key, s)))
+        np.testing.assert_array_equal(_bits(k), _rule(state.key, s, "dropout"))
+        # One rule: step_key, rngs and stream_key agree for every stream.
+        rngs = state.replace(step=s).rngs("dropout", "lstm")
+        np.testing.assert_array_equal(_bits(rngs["dropout"]), _bits(k))
+        np.testing.assert_array_equal(
+            _bits(state.replace(step=s).step_key("lstm")), _bits(rngs["lstm"])
+        )
+        np.testing.assert_array_equal(_bits(stream_key(state.key, s, "lstm")), _bits(rngs["lstm"]))
     # Same value eagerly, under jit (traced step) and through the function form.
     jitted = jax.jit(lambda st: st.step_key())(state.replace(step=jnp.int32(7)))
     np.testing.assert_array_equal(_bits(jitted), _bits(keys[7]))
     np.testing.assert_array_equal(_bits(step_key(state.replace(step=7))), _bits(keys[7]))
+
+
+class _TwoStreams(nn.Module):
+    """Dropout on the ``'dropout'`` stream plus noise drawn from an ``'lstm'`` stream."""
+
+    extra_stream: bool
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        dropped = dl.Dropout(0.5, deterministic=False)(x)
+        if self.extra_stream:
+            noise = jax.random.normal(self.make_rng("lstm"), x.shape)
+            return dropped, x + noise
+        return dropped, x
+
+
+def test_adding_an_lstm_stream_keeps_the_dropout_masks(state):
+    x = jnp.ones((4, 64))
+    for step in range(3):
+        stepped = state.replace(step=jnp.int32(step))
+        alone, _ = _TwoStreams(False).apply({}, x, rngs=stepped.rngs("dropout"))
+        both, noisy = _TwoStreams(True).apply({}, x, rngs=stepped.rngs("dropout", "lstm"))
+        np.testing.assert_array_equal(np.asarray(alone), np.asarray(both))
+        assert 0.3 < float(jnp.mean(alone == 0)) < 0.7  # the mask is real
+        assert not np.array_equal(np.asarray(noisy), np.asarray(x))  # the stream is used
 
 
 def test_step_key_under_vmap_gives_one_key_per_member(state):
@@ -107,7 +144,7 @@ def test_step_key_under_vmap_gives_one_key_per_member(state):
     stepped = jax.vmap(lambda k: step_key(state.replace(key=k, step=3)))(keys)
     assert stepped.shape == (4,)
     for i in range(4):
-        np.testing.assert_array_equal(_bits(stepped[i]), _bits(jax.random.fold_in(keys[i], 3)))
+        np.testing.assert_array_equal(_bits(stepped[i]), _rule(keys[i], 3, "dropout"))
 
 
 def test_step_key_works_on_the_guides_hand_written_state(state):
@@ -118,6 +155,7 @@ def test_step_key_works_on_the_guides_hand_written_state(state):
         apply_fn=state.apply_fn, params=state.params, tx=optax.sgd(0.1), key=state.key
     ).replace(step=5)
     np.testing.assert_array_equal(_bits(step_key(guide)), _bits(state.replace(step=5).step_key()))
+    np.testing.assert_array_equal(_bits(step_key(guide)), _rule(state.key, 5, "dropout"))
     assert set(step_rngs(guide, "dropout", "lstm")) == {"dropout", "lstm"}
 
 
@@ -153,7 +191,7 @@ def test_stream_id_is_stable_across_processes():
 def test_raw_uint32_keys_are_accepted(state):
     raw = state.replace(key=jax.random.PRNGKey(3), step=2)
     np.testing.assert_array_equal(
-        np.asarray(raw.step_key()), np.asarray(jax.random.fold_in(jax.random.PRNGKey(3), 2))
+        np.asarray(raw.step_key()), _rule(jax.random.PRNGKey(3), 2, "dropout")
     )
     created = TrainState.create(
         apply_fn=state.apply_fn, params=state.params, tx=optax.sgd(0.1), key=jax.random.PRNGKey(3)
@@ -170,19 +208,19 @@ def test_raw_uint32_keys_are_accepted(state):
     ],
 )
 def test_create_rejects_non_keys(state, bad_key, match):
-    with pytest.raises(TypeError, match=match):
+    with pytest.raises(DropmaskError, match=match):
         TrainState.create(
             apply_fn=state.apply_fn, params=state.params, tx=optax.sgd(0.1), key=bad_key
         )
 
 
 def test_create_requires_key(state):
-    with pytest.raises(TypeError, match="needs key="):
+    with pytest.raises(DropmaskError, match="needs key="):
         TrainState.create(apply_fn=state.apply_fn, params=state.params, tx=optax.sgd(0.1))
 
 
 def test_rngs_errors(state):
-    with pytest.raises(ValueError, match="at least one stream name"):
+    with pytest.raises(DropmaskError, match="at least one stream name"):
         state.rngs()
-    with pytest.raises(TypeError, match="must be a str"):
+    with pytest.raises(DropmaskError, match="must be a str"):
         state.rngs("dropout", 3)

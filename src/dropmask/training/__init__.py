@@ -1,4 +1,4 @@
-"""Training-loop helpers: a ``TrainState`` that carries the dropout key, per-step keys.
+"""Training workflow: keys per step and stream, checkpoints, devices, one shared loop.
 
 The pattern from the Flax dropout guide, packaged::
 
@@ -6,12 +6,52 @@ The pattern from the Flax dropout guide, packaged::
     state = TrainState.create(apply_fn=model.apply, params=params, tx=tx, key=dropout_key)
     # inside a jitted train_step:
     logits = state.apply_fn({"params": params}, x, training=True,
-                            rngs={"dropout": state.step_key()})  # fold_in(key, step)
+                            rngs=state.rngs("dropout"))
+
+Every stream's per-step key is ``fold_in(fold_in(key, stream_id(name)), step)``.
+:class:`Checkpointer` saves and restores runs exactly (typed keys included);
+:func:`train` and :func:`compare_rates` run an :class:`Example` on any number of
+devices and processes; ``dropmask train NAME`` is the command over them.
 """
 
+from ._checkpoint import Checkpointer as Checkpointer
+from ._errors import CheckpointError as CheckpointError
+from ._errors import DataError as DataError
+from ._example import Example as Example
+from ._example import base_config as base_config
 from ._keys import step_key as step_key
 from ._keys import step_rngs as step_rngs
 from ._keys import stream_id as stream_id
+from ._keys import stream_key as stream_key
+from ._loop import RunResult as RunResult
+from ._loop import compare_rates as compare_rates
+from ._loop import train as train
+from ._parallel import initialize_distributed as initialize_distributed
+from ._parallel import make_mesh as make_mesh
+from ._parallel import replicate as replicate
+from ._parallel import shard_batch as shard_batch
+from ._serialization import from_bytes as from_bytes
+from ._serialization import to_bytes as to_bytes
 from ._state import TrainState as TrainState
 
-__all__ = ["TrainState", "step_key", "step_rngs", "stream_id"]
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "DataError",
+    "Example",
+    "RunResult",
+    "TrainState",
+    "base_config",
+    "compare_rates",
+    "from_bytes",
+    "initialize_distributed",
+    "make_mesh",
+    "replicate",
+    "shard_batch",
+    "step_key",
+    "step_rngs",
+    "stream_id",
+    "stream_key",
+    "to_bytes",
+    "train",
+]

@@ -1,8 +1,14 @@
-"""Per-step PRNG keys for training loops: ``fold_in(key, step)``, per named stream.
+"""Per-step PRNG keys for training loops: one rule for every named stream.
 
-Folding the step number into one stored key (rather than splitting and storing a
-new key every step) keeps the key in the train state constant, so a step can be
-re-run or resumed from a checkpoint and draw exactly the same masks.
+Stream ``name`` at step ``step`` gets::
+
+    fold_in(fold_in(key, stream_id(name)), step)
+
+Each stream has its own root key (the stored key with the stream's id folded in), and
+the step is folded into that root, so a stream's keys depend only on the stored key,
+its name and the step. Adding or removing another stream (say ``'lstm'`` beside
+``'dropout'``) never changes a stream's masks, and a step re-run or resumed from a
+checkpoint draws exactly the same masks, because the stored key itself never changes.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ from typing import Any, Protocol
 
 import jax
 
-__all__ = ["step_key", "step_rngs", "stream_id"]
+from .._errors import DropmaskTypeError, DropmaskValueError
+
+__all__ = ["step_key", "step_rngs", "stream_id", "stream_key"]
 
 
 class HasKeyAndStep(Protocol):
@@ -35,19 +43,47 @@ def stream_id(name: str) -> int:
       An int in ``[0, 2**32)``, usable as ``jax.random.fold_in`` data.
 
     Raises:
-      TypeError: ``name`` is not a string.
+      DropmaskTypeError: ``name`` is not a string.
 
     Example:
       >>> stream_id("dropout") == stream_id("dropout") != stream_id("lstm")
       True
     """
     if not isinstance(name, str):
-        raise TypeError(f"a PRNG stream name must be a str, got {type(name).__name__}: {name!r}.")
+        raise DropmaskTypeError(
+            f"a PRNG stream name must be a str, got {type(name).__name__}: {name!r}. "
+            f"Pass the stream's name, e.g. 'dropout'."
+        )
     return zlib.crc32(name.encode("utf-8"))
 
 
-def step_key(state: HasKeyAndStep) -> jax.Array:
-    """The key for the current step: ``jax.random.fold_in(state.key, state.step)``.
+def stream_key(key: jax.Array, step: Any, name: str) -> jax.Array:
+    """The key of stream ``name`` at ``step``: ``fold_in(fold_in(key, stream_id(name)), step)``.
+
+    This is the only place the rule lives; :func:`step_key`, :func:`step_rngs` and
+    ``TrainState.rngs`` all call it.
+
+    Args:
+      key: the stored scalar PRNG key (typed, or a raw ``uint32[2]`` key).
+      step: an int or int32 scalar, possibly traced inside ``jit``.
+      name: the stream name, e.g. ``'dropout'``.
+
+    Returns:
+      A scalar PRNG key of the same kind as ``key``.
+
+    Example:
+      >>> import jax
+      >>> key = jax.random.key(0)
+      >>> k = stream_key(key, 3, "dropout")
+      >>> manual = jax.random.fold_in(jax.random.fold_in(key, stream_id("dropout")), 3)
+      >>> bool((jax.random.key_data(k) == jax.random.key_data(manual)).all())
+      True
+    """
+    return jax.random.fold_in(jax.random.fold_in(key, stream_id(name)), step)
+
+
+def step_key(state: HasKeyAndStep, stream: str = "dropout") -> jax.Array:
+    """This step's key for one stream: ``step_rngs(state, stream)[stream]``.
 
     Works on any state with ``key`` and ``step`` fields, including the hand-written
     ``class TrainState(train_state.TrainState): key: jax.Array`` of the Flax guide.
@@ -55,29 +91,28 @@ def step_key(state: HasKeyAndStep) -> jax.Array:
     Args:
       state: holds ``key`` (a scalar PRNG key) and ``step`` (an int or int32 scalar,
         possibly traced inside ``jit``).
+      stream: the stream name; ``'dropout'`` by default.
 
     Returns:
-      A scalar PRNG key of the same kind as ``state.key``, different for every step.
+      A scalar PRNG key of the same kind as ``state.key``, different for every step
+      and stream.
 
     Example:
       >>> import jax
       >>> from types import SimpleNamespace
-      >>> key = jax.random.key(0)
-      >>> a = step_key(SimpleNamespace(key=key, step=0))
-      >>> b = step_key(SimpleNamespace(key=key, step=1))
-      >>> bool((jax.random.key_data(a) != jax.random.key_data(b)).any())
+      >>> state = SimpleNamespace(key=jax.random.key(0), step=1)
+      >>> a, b = step_key(state), step_rngs(state, "dropout", "lstm")["dropout"]
+      >>> bool((jax.random.key_data(a) == jax.random.key_data(b)).all())
       True
     """
-    return jax.random.fold_in(state.key, state.step)
+    return stream_key(state.key, state.step, stream)
 
 
 def step_rngs(state: HasKeyAndStep, *names: str) -> dict[str, jax.Array]:
     """Independent per-step keys for several named PRNG streams, ready for ``apply``.
 
-    Stream ``name`` gets ``fold_in(fold_in(state.key, stream_id(name)), state.step)``:
-    each stream has its own root key, and the step is folded into it exactly as the
-    Flax guide does for a single ``'dropout'`` key. Keys depend only on the name, not
-    on the order or on which other names are requested.
+    Stream ``name`` gets :func:`stream_key` ``(state.key, state.step, name)``. Keys
+    depend only on the name, not on the order or on which other names are requested.
 
     Args:
       state: holds ``key`` and ``step`` (see :func:`step_key`).
@@ -88,8 +123,8 @@ def step_rngs(state: HasKeyAndStep, *names: str) -> dict[str, jax.Array]:
       ``module.apply(variables, x, rngs=step_rngs(state, 'dropout', 'lstm'))``.
 
     Raises:
-      ValueError: no names were given, or two names hash to the same stream id.
-      TypeError: a name is not a string.
+      DropmaskValueError: no names were given, or two names share a stream id.
+      DropmaskTypeError: a name is not a string.
 
     Example:
       >>> import jax
@@ -103,14 +138,11 @@ def step_rngs(state: HasKeyAndStep, *names: str) -> dict[str, jax.Array]:
       True
     """
     if not names:
-        raise ValueError(
+        raise DropmaskValueError(
             "step_rngs needs at least one stream name, got none. "
             "Pass the streams your model draws from, e.g. step_rngs(state, 'dropout')."
         )
     ids = {name: stream_id(name) for name in names}
     if len(set(ids.values())) != len(ids):
-        raise ValueError(f"two stream names share a CRC-32 id: {ids}. Rename one of them.")
-    return {
-        name: jax.random.fold_in(jax.random.fold_in(state.key, sid), state.step)
-        for name, sid in ids.items()
-    }
+        raise DropmaskValueError(f"two stream names share a CRC-32 id: {ids}. Rename one of them.")
+    return {name: stream_key(state.key, state.step, name) for name in ids}

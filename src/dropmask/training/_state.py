@@ -8,13 +8,14 @@ import jax
 import jax.numpy as jnp
 from flax.training import train_state
 
+from .._errors import DropmaskTypeError
 from ._keys import step_key, step_rngs
 
 __all__ = ["TrainState"]
 
 
 def check_key(key: Any) -> None:
-    """Raises TypeError unless ``key`` is one scalar PRNG key (typed or raw ``uint32[2]``)."""
+    """Raises DropmaskTypeError unless ``key`` is one scalar PRNG key (typed or ``uint32[2]``)."""
     dtype = getattr(key, "dtype", None)
     shape = tuple(getattr(key, "shape", ()))
     if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key) and shape == ():
@@ -22,7 +23,7 @@ def check_key(key: Any) -> None:
     if dtype == jnp.uint32 and shape == (2,):
         return
     got = f"{type(key).__name__} with dtype {dtype} and shape {shape}" if dtype else repr(key)
-    raise TypeError(
+    raise DropmaskTypeError(
         f"TrainState key must be one PRNG key (jax.random.key(seed), or a raw uint32[2] "
         f"key), got {got}. Split one from your root key, e.g. "
         f"main_key, params_key, dropout_key = jax.random.split(jax.random.key(0), 3)."
@@ -33,8 +34,16 @@ class TrainState(train_state.TrainState):
     """``flax.training.train_state.TrainState`` plus the PRNG ``key`` for random layers.
 
     The key is a pytree leaf, so it passes through ``jax.jit`` and is kept unchanged
-    by ``apply_gradients``; only ``step`` advances, and :meth:`step_key` folds it in
-    to give every step fresh dropout masks.
+    by ``apply_gradients``; only ``step`` advances. :meth:`rngs` (and :meth:`step_key`
+    for one stream) derive this step's key of each named stream by one rule,
+    ``fold_in(fold_in(key, stream_id(name)), step)``, so adding a stream never changes
+    another stream's masks.
+
+    Saving: ``flax.serialization.to_bytes(state)`` fails on the typed key ("JAX array
+    with PRNGKey dtype cannot be converted to a NumPy array"). Use
+    ``dropmask.training.to_bytes`` / ``from_bytes`` instead (the key is written as key
+    data and restored to the same impl), or :class:`dropmask.training.Checkpointer`
+    for whole runs.
 
     Attributes:
       key: a scalar PRNG key, typically the ``dropout_key`` split from the root key.
@@ -58,7 +67,7 @@ class TrainState(train_state.TrainState):
       ... def train_step(state, x):
       ...     def loss_fn(params):
       ...         y = state.apply_fn({"params": params}, x, training=True,
-      ...                            rngs={"dropout": state.step_key()})
+      ...                            rngs=state.rngs("dropout"))
       ...         return jnp.mean(y**2)
       ...     return state.apply_gradients(grads=jax.grad(loss_fn)(state.params))
       >>> state = train_step(state, jnp.ones((2, 4)))
@@ -81,7 +90,7 @@ class TrainState(train_state.TrainState):
           TypeError: ``key`` is missing or is not one PRNG key (e.g. an int seed).
         """
         if "key" not in kwargs:
-            raise TypeError(
+            raise DropmaskTypeError(
                 "TrainState.create needs key=..., the PRNG key for dropout, e.g. "
                 "TrainState.create(apply_fn=..., params=..., tx=..., key=dropout_key)."
             )
@@ -89,13 +98,16 @@ class TrainState(train_state.TrainState):
         state = super().create(apply_fn=apply_fn, params=params, tx=tx, **kwargs)
         return state.replace(step=jnp.zeros((), jnp.int32))
 
-    def step_key(self) -> jax.Array:
-        """``jax.random.fold_in(self.key, self.step)``: this step's key for one stream.
+    def step_key(self, stream: str = "dropout") -> jax.Array:
+        """This step's key for one stream, the same key as ``self.rngs(stream)[stream]``.
+
+        Args:
+          stream: the stream name; ``'dropout'`` by default.
 
         Returns:
           A scalar PRNG key; pass it as ``rngs={'dropout': state.step_key()}``.
         """
-        return step_key(self)
+        return step_key(self, stream)
 
     def rngs(self, *names: str) -> dict[str, jax.Array]:
         """Independent keys for this step, one per named stream (see :func:`step_rngs`).

@@ -1,0 +1,184 @@
+"""``dropmask train EXAMPLE``: flags to a config, then :func:`train` or :func:`compare_rates`.
+
+The example is ``examples/EXAMPLE/train.py`` of the current directory (a dropmask
+source checkout), which defines ``example``, a :class:`dropmask.training.Example`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pathlib
+import sys
+from typing import Any
+
+from .._errors import DropmaskError, DropmaskValueError
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds ``dropmask train``'s flags to ``parser``."""
+    parser.add_argument("example", help="the example to train: examples/EXAMPLE/ here")
+    parser.add_argument(
+        "--workdir", help="directory for metrics, events, plots, checkpoints (runs/EXAMPLE)"
+    )
+    parser.add_argument("--steps", type=int, help="train steps in total (config.steps)")
+    parser.add_argument("--rate", type=float, help="dropout rate (config.rate)")
+    parser.add_argument("--seed", type=int, help="root seed of all randomness (config.seed)")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the workdir's latest checkpoint"
+    )
+    parser.add_argument(
+        "--devices", type=int, help="local devices per process to shard each batch over (all)"
+    )
+    parser.add_argument(
+        "--compare-rates",
+        metavar="R1,R2,...",
+        help="train each dropout rate (same data) and compare the generalization gap",
+    )
+    parser.add_argument(
+        "--num-seeds",
+        type=int,
+        help="with --compare-rates: seeds SEED..SEED+N-1 per rate, for the spread (1)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument(
+        "--coordinator-address",
+        help="multi-process: HOST:PORT of process 0 (or JAX_COORDINATOR_ADDRESS)",
+    )
+    parser.add_argument(
+        "--num-processes", type=int, help="multi-process: process count (or JAX_NUM_PROCESSES)"
+    )
+    parser.add_argument(
+        "--process-id", type=int, help="multi-process: this process's id (or JAX_PROCESS_ID)"
+    )
+    parser.epilog = (
+        "Any config entry can be set with --config.NAME=VALUE, e.g. --config.hidden=(64,) "
+        "--config.learning_rate=0.01."
+    )
+
+
+def _load_example(name: str) -> Any:
+    """``examples.NAME.train.example`` from the current directory, or one line saying why not."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(f"examples.{name}.train")
+    except ModuleNotFoundError as error:
+        if error.name not in ("examples", f"examples.{name}", f"examples.{name}.train"):
+            raise
+        here = pathlib.Path(cwd, "examples")
+        found = sorted(p.parent.name for p in here.glob("*/train.py")) if here.is_dir() else []
+        hint = f"examples here: {', '.join(found)}" if found else "no examples/ here"
+        raise DropmaskValueError(
+            f"no example {name!r}: dropmask train imports examples/{name}/train.py from the "
+            f"current directory ({cwd}; {hint}). Run it from a dropmask source checkout"
+        ) from None
+    example = getattr(module, "example", None)
+    if example is None:
+        raise DropmaskValueError(f"examples/{name}/train.py defines no `example` to train")
+    return example
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        rates = []
+    if not rates:
+        raise DropmaskValueError(
+            f"--compare-rates takes comma-separated rates such as 0,0.3,0.6, got {text!r}"
+        )
+    return rates
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``dropmask train``; returns the exit status.
+
+    Bad flags, an unknown example or config entry exit with 2, a run that fails on
+    its input (data path, checkpoints) with 1; each prints one line saying why.
+    """
+    try:
+        example, config, rates = _parse(args)
+    except DropmaskError as error:
+        return _fail(error, 2)
+    try:
+        return _execute(args, example, config, rates)
+    except DropmaskError as error:
+        return _fail(error, 1)
+
+
+def _fail(error: DropmaskError, status: int) -> int:
+    print(f"dropmask train: error: {str(error).rstrip('.')}.", file=sys.stderr)
+    return status
+
+
+def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
+    """The example, its config with every flag applied, and the rates to compare."""
+    from . import _config
+
+    overrides = _config.parse_overrides(getattr(args, "extra", []))
+    for flag in ("steps", "devices", "num_seeds"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise DropmaskValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    rates = _rates(args.compare_rates) if args.compare_rates is not None else None
+    if args.rate is not None and rates is not None:
+        raise DropmaskValueError("give --rate or --compare-rates, not both")
+    if args.num_seeds is not None and rates is None:
+        raise DropmaskValueError(
+            "--num-seeds applies to --compare-rates; for one run pick the seed with --seed"
+        )
+    example = _load_example(args.example)
+    config = _config.apply_overrides(example.get_config(), overrides)
+    if args.steps is not None:
+        config.steps = int(args.steps)
+    if args.rate is not None:
+        config.rate = float(args.rate)
+    if args.seed is not None:
+        config.seed = int(args.seed)
+    return example, config, rates
+
+
+def _execute(args: argparse.Namespace, example: Any, config: Any, rates: list[float] | None) -> int:
+    # Before anything touches a device: a multi-process run must join first.
+    from ._parallel import initialize_distributed
+
+    initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
+
+    import jax
+
+    from . import _report
+    from ._loop import compare_rates, train
+
+    workdir = pathlib.Path(args.workdir or pathlib.Path("runs", args.example))
+    progress = not args.no_progress
+    if rates is None:
+        result = train(
+            example, config, workdir, resume=args.resume, devices=args.devices, progress=progress
+        )
+        table = _report.run_table(result.final)
+        written = "metrics.jsonl, tensorboard/, curves.png, summary.json, checkpoints/"
+        wall = result.wall_seconds
+    else:
+        seeds = [config.seed + i for i in range(args.num_seeds or 1)]
+        summary = compare_rates(
+            example,
+            config,
+            workdir,
+            rates,
+            seeds,
+            resume=args.resume,
+            devices=args.devices,
+            progress=progress,
+        )
+        table = _report.comparison_table(summary)
+        written = "summary.json, curves.png, and rate_R/seed_S/ per run"
+        wall = summary["wall_seconds"]
+    if jax.process_index() == 0:
+        print(table)
+        print(f"{wall:.1f} s. Wrote {workdir}/: {written}")
+    return 0

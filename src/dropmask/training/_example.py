@@ -1,0 +1,104 @@
+"""What an application provides to the shared training loop.
+
+An example (``examples/<name>/train.py``) builds one :class:`Example` and names it
+``example``; ``dropmask train <name>`` and :func:`dropmask.training.train` do the rest
+(devices, checkpoints, resume, logging, plots, rate comparisons). The example writes
+only what is specific to it: config, data, model and optimizer, the steps, metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+__all__ = ["Example", "base_config"]
+
+Batch = Mapping[str, np.ndarray]
+# The batch as the jitted train step sees it: sharded over the mesh.
+DeviceBatch = Mapping[str, jax.Array]
+Metrics = Mapping[str, Any]
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """The entries the shared loop reads; an example's ``get_config`` starts from these.
+
+    Returns:
+      A ``ConfigDict`` with ``seed`` (root of all randomness), ``steps`` (train steps
+      in total), ``rate`` (the dropout rate that ``--rate`` and ``--compare-rates``
+      set), ``log_every`` (steps per ``train`` row of ``metrics.jsonl``),
+      ``eval_every`` (steps between evaluations), ``checkpoint_every`` (steps between
+      checkpoints; the last step is always saved) and ``keep_checkpoints`` (how many
+      of the latest to keep, besides the best).
+
+    Example:
+      >>> config = base_config()
+      >>> config.seed, config.keep_checkpoints
+      (0, 3)
+    """
+    config = ml_collections.ConfigDict()
+    config.seed = 0
+    config.steps = 1000
+    config.rate = 0.1
+    config.log_every = 50
+    config.eval_every = 200
+    config.checkpoint_every = 500
+    config.keep_checkpoints = 3
+    return config
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One trainable application: the parts of a run that differ between examples.
+
+    Every callable is a plain function of its arguments, so that a run is a pure
+    function of the config: the loop derives ``data_key, params_key, dropout_key =
+    jax.random.split(jax.random.key(config.seed), 3)`` and passes them in.
+
+    Attributes:
+      name: the example's name, as in ``dropmask train NAME``.
+      get_config: returns the default ``ConfigDict`` (built on :func:`base_config`).
+      load_data: ``(config) -> data``, host-side; raises
+        ``dropmask.training.DataError`` for a missing or unreadable path.
+      create_state: ``(config, data, params_key, dropout_key) -> TrainState``: the
+        model initialised (``training=False``), the optimizer, ``key=dropout_key``.
+      train_batch: ``(config, data, data_key, step) -> {name: array[batch, ...]}``,
+        the global batch of ``step``. It must depend on nothing else (e.g. the epoch
+        ``step // steps_per_epoch`` shuffled by ``fold_in(data_key, epoch)``), which
+        is what makes resuming exact.
+      train_step: ``(state, batch) -> (new_state, metrics)``, jitted; ``metrics``
+        holds scalar arrays and at least ``'loss'``. Draw keys with
+        ``state.rngs('dropout', ...)``.
+      evaluate: ``(state, config, data, split) -> {metric: float}``, deterministic
+        (``training=False``), for each split in ``eval_splits``.
+      eval_splits: the splits ``evaluate`` accepts: ``'eval'`` (held-out data) and,
+        when the example can also score its training data deterministically,
+        ``'train_eval'``, which gives the generalization gap.
+      best_metric: the eval metric that picks the best checkpoint and that
+        ``--compare-rates`` tabulates, e.g. ``'accuracy'``.
+      best_mode: ``'max'`` or ``'min'`` for ``best_metric``.
+      data_position: ``(config, data, step) -> dict``, where the pipeline is at
+        ``step`` (e.g. epoch and batch); saved in checkpoints and checked on resume.
+        ``None`` records only the step.
+    """
+
+    name: str
+    get_config: Callable[[], ml_collections.ConfigDict]
+    load_data: Callable[[ml_collections.ConfigDict], Any]
+    create_state: Callable[[ml_collections.ConfigDict, Any, jax.Array, jax.Array], Any]
+    train_batch: Callable[[ml_collections.ConfigDict, Any, jax.Array, int], Batch]
+    train_step: Callable[[Any, DeviceBatch], tuple[Any, Metrics]]
+    evaluate: Callable[[Any, ml_collections.ConfigDict, Any, str], Mapping[str, float]]
+    eval_splits: tuple[str, ...] = ("eval",)
+    best_metric: str = "loss"
+    best_mode: str = "min"
+    data_position: Callable[[ml_collections.ConfigDict, Any, int], dict[str, Any]] | None = None
+
+    def position(self, config: ml_collections.ConfigDict, data: Any, step: int) -> dict[str, Any]:
+        """The data position recorded in a checkpoint at ``step``."""
+        extra = self.data_position(config, data, step) if self.data_position else {}
+        return {"step": int(step), **extra}

@@ -1,0 +1,75 @@
+"""Where a run's numbers go: ``metrics.jsonl``, TensorBoard events, and the progress bar."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+from .._errors import DropmaskError
+
+__all__ = ["MetricsLog", "read_metrics"]
+
+
+def require(module: str) -> Any:
+    """Imports an optional dependency of the training workflow, or says how to get it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise DropmaskError(
+            f"the training workflow needs the package {module!r}, which is not installed. "
+            f"Install the extras: pip install 'dropmask[train]'."
+        ) from None
+
+
+class MetricsLog:
+    """Appends one JSON object per logged step and split, mirrored to TensorBoard.
+
+    On resume from step ``start``, lines for later steps (written by the interrupted
+    run after its last checkpoint) are dropped, and TensorBoard is told to purge them,
+    so every step appears once.
+
+    Args:
+      workdir: the run directory; ``metrics.jsonl`` and ``tensorboard/`` go there.
+      start: the step training starts from (0, or the restored checkpoint's step).
+      enabled: False in every process but the first of a multi-process run.
+    """
+
+    def __init__(self, workdir: pathlib.Path, *, start: int, enabled: bool = True) -> None:
+        self.path = workdir / "metrics.jsonl"
+        self.enabled = enabled
+        self._writer: Any = None
+        if not enabled:
+            return
+        workdir.mkdir(parents=True, exist_ok=True)
+        kept = [row for row in read_metrics(self.path) if row["step"] <= start]
+        self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        tensorboard = require("tensorboardX")
+        self._writer = tensorboard.SummaryWriter(
+            str(workdir / "tensorboard"), purge_step=start if start else None, flush_secs=30
+        )
+
+    def write(self, step: int, split: str, metrics: Mapping[str, float]) -> None:
+        """Records ``metrics`` of ``split`` (``'train'``, ``'eval'``, ...) at ``step``."""
+        if not self.enabled:
+            return
+        row = {"step": int(step), "split": split, **{k: float(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        for name, value in metrics.items():
+            self._writer.add_scalar(f"{split}/{name}", float(value), int(step))
+
+    def close(self) -> None:
+        """Flushes the TensorBoard events."""
+        if self._writer is not None:
+            self._writer.close()
+
+
+def read_metrics(path: pathlib.Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` file (empty when it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

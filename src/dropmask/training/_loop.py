@@ -1,0 +1,372 @@
+"""The one training loop every example shares: devices, checkpoints, resume, logging.
+
+``train`` runs one config in one workdir; ``compare_rates`` runs it for several
+dropout rates and seeds, each in its own subdirectory, and reports the spread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from .._errors import DropmaskValueError
+from . import _report
+from ._checkpoint import Checkpointer
+from ._errors import CheckpointError
+from ._example import Example
+from ._logging import MetricsLog, require
+from ._parallel import make_mesh, replicate, shard_batch
+
+__all__ = ["RunResult", "compare_rates", "train"]
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What one call of :func:`train` did.
+
+    Attributes:
+      workdir: the run directory.
+      start_step: the step training started from (0, or the restored checkpoint's).
+      steps: the step it ended at (``config.steps``).
+      losses: the train loss of every step run by this call, in order.
+      final: ``{split: {metric: value}}`` of the last evaluation.
+      wall_seconds: wall time of this call, compilation included.
+      config: the config as a plain dict.
+    """
+
+    workdir: pathlib.Path
+    start_step: int
+    steps: int
+    losses: list[float]
+    final: dict[str, dict[str, float]]
+    wall_seconds: float
+    config: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The loop's config entries, checked once: when to log, evaluate and save."""
+
+    seed: int
+    steps: int
+    log_every: int
+    eval_every: int
+    checkpoint_every: int
+    keep_checkpoints: int
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> Schedule:
+        """Reads and validates the entries of :func:`base_config` from ``config``.
+
+        Raises:
+          DropmaskValueError: an entry is missing, not an int, or below its minimum.
+        """
+        values = {}
+        for field in dataclasses.fields(cls):
+            value = config.get(field.name)
+            least = {"seed": None, "checkpoint_every": 0}.get(field.name, 1)
+            if (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or (least is not None and value < least)
+            ):
+                bound = "an int" if least is None else f"an int >= {least}"
+                raise DropmaskValueError(
+                    f"config.{field.name} must be {bound}, got {value!r}. "
+                    f"Set it with --config.{field.name}=N."
+                )
+            values[field.name] = value
+        return cls(**values)
+
+    def saves(self, done: int) -> bool:
+        """Whether a checkpoint is written after step ``done`` (always after the last)."""
+        every = self.checkpoint_every
+        return done == self.steps or (every > 0 and done % every == 0)
+
+
+def checkpoint_steps(workdir: pathlib.Path) -> list[int]:
+    """Steps of the complete checkpoints under ``workdir/checkpoints`` (none: ``[]``)."""
+    directory = workdir / "checkpoints"
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def check_workdir(workdir: pathlib.Path, *, resume: bool) -> None:
+    """Refuses to overwrite a run's checkpoints, and to resume a run that has none.
+
+    Raises:
+      CheckpointError: ``workdir`` has checkpoints and ``resume`` is False, or it
+        has none and ``resume`` is True.
+    """
+    steps = checkpoint_steps(workdir)
+    if steps and not resume:
+        raise CheckpointError(
+            f"{workdir} already holds checkpoints (steps {steps}); pass --resume to continue "
+            f"that run, or choose another --workdir."
+        )
+    if resume and not steps:
+        raise CheckpointError(
+            f"--resume found no checkpoint in {workdir / 'checkpoints'}. Drop --resume to "
+            f"start a new run there, or point --workdir at an earlier run."
+        )
+
+
+def train(
+    example: Example,
+    config: ml_collections.ConfigDict,
+    workdir: str | pathlib.Path,
+    *,
+    resume: bool = False,
+    devices: int | None = None,
+    progress: bool = True,
+    label: str | None = None,
+) -> RunResult:
+    """Trains ``example`` with ``config``, writing everything to ``workdir``.
+
+    The global batch of step ``s`` is ``example.train_batch(config, data, data_key,
+    s)``, sharded over a ``'data'`` mesh of ``devices`` local devices per process;
+    the state is replicated. Every ``log_every`` steps a ``train`` row (the mean of
+    the step metrics) goes to ``metrics.jsonl`` and TensorBoard; every
+    ``eval_every`` steps and at the end each of ``example.eval_splits`` is
+    evaluated; every ``checkpoint_every`` steps and at the end a checkpoint is
+    saved. At the end ``summary.json`` and ``curves.png`` are written.
+
+    Args:
+      example: the application.
+      config: its config (e.g. ``example.get_config()`` with overrides).
+      workdir: the run directory; created if missing.
+      resume: continue from the latest checkpoint in ``workdir/checkpoints``.
+      devices: local devices per process to shard the batch over (all if ``None``).
+      progress: show a progress bar with the live loss and throughput.
+      label: the progress bar's title.
+
+    Returns:
+      A :class:`RunResult`.
+
+    Raises:
+      CheckpointError: ``workdir`` has checkpoints but ``resume`` is False, or
+        ``resume`` is True and there are none, or they belong to another config,
+        model or data pipeline.
+      DropmaskValueError: a bad config entry or device count.
+    """
+    started = time.perf_counter()
+    workdir = pathlib.Path(workdir)
+    schedule = Schedule.from_config(config)
+    check_workdir(workdir, resume=resume)
+    mesh = make_mesh(devices)
+    checkpointer, data, data_key, state, start = _start(
+        example, config, workdir, schedule, mesh, resume=resume
+    )
+    primary = jax.process_index() == 0
+    log = MetricsLog(workdir, start=start, enabled=primary)
+    bar = require("tqdm").tqdm(
+        total=schedule.steps,
+        initial=start,
+        desc=label or example.name,
+        unit="step",
+        disable=not (progress and primary),
+        leave=label is None,
+        dynamic_ncols=True,
+    )
+    losses: list[float] = []
+    window: list[Any] = []
+    final: dict[str, dict[str, float]] = {}
+    window_start = time.perf_counter()
+    try:
+        for step in range(start, schedule.steps):
+            batch = shard_batch(example.train_batch(config, data, data_key, step), mesh)
+            batch_size = len(next(iter(batch.values())))
+            state, metrics = example.train_step(state, batch)
+            window.append(metrics)
+            done = step + 1
+            if done % schedule.log_every == 0 or done == schedule.steps:
+                host = jax.device_get(window)
+                means = {name: float(np.mean([m[name] for m in host])) for name in host[0]}
+                losses.extend(float(m["loss"]) for m in host)
+                per_second = len(window) * batch_size / (time.perf_counter() - window_start)
+                window, window_start = [], time.perf_counter()
+                log.write(done, "train", means)
+                bar.set_postfix(loss=f"{means['loss']:.4f}", ex_per_s=f"{per_second:,.0f}")
+            bar.update(1)
+            saving = schedule.saves(done)
+            if saving or done % schedule.eval_every == 0 or done == schedule.steps:
+                final = _evaluate(example, state, config, data, log, done)
+            if saving:
+                position = example.position(config, data, done)
+                checkpointer.save(
+                    done,
+                    state,
+                    config=config.to_dict(),
+                    data_position=position,
+                    metrics=final.get("eval"),
+                )
+        if start >= schedule.steps:
+            # Nothing left to train: report the restored state without logging its
+            # evaluation a second time.
+            final = _evaluate(example, state, config, data, None, start)
+    finally:
+        bar.close()
+        log.close()
+        checkpointer.close()
+    result = RunResult(
+        workdir=workdir,
+        start_step=start,
+        steps=schedule.steps,
+        losses=losses,
+        final=final,
+        wall_seconds=time.perf_counter() - started,
+        config=config.to_dict(),
+    )
+    if primary:
+        _report.write_run(result, example)
+    return result
+
+
+def _start(
+    example: Example,
+    config: ml_collections.ConfigDict,
+    workdir: pathlib.Path,
+    schedule: Schedule,
+    mesh: Any,
+    *,
+    resume: bool,
+) -> tuple[Checkpointer, Any, jax.Array, Any, int]:
+    """Opens the checkpoints, loads the data, builds (or restores) the placed state.
+
+    Returns:
+      ``(checkpointer, data, data_key, state, start_step)``.
+    """
+
+    def open_checkpoints() -> Checkpointer:
+        return Checkpointer(
+            workdir / "checkpoints",
+            keep=schedule.keep_checkpoints,
+            best_metric=example.best_metric,
+            best_mode=example.best_mode,
+        )
+
+    start, checkpointer = 0, None
+    if resume:
+        # Refuse another config before loading data or building a model.
+        checkpointer = open_checkpoints()
+        start = int(checkpointer.check_config(config.to_dict())["step"])
+    data = example.load_data(config)
+    # A new run creates its directories only once its data has loaded.
+    checkpointer = checkpointer or open_checkpoints()
+    data_key, params_key, dropout_key = jax.random.split(jax.random.key(schedule.seed), 3)
+    state = replicate(example.create_state(config, data, params_key, dropout_key), mesh)
+    if resume:
+        state, _ = checkpointer.restore(
+            state, config=config.to_dict(), data_position=example.position(config, data, start)
+        )
+    return checkpointer, data, data_key, state, start
+
+
+def _evaluate(
+    example: Example,
+    state: Any,
+    config: ml_collections.ConfigDict,
+    data: Any,
+    log: MetricsLog | None,
+    step: int,
+) -> dict[str, dict[str, float]]:
+    out = {}
+    for split in example.eval_splits:
+        metrics = {k: float(v) for k, v in example.evaluate(state, config, data, split).items()}
+        if log is not None:
+            log.write(step, split, metrics)
+        out[split] = metrics
+    return out
+
+
+def run_dir(workdir: pathlib.Path, rate: float, seed: int) -> pathlib.Path:
+    """Where :func:`compare_rates` puts the run of one rate and seed."""
+    return workdir / f"rate_{rate:g}" / f"seed_{seed}"
+
+
+def compare_rates(
+    example: Example,
+    config: ml_collections.ConfigDict,
+    workdir: str | pathlib.Path,
+    rates: Sequence[float],
+    seeds: Sequence[int],
+    *,
+    resume: bool = False,
+    devices: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Trains one run per (rate, seed), same data, and reports the spread per rate.
+
+    Each run is :func:`train` with ``config.rate`` and ``config.seed`` replaced, in
+    ``workdir/rate_R/seed_S``. Then ``workdir/summary.json`` (per rate: mean, std,
+    min and max over seeds of each split's metrics, and of the generalization gap)
+    and ``workdir/curves.png`` are written.
+
+    Args:
+      example: the application.
+      config: the base config.
+      workdir: the comparison's directory.
+      rates: dropout rates, e.g. ``(0.0, 0.3, 0.6)``.
+      seeds: seeds per rate, e.g. ``(0, 1, 2)``.
+      resume: continue the runs that have checkpoints and start the others.
+      devices: see :func:`train`.
+      progress: show a progress bar per run.
+
+    Returns:
+      The contents of ``summary.json``.
+
+    Raises:
+      CheckpointError: a run directory already holds checkpoints and ``resume`` is
+        False (checked for every run before any training).
+      DropmaskValueError: no rates or seeds, or a rate outside ``[0, 1)``.
+    """
+    started = time.perf_counter()
+    workdir = pathlib.Path(workdir)
+    if not rates or not seeds:
+        raise DropmaskValueError(
+            f"compare_rates needs at least one rate and one seed, got rates={list(rates)} "
+            f"and seeds={list(seeds)}."
+        )
+    for rate in rates:
+        if not 0.0 <= rate < 1.0:
+            raise DropmaskValueError(
+                f"each rate to compare must be in [0, 1), got {rate!r}. Pass e.g. "
+                f"--compare-rates 0,0.3,0.6."
+            )
+    if not resume:
+        for rate in rates:
+            for seed in seeds:
+                check_workdir(run_dir(workdir, rate, seed), resume=False)
+    runs = []
+    for rate in rates:
+        for seed in seeds:
+            run_config = config.copy_and_resolve_references()
+            run_config.rate = float(rate)
+            run_config.seed = int(seed)
+            directory = run_dir(workdir, rate, seed)
+            result = train(
+                example,
+                run_config,
+                directory,
+                resume=resume and bool(checkpoint_steps(directory)),
+                devices=devices,
+                progress=progress,
+                label=f"rate {rate:g} seed {seed}",
+            )
+            runs.append((rate, seed, result))
+    summary = _report.summarize_comparison(example, config, runs)
+    summary["wall_seconds"] = time.perf_counter() - started
+    if jax.process_index() == 0:
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        _report.plot_comparison(example, summary, runs, workdir / "curves.png")
+    return summary

@@ -1,0 +1,221 @@
+"""The `dropmask` command: every flag of `dropmask train --help`, and one-line errors."""
+
+import json
+import re
+
+import pytest
+from examples.digits import configs
+
+from dropmask import cli
+
+
+def _tiny_flags(**changes) -> list[str]:
+    """digits' tiny config as --config overrides, with ``changes`` applied."""
+    config = configs.get_tiny_config()
+    for name, value in changes.items():
+        config[name] = value
+    return [
+        f"--config.{k}={v!r}" if isinstance(v, tuple) else f"--config.{k}={v}"
+        for k, v in config.items()
+    ]
+
+
+def _train(capsys, *args: str, tiny: bool = True, **changes) -> tuple[int, str, str]:
+    argv = ["train", "digits", *(_tiny_flags(**changes) if tiny else []), *args]
+    status = cli.main(argv)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def _one_line_error(err: str, *words: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("dropmask"), lines[0]
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def _summary(workdir) -> dict:
+    return json.loads((workdir / "summary.json").read_text())
+
+
+# Every flag `dropmask train --help` lists, and the test that exercises it.
+FLAG_TESTS = {
+    "--help": "test_help_lists_every_flag",
+    "--workdir": "test_workdir_gets_every_output",
+    "--steps": "test_steps_rate_seed",
+    "--rate": "test_steps_rate_seed",
+    "--seed": "test_steps_rate_seed",
+    "--resume": "test_resume",
+    "--devices": "test_devices",
+    "--compare-rates": "test_compare_rates_with_num_seeds",
+    "--num-seeds": "test_compare_rates_with_num_seeds",
+    "--no-progress": "test_progress_bar_and_no_progress",
+    "--coordinator-address": "test_multi_process_flags_need_each_other",
+    "--num-processes": "test_multi_process_flags_need_each_other",
+    "--process-id": "test_multi_process_flags_need_each_other",
+    "--config": "test_config_overrides",
+}
+
+
+def test_help_lists_every_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", text))
+    assert flags == set(FLAG_TESTS), flags ^ set(FLAG_TESTS)
+    for test in FLAG_TESTS.values():
+        assert callable(globals()[test]), test
+    # The two-process test runs the flags end to end (tests/training/test_multihost.py).
+
+
+def test_top_level_help_names_the_commands(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "train" in out and "dropmask.training" not in out
+
+
+def test_workdir_gets_every_output(capsys, tmp_path):
+    status, out, err = _train(capsys, "--no-progress", f"--workdir={tmp_path}")
+    assert status == 0, err
+    for name in ("metrics.jsonl", "summary.json", "curves.png"):
+        assert (tmp_path / name).is_file(), name
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    # Saved at 4, 8, 12: the latest two are kept, and the best if it is step 4.
+    kept = {p.name for p in (tmp_path / "checkpoints").iterdir()}
+    assert {"8", "12"} <= kept <= {"4", "8", "12"}
+    # The final table: one row per evaluated split and the gap.
+    assert re.search(r"^eval\s+\d\.\d{4}\s+\d\.\d{4}$", out, re.M), out
+    assert re.search(r"^gap\s+[+-]\d\.\d{4}", out, re.M), out
+
+
+def test_steps_rate_seed(capsys, tmp_path):
+    args = ("--no-progress", f"--workdir={tmp_path}", "--steps=3", "--rate=0.25", "--seed=5")
+    status, _, err = _train(capsys, *args)
+    assert status == 0, err
+    summary = _summary(tmp_path)
+    assert summary["steps"] == 3
+    assert summary["config"]["rate"] == 0.25 and summary["config"]["seed"] == 5
+    train_rows = [
+        json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert max(r["step"] for r in train_rows) == 3
+
+
+def test_resume(capsys, tmp_path):
+    base = ("--no-progress", f"--workdir={tmp_path}")
+    status, _, err = _train(capsys, *base, "--resume")
+    assert status == 1
+    _one_line_error(err, "--resume found no checkpoint", str(tmp_path))
+    assert _train(capsys, *base, "--steps=4")[0] == 0
+    status, _, err = _train(capsys, *base, "--steps=8")
+    assert status == 1
+    _one_line_error(err, "already holds checkpoints", "--resume")
+    status, _, err = _train(capsys, *base, "--steps=8", "--resume")
+    assert status == 0, err
+    assert _summary(tmp_path)["start_step"] == 4 and _summary(tmp_path)["steps"] == 8
+    status, _, err = _train(capsys, *base, "--resume", hidden=(8,))
+    assert status == 1
+    _one_line_error(err, "config.hidden=[32]", "config.hidden=[8]")
+
+
+def test_devices(capsys, tmp_path):
+    status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path}", "--devices=4")
+    assert status == 0, err
+    status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path / 'b'}", "--devices=9")
+    assert status == 1
+    _one_line_error(err, "devices must be an int in [1, 8]")
+    status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path / 'c'}", "--devices=5")
+    assert status == 1
+    _one_line_error(err, "batch_size that is a multiple of 5")
+
+
+def test_compare_rates_with_num_seeds(capsys, tmp_path):
+    args = ("--no-progress", f"--workdir={tmp_path}", "--compare-rates=0,0.5", "--num-seeds=2")
+    status, out, err = _train(capsys, *args, steps=4, checkpoint_every=0)
+    assert status == 0, err
+    assert re.search(r"^0\.5\s+2\s+\d\.\d{4} ± \d\.\d{4}", out, re.M), out
+    summary = _summary(tmp_path)
+    assert list(summary["rates"]) == ["0", "0.5"]
+    assert summary["rates"]["0.5"]["seeds"] == [0, 1]
+    assert (tmp_path / "rate_0" / "seed_1" / "summary.json").is_file()
+    status, _, err = _train(capsys, "--compare-rates=0,x", f"--workdir={tmp_path / 'b'}")
+    assert status == 2
+    _one_line_error(err, "--compare-rates takes comma-separated rates")
+    status, _, err = _train(capsys, "--compare-rates=0,1.5", f"--workdir={tmp_path / 'c'}")
+    assert status == 1
+    _one_line_error(err, "rate to compare must be in [0, 1)")
+    status, _, err = _train(capsys, "--compare-rates=0", "--rate=0.1")
+    assert status == 2
+    _one_line_error(err, "not both")
+    status, _, err = _train(capsys, "--num-seeds=3")
+    assert status == 2
+    _one_line_error(err, "--num-seeds applies to --compare-rates")
+
+
+def test_progress_bar_and_no_progress(capsys, tmp_path):
+    status, _, err = _train(capsys, f"--workdir={tmp_path / 'a'}")
+    assert status == 0
+    assert "loss=" in err and "ex_per_s=" in err and "12/12" in err
+    status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path / 'b'}")
+    assert status == 0 and err == ""
+
+
+def test_multi_process_flags_need_each_other(capsys):
+    status, _, err = _train(capsys, "--coordinator-address=127.0.0.1:1", "--process-id=0")
+    assert status == 1
+    _one_line_error(err, "--num-processes", "--process-id")
+    args = ("--coordinator-address=127.0.0.1:1", "--num-processes=2", "--process-id=2")
+    status, _, err = _train(capsys, *args)
+    assert status == 1
+    _one_line_error(err, "process_id must be in [0, num_processes)")
+
+
+def test_config_overrides(capsys, tmp_path):
+    status, _, err = _train(
+        capsys, "--no-progress", f"--workdir={tmp_path}", "--config.hidden", "(16, 8)"
+    )
+    assert status == 0, err
+    assert _summary(tmp_path)["config"]["hidden"] == [16, 8]
+    status, _, err = _train(capsys, "--config.nope=1")
+    assert status == 2
+    _one_line_error(err, "--config.nope: no such config entry", "hidden")
+    status, _, err = _train(capsys, "--config.learning_rate=fast")
+    assert status == 2
+    _one_line_error(err, "not a valid float")
+
+
+def test_data_path_missing_or_unreadable(capsys, tmp_path):
+    missing = tmp_path / "nope.npz"
+    status, _, err = _train(capsys, f"--workdir={tmp_path / 'a'}", data_path=str(missing))
+    assert status == 1
+    _one_line_error(err, str(missing), "does not exist")
+    garbage = tmp_path / "digits.npz"
+    garbage.write_bytes(b"not a zip")
+    status, _, err = _train(capsys, f"--workdir={tmp_path / 'b'}", data_path=str(garbage))
+    assert status == 1
+    _one_line_error(err, str(garbage), "not readable")
+    assert not (tmp_path / "a" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["train", "digits", "--bogus"], ["unrecognized argument '--bogus'"]),
+        (["train", "digits", "--steps=many"], ["--steps", "invalid int value"]),
+        (["train", "digits", "--steps=0"], ["--steps must be >= 1"]),
+        (["train"], ["the following arguments are required: example"]),
+        (["train", "nonesuch"], ["no example 'nonesuch'", "examples here: digits"]),
+        ([], ["choose a command: train"]),
+        (["fly"], ["invalid choice: 'fly'"]),
+    ],
+)
+def test_usage_errors_are_one_line_with_status_2(capsys, argv, words):
+    try:
+        status = cli.main(argv)
+    except SystemExit as exit_info:
+        status = exit_info.code
+    assert status == 2
+    _one_line_error(capsys.readouterr().err, *words)

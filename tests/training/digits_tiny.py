@@ -1,0 +1,26 @@
+"""The digits example's tiny config, which drives the shared-loop tests."""
+
+import pathlib
+import sys
+
+import ml_collections
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def tiny_config() -> ml_collections.ConfigDict:
+    """Digits' tiny config, logging every step so that every step's loss is recorded."""
+    from examples.digits import configs
+
+    config = configs.get_tiny_config()
+    config.log_every = 1
+    return config
+
+
+def digits_example():
+    """The digits :class:`dropmask.training.Example`."""
+    from examples.digits.train import example
+
+    return example

@@ -1,0 +1,147 @@
+"""Checkpointer: exact round trips (typed keys included), retention, atomicity, refusals."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dropmask import DropmaskError
+from dropmask.training import Checkpointer, CheckpointError, TrainState, from_bytes, to_bytes
+
+
+class _MLP(nn.Module):
+    width: int = 8
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return nn.Dense(2)(nn.relu(nn.Dense(self.width)(x)))
+
+
+def _state(width: int = 8, impl: str = "threefry2x32", seed: int = 0) -> TrainState:
+    model = _MLP(width)
+    params = model.init(jax.random.key(seed), jnp.ones((1, 3)))["params"]
+    state = TrainState.create(
+        apply_fn=model.apply, params=params, tx=optax.adam(1e-2), key=jax.random.key(7, impl=impl)
+    )
+    # One real update so that the optimizer moments are not all zeros.
+    grads = jax.tree.map(jnp.ones_like, state.params)
+    return state.apply_gradients(grads=grads)
+
+
+def _assert_same(a: TrainState, b: TrainState) -> None:
+    assert jax.random.key_impl(a.key) == jax.random.key_impl(b.key)
+    np.testing.assert_array_equal(jax.random.key_data(a.key), jax.random.key_data(b.key))
+    a_leaves, b_leaves = jax.tree.leaves(a.replace(key=0)), jax.tree.leaves(b.replace(key=0))
+    assert len(a_leaves) == len(b_leaves)
+    for x, y in zip(a_leaves, b_leaves, strict=True):
+        assert np.asarray(x).dtype == np.asarray(y).dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+CONFIG = {"width": 8, "learning_rate": 0.01, "steps": 10}
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_round_trip_restores_params_opt_state_step_and_key_impl(tmp_path, impl):
+    saved = _state(impl=impl)
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    ckpt.save(1, saved, config=CONFIG, data_position={"epoch": 0, "batch": 1})
+    # Restore into a state built from another seed: every value must come from disk.
+    restored, record = ckpt.restore(_state(impl=impl, seed=1), config=CONFIG)
+    ckpt.close()
+    _assert_same(restored, saved)
+    assert int(restored.step) == 1
+    assert record["step"] == 1 and record["data_position"] == {"epoch": 0, "batch": 1}
+    assert record["config"] == CONFIG
+
+
+def test_keeps_the_last_n_and_the_best(tmp_path):
+    ckpt = Checkpointer(tmp_path, keep=2, best_metric="accuracy", best_mode="max")
+    state = _state()
+    for step, accuracy in [(1, 0.5), (2, 0.9), (3, 0.6), (4, 0.7), (5, 0.1)]:
+        ckpt.save(step, state, config=CONFIG, data_position={}, metrics={"accuracy": accuracy})
+    assert ckpt.steps() == [2, 4, 5]
+    assert ckpt.best_step() == 2 and ckpt.latest_step() == 5
+    ckpt.close()
+    loss_mode = Checkpointer(tmp_path / "min", keep=1, best_metric="loss", best_mode="min")
+    for step, loss in [(1, 0.3), (2, 0.1), (3, 0.2)]:
+        loss_mode.save(step, state, config=CONFIG, data_position={}, metrics={"loss": loss})
+    assert loss_mode.steps() == [2, 3] and loss_mode.best_step() == 2
+    loss_mode.close()
+
+
+def test_a_partial_save_is_ignored_and_the_previous_checkpoint_restores(tmp_path):
+    state = _state()
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(3, state, config=CONFIG, data_position={})
+    ckpt.close()
+    # What a process killed mid-save leaves: orbax's temporary directory, never renamed.
+    partial = tmp_path / "4.orbax-checkpoint-tmp-1234567"
+    (partial / "state").mkdir(parents=True)
+    (partial / "state" / "manifest.ocdbt").write_bytes(b"\x00 truncated")
+    again = Checkpointer(tmp_path)
+    assert again.steps() == [3]
+    restored, record = again.restore(_state(seed=1), config=CONFIG)
+    again.close()
+    assert record["step"] == 3
+    _assert_same(restored, state)
+
+
+def test_another_config_is_refused_naming_the_entry(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, _state(), config=CONFIG, data_position={})
+    with pytest.raises(
+        CheckpointError, match=r"config\.learning_rate=0\.01.*config\.learning_rate=0\.1"
+    ):
+        ckpt.restore(_state(), config={**CONFIG, "learning_rate": 0.1})
+    # Run-length entries may change: that is how a run is extended.
+    ckpt.restore(_state(), config={**CONFIG, "steps": 20})
+    ckpt.close()
+
+
+def test_another_model_shape_is_refused_naming_the_leaf(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, _state(width=8), config=CONFIG, data_position={})
+    with pytest.raises(
+        CheckpointError, match=r"\['kernel'\] is float32\(8, 2\) there and float32\(4, 2\) here"
+    ):
+        ckpt.restore(_state(width=4), config=CONFIG)
+    with pytest.raises(CheckpointError, match="impls"):
+        ckpt.restore(_state(impl="rbg"), config=CONFIG)
+    with pytest.raises(CheckpointError, match="only in this run"):
+        ckpt.restore({"w": jnp.ones(3)}, config=CONFIG)
+    ckpt.close()
+
+
+def test_another_data_position_is_refused(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, _state(), config=CONFIG, data_position={"epoch": 0, "train_size": 96})
+    with pytest.raises(CheckpointError, match="data position"):
+        ckpt.restore(_state(), config=CONFIG, data_position={"epoch": 0, "train_size": 97})
+    ckpt.close()
+
+
+def test_restore_without_checkpoints_says_so(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        ckpt.restore(_state(), config=CONFIG)
+    with pytest.raises(CheckpointError, match="no checkpoint for step 9"):
+        ckpt.save(1, _state(), config=CONFIG, data_position={}) or ckpt.record(9)
+    ckpt.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"), [({"keep": 0}, "keep"), ({"best_mode": "up"}, "best_mode")]
+)
+def test_bad_options(tmp_path, kwargs, match):
+    with pytest.raises(DropmaskError, match=match):
+        Checkpointer(tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_to_bytes_round_trips_typed_keys(impl):
+    state = _state(impl=impl)
+    restored = from_bytes(_state(impl=impl, seed=1), to_bytes(state))
+    _assert_same(restored, state)

@@ -1,0 +1,189 @@
+"""The shared loop: exact resume, atomic saves under a kill, devices, workdir outputs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from digits_tiny import ROOT, digits_example, tiny_config
+
+from dropmask.training import Checkpointer, CheckpointError, compare_rates, train
+from dropmask.training._logging import read_metrics
+
+# Measured on 8 fake CPU devices against 1 (tiny digits config, 12 steps): the largest
+# per-step loss difference is 2.4e-7 (1.0e-7 relative), from the order of the
+# all-reduce's sums; the masks themselves are identical.
+DEVICE_RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def example():
+    return digits_example()
+
+
+@pytest.fixture(scope="module")
+def reference(example, tmp_path_factory):
+    """An uninterrupted 12-step run on one device."""
+    return train(example, tiny_config(), tmp_path_factory.mktemp("ref"), devices=1, progress=False)
+
+
+def test_resume_gives_bit_identical_losses(example, reference, tmp_path):
+    config = tiny_config()
+    config.steps = 8
+    first = train(example, config, tmp_path, devices=1, progress=False)
+    config.steps = 12
+    resumed = train(example, config, tmp_path, devices=1, progress=False, resume=True)
+    assert resumed.start_step == 8
+    assert first.losses + resumed.losses == reference.losses  # exact float equality
+    assert resumed.final == reference.final
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    ref_rows = [
+        r for r in read_metrics(reference.workdir / "metrics.jsonl") if r["split"] == "train"
+    ]
+    assert rows == ref_rows
+
+
+_KILLED_SAVE = textwrap.dedent(
+    """
+    import os, sys, time
+    from orbax.checkpoint._src.path import atomicity
+    from examples.digits.train import example
+    from dropmask.training import train
+    sys.path.insert(0, {tests!r})
+    from digits_tiny import tiny_config
+
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+    async def stall_at_step_8(self):
+        if self.get_final().name == "8":
+            print("SAVING", flush=True)  # step 8 is written to its temporary directory
+            time.sleep(600)
+        await finalize(self)
+
+    atomicity.AtomicRenameTemporaryPath.finalize = stall_at_step_8
+    train(example, tiny_config(), {workdir!r}, devices=1, progress=False)
+    """
+)
+
+
+def test_a_run_killed_during_a_save_resumes_from_the_previous_checkpoint(
+    example, reference, tmp_path
+):
+    script = _KILLED_SAVE.format(tests=str(ROOT / "tests" / "training"), workdir=str(tmp_path))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "SAVING"
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+        child.stdout.close()
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert "4" in names and "8" not in names
+    assert any(name.startswith("8.orbax-checkpoint-tmp") for name in names)  # the partial save
+    resumed = train(example, tiny_config(), tmp_path, devices=1, progress=False, resume=True)
+    assert resumed.start_step == 4
+    assert resumed.losses == reference.losses[4:]
+    assert resumed.final == reference.final
+    assert not any("tmp" in p.name for p in (tmp_path / "checkpoints").iterdir())
+
+
+def test_eight_devices_match_one(example, reference, tmp_path):
+    sharded = train(example, tiny_config(), tmp_path, devices=8, progress=False)
+    np.testing.assert_allclose(sharded.losses, reference.losses, rtol=DEVICE_RTOL, atol=0)
+    for split, metrics in reference.final.items():
+        for name, value in metrics.items():
+            assert sharded.final[split][name] == pytest.approx(value, rel=DEVICE_RTOL), (
+                split,
+                name,
+            )
+
+
+def test_workdir_holds_metrics_events_plot_summary_and_checkpoints(reference):
+    workdir = reference.workdir
+    rows = read_metrics(workdir / "metrics.jsonl")
+    train_rows = [r for r in rows if r["split"] == "train"]
+    assert len(train_rows) == 12 and all({"step", "loss", "accuracy"} <= set(r) for r in train_rows)
+    assert [r["loss"] for r in train_rows] == reference.losses
+    eval_steps = [r["step"] for r in rows if r["split"] == "eval"]
+    assert eval_steps == [4, 8, 12]
+    assert {r["split"] for r in rows} == {"train", "train_eval", "eval"}
+    events = list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 100
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["metrics"] == reference.final["eval"]
+    assert summary["steps"] == 12 and summary["wall_seconds"] > 0
+    assert summary["config"]["hidden"] == [32]
+    assert summary["gap"]["accuracy"] == pytest.approx(
+        reference.final["train_eval"]["accuracy"] - reference.final["eval"]["accuracy"], abs=1e-12
+    )
+    png = (workdir / "curves.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    # Saved at 4, 8, 12; the latest two are kept, plus the best by eval accuracy.
+    ckpt = Checkpointer(workdir / "checkpoints", best_metric="accuracy")
+    best = ckpt.best_step()
+    assert set(ckpt.steps()) == {8, 12} | {best}
+    assert ckpt.record(12)["data_position"] == {
+        "step": 12,
+        "epoch": 3,
+        "batch": 0,
+        "steps_per_epoch": 4,
+        "train_size": 96,
+    }
+    ckpt.close()
+
+
+def test_refuses_to_overwrite_checkpoints_or_resume_without_them(example, reference, tmp_path):
+    with pytest.raises(CheckpointError, match="already holds checkpoints.*--resume"):
+        train(example, tiny_config(), reference.workdir, devices=1, progress=False)
+    with pytest.raises(CheckpointError, match="--resume found no checkpoint"):
+        train(example, tiny_config(), tmp_path, devices=1, progress=False, resume=True)
+
+
+def test_resume_with_another_config_names_the_entry(example, reference):
+    config = tiny_config()
+    config.hidden = (16,)
+    with pytest.raises(CheckpointError, match=r"config\.hidden=\[32\].*config\.hidden=\[16\]"):
+        train(example, config, reference.workdir, devices=1, progress=False, resume=True)
+    config = tiny_config()
+    config.train_size = 120
+    with pytest.raises(CheckpointError, match="train_size"):
+        train(example, config, reference.workdir, devices=1, progress=False, resume=True)
+
+
+def test_compare_rates_reports_the_spread_over_seeds(example, tmp_path):
+    config = tiny_config()
+    config.steps, config.checkpoint_every = 8, 0
+    summary = compare_rates(
+        example, config, tmp_path, [0.0, 0.5], [0, 1], devices=1, progress=False
+    )
+    assert list(summary["rates"]) == ["0", "0.5"]
+    for entry in summary["rates"].values():
+        finals = [run["final"]["eval"]["accuracy"] for run in entry["runs"]]
+        stats = entry["eval"]["accuracy"]
+        assert stats["mean"] == pytest.approx(np.mean(finals), abs=1e-12)
+        assert stats["std"] == pytest.approx(np.std(finals, ddof=1), abs=1e-12)
+        assert stats["min"] == min(finals) and stats["max"] == max(finals)
+        assert entry["gap"]["accuracy"]["mean"] == pytest.approx(
+            entry["train_eval"]["accuracy"]["mean"] - stats["mean"], abs=1e-12
+        )
+        assert finals[0] != finals[1]  # seeds differ in init, masks and order
+    assert (tmp_path / "rate_0.5" / "seed_1" / "metrics.jsonl").exists()
+    assert json.loads((tmp_path / "summary.json").read_text())["rates"]["0"]["seeds"] == [0, 1]
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(CheckpointError, match="already holds checkpoints"):
+        compare_rates(example, config, tmp_path, [0.0, 0.5], [0, 1], devices=1, progress=False)
