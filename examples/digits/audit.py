@@ -6,25 +6,26 @@ import jax
 import jax.numpy as jnp
 
 from dropmask.audit import AuditTarget
-from examples.digits import configs, input_pipeline
-from examples.digits.models import MLP
-from examples.digits.train import create_train_state, train_step
+from examples.digits import configs
+from examples.digits.train import example
 
 
 def audit_target(steps: int = 3) -> AuditTarget:
-    """The tiny config's MLP with dropout on, its train state and ``steps`` batches."""
-    config = configs.tiny()
-    train, _ = input_pipeline.load(config.train_size, seed=config.seed)
-    main_key, params_key, dropout_key = jax.random.split(jax.random.key(config.seed), 3)
-    model = MLP(hidden=config.hidden, rate=config.rate, input_rate=config.input_rate)
-    images = jnp.asarray(train.image[: config.batch_size])
-    state = create_train_state(model, params_key, dropout_key, images[:1], config.learning_rate)
-    batches = list(input_pipeline.batches(train, config.batch_size, main_key))[:steps]
+    """The tiny config's MLP with dropout on, its train state and ``steps`` batches.
+
+    Keys are split as the training loop splits them, so the audit sees the masks a
+    real run draws.
+    """
+    config = configs.get_tiny_config()
+    data = example.load_data(config)
+    data_key, params_key, dropout_key = jax.random.split(jax.random.key(config.seed), 3)
+    state = example.create_state(config, data, params_key, dropout_key)
+    batches = [example.train_batch(config, data, data_key, step) for step in range(steps)]
     return AuditTarget(
-        model=model,
+        model=state.apply_fn.__self__,
         variables={"params": state.params},
-        args=(images,),
-        train_step=train_step,
+        args=(jnp.asarray(batches[0]["image"]),),
+        train_step=example.train_step,
         state=state,
         batches=batches,
     )

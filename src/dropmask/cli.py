@@ -23,6 +23,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dropmask.training._command",
         "train an example with checkpoints, logs, plots and dropout-rate comparisons",
     ),
+    "audit": (
+        "dropmask.audit._command",
+        "find dropout bugs in a bundled example's model and train step",
+    ),
+    "why": (
+        "dropmask._why_command",
+        "measure, on this machine, why dropout ends in lax.select",
+    ),
 }
 
 

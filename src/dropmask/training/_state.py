@@ -8,26 +8,11 @@ import jax
 import jax.numpy as jnp
 from flax.training import train_state
 
+from .._checks import check_key
 from .._errors import DropmaskTypeError
 from ._keys import step_key, step_rngs
 
 __all__ = ["TrainState"]
-
-
-def check_key(key: Any) -> None:
-    """Raises DropmaskTypeError unless ``key`` is one scalar PRNG key (typed or ``uint32[2]``)."""
-    dtype = getattr(key, "dtype", None)
-    shape = tuple(getattr(key, "shape", ()))
-    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key) and shape == ():
-        return
-    if dtype == jnp.uint32 and shape == (2,):
-        return
-    got = f"{type(key).__name__} with dtype {dtype} and shape {shape}" if dtype else repr(key)
-    raise DropmaskTypeError(
-        f"TrainState key must be one PRNG key (jax.random.key(seed), or a raw uint32[2] "
-        f"key), got {got}. Split one from your root key, e.g. "
-        f"main_key, params_key, dropout_key = jax.random.split(jax.random.key(0), 3)."
-    )
 
 
 class TrainState(train_state.TrainState):
@@ -94,7 +79,7 @@ class TrainState(train_state.TrainState):
                 "TrainState.create needs key=..., the PRNG key for dropout, e.g. "
                 "TrainState.create(apply_fn=..., params=..., tx=..., key=dropout_key)."
             )
-        check_key(kwargs["key"])
+        check_key(kwargs["key"], fn="TrainState.create")
         state = super().create(apply_fn=apply_fn, params=params, tx=tx, **kwargs)
         return state.replace(step=jnp.zeros((), jnp.int32))
 
