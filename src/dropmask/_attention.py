@@ -65,12 +65,6 @@ def _as_mask(mask: Any, logits_shape: tuple[int, ...]) -> jax.Array:
     return mask.reshape((1,) * (len(logits_shape) - mask.ndim) + mask.shape)
 
 
-def _zero_unused(x: jax.Array, used: jax.Array) -> jax.Array:
-    """Zeroes positions that no query (or key) may see: ``used: [*b, length]``."""
-    used = used.reshape(used.shape + (1, 1))
-    return jnp.where(used, x, jnp.zeros((), x.dtype))
-
-
 def dot_product_attention(
     q: jax.typing.ArrayLike,
     k: jax.typing.ArrayLike,
@@ -171,14 +165,12 @@ def dot_product_attention(
         m = causal if m is None else m & jnp.broadcast_to(causal, m.shape[:-2] + causal.shape)
         m = m.reshape((1,) * (len(logits_shape) - m.ndim) + m.shape)
 
-    if m is not None:
-        # Keys no query can see and queries that see no key are zeroed up front, so
-        # garbage there (NaN, inf) cannot leak through 0 * NaN in the einsums.
-        lead = m.shape[:-3]
-        k_used = jnp.any(m, axis=(-3, -2)).reshape(lead + m.shape[-1:])
-        q_used = jnp.any(m, axis=(-3, -1)).reshape(lead + m.shape[-2:-1])
-        q, k, v = _zero_unused(q, q_used), _zero_unused(k, k_used), _zero_unused(v, k_used)
     q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
+    # Non-finite entries are zeroed before the einsums (whose backward multiplies by
+    # every key and query, masked or not) and recorded per position instead.
+    q, bad_q = _finite_part(q)
+    k, bad_k = _finite_part(k)
+    v, bad_v = _finite_part(v)
 
     weights_einsum = qk_attn_weights_einsum or functools.partial(jnp.einsum, precision=precision)
     values_einsum = attn_weights_value_einsum or functools.partial(jnp.einsum, precision=precision)
@@ -192,9 +184,16 @@ def dot_product_attention(
 
     acc = compute_dtype(dtype)
     logits = logits.astype(acc)
+    allowed = m
     if bias is not None:
-        logits = logits + jnp.broadcast_to(jnp.asarray(bias, acc), logits_shape)
-    valid = jnp.ones((1,) * len(logits_shape), bool) if m is None else m
+        bias_arr = jnp.asarray(bias, acc)
+        bias_arr = bias_arr.reshape((1,) * (len(logits_shape) - bias_arr.ndim) + bias_arr.shape)
+        logits = logits + bias_arr
+        # A -inf bias is a mask: such a key is unseen, so its garbage must not count.
+        not_neg_inf = bias_arr != -jnp.inf
+        allowed = not_neg_inf if allowed is None else allowed & not_neg_inf
+    tainted = _tainted_rows(logits, allowed, bad_q, bad_k | bad_v, groups)
+    valid = ~tainted if allowed is None else allowed & ~tainted
     weights = softmax_core(logits, jnp.broadcast_to(valid, logits_shape), (len(logits_shape) - 1,))
     weights = weights.astype(dtype)
     if module is not None:
@@ -206,8 +205,55 @@ def dot_product_attention(
     if groups > 1:
         wg = weights.reshape(weights.shape[:-3] + (kv_heads, groups) + weights.shape[-2:])
         out = jnp.einsum("...hgqk,...khd->...qhgd", wg, v, precision=precision)
-        return out.reshape(out.shape[:-3] + (heads, out.shape[-1]))
-    return values_einsum("...hqk,...khd->...qhd", weights, v)
+        out = out.reshape(out.shape[:-3] + (heads, out.shape[-1]))
+    else:
+        out = values_einsum("...hqk,...khd->...qhd", weights, v)
+    return _poison(out, q, tainted)
+
+
+def _finite_part(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``x`` with non-finite entries zeroed, and ``bad: bool[*b, length, heads]``."""
+    finite = jnp.isfinite(x)
+    return jnp.where(finite, x, jnp.zeros((), x.dtype)), ~jnp.all(finite, axis=-1)
+
+
+def _tainted_rows(
+    logits: jax.Array,
+    allowed: jax.Array | None,
+    bad_q: jax.Array,
+    bad_kv: jax.Array,
+    groups: int,
+) -> jax.Array:
+    """``bool[*b, heads, q_len, 1]``: queries that may see a non-finite input.
+
+    A query is tainted when its own vector, a key or value it may attend to, or one
+    of its allowed logits (a NaN or +inf bias, or an overflow) is not finite. Only
+    the allowed part of each row counts, so garbage behind the mask taints nothing.
+    One reduction over the key axis of the logits; nothing of size ``[q, k, depth]``.
+    """
+    bad_q = jnp.swapaxes(bad_q, -1, -2)[..., None]  # [*b, heads, q, 1]
+    bad_kv = jnp.swapaxes(bad_kv, -1, -2)  # [*b, kv_heads, k]
+    if groups > 1:
+        bad_kv = jnp.repeat(bad_kv, groups, axis=-2)
+    bad_kv = bad_kv[..., None, :]  # [*b, heads, 1, k]
+    bad = bad_q | bad_kv | jnp.isnan(logits) | (logits == jnp.inf)
+    if allowed is not None:
+        bad = bad & allowed
+    return jnp.any(bad, axis=-1, keepdims=True)
+
+
+def _poison(out: jax.Array, q: jax.Array, tainted: jax.Array) -> jax.Array:
+    """Writes NaN into tainted query rows, with a NaN gradient to their ``q`` only.
+
+    Their attention rows were emptied, so the einsums above saw only finite inputs
+    and every other query's value and gradient is exact. The NaN is multiplied by one
+    (finite) entry of ``q`` so that a tainted query's gradient is NaN, as in plain
+    attention; one entry, not a sum over depth, which XLA would recompute for every
+    output feature.
+    """
+    rows = jnp.swapaxes(tainted[..., 0], -1, -2)[..., None]  # [*b, q, heads, 1]
+    nan = jnp.where(rows, jnp.asarray(jnp.nan, out.dtype), jnp.zeros((), out.dtype))
+    return jnp.where(rows, nan * q[..., :1].astype(out.dtype), out)
 
 
 def _sow(module: Any, weights: jax.Array) -> None:
