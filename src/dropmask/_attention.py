@@ -3,8 +3,10 @@
 It computes what ``flax.linen.dot_product_attention`` computes, except where Flax
 is wrong: a query with no valid key outputs zeros (Flax and
 ``jax.nn.dot_product_attention`` output the mean of all values), with finite
-gradients, and values or keys at fully-masked positions (padding) never reach the
-output or the gradients, even as NaN or inf.
+gradients, and a query depends only on the keys its mask allows. A NaN or inf in a
+key or value reaches exactly the queries that may attend to it, in values and in
+gradients: Flax and ``jax.nn`` spread it to every query through ``0 * NaN`` in the
+einsums (forward and backward).
 """
 
 from __future__ import annotations
@@ -119,6 +121,15 @@ def dot_product_attention(
 
     Returns:
       ``[batch..., q_len, heads, v_depth]`` in the computation dtype.
+
+      Non-finite inputs: a query *taints* when its own ``q``, or a key or value it
+      may attend to (mask True and bias not -inf), holds NaN or inf, or one of its
+      allowed scores is NaN or +inf (a NaN bias, an overflow). A tainted query's
+      output row is NaN, its ``q`` gets a NaN gradient and it passes none to
+      ``k`` or ``v``. Every other output, and the gradient flowing through it to
+      ``q``, ``k`` and ``v``, equals the result with the offending entries replaced
+      by any finite number; non-finite entries get a zero gradient. The check is a reduction over the key axis of the scores;
+      nothing of size ``[q_len, kv_len, depth]`` is built.
 
     Raises:
       ValueError: mismatched q/k/v shapes, both ``key`` and ``dropout_rng``, or
