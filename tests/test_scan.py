@@ -167,6 +167,23 @@ def test_flip_sequences(lengths):
     np.testing.assert_array_equal(np.asarray(tm).swapaxes(0, 1), flipped)
 
 
+@pytest.mark.parametrize(("dtype", "n", "steps"), [(np.uint8, 250, 300), (np.int8, 120, 200)])
+def test_flip_sequences_with_narrow_integer_lengths(dtype, n, steps):
+    x = np.arange(2 * steps).reshape(2, steps)
+    lengths = np.array([n, 3], dtype)
+    want = x.copy()
+    want[0, :n] = x[0, :n][::-1]
+    want[1, :3] = x[1, :3][::-1]
+    np.testing.assert_array_equal(dm.flip_sequences(x, lengths), want)
+    np.testing.assert_array_equal(jax.jit(dm.flip_sequences)(x, lengths), want)
+
+
+def test_flip_sequences_traced_out_of_range_lengths_stay_in_the_row():
+    x = jnp.arange(10).reshape(2, 5)
+    flipped = jax.jit(dm.flip_sequences)(x, jnp.array([9, -3], jnp.int8))
+    assert flipped.tolist() == [[4, 3, 2, 1, 0], [5, 6, 7, 8, 9]]
+
+
 def test_flip_sequences_under_jit_and_grad():
     x = jnp.arange(6.0).reshape(2, 3)
     lengths = jnp.array([2, 3])

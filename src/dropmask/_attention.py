@@ -128,8 +128,9 @@ def dot_product_attention(
       output row is NaN, its ``q`` gets a NaN gradient and it passes none to
       ``k`` or ``v``. Every other output, and the gradient flowing through it to
       ``q``, ``k`` and ``v``, equals the result with the offending entries replaced
-      by any finite number; non-finite entries get a zero gradient. The check is a reduction over the key axis of the scores;
-      nothing of size ``[q_len, kv_len, depth]`` is built.
+      by any finite number; non-finite entries get a zero gradient. The check is a
+      reduction over the key axis of the scores; nothing of size
+      ``[q_len, kv_len, depth]`` is built.
 
     Raises:
       ValueError: mismatched q/k/v shapes, both ``key`` and ``dropout_rng``, or

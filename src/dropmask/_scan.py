@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._errors import MaskShapeError
-from ._masks import as_array, check_bool_mask, check_lengths
+from ._masks import as_array, check_bool_mask, check_lengths, widen_lengths
 
 __all__ = ["flip_sequences", "masked_scan"]
 
@@ -134,7 +134,9 @@ def flip_sequences(
 
     Args:
       x: ``[*batch, time, ...]`` (or ``[time, *batch, ...]`` with ``time_major``).
-      lengths: integer ``[*batch]``, each in ``[0, time]`` (checked when concrete).
+      lengths: integer ``[*batch]`` of any integer dtype, each in ``[0, time]``
+        (checked when concrete; a traced length below 0 flips nothing, one above
+        ``time`` flips the whole row).
       time_major: whether time is the leading axis.
 
     Returns:
@@ -162,8 +164,9 @@ def flip_sequences(
     lengths_arr = check_lengths(lengths, steps, fn="flip_sequences")
     if time_major:
         x = jnp.moveaxis(x, 0, nb)
-    t = lax.broadcasted_iota(lengths_arr.dtype, lengths_shape + (steps,), nb)
-    n = lengths_arr[..., None]
+    t = lax.broadcasted_iota(jnp.int32, lengths_shape + (steps,), nb)
+    # Clipped so that a traced out-of-range length cannot index past the row.
+    n = jnp.clip(widen_lengths(lengths_arr, steps), 0, steps)[..., None]
     source = jnp.where(t < n, n - 1 - t, t)
     source = source.reshape(source.shape + (1,) * (x.ndim - nb - 1))
     out = jnp.take_along_axis(x, jnp.broadcast_to(source, x.shape), axis=nb)
