@@ -111,7 +111,7 @@ def _changed_values(a: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndar
         return a[:0].ravel(), np.zeros(0, dtype)
     src, lost = a, np.zeros(a.shape, bool)
     if a.dtype.kind == "c" and dtype.kind != "c":
-        src, lost = a.real, a.imag != 0
+        src, lost = np.real(a), np.imag(a) != 0
     with np.errstate(all="ignore"):
         stored = src.astype(dtype)
         if dtype.kind in "fc":
