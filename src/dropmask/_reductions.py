@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._errors import DtypeError, MaskShapeError, normalize_axes
+from ._errors import AxisError, DtypeError, MaskShapeError, normalize_axes
 from ._masks import as_array, broadcast_mask, is_concrete
 
 __all__ = [
@@ -59,18 +59,49 @@ def _check_dtype(x: jax.Array, fn: str, *, integers: bool) -> None:
     )
 
 
-def _axes(axis: Axis, ndim: int) -> tuple[int, ...]:
+def _axes(axis: Axis, ndim: int, fn: str) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
-    return normalize_axes(axis if isinstance(axis, Sequence) else (axis,), ndim, name="axis")
+    axes = axis if isinstance(axis, Sequence) else (axis,)
+    if ndim == 0 and len(axes):
+        raise AxisError(
+            f"{fn}: x is 0-d (a scalar), so it has no axis {axis!r} to reduce. Pass "
+            f"axis=None (or axis=()) to reduce a scalar, or give x a dimension."
+        )
+    return normalize_axes(axes, ndim, name=f"{fn}: axis")
+
+
+def _check_complex(x: jax.Array, fn: str, *, complex_ok: bool) -> bool:
+    """True for a complex ``x`` the caller supports; raises for the others.
+
+    The generic dtype message would suggest a cast to float32, which silently drops
+    the imaginary part.
+    """
+    if not jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return False
+    if complex_ok:
+        return True
+    raise DtypeError(
+        f"{fn} needs real values, got dtype {x.dtype}. Reduce a real view explicitly, "
+        f"e.g. jnp.abs(x) or x.real (masked_sum and masked_mean accept complex x)."
+    )
 
 
 def _prepare(
-    x: Any, mask: Any, axis: Axis, fn: str, *, integers: bool = False
+    x: Any,
+    mask: Any,
+    axis: Axis,
+    fn: str,
+    *,
+    integers: bool = False,
+    complex_ok: bool = False,
 ) -> tuple[jax.Array, jax.Array, tuple[int, ...]]:
     x = as_array(x)
-    _check_dtype(x, fn, integers=integers)
-    axes = _axes(axis, x.ndim)
+    if not _check_complex(x, fn, complex_ok=complex_ok):
+        _check_dtype(x, fn, integers=integers)
+    axes = _axes(axis, x.ndim, fn)
+    if isinstance(mask, list | tuple):  # like x, a nested list is read as an array
+        mask = np.asarray(mask)
     return x, broadcast_mask(mask, x.shape, fn=fn), axes
 
 
@@ -87,8 +118,8 @@ def compute_dtype(dtype: Any) -> Any:
 
 
 def _result_float(dtype: Any) -> Any:
-    """Mean-like results: floats keep their dtype, integers give the default float."""
-    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.result_type(float)
+    """Mean-like results: inexact dtypes are kept, integers give the default float."""
+    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.result_type(float)
 
 
 def _squeeze(a: jax.Array, axes: tuple[int, ...], keepdims: bool) -> jax.Array:
@@ -108,14 +139,14 @@ def masked_sum(
     """Sum of the valid elements of ``x``.
 
     Args:
-      x: floating or integer ``[...]``.
+      x: floating, complex or integer ``[...]``.
       mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
       axis: axis or axes to reduce; None reduces all.
       keepdims: keep reduced axes with size 1.
 
     Returns:
-      The sum over valid elements, 0 for a row with none. Floats keep their dtype
-      (16-bit floats accumulate in float32); integers follow ``jnp.sum``.
+      The sum over valid elements, 0 for a row with none. Floats and complex keep
+      their dtype (16-bit floats accumulate in float32); integers follow ``jnp.sum``.
 
     Example:
       >>> import jax.numpy as jnp, dropmask
@@ -123,7 +154,7 @@ def masked_sum(
       >>> dropmask.masked_sum(x, x != 0, axis=-1).tolist()
       [6, 9, 30]
     """
-    x, m, axes = _prepare(x, mask, axis, "masked_sum", integers=True)
+    x, m, axes = _prepare(x, mask, axis, "masked_sum", integers=True, complex_ok=True)
     xs = jnp.where(m, x, jnp.zeros((), x.dtype))
     if jnp.issubdtype(x.dtype, jnp.integer):
         return jnp.sum(xs, axis=axes, keepdims=keepdims)
@@ -144,7 +175,7 @@ def masked_mean(
     Unlike ``jnp.mean(x, where=mask)`` an empty row is not NaN, and its gradient is 0.
 
     Args:
-      x: floating or integer ``[...]``.
+      x: floating, complex or integer ``[...]``.
       mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
       axis: axis or axes to reduce; None reduces all.
       keepdims: keep reduced axes with size 1.
@@ -159,12 +190,12 @@ def masked_mean(
       >>> dropmask.masked_mean(x, x != 0, axis=-1).tolist()
       [2.0, 4.5, 0.0]
     """
-    x, m, axes = _prepare(x, mask, axis, "masked_mean", integers=True)
+    x, m, axes = _prepare(x, mask, axis, "masked_mean", integers=True, complex_ok=True)
     _check_fill(fill, "masked_mean")
     out_dtype = _result_float(x.dtype)
     acc = compute_dtype(out_dtype)
     total = jnp.sum(jnp.where(m, x, 0).astype(acc), axis=axes, keepdims=keepdims)
-    count = jnp.sum(m, axis=axes, keepdims=keepdims, dtype=acc)
+    count = jnp.sum(m, axis=axes, keepdims=keepdims, dtype=jnp.zeros((), acc).real.dtype)
     mean = total / jnp.maximum(count, 1)
     return jnp.where(count > 0, mean, jnp.asarray(fill, acc)).astype(out_dtype)
 
@@ -280,7 +311,8 @@ def _masked_extreme(
         neutral = -np.inf if is_max else np.inf
     xs = jnp.where(m, x, jnp.asarray(neutral, x.dtype))
     reduce = jnp.max if is_max else jnp.min
-    out = reduce(xs, axis=axes, keepdims=keepdims)
+    # `initial` lets a zero-length axis reduce to the neutral value (then `fill`).
+    out = reduce(xs, axis=axes, keepdims=keepdims, initial=neutral)
     anyvalid = jnp.any(m, axis=axes, keepdims=keepdims)
     return jnp.where(anyvalid, out, jnp.asarray(fill, x.dtype))
 
@@ -358,7 +390,7 @@ def _shifted(
     (the result does not depend on it).
     """
     xz = jnp.where(m, x, jnp.zeros((), x.dtype)).astype(compute_dtype(x.dtype))
-    top = jnp.max(jnp.where(m, xz, -jnp.inf), axis=axes, keepdims=True)
+    top = jnp.max(jnp.where(m, xz, -jnp.inf), axis=axes, keepdims=True, initial=-jnp.inf)
     shift = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0))
     shifted = jnp.where(m, xz, shift) - shift
     e = jnp.where(m, jnp.exp(shifted), 0)
