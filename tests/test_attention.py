@@ -457,3 +457,13 @@ def test_non_finite_bias_or_overflowing_scores_stay_in_their_row():
     dq, dk, dv = (np.asarray(g, np.float32) for g in jax.grad(loss16, (0, 1, 2))(q16, k16, v16))
     assert np.isfinite(np.delete(dq, 1, axis=1)).all()
     assert np.isfinite(dk).all() and np.isfinite(dv).all()
+
+
+def test_user_errors_are_dropmask_errors_with_the_fix():
+    q = jnp.ones((1, 3, 2, 4))
+    with pytest.raises(dm.DropmaskValueError, match="depths must match"):
+        dm.dot_product_attention(q, jnp.ones((1, 3, 2, 5)), jnp.ones((1, 3, 2, 5)))
+    with pytest.raises(dm.DtypeError, match=r"q, k and v must be real.*x\.imag"):
+        dm.dot_product_attention(q.astype(jnp.complex64), q, q)
+    with pytest.raises(dm.DtypeError, match="boolean array as mask="):
+        dm.dot_product_attention(q, q, q, bias=jnp.ones((3, 3), bool))

@@ -280,3 +280,17 @@ def test_errors():
         dm.flip_sequences(jnp.ones((2, 3)), jnp.array([1, 4]))
     with pytest.raises(dm.DtypeError, match="lengths must be integers"):
         dm.flip_sequences(jnp.ones((2, 3)), jnp.array([1.0, 2.0]))
+
+
+def test_masked_scan_edge_inputs():
+    step = lambda c, x: (c + x, c)  # noqa: E731
+    carry, ys = dm.masked_scan(step, 1.0, jnp.zeros((0,)), jnp.zeros((0,), bool))
+    assert float(carry) == 1.0 and ys.shape == (0,)
+    carry, ys = dm.masked_scan(step, 0.0, jnp.array([1.0, 9.0, 2.0]), [True, False, True])
+    assert float(carry) == 3.0 and ys.tolist() == [0.0, 0.0, 1.0]
+    count = lambda c, _: (c + 1, c)  # noqa: E731  # xs=None, as in lax.scan
+    carry, _ = dm.masked_scan(count, 0, None, jnp.array([True, False, True]))
+    assert int(carry) == 2
+    xs = jnp.array([1.0, 2.0, 3.0], jnp.bfloat16)
+    carry, ys = dm.masked_scan(step, jnp.bfloat16(0), xs, jnp.array([True, False, True]))
+    assert carry.dtype == ys.dtype == jnp.bfloat16 and float(carry) == 4.0

@@ -19,7 +19,13 @@ import jax
 import jax.numpy as jnp
 
 from ._dropout import dropout
-from ._errors import DtypeError, check_floating, check_key, check_rate
+from ._errors import (
+    DropmaskValueError,
+    DtypeError,
+    check_floating,
+    check_key,
+    check_rate,
+)
 from ._masks import as_array, causal_mask, check_broadcastable
 from ._random import DEFAULT_IMPL, Impl, check_impl
 from ._reductions import compute_dtype, softmax_core
@@ -35,22 +41,24 @@ _HINT = (
 
 def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
     if not q.ndim == k.ndim == v.ndim or q.ndim < 3:
-        raise ValueError(
+        raise DropmaskValueError(
             f"{_FN}: q, k, v must have the same rank >= 3 ([batch..., length, heads, "
             f"depth]), got shapes {q.shape}, {k.shape}, {v.shape}."
         )
     if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3]:
-        raise ValueError(
+        raise DropmaskValueError(
             f"{_FN}: q, k, v batch dims must match, got shapes {q.shape}, {k.shape}, {v.shape}."
         )
     if k.shape[-3] != v.shape[-3] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(
+        raise DropmaskValueError(
             f"{_FN}: k and v must have the same length and heads, got {k.shape} and {v.shape}."
         )
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"{_FN}: q and k depths must match, got {q.shape[-1]} and {k.shape[-1]}.")
+        raise DropmaskValueError(
+            f"{_FN}: q and k depths must match, got {q.shape[-1]} and {k.shape[-1]}."
+        )
     if q.shape[-2] % k.shape[-2]:
-        raise ValueError(
+        raise DropmaskValueError(
             f"{_FN}: query heads ({q.shape[-2]}) must be a multiple of key/value heads "
             f"({k.shape[-2]}) (grouped-query attention)."
         )
@@ -146,13 +154,13 @@ def dot_product_attention(
       [1.0, 0.0]
     """
     if (qk_attn_weights_einsum is None) != (attn_weights_value_einsum is None):
-        raise ValueError(
+        raise DropmaskValueError(
             f"{_FN}: qk_attn_weights_einsum and attn_weights_value_einsum must be given together."
         )
     if qk_attn_weights_einsum is not None and precision is not None:
-        raise ValueError(f"{_FN}: precision and custom einsums are mutually exclusive.")
+        raise DropmaskValueError(f"{_FN}: precision and custom einsums are mutually exclusive.")
     if key is not None and dropout_rng is not None:
-        raise ValueError(f"{_FN}: pass the dropout key as key= or dropout_rng=, not both.")
+        raise DropmaskValueError(f"{_FN}: pass the dropout key as key= or dropout_rng=, not both.")
     rng = key if key is not None else dropout_rng
     rate = check_rate(dropout_rate, name="dropout_rate")
     check_impl(impl)
@@ -161,17 +169,28 @@ def dot_product_attention(
 
     q, k, v = as_array(q), as_array(k), as_array(v)
     dtype = jnp.result_type(q, k, v) if dtype is None else jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        raise DtypeError(
+            f"{_FN}: q, k and v must be real, got dtype {dtype} (the softmax over scores "
+            f"needs an order). Attend over real features, e.g. concatenate x.real and "
+            f"x.imag on the depth axis."
+        )
     check_floating(jnp.zeros((), dtype), fn=f"{_FN} (q, k, v)")
     _check_qkv(q, k, v)
     heads, kv_heads = q.shape[-2], k.shape[-2]
     groups = heads // kv_heads
     if groups > 1 and qk_attn_weights_einsum is not None:
-        raise ValueError(f"{_FN}: custom einsums do not support grouped-query attention.")
+        raise DropmaskValueError(f"{_FN}: custom einsums do not support grouped-query attention.")
     batch = q.shape[:-3]
     logits_shape = (*batch, heads, q.shape[-3], k.shape[-3])
     m = None if mask is None else _as_mask(mask, logits_shape)
     if bias is not None:
         check_broadcastable(jnp.shape(bias), logits_shape, fn=_FN, name="bias", hint=_HINT)
+        if jnp.result_type(bias) == jnp.bool_:
+            raise DtypeError(
+                f"{_FN}: bias is added to the scores, so a boolean bias would add 1 where "
+                f"True; got dtype bool. Pass a boolean array as mask= (True = attend)."
+            )
     if is_causal:
         causal = causal_mask(q.shape[-3], k.shape[-3])
         m = causal if m is None else m & jnp.broadcast_to(causal, m.shape[:-2] + causal.shape)

@@ -17,7 +17,7 @@ import numpy as np
 from jax import lax
 from jax.core import Tracer
 
-from ._errors import DtypeError, MaskShapeError
+from ._errors import DropmaskTypeError, DropmaskValueError, DtypeError, MaskShapeError
 
 __all__ = [
     "attention_mask",
@@ -212,13 +212,15 @@ def padding_mask(tokens: jax.typing.ArrayLike, pad_id: Any = 0) -> jax.Array:
       [[True, True, False], [True, False, False]]
     """
     if np.ndim(pad_id) != 0:
-        raise TypeError(f"padding_mask: pad_id must be a scalar, got shape {np.shape(pad_id)}.")
+        raise DropmaskTypeError(
+            f"padding_mask: pad_id must be a scalar, got shape {np.shape(pad_id)}."
+        )
     return jnp.asarray(tokens) != pad_id
 
 
 def _check_offset(offset: Any, fn: str) -> int:
     if isinstance(offset, bool) or not isinstance(offset, int | np.integer):
-        raise TypeError(f"{fn}: offset must be a Python int, got {type(offset).__name__}.")
+        raise DropmaskTypeError(f"{fn}: offset must be a Python int, got {type(offset).__name__}.")
     return int(offset)
 
 
@@ -281,7 +283,9 @@ def sliding_window_mask(
     fn = "sliding_window_mask"
     if isinstance(window, tuple | list):
         if len(window) != 2:
-            raise ValueError(f"{fn}: window must be an int or (left, right), got {window!r}.")
+            raise DropmaskValueError(
+                f"{fn}: window must be an int or (left, right), got {window!r}."
+            )
         left, right = window
     else:
         left = right = window

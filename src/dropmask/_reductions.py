@@ -25,7 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._errors import AxisError, DtypeError, MaskShapeError, normalize_axes
+from ._errors import (
+    AxisError,
+    DropmaskTypeError,
+    DropmaskValueError,
+    DtypeError,
+    MaskShapeError,
+    normalize_axes,
+)
 from ._masks import as_array, broadcast_mask, is_concrete
 
 __all__ = [
@@ -107,7 +114,7 @@ def _prepare(
 
 def _check_fill(fill: Any, fn: str) -> None:
     if np.ndim(fill) != 0:
-        raise TypeError(f"{fn}: fill must be a scalar, got shape {np.shape(fill)}.")
+        raise DropmaskTypeError(f"{fn}: fill must be a scalar, got shape {np.shape(fill)}.")
 
 
 def compute_dtype(dtype: Any) -> Any:
@@ -206,7 +213,7 @@ def _masked_var(
     """Returns ``(var, defined, out_dtype)``, var in the compute dtype, 0 where undefined."""
     x, m, axes = _prepare(x, mask, axis, fn, integers=True)
     if isinstance(ddof, bool) or not isinstance(ddof, int | np.integer) or ddof < 0:
-        raise ValueError(f"{fn}: ddof must be a non-negative int, got {ddof!r}.")
+        raise DropmaskValueError(f"{fn}: ddof must be a non-negative int, got {ddof!r}.")
     out_dtype = _result_float(x.dtype)
     acc = compute_dtype(out_dtype)
     xs = jnp.where(m, x, 0).astype(acc)
@@ -568,7 +575,9 @@ def masked_cross_entropy(
     labels = as_array(labels)
     _check_dtype(logits, fn, integers=False)
     if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
+        raise DropmaskValueError(
+            f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}."
+        )
     if logits.ndim == 0:
         raise MaskShapeError(f"{fn}: logits need a class axis [..., num_classes], got a scalar.")
     batch, classes = logits.shape[:-1], logits.shape[-1]
@@ -588,7 +597,7 @@ def masked_cross_entropy(
     if sparse and is_concrete(labels) and (mask is None or is_concrete(mask)):
         host = np.asarray(labels)[np.asarray(tok)]
         if host.size and (host.min() < 0 or host.max() >= classes):
-            raise ValueError(
+            raise DropmaskValueError(
                 f"{fn}: labels of valid tokens must be in [0, {classes}), got values in "
                 f"[{host.min()}, {host.max()}]. Mask out ignored tokens (e.g. label -100) "
                 f"with mask=labels >= 0."

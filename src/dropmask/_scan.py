@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ._errors import MaskShapeError
@@ -108,6 +109,8 @@ def masked_scan(
       >>> carry.tolist(), ys.tolist()
       ([3.0, 3.0], [[1.0, 3.0, 0.0], [3.0, 0.0, 0.0]])
     """
+    if isinstance(mask, list | tuple):  # a nested list of bools, read as an array
+        mask = np.asarray(mask)
     mask = check_bool_mask(mask, fn="masked_scan")
     if mask.ndim == 0:
         raise MaskShapeError(
@@ -154,8 +157,11 @@ def _first_valid_input(xs: Any, mask: jax.Array, reverse: bool, fill_input: Any)
             f"{len(fills)} leaves for {len(leaves)} xs leaves."
         )
     steps = mask.shape[0]
-    index = jnp.argmax(mask[::-1] if reverse else mask, axis=0)  # first True, or 0
-    index = steps - 1 - index if reverse else index
+    if steps:
+        index = jnp.argmax(mask[::-1] if reverse else mask, axis=0)  # first True, or 0
+        index = steps - 1 - index if reverse else index
+    else:  # nothing to pick from; the fill only sets the state's shape
+        index = jnp.zeros(mask.shape[1:], jnp.int32)
     any_valid = jnp.any(mask, axis=0)
     out = []
     for leaf, fill in zip(leaves, fills, strict=True):
@@ -171,6 +177,9 @@ def _first_valid_input(xs: Any, mask: jax.Array, reverse: bool, fill_input: Any)
             fill.reshape((1,) * (len(step_shape) - fill.ndim) + fill.shape), step_shape
         )
         extra = (1,) * (leaf.ndim - mask.ndim)
+        if not steps:
+            out.append(fill)
+            continue
         picked = jnp.take_along_axis(leaf, index.reshape((1, *index.shape, *extra)), axis=0)[0]
         out.append(jnp.where(any_valid.reshape(any_valid.shape + extra), picked, fill))
     return jax.tree.unflatten(treedef, out)
