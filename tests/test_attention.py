@@ -467,3 +467,20 @@ def test_user_errors_are_dropmask_errors_with_the_fix():
         dm.dot_product_attention(q.astype(jnp.complex64), q, q)
     with pytest.raises(dm.DtypeError, match="boolean array as mask="):
         dm.dot_product_attention(q, q, q, bias=jnp.ones((3, 3), bool))
+
+
+def test_padding_junk_passes_no_nan_through_any_op_eagerly():
+    # Eager `jax_debug_nans` checks every op: garbage held behind the mask must not be
+    # passed along by any of them, in the forward or the backward pass.
+    q, k, v, mask, _ = _padded_case()
+    q, k, v = (jnp.asarray(a) for a in (q, k, v))
+    with jax.debug_nans(True):
+        out = dm.dot_product_attention(q, k, v, mask=mask)
+        grads = jax.grad(
+            lambda q, k, v: dm.dot_product_attention(q, k, v, mask=mask).sum(), (0, 1, 2)
+        )(q, k, v)
+    assert np.isfinite(out).all() and all(np.isfinite(g).all() for g in grads)
+    # int inputs cast to float16 that overflow are non-finite inputs too.
+    big = jnp.full((1, 2, 1, 2), 70000, jnp.int32)
+    out = dm.dot_product_attention(big, big, big, dtype=jnp.float16, is_causal=True)
+    assert np.isnan(np.asarray(out, np.float32)).all()

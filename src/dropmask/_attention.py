@@ -28,7 +28,7 @@ from ._errors import (
 )
 from ._masks import as_array, causal_mask, check_broadcastable
 from ._random import DEFAULT_IMPL, Impl, check_impl
-from ._reductions import compute_dtype, softmax_core
+from ._reductions import compute_dtype, softmax_flagging_nonfinite
 
 __all__ = ["dot_product_attention"]
 
@@ -196,12 +196,11 @@ def dot_product_attention(
         m = causal if m is None else m & jnp.broadcast_to(causal, m.shape[:-2] + causal.shape)
         m = m.reshape((1,) * (len(logits_shape) - m.ndim) + m.shape)
 
-    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
     # Non-finite entries are zeroed before the einsums (whose backward multiplies by
     # every key and query, masked or not) and recorded per position instead.
-    q, bad_q = _finite_part(q)
-    k, bad_k = _finite_part(k)
-    v, bad_v = _finite_part(v)
+    q, bad_q = _finite_part(q, dtype)
+    k, bad_k = _finite_part(k, dtype)
+    v, bad_v = _finite_part(v, dtype)
 
     weights_einsum = qk_attn_weights_einsum or functools.partial(jnp.einsum, precision=precision)
     values_einsum = attn_weights_value_einsum or functools.partial(jnp.einsum, precision=precision)
@@ -223,9 +222,13 @@ def dot_product_attention(
         # A -inf bias is a mask: such a key is unseen, so its garbage must not count.
         not_neg_inf = bias_arr != -jnp.inf
         allowed = not_neg_inf if allowed is None else allowed & not_neg_inf
-    tainted = _tainted_rows(logits, allowed, bad_q, bad_k | bad_v, groups)
-    valid = ~tainted if allowed is None else allowed & ~tainted
-    weights = softmax_core(logits, jnp.broadcast_to(valid, logits_shape), (len(logits_shape) - 1,))
+    valid = jnp.ones((1,) * len(logits_shape), bool) if allowed is None else allowed
+    weights, tainted = softmax_flagging_nonfinite(
+        logits,
+        jnp.broadcast_to(valid, logits_shape),
+        (len(logits_shape) - 1,),
+        _taint(bad_q, bad_k | bad_v, groups),
+    )
     weights = weights.astype(dtype)
     if module is not None:
         _sow(module, weights)
@@ -242,49 +245,50 @@ def dot_product_attention(
     return _poison(out, q, tainted)
 
 
-def _finite_part(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``x`` with non-finite entries zeroed, and ``bad: bool[*b, length, heads]``."""
+def _finite_part(x: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    """``x`` in ``dtype`` with non-finite entries zeroed; ``bad: bool[*b, length, heads]``.
+
+    Zeroed before the cast, so no op passes a NaN along (``jax_debug_nans``); a cast
+    can overflow (float32 to float16), so its result is checked too.
+    """
     finite = jnp.isfinite(x)
-    return jnp.where(finite, x, jnp.zeros((), x.dtype)), ~jnp.all(finite, axis=-1)
+    out = jnp.where(finite, x, jnp.zeros((), x.dtype)).astype(dtype)
+    if x.dtype != dtype:
+        cast_finite = jnp.isfinite(out)
+        out = jnp.where(cast_finite, out, jnp.zeros((), dtype))
+        finite = finite & cast_finite
+    return out, ~jnp.all(finite, axis=-1)
 
 
-def _tainted_rows(
-    logits: jax.Array,
-    allowed: jax.Array | None,
-    bad_q: jax.Array,
-    bad_kv: jax.Array,
-    groups: int,
-) -> jax.Array:
-    """``bool[*b, heads, q_len, 1]``: queries that may see a non-finite input.
+def _taint(bad_q: jax.Array, bad_kv: jax.Array, groups: int) -> jax.Array:
+    """True on the row of a non-finite query and the column of a non-finite key/value.
 
-    A query is tainted when its own vector, a key or value it may attend to, or one
-    of its allowed logits (a NaN or +inf bias, or an overflow) is not finite. Only
-    the allowed part of each row counts, so garbage behind the mask taints nothing.
-    One reduction over the key axis of the logits; nothing of size ``[q, k, depth]``.
+    Broadcastable to the scores ``[*b, heads, q, k]`` without being that large. The
+    softmax folds it into the sums it computes anyway and flags exactly the rows
+    whose *allowed* part holds a non-finite input or score: no extra pass over
+    ``[q, k]``, nothing of size ``[q, k, depth]``.
     """
     bad_q = jnp.swapaxes(bad_q, -1, -2)[..., None]  # [*b, heads, q, 1]
     bad_kv = jnp.swapaxes(bad_kv, -1, -2)  # [*b, kv_heads, k]
     if groups > 1:
         bad_kv = jnp.repeat(bad_kv, groups, axis=-2)
-    bad_kv = bad_kv[..., None, :]  # [*b, heads, 1, k]
-    bad = bad_q | bad_kv | jnp.isnan(logits) | (logits == jnp.inf)
-    if allowed is not None:
-        bad = bad & allowed
-    return jnp.any(bad, axis=-1, keepdims=True)
+    return bad_q | bad_kv[..., None, :]  # [*b, heads, 1, k]
 
 
 def _poison(out: jax.Array, q: jax.Array, tainted: jax.Array) -> jax.Array:
     """Writes NaN into tainted query rows, with a NaN gradient to their ``q`` only.
 
     Their attention rows were emptied, so the einsums above saw only finite inputs
-    and every other query's value and gradient is exact. The NaN is multiplied by one
-    (finite) entry of ``q`` so that a tainted query's gradient is NaN, as in plain
-    attention; one entry, not a sum over depth, which XLA would recompute for every
-    output feature.
+    and every other query's value and gradient is exact. ``q * 0 / 0`` is NaN in
+    value and derivative on tainted rows, and ``q * 0 / 1`` is 0 elsewhere, so a
+    tainted query's gradient is NaN as in plain attention, and no NaN is built when
+    there is none (``jax_debug_nans`` stays quiet). One entry of ``q``, not a sum
+    over depth, which XLA would recompute for every output feature.
     """
     rows = jnp.swapaxes(tainted[..., 0], -1, -2)[..., None]  # [*b, q, heads, 1]
-    nan = jnp.where(rows, jnp.asarray(jnp.nan, out.dtype), jnp.zeros((), out.dtype))
-    return jnp.where(rows, nan * q[..., :1].astype(out.dtype), out)
+    zero = q[..., :1].astype(out.dtype) * jnp.zeros((), out.dtype)
+    nan = zero / jnp.where(rows, jnp.zeros((), out.dtype), jnp.ones((), out.dtype))
+    return jnp.where(rows, nan, out)
 
 
 def _sow(module: Any, weights: jax.Array) -> None:

@@ -386,11 +386,12 @@ def masked_min(
 
 
 def _shifted(
-    x: jax.Array, m: jax.Array, axes: tuple[int, ...]
+    x: jax.Array, m: jax.Array, axes: tuple[int, ...], extra: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """``(x - shift, exp(x - shift), sum exp, shift)`` over valid elements, in f32+.
 
-    ``shift`` is the valid maximum (0 where it is not finite).
+    ``shift`` is the valid maximum (0 where it is not finite). ``extra`` is added to
+    the valid exponentials, to mark chosen rows' sums.
 
     Masked elements are set to the shift before ``exp`` so both the value and the
     derivative there are finite, then zeroed. The shift is a constant for autodiff
@@ -400,7 +401,8 @@ def _shifted(
     top = jnp.max(jnp.where(m, xz, -jnp.inf), axis=axes, keepdims=True, initial=-jnp.inf)
     shift = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0))
     shifted = jnp.where(m, xz, shift) - shift
-    e = jnp.where(m, jnp.exp(shifted), 0)
+    e = jnp.exp(shifted) if extra is None else jnp.exp(shifted) + extra
+    e = jnp.where(m, e, 0)
     return shifted, e, jnp.sum(e, axis=axes, keepdims=True), shift
 
 
@@ -432,6 +434,52 @@ def _softmax_jvp(
     y = _softmax_of_sanitised(xz, m, axes)
     t = tangents[0]
     return y, y * (t - jnp.sum(y * t, axis=axes, keepdims=True))
+
+
+# Added to a tainted row's exponentials (each in [0, 1]): no sum of untainted ones
+# reaches it, and it is finite, so no NaN is built where none was given.
+_TAINT = 2.0**64
+
+
+def softmax_flagging_nonfinite(
+    x: jax.Array, m: jax.Array, axes: tuple[int, ...], taint: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`softmax_core`, except that a row with a non-finite valid element is 0.
+
+    ``taint`` (bool, broadcastable to ``x``) marks elements that count as non-finite
+    although ``x`` is finite there; only valid ones matter. Returns ``(weights,
+    nonfinite)`` with ``nonfinite: bool``, 1 on the reduced axes.
+
+    Attention uses it to find the rows that see a non-finite input from the sum the
+    softmax computes anyway (``taint`` joins it inside the exp fusion, so no extra
+    pass over ``x``), and to empty them so that ``0 * NaN`` in the backward pass
+    cannot reach the other rows; it then writes NaN into their outputs itself.
+    """
+    xz = jnp.where(m, x, jnp.zeros((), x.dtype)).astype(compute_dtype(x.dtype))
+    return _softmax_flagged(xz, m, taint, axes)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _softmax_flagged(
+    xz: jax.Array, m: jax.Array, taint: jax.Array, axes: tuple[int, ...]
+) -> tuple[jax.Array, jax.Array]:
+    # A NaN or +inf valid element makes the shift 0 and the sum NaN or inf; a
+    # tainted one makes it at least _TAINT.
+    extra = jnp.where(taint, jnp.asarray(_TAINT, xz.dtype), jnp.zeros((), xz.dtype))
+    _, e, s, _ = _shifted(xz, m, axes, extra)
+    clean = s < _TAINT  # False for NaN too
+    return jnp.where(clean, e / _safe_denominator(s), 0), ~clean
+
+
+@_softmax_flagged.defjvp
+def _softmax_flagged_jvp(
+    axes: tuple[int, ...], primals: tuple[jax.Array, ...], tangents: tuple[Any, ...]
+) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, Any]]:
+    xz, m, taint = primals
+    y, nonfinite = _softmax_flagged(xz, m, taint, axes)
+    t = tangents[0]
+    flag_tangent = np.zeros(nonfinite.shape, dtype=jax.dtypes.float0)
+    return (y, nonfinite), (y * (t - jnp.sum(y * t, axis=axes, keepdims=True)), flag_tangent)
 
 
 def masked_logsumexp(
