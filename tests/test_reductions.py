@@ -547,3 +547,15 @@ def test_masks_given_as_lists_like_x():
     assert dm.masked_sum([1.0, 2.0, 4.0], [True, False, True]).tolist() == 5.0
     with pytest.raises(dm.DtypeError, match="mask must be boolean"):
         dm.masked_sum([1.0, 2.0], [1, 0])
+
+
+def test_cross_entropy_and_integer_fill_edge_inputs():
+    logits = jnp.zeros((2, 3))
+    loss = dm.masked_cross_entropy(logits, jnp.array([0, 2]), [True, False])
+    np.testing.assert_allclose(loss, np.log(3.0), rtol=1e-6, atol=0)
+    with pytest.raises(dm.DtypeError, match="masked_cross_entropy needs real values"):
+        dm.masked_cross_entropy(logits.astype(jnp.complex64), jnp.array([0, 2]))
+    with pytest.raises(dm.DropmaskValueError, match=r"fill=-1 cannot be stored in x's dtype uint8"):
+        dm.masked_max(jnp.array([1, 2], jnp.uint8), jnp.array([False, False]), fill=-1)
+    empty = dm.masked_max(jnp.array([1, 2], jnp.uint8), jnp.array([False, False]), fill=7)
+    assert empty.dtype == jnp.uint8 and int(empty) == 7

@@ -313,6 +313,11 @@ def _masked_extreme(
                 f"{fn}: x has integer dtype {x.dtype}, so fill must be an int, got {fill!r}."
             )
         info = np.iinfo(x.dtype)
+        if not info.min <= int(np.asarray(fill)) <= info.max:
+            raise DropmaskValueError(
+                f"{fn}: fill={fill!r} cannot be stored in x's dtype {x.dtype} (integers in "
+                f"[{info.min}, {info.max}]). Pick a fill in that range, or cast x first."
+            )
         neutral = info.min if is_max else info.max
     else:
         neutral = -np.inf if is_max else np.inf
@@ -621,7 +626,10 @@ def masked_cross_entropy(
     fn = "masked_cross_entropy"
     logits = as_array(logits)
     labels = as_array(labels)
+    _check_complex(logits, fn, complex_ok=False)
     _check_dtype(logits, fn, integers=False)
+    if isinstance(mask, list | tuple):  # like labels, a nested list is read as an array
+        mask = np.asarray(mask)
     if reduction not in ("mean", "sum", "none"):
         raise DropmaskValueError(
             f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}."
