@@ -287,3 +287,15 @@ def test_ragged_or_non_numeric_sequences_are_named(fn):
         call([[1]], pad_value="x")
     with pytest.raises(dm.DropmaskValueError, match="pad_value=5 cannot be stored in dtype bool"):
         call([[True]], pad_value=5)
+
+
+def test_integers_are_never_rounded_into_floats():
+    big = np.array([2**53 + 1], np.int64)
+    # int64 with uint64 has float64 as its NumPy common dtype, which rounds 2**53 + 1.
+    with pytest.raises(dm.DropmaskValueError, match=r"sequence 0 .*9007199254740993.*dtype=int64"):
+        dm.pad_sequences([big, np.array([1], np.uint64)])
+    padded, _ = dm.pad_sequences([big, np.array([1], np.uint64)], dtype=np.int64)
+    assert padded[0, 0] == 2**53 + 1
+    with pytest.raises(dm.DropmaskValueError, match="holds 16777217.*16777216"):
+        dm.pad_sequences([[16777217]], dtype=np.float32)
+    assert dm.pad_sequences([[0.1]], dtype=np.float16)[0].dtype == np.float16  # floats round

@@ -104,19 +104,22 @@ def _as_numeric(seq: Any, index: int, fn: str) -> np.ndarray:
 def _changed_values(a: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """``(values, stored)``: the entries of ``a`` that ``dtype`` would change, flat.
 
-    Wrapping, truncating a fraction, dropping an imaginary part or overflowing to inf
-    change a value; rounding to the nearest float of a narrower float type does not.
+    Wrapping, truncating a fraction, rounding an integer, dropping an imaginary part
+    or overflowing to inf change a value; rounding a float to the nearest value of a
+    narrower float type does not.
     """
-    if a.size == 0 or np.can_cast(a.dtype, dtype, casting="safe"):
+    # NumPy calls int64 -> float64 "safe", but 2**53 + 1 does not survive it.
+    int_to_float = a.dtype.kind in "iu" and dtype.kind in "fc"
+    if a.size == 0 or (np.can_cast(a.dtype, dtype, casting="safe") and not int_to_float):
         return a[:0].ravel(), np.zeros(0, dtype)
     src, lost = a, np.zeros(a.shape, bool)
     if a.dtype.kind == "c" and dtype.kind != "c":
         src, lost = np.real(a), np.imag(a) != 0
     with np.errstate(all="ignore"):
         stored = src.astype(dtype)
-        if dtype.kind in "fc":
+        if dtype.kind in "fc" and src.dtype.kind in "fc":
             lost |= np.isfinite(stored) != np.isfinite(src)
-        else:
+        else:  # an integer must survive exactly, into a float or another integer
             lost |= stored.astype(src.dtype) != src
     return a[lost].ravel(), stored[lost].ravel()
 
@@ -125,6 +128,7 @@ def _check_lossless(a: np.ndarray, dtype: np.dtype, index: int, fn: str) -> None
     changed, stored = _changed_values(a, dtype)
     if changed.size:
         wider = np.result_type(a.dtype, dtype)
+        wider = a.dtype if wider == dtype else wider  # int64 with uint64 gives float64
         raise DropmaskValueError(
             f"{fn}: sequence {index} (dtype {a.dtype}) holds {changed[0].item()!r}, which "
             f"the batch dtype {dtype} cannot store (it would become {stored[0].item()!r}). "
@@ -136,8 +140,8 @@ def _check_lossless(a: np.ndarray, dtype: np.dtype, index: int, fn: str) -> None
 def _collect(seqs: Iterable[Any], fn: str, dtype: Any) -> tuple[list[np.ndarray], np.dtype, tuple]:
     """Validates a finite collection: ``(arrays, dtype, inner shape)``.
 
-    Without ``dtype`` the batch takes the common dtype of the non-empty sequences, so
-    every value fits; with one, a sequence whose values it would change is an error.
+    Without ``dtype`` the batch takes the common dtype of the non-empty sequences;
+    either way, a sequence whose values the batch dtype would change is an error.
     """
     layout = _Layout(fn)
     arrays = [layout.add(i, s) for i, s in enumerate(seqs)]
@@ -146,12 +150,10 @@ def _collect(seqs: Iterable[Any], fn: str, dtype: Any) -> tuple[list[np.ndarray]
             f"{fn}: got no sequences; pass a non-empty list of arrays [length, ...]."
         )
     arrays = [layout.shaped(a) for a in arrays]
-    if dtype is None:
-        out_dtype = _common_dtype(arrays)
-    else:
-        out_dtype = np.dtype(dtype)
-        for i, a in enumerate(arrays):
-            _check_lossless(a, out_dtype, i, fn)
+    # Even the common dtype can round: int64 with uint64 gives float64.
+    out_dtype = _common_dtype(arrays) if dtype is None else np.dtype(dtype)
+    for i, a in enumerate(arrays):
+        _check_lossless(a, out_dtype, i, fn)
     return arrays, out_dtype, layout.inner or ()
 
 
@@ -219,9 +221,10 @@ def pad_sequences(
       truncate: what to do with sequences longer than ``max_len``: None raises,
         ``"right"`` drops their end, ``"left"`` drops their start.
       dtype: output dtype; default: the common dtype of the non-empty sequences
-        (``np.result_type``), which holds every value. A given dtype must hold every
-        value too (rounding to a narrower float is allowed; wrapping, truncation,
-        overflow to inf or a dropped imaginary part is an error).
+        (``np.result_type``). Either way it must hold every value: rounding a float
+        to a narrower float is allowed; wrapping, truncating, rounding an integer
+        (int64 with uint64 gives float64), overflowing to inf or dropping an
+        imaginary part is an error naming the sequence.
 
     Returns:
       ``(padded [batch, length, *inner], lengths int32[batch])``.
