@@ -318,3 +318,169 @@ def test_errors():
         )
     with pytest.raises(ValueError, match="impl must be one of"):
         dm.dot_product_attention(q, q, q, impl="mine")
+
+
+# --------------------------------------------------------------- non-finite inputs
+
+_L = 6
+_SEGMENTS = np.array([[1, 1, 1, 2, 2, 0]])
+_VALID = np.array([[True] * 4 + [False] * 2])
+_CAUSAL = np.tril(np.ones((_L, _L), bool))
+
+
+def _leak_case(name):
+    """``(kwargs for dot_product_attention, allowed bool[q, k])`` for one mask kind."""
+    causal_bias = jnp.where(dm.causal_mask(_L), 0.0, -jnp.inf)
+    key = jax.random.key(7)
+    drop = {"dropout_rate": 0.3, "key": key, "deterministic": False}
+    pad = dm.attention_mask(jnp.asarray(_VALID), jnp.asarray(_VALID))
+    seg = dm.segment_mask(jnp.asarray(_SEGMENTS))
+    both = _VALID[0][:, None] & _VALID[0][None, :]
+    same = (_SEGMENTS[0][:, None] == _SEGMENTS[0][None, :]) & (_SEGMENTS[0][:, None] > 0)
+    return {
+        "causal": ({"is_causal": True}, _CAUSAL),
+        "neg_inf_bias": ({"bias": causal_bias}, _CAUSAL),
+        "segments": ({"mask": seg}, same),
+        "segments_causal": ({"mask": dm.combine_masks(seg, dm.causal_mask(_L))}, same & _CAUSAL),
+        "padding": ({"mask": pad}, both),
+        "key_padding": (
+            {"mask": jnp.asarray(_VALID)[:, None, None, :]},
+            np.broadcast_to(_VALID, (_L, _L)),
+        ),
+        "causal_dropout": ({"is_causal": True, **drop}, _CAUSAL),
+    }[name]
+
+
+@functools.partial(jax.jit, static_argnames=("name", "kv_heads"))
+def _attend_and_grads(q, k, v, weight, name, kv_heads):
+    kwargs, _ = _leak_case(name)
+    k, v = k[:, :, :kv_heads], v[:, :, :kv_heads]
+
+    def loss(q, k, v):
+        out = dm.dot_product_attention(q, k, v, **kwargs)
+        return jnp.sum(jnp.where(weight != 0, out * weight, 0.0))
+
+    return dm.dot_product_attention(q, k, v, **kwargs), jax.grad(loss, (0, 1, 2))(q, k, v)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "causal",
+        "neg_inf_bias",
+        "segments",
+        "segments_causal",
+        "padding",
+        "key_padding",
+        "causal_dropout",
+    ],
+)
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_non_finite_input_reaches_only_queries_that_may_see_it(name, which, bad, kv_heads):
+    # [batch=1, len=6, heads=2, depth=4]; one bad entry at position 3 (or 4, padding).
+    q, k, v, rng = _qkv(11, 1, _L, 2, _L, 4)
+    _, allowed = _leak_case(name)
+    pos = 4 if "padding" in name else 3
+    arrays = {"q": q, "k": k, "v": v}
+    dirty = {n: a.copy() for n, a in arrays.items()}
+    clean = {n: a.copy() for n, a in arrays.items()}
+    dirty[which][0, pos, 0, 1] = bad
+    clean[which][0, pos, 0, 1] = 0.7
+    # Query rows (per head) that may see the bad entry: [len, heads].
+    tainted = np.zeros((_L, 2), bool)
+    if which == "q":
+        tainted[pos, 0] = allowed[pos].any()
+    else:
+        heads = [0, 1] if kv_heads == 1 else [0]  # one key/value head serves both
+        tainted[:, heads] = allowed[:, pos][:, None]
+    weight = np.where(tainted, 0.0, rng.normal(size=(_L, 2)))[None, :, :, None]
+    weight = np.broadcast_to(weight, (1, _L, 2, 4)).astype(np.float32)
+    out, grads = _attend_and_grads(*dirty.values(), weight, name, kv_heads)
+    ref_out, ref_grads = _attend_and_grads(*clean.values(), weight, name, kv_heads)
+    out, ref_out = np.asarray(out), np.asarray(ref_out)
+    ok = ~tainted[None, :, :, None].repeat(4, axis=-1)
+    tol = {"rtol": 1e-6, "atol": 1e-6}
+    np.testing.assert_allclose(out[ok], ref_out[ok], **tol)
+    assert np.isnan(out[~ok]).all()  # a query that may see it is NaN, not a wrong number
+    dq, dk, dv = (np.asarray(g) for g in grads)
+    np.testing.assert_allclose(dq[ok], np.asarray(ref_grads[0])[ok], **tol)
+    bad_entry = np.zeros(dk.shape, bool)
+    if which != "q":
+        bad_entry[0, pos, 0, 1] = True
+    for got, want in ((dk, ref_grads[1]), (dv, ref_grads[2])):
+        want = np.where(bad_entry, 0.0, np.asarray(want))  # no gradient to the bad entry
+        np.testing.assert_allclose(got, want, **tol)
+
+
+def test_non_finite_value_in_the_loss_gives_a_nan_gradient():
+    # A tainted query that the loss uses makes the loss NaN; its gradient is NaN too,
+    # so checks such as optax.apply_if_finite skip the step.
+    q, k, v, _ = _qkv(12, 1, 4, 1, 4, 4)
+    v[0, 2, 0, 0] = np.nan
+
+    def loss(q, k, v):
+        return jnp.sum(dm.dot_product_attention(q, k, v, is_causal=True))
+
+    value, (dq, dk, dv) = jax.value_and_grad(loss, (0, 1, 2))(q, k, v)
+    assert np.isnan(value)
+    assert np.isnan(np.asarray(dq)[0, 2:]).any() and np.isfinite(np.asarray(dq)[0, :2]).all()
+
+
+def test_non_finite_bias_or_overflowing_scores_stay_in_their_row():
+    q, k, v, _ = _qkv(13, 1, 4, 1, 4, 4)
+    for bias_value in (np.nan, np.inf):
+        bias = np.zeros((1, 1, 4, 4), np.float32)
+        bias[0, 0, 2, 1] = bias_value
+
+        def loss(q, k, v, bias=bias):
+            out = dm.dot_product_attention(q, k, v, bias=bias, is_causal=True)
+            return jnp.sum(out[:, :2]) + jnp.sum(out[:, 3:])
+
+        out = np.asarray(dm.dot_product_attention(q, k, v, bias=bias, is_causal=True))
+        assert np.isnan(out[0, 2]).all() and np.isfinite(np.delete(out, 2, axis=1)).all()
+        dq, dk, dv = jax.grad(loss, (0, 1, 2))(q, k, v)
+        assert np.isfinite(np.delete(np.asarray(dq), 2, axis=1)).all()
+        assert np.isfinite(dk).all() and np.isfinite(dv).all()
+    # Finite float16 inputs whose scores overflow: only that query is affected.
+    q16, k16, v16 = (jnp.asarray(a, jnp.float16) for a in (q, k, v))
+    q16 = q16.at[0, 1].set(300.0)
+    k16 = k16.at[0, 0].set(300.0)
+
+    def loss16(q, k, v):
+        out = dm.dot_product_attention(q, k, v, is_causal=True).astype(jnp.float32)
+        return jnp.sum(out[:, 2:])
+
+    out = np.asarray(dm.dot_product_attention(q16, k16, v16, is_causal=True), np.float32)
+    assert np.isnan(out[0, 1]).all() and np.isfinite(np.delete(out, 1, axis=1)).all()
+    dq, dk, dv = (np.asarray(g, np.float32) for g in jax.grad(loss16, (0, 1, 2))(q16, k16, v16))
+    assert np.isfinite(np.delete(dq, 1, axis=1)).all()
+    assert np.isfinite(dk).all() and np.isfinite(dv).all()
+
+
+def test_user_errors_are_dropmask_errors_with_the_fix():
+    q = jnp.ones((1, 3, 2, 4))
+    with pytest.raises(dm.DropmaskValueError, match="depths must match"):
+        dm.dot_product_attention(q, jnp.ones((1, 3, 2, 5)), jnp.ones((1, 3, 2, 5)))
+    with pytest.raises(dm.DtypeError, match=r"q, k and v must be real.*x\.imag"):
+        dm.dot_product_attention(q.astype(jnp.complex64), q, q)
+    with pytest.raises(dm.DtypeError, match="boolean array as mask="):
+        dm.dot_product_attention(q, q, q, bias=jnp.ones((3, 3), bool))
+
+
+def test_padding_junk_passes_no_nan_through_any_op_eagerly():
+    # Eager `jax_debug_nans` checks every op: garbage held behind the mask must not be
+    # passed along by any of them, in the forward or the backward pass.
+    q, k, v, mask, _ = _padded_case()
+    q, k, v = (jnp.asarray(a) for a in (q, k, v))
+    with jax.debug_nans(True):
+        out = dm.dot_product_attention(q, k, v, mask=mask)
+        grads = jax.grad(
+            lambda q, k, v: dm.dot_product_attention(q, k, v, mask=mask).sum(), (0, 1, 2)
+        )(q, k, v)
+    assert np.isfinite(out).all() and all(np.isfinite(g).all() for g in grads)
+    # int inputs cast to float16 that overflow are non-finite inputs too.
+    big = jnp.full((1, 2, 1, 2), 70000, jnp.int32)
+    out = dm.dot_product_attention(big, big, big, dtype=jnp.float16, is_causal=True)
+    assert np.isnan(np.asarray(out, np.float32)).all()

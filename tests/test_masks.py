@@ -36,6 +36,36 @@ def test_sequence_mask_under_jit_and_vmap():
     assert traced.tolist() == [[False] * 3, [True] * 3]
 
 
+@pytest.mark.parametrize(
+    ("dtype", "lengths", "max_len"),
+    [
+        (np.uint8, [0, 5, 255], 300),  # positions 256.. would wrap to 0..
+        (np.int8, [0, 5, 127], 200),  # positions 128.. would wrap negative
+        (np.int16, [3, 32767], 40000),
+        (np.uint16, [0, 65535], 70000),
+        (np.uint32, [3, 7], 10),
+    ],
+)
+def test_sequence_mask_with_narrow_integer_lengths(dtype, lengths, max_len):
+    arr = np.array(lengths, dtype)
+    want = np.arange(max_len) < np.array(lengths)[:, None]
+    np.testing.assert_array_equal(dm.sequence_mask(arr, max_len), want)
+    np.testing.assert_array_equal(jax.jit(dm.sequence_mask, static_argnums=1)(arr, max_len), want)
+    vmapped = jax.vmap(lambda n: dm.sequence_mask(n, max_len))(jnp.asarray(arr))
+    np.testing.assert_array_equal(vmapped, want)
+
+
+def test_sequence_mask_rejects_out_of_range_lengths_of_any_dtype():
+    with pytest.raises(ValueError, match=r"lengths must be in \[0, 4\].*\[-1, 2\]"):
+        dm.sequence_mask(np.array([-1, 2], np.int8), 4)
+    with pytest.raises(ValueError, match=r"got values in \[3, 200\]"):
+        dm.sequence_mask(np.array([3, 200], np.uint8), 100)
+    # Traced values cannot raise: out of range saturates in every dtype, documented.
+    mask = jax.jit(dm.sequence_mask, static_argnums=1)
+    assert mask(np.array([-1, 9], np.int8), 3).tolist() == [[False] * 3, [True] * 3]
+    assert mask(np.array([0, 200], np.uint8), 3).tolist() == [[False] * 3, [True] * 3]
+
+
 def test_padding_and_causal_masks():
     tokens = jnp.array([[5, 3, 0], [0, 1, 0]])
     assert dm.padding_mask(tokens).tolist() == [[True, True, False], [False, True, False]]

@@ -133,7 +133,9 @@ def test_bucket_by_length_errors_and_dtypes():
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         dm.bucket_by_length([[1]], (4,), 0)
     with pytest.raises(ValueError, match="cannot be stored in the batch dtype int64"):
-        list(dm.bucket_by_length([[1], [0.5]], (4,), 2))
+        list(dm.bucket_by_length(iter([[1], [0.5]]), (4,), 2))
+    (batch,) = dm.bucket_by_length([[1], [0.5]], (4,), 2)  # a list widens, as pad_sequences
+    assert batch.padded.dtype == np.float64 and batch.padded[:, 0].tolist() == [1.0, 0.5]
     with pytest.raises(ValueError, match=r"inner shape \(3,\)"):
         list(dm.bucket_by_length([np.ones((1, 2)), np.ones((1, 3))], (4,), 2))
     (batch,) = dm.bucket_by_length([[1.5], []], (4,), 2, dtype=np.float32, truncate="right")
@@ -206,3 +208,94 @@ def test_pack_options_and_errors():
         dm.pack_sequences([], 3)
     with pytest.raises(ValueError, match="must start with the packed shape"):
         dm.unpack_sequences(np.zeros((5, 5)), cut)
+
+
+# --------------------------------------------------------------- no value changes silently
+
+_BIG = np.array([2**40], np.int64)
+
+
+def test_bucket_by_length_never_narrows_a_value():
+    seqs = [np.array([1, 2], np.int32), _BIG, np.array([1.0], np.float32)]
+    # A list: every batch takes the common dtype of all sequences, as pad_sequences does.
+    batches = list(dm.bucket_by_length(seqs[:2], (4,), 1))
+    assert [b.padded.dtype for b in batches] == [np.int64, np.int64]
+    assert batches[1].padded[0, 0] == 2**40
+    assert dm.pad_sequences(seqs[:2])[0].dtype == np.int64
+    # An iterator is read lazily: a later value its batch dtype cannot hold is an error
+    # naming the sequence, never a wrapped 0 or an inf.
+    with pytest.raises(
+        dm.DropmaskValueError,
+        match=r"sequence 1 \(dtype int64\) holds 1099511627776.*would become 0.*dtype=int64",
+    ):
+        list(dm.bucket_by_length(iter(seqs[:2]), (4,), 1))
+    floats = iter([np.array([1.0], np.float32), np.array([1e300])])
+    with pytest.raises(
+        dm.DropmaskValueError, match=r"sequence 1 .*holds 1e\+300.*would become inf"
+    ):
+        list(dm.bucket_by_length(floats, (4,), 1))
+    # Values that fit are fine: a float64 stream rounded into float32 keeps its values' sizes.
+    (batch,) = dm.bucket_by_length(iter([np.ones(1, np.float32), [0.1]]), (4,), 2)
+    assert batch.padded.dtype == np.float32
+    with pytest.raises(dm.DropmaskValueError, match="sequence 1 .*holds 300"):
+        list(dm.bucket_by_length([[1], [300]], (4,), 2, dtype=np.int8))
+
+
+@pytest.mark.parametrize("fn", ["pad_sequences", "pad_to_bucket", "pack_sequences"])
+@pytest.mark.parametrize(
+    ("seq", "dtype", "held"),
+    [
+        ([1, 300], np.int8, "300"),
+        ([1, -3], np.uint8, "-3"),
+        ([1.5], np.int32, "1.5"),
+        ([1e300], np.float32, "1e\\+300"),
+        ([1 + 2j], np.float32, "1\\+2j"),
+        ([2], np.bool_, "2"),
+    ],
+)
+def test_given_dtype_that_would_change_a_value_raises(fn, seq, dtype, held):
+    call = {
+        "pad_sequences": lambda s, **kw: dm.pad_sequences(s, **kw),
+        "pad_to_bucket": lambda s, **kw: dm.pad_to_bucket(s, (4,), **kw),
+        "pack_sequences": lambda s, **kw: dm.pack_sequences(s, 4, **kw),
+    }[fn]
+    with pytest.raises(
+        dm.DropmaskValueError, match=f"{fn}: sequence 1 .*holds .*{held}.*Pass dtype="
+    ):
+        call([[0], seq], dtype=dtype)
+    assert call([[0], [1]], dtype=dtype)[0].dtype == dtype  # values that fit pass
+
+
+@pytest.mark.parametrize(
+    "fn", ["pad_sequences", "pad_to_bucket", "pack_sequences", "bucket_by_length"]
+)
+def test_ragged_or_non_numeric_sequences_are_named(fn):
+    call = {
+        "pad_sequences": lambda s, **kw: dm.pad_sequences(s, **kw),
+        "pad_to_bucket": lambda s, **kw: dm.pad_to_bucket(s, (4,), **kw),
+        "pack_sequences": lambda s, **kw: dm.pack_sequences(s, 4, **kw),
+        "bucket_by_length": lambda s, **kw: list(dm.bucket_by_length(s, (4,), 1, **kw)),
+    }[fn]
+    with pytest.raises(dm.DropmaskTypeError, match=f"{fn}: sequence 1 is not a rectangular array"):
+        call([[[1, 2]], [[1, 2], [3]]])
+    for mixed in ([1, "a"], [1, None]):
+        with pytest.raises(
+            dm.DropmaskTypeError, match=f"{fn}: sequence 1 has dtype .*numbers or booleans"
+        ):
+            call([[1], mixed])
+    with pytest.raises(dm.DropmaskTypeError, match="pad_value must be a number"):
+        call([[1]], pad_value="x")
+    with pytest.raises(dm.DropmaskValueError, match="pad_value=5 cannot be stored in dtype bool"):
+        call([[True]], pad_value=5)
+
+
+def test_integers_are_never_rounded_into_floats():
+    big = np.array([2**53 + 1], np.int64)
+    # int64 with uint64 has float64 as its NumPy common dtype, which rounds 2**53 + 1.
+    with pytest.raises(dm.DropmaskValueError, match=r"sequence 0 .*9007199254740993.*dtype=int64"):
+        dm.pad_sequences([big, np.array([1], np.uint64)])
+    padded, _ = dm.pad_sequences([big, np.array([1], np.uint64)], dtype=np.int64)
+    assert padded[0, 0] == 2**53 + 1
+    with pytest.raises(dm.DropmaskValueError, match="holds 16777217.*16777216"):
+        dm.pad_sequences([[16777217]], dtype=np.float32)
+    assert dm.pad_sequences([[0.1]], dtype=np.float16)[0].dtype == np.float16  # floats round

@@ -492,3 +492,70 @@ def test_errors():
     with pytest.raises(dm.DtypeError, match="labels"):
         dm.masked_cross_entropy(x, jnp.ones((2, 3), bool))
     assert dm.masked_max(jnp.array([3, 1], jnp.int32), jnp.array([False, True])).tolist() == 1
+
+
+# --------------------------------------------------------------- adversarial inputs
+
+ALL_REDUCTIONS = [
+    dm.masked_sum,
+    dm.masked_mean,
+    dm.masked_var,
+    dm.masked_std,
+    dm.masked_max,
+    dm.masked_min,
+    dm.masked_logsumexp,
+    dm.masked_softmax,
+    dm.masked_log_softmax,
+]
+
+
+@pytest.mark.parametrize("fn", ALL_REDUCTIONS, ids=lambda f: f.__name__)
+def test_scalar_input_with_an_axis_names_the_function_and_the_fix(fn):
+    with pytest.raises(dm.AxisError, match=f"{fn.__name__}: x is 0-d .*axis=None"):
+        fn(jnp.float32(2.0), None, axis=0)
+    assert isinstance(dm.AxisError("x"), dm.DropmaskError)
+    assert np.isfinite(fn(jnp.float32(2.0), None, axis=None))  # a scalar reduces with None
+    with pytest.raises(dm.AxisError, match=f"{fn.__name__}: axis contains axis 3"):
+        fn(jnp.ones((2, 2)), None, axis=3)
+
+
+@pytest.mark.parametrize("fn", ALL_REDUCTIONS, ids=lambda f: f.__name__)
+def test_zero_length_axis_is_an_empty_row(fn):
+    x, mask = jnp.zeros((2, 0)), jnp.zeros((2, 0), bool)
+    out = np.asarray(fn(x, mask, axis=-1))
+    if fn in (dm.masked_softmax, dm.masked_log_softmax):
+        assert out.shape == (2, 0)
+    else:
+        want = -np.inf if fn is dm.masked_logsumexp else 0.0
+        np.testing.assert_array_equal(out, [want, want])
+    assert np.asarray(fn(jnp.zeros((0, 3)), jnp.zeros((0, 3), bool), axis=-1)).shape[0] == 0
+
+
+def test_complex_sum_and_mean_and_clear_errors_elsewhere():
+    x = jnp.array([[1 + 2j, 3 - 1j, jnp.nan], [0j, 0j, 0j]], jnp.complex64)
+    mask = jnp.array([[True, True, False], [False, False, False]])
+    np.testing.assert_allclose(dm.masked_sum(x, mask, axis=-1), [4 + 1j, 0], rtol=0, atol=0)
+    mean = dm.masked_mean(x, mask, axis=-1)
+    assert mean.dtype == jnp.complex64
+    np.testing.assert_allclose(mean, [2 + 0.5j, 0], rtol=1e-7, atol=0)
+    for fn in (dm.masked_max, dm.masked_var, dm.masked_logsumexp, dm.masked_softmax):
+        with pytest.raises(dm.DtypeError, match=f"{fn.__name__} needs real values.*jnp.abs"):
+            fn(x, mask, axis=-1)
+
+
+def test_masks_given_as_lists_like_x():
+    assert dm.masked_sum([1.0, 2.0, 4.0], [True, False, True]).tolist() == 5.0
+    with pytest.raises(dm.DtypeError, match="mask must be boolean"):
+        dm.masked_sum([1.0, 2.0], [1, 0])
+
+
+def test_cross_entropy_and_integer_fill_edge_inputs():
+    logits = jnp.zeros((2, 3))
+    loss = dm.masked_cross_entropy(logits, jnp.array([0, 2]), [True, False])
+    np.testing.assert_allclose(loss, np.log(3.0), rtol=1e-6, atol=0)
+    with pytest.raises(dm.DtypeError, match="masked_cross_entropy needs real values"):
+        dm.masked_cross_entropy(logits.astype(jnp.complex64), jnp.array([0, 2]))
+    with pytest.raises(dm.DropmaskValueError, match=r"fill=-1 cannot be stored in x's dtype uint8"):
+        dm.masked_max(jnp.array([1, 2], jnp.uint8), jnp.array([False, False]), fill=-1)
+    empty = dm.masked_max(jnp.array([1, 2], jnp.uint8), jnp.array([False, False]), fill=7)
+    assert empty.dtype == jnp.uint8 and int(empty) == 7

@@ -167,6 +167,88 @@ def test_flip_sequences(lengths):
     np.testing.assert_array_equal(np.asarray(tm).swapaxes(0, 1), flipped)
 
 
+def _log_step(c, x):
+    # d/dc = log(x): infinite at x = 0, the classic substitute for padding.
+    new = c * jnp.log(x) + x
+    return new, new * x
+
+
+def _log_loss(scan):
+    def loss(init, xs):
+        final, ys = scan(init, xs)
+        return jnp.sum(final) + 0.5 * jnp.sum(ys)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_masked_scan_gradients_stay_finite_where_the_step_is_singular_at_zero(reverse, side):
+    rng = np.random.default_rng(3)
+    lengths = [4, 2, 1]
+    seqs = [rng.uniform(0.5, 2.0, size=(n, 2)).astype(np.float32) for n in lengths]
+    padded, _ = dm.pad_sequences(seqs, max_len=6, side=side, pad_value=0.0)
+    mask = jnp.asarray(np.asarray(padded)[..., 0] != 0)
+    init = jnp.asarray(rng.uniform(0.5, 1.5, size=(3, 2)), jnp.float32)
+
+    def masked(init, xs):
+        return jax.vmap(lambda c, x, m: dm.masked_scan(_log_step, c, x, m, reverse=reverse))(
+            init, xs, mask
+        )
+
+    value, (g_init, g_xs) = _log_loss(masked)(init, jnp.asarray(padded))
+    assert np.isfinite(value) and np.isfinite(g_init).all() and np.isfinite(g_xs).all()
+    for i, n in enumerate(lengths):
+        one = lambda c, x: lax.scan(_log_step, c, x, reverse=reverse)  # noqa: E731
+        want_value, (want_init, want_xs) = _log_loss(one)(init[i], jnp.asarray(seqs[i]))
+        rows = slice(0, n) if side == "right" else slice(6 - n, 6)
+        np.testing.assert_allclose(g_init[i], want_init, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(g_xs[i, rows], want_xs, rtol=1e-5, atol=1e-6)
+        assert (np.delete(np.asarray(g_xs[i]), np.arange(6)[rows], axis=0) == 0).all()
+
+
+def test_masked_scan_time_major_singular_step_and_fill_input():
+    # Time-major batch [time, batch, features], one sequence with no valid step.
+    xs = jnp.asarray(np.random.default_rng(4).uniform(0.5, 2.0, size=(3, 3, 2)), jnp.float32)
+    mask = jnp.array([[True, True, False], [True, False, False], [False, False, False]])
+    xs = jnp.where(mask[..., None], xs, jnp.nan)  # garbage in the padding
+    init = jnp.ones((3, 2))
+
+    def scan(init, xs, **kw):
+        return dm.masked_scan(_log_step, init, xs, mask, **kw)
+
+    _, (g_init, g_xs) = _log_loss(functools.partial(scan, fill_input=1.0))(init, xs)
+    assert np.isfinite(g_init).all() and np.isfinite(g_xs).all()
+    np.testing.assert_array_equal(g_init[2], [1.0, 1.0])  # the empty sequence returns init
+    # Without a valid step there is nothing to replay: the default fill 0 is log's pole.
+    _, (g_init, _) = _log_loss(scan)(init, xs)
+    assert np.isfinite(g_init[:2]).all() and not np.isfinite(g_init[2]).all()
+    tree = functools.partial(scan, fill_input=jnp.ones(2))
+    np.testing.assert_array_equal(
+        _log_loss(tree)(init, xs)[1][0],
+        _log_loss(functools.partial(scan, fill_input=1.0))(init, xs)[1][0],
+    )
+    with pytest.raises(dm.MaskShapeError, match="fill_input leaf of shape"):
+        scan(init, xs, fill_input=jnp.ones(5))
+
+
+@pytest.mark.parametrize(("dtype", "n", "steps"), [(np.uint8, 250, 300), (np.int8, 120, 200)])
+def test_flip_sequences_with_narrow_integer_lengths(dtype, n, steps):
+    x = np.arange(2 * steps).reshape(2, steps)
+    lengths = np.array([n, 3], dtype)
+    want = x.copy()
+    want[0, :n] = x[0, :n][::-1]
+    want[1, :3] = x[1, :3][::-1]
+    np.testing.assert_array_equal(dm.flip_sequences(x, lengths), want)
+    np.testing.assert_array_equal(jax.jit(dm.flip_sequences)(x, lengths), want)
+
+
+def test_flip_sequences_traced_out_of_range_lengths_stay_in_the_row():
+    x = jnp.arange(10).reshape(2, 5)
+    flipped = jax.jit(dm.flip_sequences)(x, jnp.array([9, -3], jnp.int8))
+    assert flipped.tolist() == [[4, 3, 2, 1, 0], [5, 6, 7, 8, 9]]
+
+
 def test_flip_sequences_under_jit_and_grad():
     x = jnp.arange(6.0).reshape(2, 3)
     lengths = jnp.array([2, 3])
@@ -198,3 +280,17 @@ def test_errors():
         dm.flip_sequences(jnp.ones((2, 3)), jnp.array([1, 4]))
     with pytest.raises(dm.DtypeError, match="lengths must be integers"):
         dm.flip_sequences(jnp.ones((2, 3)), jnp.array([1.0, 2.0]))
+
+
+def test_masked_scan_edge_inputs():
+    step = lambda c, x: (c + x, c)  # noqa: E731
+    carry, ys = dm.masked_scan(step, 1.0, jnp.zeros((0,)), jnp.zeros((0,), bool))
+    assert float(carry) == 1.0 and ys.shape == (0,)
+    carry, ys = dm.masked_scan(step, 0.0, jnp.array([1.0, 9.0, 2.0]), [True, False, True])
+    assert float(carry) == 3.0 and ys.tolist() == [0.0, 0.0, 1.0]
+    count = lambda c, _: (c + 1, c)  # noqa: E731  # xs=None, as in lax.scan
+    carry, _ = dm.masked_scan(count, 0, None, jnp.array([True, False, True]))
+    assert int(carry) == 2
+    xs = jnp.array([1.0, 2.0, 3.0], jnp.bfloat16)
+    carry, ys = dm.masked_scan(step, jnp.bfloat16(0), xs, jnp.array([True, False, True]))
+    assert carry.dtype == ys.dtype == jnp.bfloat16 and float(carry) == 4.0

@@ -22,7 +22,7 @@ from ._checks import check_integer as _check_integer
 from ._checks import check_lengths as check_lengths
 from ._checks import check_static_int as check_static_int
 from ._checks import is_concrete as is_concrete
-from ._errors import DtypeError, MaskShapeError
+from ._errors import DropmaskTypeError, DropmaskValueError, DtypeError, MaskShapeError
 
 __all__ = [
     "attention_mask",
@@ -81,6 +81,21 @@ def _broadcast_batch(*shapes: tuple[int, ...], fn: str, names: Sequence[str]) ->
         ) from None
 
 
+def widen_lengths(lengths: jax.Array, max_len: int) -> jax.Array:
+    """``lengths`` as int32, clipped to ``[0, max_len]`` where the cast could wrap.
+
+    Positions ``0 .. max_len - 1`` are compared with the lengths in int32: a counter
+    in the lengths' own dtype would wrap (uint8 with ``max_len=300``). Clipping keeps
+    what an out-of-range traced length means (negative: nothing valid; too long:
+    everything valid) for dtypes wider than int32.
+    """
+    info = jnp.iinfo(lengths.dtype)
+    wide = jnp.iinfo(jnp.int32)
+    if info.min >= wide.min and info.max <= wide.max:
+        return lengths.astype(jnp.int32)
+    return jnp.clip(lengths, 0, max_len).astype(jnp.int32)
+
+
 # ----------------------------------------------------------------- building masks
 
 
@@ -88,9 +103,11 @@ def sequence_mask(lengths: jax.typing.ArrayLike, max_len: int) -> jax.Array:
     """Marks the first ``lengths[...]`` steps of each padded sequence as valid.
 
     Args:
-      lengths: integer ``[...]``; each value in ``[0, max_len]``. Concrete values are
-        checked; traced values outside the range give an all-False (negative) or
-        all-True (too long) row.
+      lengths: integer ``[...]`` of any integer dtype (positions are compared in
+        int32, so ``uint8`` lengths with ``max_len=300`` are exact); each value in
+        ``[0, max_len]``. Concrete values are checked; traced values cannot raise,
+        and one outside the range gives an all-False (negative) or all-True (too
+        long) row.
       max_len: the padded length, a static Python int.
 
     Returns:
@@ -108,8 +125,8 @@ def sequence_mask(lengths: jax.typing.ArrayLike, max_len: int) -> jax.Array:
     max_len = check_static_int(max_len, name="max_len", fn="sequence_mask")
     lengths_arr = check_lengths(lengths, max_len, fn="sequence_mask")
     shape = lengths_arr.shape + (max_len,)
-    steps = lax.broadcasted_iota(lengths_arr.dtype, shape, lengths_arr.ndim)
-    return steps < lengths_arr[..., None]
+    steps = lax.broadcasted_iota(jnp.int32, shape, lengths_arr.ndim)
+    return steps < widen_lengths(lengths_arr, max_len)[..., None]
 
 
 def padding_mask(tokens: jax.typing.ArrayLike, pad_id: Any = 0) -> jax.Array:
@@ -128,13 +145,15 @@ def padding_mask(tokens: jax.typing.ArrayLike, pad_id: Any = 0) -> jax.Array:
       [[True, True, False], [True, False, False]]
     """
     if np.ndim(pad_id) != 0:
-        raise TypeError(f"padding_mask: pad_id must be a scalar, got shape {np.shape(pad_id)}.")
+        raise DropmaskTypeError(
+            f"padding_mask: pad_id must be a scalar, got shape {np.shape(pad_id)}."
+        )
     return jnp.asarray(tokens) != pad_id
 
 
 def _check_offset(offset: Any, fn: str) -> int:
     if isinstance(offset, bool) or not isinstance(offset, int | np.integer):
-        raise TypeError(f"{fn}: offset must be a Python int, got {type(offset).__name__}.")
+        raise DropmaskTypeError(f"{fn}: offset must be a Python int, got {type(offset).__name__}.")
     return int(offset)
 
 
@@ -197,7 +216,9 @@ def sliding_window_mask(
     fn = "sliding_window_mask"
     if isinstance(window, tuple | list):
         if len(window) != 2:
-            raise ValueError(f"{fn}: window must be an int or (left, right), got {window!r}.")
+            raise DropmaskValueError(
+                f"{fn}: window must be an int or (left, right), got {window!r}."
+            )
         left, right = window
     else:
         left = right = window

@@ -19,6 +19,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from ._errors import DropmaskTypeError, DropmaskValueError
 from ._masks import check_static_int
 
 __all__ = [
@@ -41,7 +42,7 @@ Side = Literal["right", "left"]
 def _check_choice(value: Any, name: str, fn: str, *, allow_none: bool) -> None:
     choices: tuple[Any, ...] = ("right", "left") + ((None,) if allow_none else ())
     if value not in choices:
-        raise ValueError(f"{fn}: {name} must be one of {choices}, got {value!r}.")
+        raise DropmaskValueError(f"{fn}: {name} must be one of {choices}, got {value!r}.")
 
 
 class _Layout:
@@ -56,9 +57,9 @@ class _Layout:
         self.first = -1
 
     def add(self, index: int, seq: Any) -> np.ndarray:
-        a = np.asarray(seq)
+        a = _as_numeric(seq, index, self.fn)
         if a.ndim == 0:
-            raise ValueError(
+            raise DropmaskValueError(
                 f"{self.fn}: sequence {index} is a scalar; each sequence must be an array "
                 f"[length, ...]. Wrap single values in a list."
             )
@@ -67,7 +68,7 @@ class _Layout:
         if self.inner is None:
             self.inner, self.first = a.shape[1:], index
         elif a.shape[1:] != self.inner:
-            raise ValueError(
+            raise DropmaskValueError(
                 f"{self.fn}: sequence {index} has inner shape {a.shape[1:]} but sequence "
                 f"{self.first} has {self.inner}; every sequence must be [length, *inner] "
                 f"with the same inner shape."
@@ -78,39 +79,111 @@ class _Layout:
         return a.reshape((0, *(self.inner or ()))) if a.shape == (0,) else a
 
 
+_NUMERIC_KINDS = "biufc"
+
+
+def _as_numeric(seq: Any, index: int, fn: str) -> np.ndarray:
+    """``seq`` as a NumPy array of booleans or numbers; names the sequence otherwise."""
+    try:
+        a = np.asarray(seq)
+    except (ValueError, TypeError) as err:
+        raise DropmaskTypeError(
+            f"{fn}: sequence {index} is not a rectangular array ({err}). Each sequence must "
+            f"be [length, *inner] with one inner shape for all its steps; pad or split "
+            f"ragged steps first."
+        ) from None
+    if a.dtype.kind not in _NUMERIC_KINDS:
+        raise DropmaskTypeError(
+            f"{fn}: sequence {index} has dtype {a.dtype}; sequences must hold numbers or "
+            f"booleans (a list that mixes numbers with strings or None becomes such an "
+            f"array). Convert it first, e.g. np.asarray(seq, dtype=np.int32)."
+        )
+    return a
+
+
+def _changed_values(a: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, stored)``: the entries of ``a`` that ``dtype`` would change, flat.
+
+    Wrapping, truncating a fraction, rounding an integer, dropping an imaginary part
+    or overflowing to inf change a value; rounding a float to the nearest value of a
+    narrower float type does not.
+    """
+    # NumPy calls int64 -> float64 "safe", but 2**53 + 1 does not survive it.
+    int_to_float = a.dtype.kind in "iu" and dtype.kind in "fc"
+    if a.size == 0 or (np.can_cast(a.dtype, dtype, casting="safe") and not int_to_float):
+        return a[:0].ravel(), np.zeros(0, dtype)
+    src, lost = a, np.zeros(a.shape, bool)
+    if a.dtype.kind == "c" and dtype.kind != "c":
+        src, lost = np.real(a), np.imag(a) != 0
+    with np.errstate(all="ignore"):
+        stored = src.astype(dtype)
+        if dtype.kind in "fc" and src.dtype.kind in "fc":
+            lost |= np.isfinite(stored) != np.isfinite(src)
+        else:  # an integer must survive exactly, into a float or another integer
+            lost |= stored.astype(src.dtype) != src
+    return a[lost].ravel(), stored[lost].ravel()
+
+
+def _check_lossless(a: np.ndarray, dtype: np.dtype, index: int, fn: str) -> None:
+    changed, stored = _changed_values(a, dtype)
+    if changed.size:
+        wider = np.result_type(a.dtype, dtype)
+        wider = a.dtype if wider == dtype else wider  # int64 with uint64 gives float64
+        raise DropmaskValueError(
+            f"{fn}: sequence {index} (dtype {a.dtype}) holds {changed[0].item()!r}, which "
+            f"the batch dtype {dtype} cannot store (it would become {stored[0].item()!r}). "
+            f"Pass dtype={wider.name} (or another dtype that holds it), or convert the "
+            f"sequence first."
+        )
+
+
 def _collect(seqs: Iterable[Any], fn: str, dtype: Any) -> tuple[list[np.ndarray], np.dtype, tuple]:
-    """Validates a finite collection: ``(arrays, dtype, inner shape)``."""
+    """Validates a finite collection: ``(arrays, dtype, inner shape)``.
+
+    Without ``dtype`` the batch takes the common dtype of the non-empty sequences;
+    either way, a sequence whose values the batch dtype would change is an error.
+    """
     layout = _Layout(fn)
     arrays = [layout.add(i, s) for i, s in enumerate(seqs)]
     if not arrays:
-        raise ValueError(f"{fn}: got no sequences; pass a non-empty list of arrays [length, ...].")
+        raise DropmaskValueError(
+            f"{fn}: got no sequences; pass a non-empty list of arrays [length, ...]."
+        )
     arrays = [layout.shaped(a) for a in arrays]
-    if dtype is None:
-        nonempty = [a for a in arrays if a.shape[0] > 0]
-        out_dtype = np.result_type(*(nonempty or arrays))
-    else:
-        out_dtype = np.dtype(dtype)
+    # Even the common dtype can round: int64 with uint64 gives float64.
+    out_dtype = _common_dtype(arrays) if dtype is None else np.dtype(dtype)
+    for i, a in enumerate(arrays):
+        _check_lossless(a, out_dtype, i, fn)
     return arrays, out_dtype, layout.inner or ()
+
+
+def _common_dtype(arrays: Sequence[np.ndarray]) -> np.dtype:
+    nonempty = [a for a in arrays if a.shape[0] > 0]
+    return np.result_type(*(nonempty or arrays))
 
 
 def _check_pad_value(pad_value: Any, dtype: np.dtype, fn: str) -> None:
     if np.ndim(pad_value) != 0:
-        raise ValueError(f"{fn}: pad_value must be a scalar, got shape {np.shape(pad_value)}.")
-    if np.issubdtype(dtype, np.integer):
-        value = float(pad_value)
-        info = np.iinfo(dtype)
-        if not value.is_integer() or not info.min <= value <= info.max:
-            raise ValueError(
-                f"{fn}: pad_value={pad_value!r} cannot be stored in dtype {dtype} (integers "
-                f"in [{info.min}, {info.max}]). Pick another pad_value or pass dtype=."
-            )
+        raise DropmaskValueError(
+            f"{fn}: pad_value must be a scalar, got shape {np.shape(pad_value)}."
+        )
+    value = np.asarray(pad_value)
+    if value.dtype.kind not in _NUMERIC_KINDS:
+        raise DropmaskTypeError(
+            f"{fn}: pad_value must be a number or a bool, got {pad_value!r}. Pass e.g. pad_value=0."
+        )
+    if _changed_values(value.reshape(1), dtype)[0].size:
+        raise DropmaskValueError(
+            f"{fn}: pad_value={pad_value!r} cannot be stored in dtype {dtype} without "
+            f"changing it. Pick another pad_value or pass dtype=."
+        )
 
 
 def _too_long(lengths: np.ndarray, limit: int, fn: str, what: str) -> None:
     over = np.flatnonzero(lengths > limit)
     if over.size:
         i = int(over[np.argmax(lengths[over])])
-        raise ValueError(
+        raise DropmaskValueError(
             f"{fn}: {over.size} sequence(s) are longer than {what}={limit} (the longest, "
             f"index {i}, has length {int(lengths[i])}). Pass truncate='right' (keep the "
             f"start) or truncate='left' (keep the end), or allow a longer {what}."
@@ -147,14 +220,20 @@ def pad_sequences(
       side: ``"right"`` (padding after the data) or ``"left"``.
       truncate: what to do with sequences longer than ``max_len``: None raises,
         ``"right"`` drops their end, ``"left"`` drops their start.
-      dtype: output dtype; default: the common dtype of the non-empty sequences.
+      dtype: output dtype; default: the common dtype of the non-empty sequences
+        (``np.result_type``). Either way it must hold every value: rounding a float
+        to a narrower float is allowed; wrapping, truncating, rounding an integer
+        (int64 with uint64 gives float64), overflowing to inf or dropping an
+        imaginary part is an error naming the sequence.
 
     Returns:
       ``(padded [batch, length, *inner], lengths int32[batch])``.
 
     Raises:
-      ValueError: no sequences, mixed inner shapes, a sequence longer than
-        ``max_len`` without ``truncate``, or an invalid option.
+      DropmaskValueError: no sequences, mixed inner shapes, a sequence longer than
+        ``max_len`` without ``truncate``, a value ``dtype`` cannot hold (naming the
+        sequence), or an invalid option.
+      DropmaskTypeError: a ragged sequence or one that is not numbers or booleans.
 
     Example:
       >>> import dropmask
@@ -170,7 +249,7 @@ def pad_sequences(
     if multiple_of is not None:
         multiple_of = check_static_int(multiple_of, name="multiple_of", fn=fn, minimum=1)
         if max_len is not None and max_len % multiple_of:
-            raise ValueError(
+            raise DropmaskValueError(
                 f"{fn}: max_len={max_len} is not a multiple of multiple_of={multiple_of}; pass "
                 f"max_len={math.ceil(max_len / multiple_of) * multiple_of} or drop one of them."
             )
@@ -216,7 +295,7 @@ def _fill(
 def _check_buckets(buckets: Sequence[int], fn: str) -> tuple[int, ...]:
     out = tuple(check_static_int(b, name="buckets[i]", fn=fn, minimum=1) for b in buckets)
     if not out or any(a >= b for a, b in zip(out, out[1:], strict=False)):
-        raise ValueError(
+        raise DropmaskValueError(
             f"{fn}: buckets must be a non-empty, strictly increasing sequence of lengths, "
             f"got {tuple(buckets)!r}."
         )
@@ -246,9 +325,11 @@ def bucket_boundaries(
     multiple_of = check_static_int(multiple_of, name="multiple_of", fn=fn, minimum=1)
     arr = np.asarray(lengths)
     if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{fn}: lengths must be a non-empty 1-D list of ints, got {arr!r}.")
+        raise DropmaskValueError(
+            f"{fn}: lengths must be a non-empty 1-D list of ints, got {arr!r}."
+        )
     if arr.min() < 0:
-        raise ValueError(f"{fn}: lengths must be >= 0, got {int(arr.min())}.")
+        raise DropmaskValueError(f"{fn}: lengths must be >= 0, got {int(arr.min())}.")
     qs = np.quantile(arr, np.linspace(0, 1, num_buckets + 1)[1:], method="higher")
     rounded = {max(multiple_of, math.ceil(int(q) / multiple_of) * multiple_of) for q in qs}
     return tuple(sorted(rounded))
@@ -332,9 +413,14 @@ def bucket_by_length(
       seqs: arrays ``[length_i, *inner]``.
       buckets: strictly increasing lengths (see :func:`bucket_boundaries`).
       batch_size: rows per batch.
-      pad_value, side, dtype: as in :func:`pad_sequences`.
+      pad_value, side: as in :func:`pad_sequences`.
       truncate: for sequences longer than the largest bucket: None raises.
       drop_remainder: drop partial batches instead of completing them.
+      dtype: the dtype of every batch. Default: for a list (or tuple), the common
+        dtype of all its sequences, as :func:`pad_sequences` chooses; for an
+        iterator, which is read lazily, the dtype of its first non-empty sequence.
+        A sequence whose values the batch dtype would change raises
+        ``DropmaskValueError`` naming its index; nothing is narrowed silently.
 
     Yields:
       :class:`BucketBatch` ``(padded, lengths, indices)``.
@@ -350,6 +436,13 @@ def bucket_by_length(
     batch_size = check_static_int(batch_size, name="batch_size", fn=fn, minimum=1)
     _check_choice(side, "side", fn, allow_none=False)
     _check_choice(truncate, "truncate", fn, allow_none=True)
+    if dtype is None and isinstance(seqs, Sequence) and not isinstance(seqs, str):
+        # A list is known in full: its batches share the common dtype of all of its
+        # sequences (as pad_sequences would choose), so no value is ever narrowed.
+        seqs = [_as_numeric(s, i, fn) for i, s in enumerate(seqs)]
+        nonempty = [a for a in seqs if a.ndim and a.shape[0]]
+        if nonempty:
+            dtype = _common_dtype(nonempty)
     if dtype is not None:
         _check_pad_value(pad_value, np.dtype(dtype), fn)
     return _bucket_batches(
@@ -390,14 +483,17 @@ def _bucket_batches(
         n = a.shape[0]
         if n:
             if out_dtype is None:
-                # A stream's dtype is fixed by its first non-empty sequence.
+                # A stream (an iterator) cannot be read ahead: its dtype is fixed by its
+                # first non-empty sequence, and a later one must fit it.
                 out_dtype = a.dtype
                 _check_pad_value(pad_value, out_dtype, fn)
             elif dtype is None and not np.can_cast(a.dtype, out_dtype, casting="same_kind"):
-                raise ValueError(
+                raise DropmaskValueError(
                     f"{fn}: sequence {index} has dtype {a.dtype}, which cannot be stored in "
-                    f"the batch dtype {out_dtype} without losing its kind. Pass dtype=."
+                    f"the batch dtype {out_dtype} (fixed by the first non-empty sequence of "
+                    f"the stream) without losing its kind. Pass dtype= or a list."
                 )
+            _check_lossless(a, out_dtype, index, fn)
         if n > buckets[-1] and truncate is None:
             _too_long(np.array([n]), buckets[-1], fn, "the largest bucket")
         bucket = next((b for b in buckets if b >= n), buckets[-1])
@@ -406,7 +502,7 @@ def _bucket_batches(
             yield emit(bucket, pending[bucket])
             pending[bucket] = []
     if count == 0:
-        raise ValueError(f"{fn}: got no sequences; pass a non-empty iterable of arrays.")
+        raise DropmaskValueError(f"{fn}: got no sequences; pass a non-empty iterable of arrays.")
     for bucket in buckets:
         items = pending[bucket]
         while items:
@@ -500,7 +596,7 @@ def pack_sequences(
         free[r] -= n
     rows = free.size if num_rows is None else num_rows
     if free.size > rows:
-        raise ValueError(
+        raise DropmaskValueError(
             f"{fn}: the sequences need {free.size} rows of max_len={max_len}, but "
             f"num_rows={rows}. Raise num_rows or max_len, or pack fewer sequences per call."
         )
@@ -537,7 +633,7 @@ def unpack_sequences(x: Any, packed: Packed) -> list[np.ndarray]:
     """
     x = np.asarray(x)
     if x.shape[:2] != packed.segment_ids.shape:
-        raise ValueError(
+        raise DropmaskValueError(
             f"unpack_sequences: x must start with the packed shape {packed.segment_ids.shape}, "
             f"got {x.shape}."
         )

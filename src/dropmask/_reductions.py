@@ -26,7 +26,7 @@ import numpy as np
 from jax import lax
 
 from ._checks import normalize_axes
-from ._errors import DtypeError, MaskShapeError
+from ._errors import AxisError, DropmaskTypeError, DropmaskValueError, DtypeError, MaskShapeError
 from ._masks import as_array, broadcast_mask, is_concrete
 
 __all__ = [
@@ -60,24 +60,55 @@ def _check_dtype(x: jax.Array, fn: str, *, integers: bool) -> None:
     )
 
 
-def _axes(axis: Axis, ndim: int) -> tuple[int, ...]:
+def _axes(axis: Axis, ndim: int, fn: str) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
-    return normalize_axes(axis if isinstance(axis, Sequence) else (axis,), ndim, name="axis")
+    axes = axis if isinstance(axis, Sequence) else (axis,)
+    if ndim == 0 and len(axes):
+        raise AxisError(
+            f"{fn}: x is 0-d (a scalar), so it has no axis {axis!r} to reduce. Pass "
+            f"axis=None (or axis=()) to reduce a scalar, or give x a dimension."
+        )
+    return normalize_axes(axes, ndim, name=f"{fn}: axis")
+
+
+def _check_complex(x: jax.Array, fn: str, *, complex_ok: bool) -> bool:
+    """True for a complex ``x`` the caller supports; raises for the others.
+
+    The generic dtype message would suggest a cast to float32, which silently drops
+    the imaginary part.
+    """
+    if not jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return False
+    if complex_ok:
+        return True
+    raise DtypeError(
+        f"{fn} needs real values, got dtype {x.dtype}. Reduce a real view explicitly, "
+        f"e.g. jnp.abs(x) or x.real (masked_sum and masked_mean accept complex x)."
+    )
 
 
 def _prepare(
-    x: Any, mask: Any, axis: Axis, fn: str, *, integers: bool = False
+    x: Any,
+    mask: Any,
+    axis: Axis,
+    fn: str,
+    *,
+    integers: bool = False,
+    complex_ok: bool = False,
 ) -> tuple[jax.Array, jax.Array, tuple[int, ...]]:
     x = as_array(x)
-    _check_dtype(x, fn, integers=integers)
-    axes = _axes(axis, x.ndim)
+    if not _check_complex(x, fn, complex_ok=complex_ok):
+        _check_dtype(x, fn, integers=integers)
+    axes = _axes(axis, x.ndim, fn)
+    if isinstance(mask, list | tuple):  # like x, a nested list is read as an array
+        mask = np.asarray(mask)
     return x, broadcast_mask(mask, x.shape, fn=fn), axes
 
 
 def _check_fill(fill: Any, fn: str) -> None:
     if np.ndim(fill) != 0:
-        raise TypeError(f"{fn}: fill must be a scalar, got shape {np.shape(fill)}.")
+        raise DropmaskTypeError(f"{fn}: fill must be a scalar, got shape {np.shape(fill)}.")
 
 
 def compute_dtype(dtype: Any) -> Any:
@@ -88,8 +119,8 @@ def compute_dtype(dtype: Any) -> Any:
 
 
 def _result_float(dtype: Any) -> Any:
-    """Mean-like results: floats keep their dtype, integers give the default float."""
-    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.result_type(float)
+    """Mean-like results: inexact dtypes are kept, integers give the default float."""
+    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.result_type(float)
 
 
 def _squeeze(a: jax.Array, axes: tuple[int, ...], keepdims: bool) -> jax.Array:
@@ -109,14 +140,14 @@ def masked_sum(
     """Sum of the valid elements of ``x``.
 
     Args:
-      x: floating or integer ``[...]``.
+      x: floating, complex or integer ``[...]``.
       mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
       axis: axis or axes to reduce; None reduces all.
       keepdims: keep reduced axes with size 1.
 
     Returns:
-      The sum over valid elements, 0 for a row with none. Floats keep their dtype
-      (16-bit floats accumulate in float32); integers follow ``jnp.sum``.
+      The sum over valid elements, 0 for a row with none. Floats and complex keep
+      their dtype (16-bit floats accumulate in float32); integers follow ``jnp.sum``.
 
     Example:
       >>> import jax.numpy as jnp, dropmask
@@ -124,7 +155,7 @@ def masked_sum(
       >>> dropmask.masked_sum(x, x != 0, axis=-1).tolist()
       [6, 9, 30]
     """
-    x, m, axes = _prepare(x, mask, axis, "masked_sum", integers=True)
+    x, m, axes = _prepare(x, mask, axis, "masked_sum", integers=True, complex_ok=True)
     xs = jnp.where(m, x, jnp.zeros((), x.dtype))
     if jnp.issubdtype(x.dtype, jnp.integer):
         return jnp.sum(xs, axis=axes, keepdims=keepdims)
@@ -145,7 +176,7 @@ def masked_mean(
     Unlike ``jnp.mean(x, where=mask)`` an empty row is not NaN, and its gradient is 0.
 
     Args:
-      x: floating or integer ``[...]``.
+      x: floating, complex or integer ``[...]``.
       mask: ``bool``, broadcastable to ``x``; True = valid. None means all valid.
       axis: axis or axes to reduce; None reduces all.
       keepdims: keep reduced axes with size 1.
@@ -160,12 +191,12 @@ def masked_mean(
       >>> dropmask.masked_mean(x, x != 0, axis=-1).tolist()
       [2.0, 4.5, 0.0]
     """
-    x, m, axes = _prepare(x, mask, axis, "masked_mean", integers=True)
+    x, m, axes = _prepare(x, mask, axis, "masked_mean", integers=True, complex_ok=True)
     _check_fill(fill, "masked_mean")
     out_dtype = _result_float(x.dtype)
     acc = compute_dtype(out_dtype)
     total = jnp.sum(jnp.where(m, x, 0).astype(acc), axis=axes, keepdims=keepdims)
-    count = jnp.sum(m, axis=axes, keepdims=keepdims, dtype=acc)
+    count = jnp.sum(m, axis=axes, keepdims=keepdims, dtype=jnp.zeros((), acc).real.dtype)
     mean = total / jnp.maximum(count, 1)
     return jnp.where(count > 0, mean, jnp.asarray(fill, acc)).astype(out_dtype)
 
@@ -176,7 +207,7 @@ def _masked_var(
     """Returns ``(var, defined, out_dtype)``, var in the compute dtype, 0 where undefined."""
     x, m, axes = _prepare(x, mask, axis, fn, integers=True)
     if isinstance(ddof, bool) or not isinstance(ddof, int | np.integer) or ddof < 0:
-        raise ValueError(f"{fn}: ddof must be a non-negative int, got {ddof!r}.")
+        raise DropmaskValueError(f"{fn}: ddof must be a non-negative int, got {ddof!r}.")
     out_dtype = _result_float(x.dtype)
     acc = compute_dtype(out_dtype)
     xs = jnp.where(m, x, 0).astype(acc)
@@ -276,12 +307,18 @@ def _masked_extreme(
                 f"{fn}: x has integer dtype {x.dtype}, so fill must be an int, got {fill!r}."
             )
         info = np.iinfo(x.dtype)
+        if not info.min <= int(np.asarray(fill)) <= info.max:
+            raise DropmaskValueError(
+                f"{fn}: fill={fill!r} cannot be stored in x's dtype {x.dtype} (integers in "
+                f"[{info.min}, {info.max}]). Pick a fill in that range, or cast x first."
+            )
         neutral = info.min if is_max else info.max
     else:
         neutral = -np.inf if is_max else np.inf
     xs = jnp.where(m, x, jnp.asarray(neutral, x.dtype))
     reduce = jnp.max if is_max else jnp.min
-    out = reduce(xs, axis=axes, keepdims=keepdims)
+    # `initial` lets a zero-length axis reduce to the neutral value (then `fill`).
+    out = reduce(xs, axis=axes, keepdims=keepdims, initial=neutral)
     anyvalid = jnp.any(m, axis=axes, keepdims=keepdims)
     return jnp.where(anyvalid, out, jnp.asarray(fill, x.dtype))
 
@@ -348,21 +385,23 @@ def masked_min(
 
 
 def _shifted(
-    x: jax.Array, m: jax.Array, axes: tuple[int, ...]
+    x: jax.Array, m: jax.Array, axes: tuple[int, ...], extra: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """``(x - shift, exp(x - shift), sum exp, shift)`` over valid elements, in f32+.
 
-    ``shift`` is the valid maximum (0 where it is not finite).
+    ``shift`` is the valid maximum (0 where it is not finite). ``extra`` is added to
+    the valid exponentials, to mark chosen rows' sums.
 
     Masked elements are set to the shift before ``exp`` so both the value and the
     derivative there are finite, then zeroed. The shift is a constant for autodiff
     (the result does not depend on it).
     """
     xz = jnp.where(m, x, jnp.zeros((), x.dtype)).astype(compute_dtype(x.dtype))
-    top = jnp.max(jnp.where(m, xz, -jnp.inf), axis=axes, keepdims=True)
+    top = jnp.max(jnp.where(m, xz, -jnp.inf), axis=axes, keepdims=True, initial=-jnp.inf)
     shift = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0))
     shifted = jnp.where(m, xz, shift) - shift
-    e = jnp.where(m, jnp.exp(shifted), 0)
+    e = jnp.exp(shifted) if extra is None else jnp.exp(shifted) + extra
+    e = jnp.where(m, e, 0)
     return shifted, e, jnp.sum(e, axis=axes, keepdims=True), shift
 
 
@@ -394,6 +433,52 @@ def _softmax_jvp(
     y = _softmax_of_sanitised(xz, m, axes)
     t = tangents[0]
     return y, y * (t - jnp.sum(y * t, axis=axes, keepdims=True))
+
+
+# Added to a tainted row's exponentials (each in [0, 1]): no sum of untainted ones
+# reaches it, and it is finite, so no NaN is built where none was given.
+_TAINT = 2.0**64
+
+
+def softmax_flagging_nonfinite(
+    x: jax.Array, m: jax.Array, axes: tuple[int, ...], taint: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`softmax_core`, except that a row with a non-finite valid element is 0.
+
+    ``taint`` (bool, broadcastable to ``x``) marks elements that count as non-finite
+    although ``x`` is finite there; only valid ones matter. Returns ``(weights,
+    nonfinite)`` with ``nonfinite: bool``, 1 on the reduced axes.
+
+    Attention uses it to find the rows that see a non-finite input from the sum the
+    softmax computes anyway (``taint`` joins it inside the exp fusion, so no extra
+    pass over ``x``), and to empty them so that ``0 * NaN`` in the backward pass
+    cannot reach the other rows; it then writes NaN into their outputs itself.
+    """
+    xz = jnp.where(m, x, jnp.zeros((), x.dtype)).astype(compute_dtype(x.dtype))
+    return _softmax_flagged(xz, m, taint, axes)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _softmax_flagged(
+    xz: jax.Array, m: jax.Array, taint: jax.Array, axes: tuple[int, ...]
+) -> tuple[jax.Array, jax.Array]:
+    # A NaN or +inf valid element makes the shift 0 and the sum NaN or inf; a
+    # tainted one makes it at least _TAINT.
+    extra = jnp.where(taint, jnp.asarray(_TAINT, xz.dtype), jnp.zeros((), xz.dtype))
+    _, e, s, _ = _shifted(xz, m, axes, extra)
+    clean = s < _TAINT  # False for NaN too
+    return jnp.where(clean, e / _safe_denominator(s), 0), ~clean
+
+
+@_softmax_flagged.defjvp
+def _softmax_flagged_jvp(
+    axes: tuple[int, ...], primals: tuple[jax.Array, ...], tangents: tuple[Any, ...]
+) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, Any]]:
+    xz, m, taint = primals
+    y, nonfinite = _softmax_flagged(xz, m, taint, axes)
+    t = tangents[0]
+    flag_tangent = np.zeros(nonfinite.shape, dtype=jax.dtypes.float0)
+    return (y, nonfinite), (y * (t - jnp.sum(y * t, axis=axes, keepdims=True)), flag_tangent)
 
 
 def masked_logsumexp(
@@ -535,9 +620,14 @@ def masked_cross_entropy(
     fn = "masked_cross_entropy"
     logits = as_array(logits)
     labels = as_array(labels)
+    _check_complex(logits, fn, complex_ok=False)
     _check_dtype(logits, fn, integers=False)
+    if isinstance(mask, list | tuple):  # like labels, a nested list is read as an array
+        mask = np.asarray(mask)
     if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
+        raise DropmaskValueError(
+            f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}."
+        )
     if logits.ndim == 0:
         raise MaskShapeError(f"{fn}: logits need a class axis [..., num_classes], got a scalar.")
     batch, classes = logits.shape[:-1], logits.shape[-1]
@@ -557,7 +647,7 @@ def masked_cross_entropy(
     if sparse and is_concrete(labels) and (mask is None or is_concrete(mask)):
         host = np.asarray(labels)[np.asarray(tok)]
         if host.size and (host.min() < 0 or host.max() >= classes):
-            raise ValueError(
+            raise DropmaskValueError(
                 f"{fn}: labels of valid tokens must be in [0, {classes}), got values in "
                 f"[{host.min()}, {host.max()}]. Mask out ignored tokens (e.g. label -100) "
                 f"with mask=labels >= 0."
