@@ -1,0 +1,284 @@
+"""What dropout adds to a Transformer encoder layer's train step: Flax's vs dropmask's.
+
+The layer is the encoder block of Flax's WMT model: pre-LayerNorm self-attention with
+attention-weight dropout (``broadcast_dropout=False``, so one mask element per
+``[batch, heads, q, k]`` weight), dropout on the attention output before the residual
+add, and an MLP block with dropout after both Dense layers. Two dropouts share every
+parameter and input: ``flax.linen.Dropout`` with Flax's attention function, and
+``dropmask.linen.Dropout`` with ``dropmask.dot_product_attention``. Each is measured
+against its own baseline, the same layer at rate 0 (no dropout code runs), because the
+two attention functions differ in cost even without dropout; that difference is
+reported apart, so it cannot pass for a cheaper dropout.
+
+Each step is SGD on the mean squared output; steps run in a ``fori_loop`` inside one
+jit, a fresh dropout key per step. A step's time is the slope between a loop of 2 steps
+and a longer one, all contestants timed back to back within each repeat (the order
+alternating between repeats), so each repeat yields one paired "added time" per
+dropout contestant; the table gives their median and quartiles, and says when the
+quartiles straddle 0 (the effect is within this machine's noise). Temporary memory is
+XLA's ``temp_size_in_bytes`` for one compiled step.
+
+Usage: ``python -m benchmarks.bench_transformer_step [--batch 16] [--length 256]
+[--dtype f32] [--repeats 9]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+import dropmask
+from benchmarks._timing import Looped, quartiles
+from dropmask import linen as dl
+
+RATE = 0.1
+FLAX, DROPMASK = "flax.linen", "dropmask"
+# (dropout library, rate): each library's dropout and its own rate-0 baseline.
+KINDS = ((FLAX, 0.0), (FLAX, RATE), (DROPMASK, 0.0), (DROPMASK, RATE))
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+
+
+class MlpBlock(nn.Module):
+    """Dense -> relu -> dropout -> Dense -> dropout, as in Flax's WMT ``MlpBlock``."""
+
+    kind: str
+    rate: float
+    mlp_dim: int
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        drop, rate = dl.Dropout if self.kind == DROPMASK else nn.Dropout, self.rate
+        y = nn.relu(nn.Dense(self.mlp_dim, dtype=self.dtype)(x))
+        y = drop(rate)(y, deterministic=deterministic)
+        y = nn.Dense(x.shape[-1], dtype=self.dtype)(y)
+        return drop(rate)(y, deterministic=deterministic)
+
+
+class EncoderLayer(nn.Module):
+    """Pre-LayerNorm encoder block: ``x: [batch, length, width]`` to the same shape."""
+
+    kind: str
+    rate: float
+    heads: int
+    mlp_dim: int
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        drop, rate = dl.Dropout if self.kind == DROPMASK else nn.Dropout, self.rate
+        attention_fn = (
+            dropmask.dot_product_attention if self.kind == DROPMASK else nn.dot_product_attention
+        )
+        y = nn.LayerNorm(dtype=self.dtype)(x)
+        y = nn.MultiHeadDotProductAttention(
+            num_heads=self.heads,
+            dtype=self.dtype,
+            dropout_rate=rate,
+            broadcast_dropout=False,
+            attention_fn=attention_fn,
+        )(y, y, deterministic=deterministic)
+        x = x + drop(rate)(y, deterministic=deterministic)
+        z = nn.LayerNorm(dtype=self.dtype)(x)
+        return x + MlpBlock(self.kind, rate, self.mlp_dim, self.dtype)(z, deterministic)
+
+
+def step_fn(layer: EncoderLayer) -> Callable[..., Any]:
+    """``(params, x, key) -> params``: one SGD step with dropout in training mode."""
+    opt = optax.sgd(1e-3)
+
+    def loss(params: Any, x: jax.Array, key: jax.Array) -> jax.Array:
+        y = layer.apply({"params": params}, x, False, rngs={"dropout": key})
+        return jnp.mean(jnp.square(y.astype(jnp.float32)))
+
+    def step(params: Any, x: jax.Array, key: jax.Array) -> Any:
+        updates, _ = opt.update(jax.grad(loss)(params, x, key), opt.init(params))
+        return optax.apply_updates(params, updates)
+
+    return step
+
+
+def looped_steps(step: Callable[..., Any], steps: int) -> Callable[..., Any]:
+    """``steps`` train steps inside one jit, key ``fold_in(key, i)`` at step ``i``."""
+
+    def run(params: Any, x: jax.Array, key: jax.Array) -> Any:
+        body = lambda i, p: step(p, x, jax.random.fold_in(key, i))  # noqa: E731
+        return lax.fori_loop(0, steps, body, params)
+
+    return jax.jit(run)
+
+
+def paired_step_seconds(
+    loops: dict[str, Looped], *, repeats: int, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Per-step seconds of every loop, one value per repeat, all loops back to back.
+
+    Within a repeat the loops run in turn (order reversed every other repeat), so a
+    spell of background load lands on every contestant of that repeat and cancels in
+    the paired differences.
+    """
+    calls = [(name, which) for name in loops for which in ("short", "long")]
+    fns = {(n, w): getattr(loops[n], f"{w}_fn") for n, w in calls}
+    for key in calls:
+        for _ in range(warmup):
+            jax.block_until_ready(fns[key](*loops[key[0]].args))
+    out: dict[str, list[float]] = {name: [] for name in loops}
+    for r in range(repeats):
+        seconds = {}
+        for key in calls if r % 2 == 0 else reversed(calls):
+            start = time.perf_counter()
+            jax.block_until_ready(fns[key](*loops[key[0]].args))
+            seconds[key] = time.perf_counter() - start
+        for name, loop in loops.items():
+            out[name].append((seconds[(name, "long")] - seconds[(name, "short")]) / loop.extra)
+    return out
+
+
+def temp_bytes(step: Callable[..., Any], args: tuple[Any, ...]) -> int:
+    """XLA's temporary buffer bytes for one compiled step."""
+    analysis = jax.jit(step).lower(*args).compile().memory_analysis()
+    return int(getattr(analysis, "temp_size_in_bytes", 0))
+
+
+def _name(kind: tuple[str, float]) -> str:
+    lib, rate = kind
+    return f"{lib} rate {rate:g}" if rate else f"{lib} attention, no dropout"
+
+
+def run(
+    batch: int = 16,
+    length: int = 256,
+    width: int = 256,
+    heads: int = 8,
+    mlp_dim: int = 1024,
+    dtype_name: str = "f32",
+    extra: int = 6,
+    repeats: int = 9,
+) -> dict[str, Any]:
+    """Times the four layers; returns one row per dropout with its paired added share."""
+    dtype = DTYPES[dtype_name]
+    kx, kp = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (batch, length, width), dtype)
+    layers = {k: EncoderLayer(k[0], k[1], heads, mlp_dim, dtype) for k in KINDS}
+    params = layers[KINDS[0]].init(kp, x, True)["params"]
+    args = (params, x, jax.random.key(1))
+    steps = {k: step_fn(layer) for k, layer in layers.items()}
+    loops = {
+        _name(k): Looped(lambda n, s=s: looped_steps(s, n), args, extra=extra)
+        for k, s in steps.items()
+    }
+    seconds = paired_step_seconds(loops, repeats=repeats)
+    temps = {_name(k): temp_bytes(s, args) for k, s in steps.items()}
+    rows = []
+    added_time: dict[str, list[float]] = {}
+    for lib in (FLAX, DROPMASK):
+        base, with_dropout = _name((lib, 0.0)), _name((lib, RATE))
+        added_time[lib] = [t - b for t, b in zip(seconds[with_dropout], seconds[base], strict=True)]
+        shares = [d / b for d, b in zip(added_time[lib], seconds[base], strict=True)]
+        q1, med, q3 = quartiles(shares)
+        rows.append(
+            {
+                "dropout": lib,
+                "dtype": dtype_name,
+                "shape": [batch, length, width],
+                "heads": heads,
+                "mlp_dim": mlp_dim,
+                "baseline_ms": 1e3 * quartiles(seconds[base])[1],
+                "ms_per_step": 1e3 * quartiles(seconds[with_dropout])[1],
+                "added_share_median": med,
+                "added_share_quartiles": [q1, q3],
+                "within_noise": q1 <= 0.0 <= q3,
+                "baseline_temp_bytes": temps[base],
+                "temp_bytes": temps[with_dropout],
+                "added_temp_bytes": temps[with_dropout] - temps[base],
+            }
+        )
+    flax_row, ours = rows
+    ratios = [o / f for o, f in zip(added_time[DROPMASK], added_time[FLAX], strict=True) if f > 0]
+    return {
+        "rows": rows,
+        "dropmask_over_flax_added_time": quartiles(ratios)[1] if len(ratios) >= 2 else None,
+        "dropmask_added_share": ours["added_share_median"],
+        "flax_added_share": flax_row["added_share_median"],
+        "dropmask_over_flax_added_temp": (
+            ours["added_temp_bytes"] / flax_row["added_temp_bytes"]
+            if flax_row["added_temp_bytes"] > 0
+            else None
+        ),
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    r0 = result["rows"][0]
+    b, t, w = r0["shape"]
+    lines = [
+        f"Transformer encoder layer train step: x [{b}, {t}, {w}], {r0['heads']} heads, MLP "
+        f"{r0['mlp_dim']}, dropout {RATE} (attention weights, attention output, both MLP "
+        f"Dense layers), {r0['dtype']}, SGD. Each dropout against the same layer at rate 0 "
+        "with the same attention function; added time: median (quartiles) of paired "
+        "per-repeat differences.\n",
+        "| dropout | baseline ms | ms per step | added step time | within noise "
+        "| baseline temp MiB | added temp MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        q1, q3 = r["added_share_quartiles"]
+        lines.append(
+            f"| {r['dropout']} | {r['baseline_ms']:.1f} | {r['ms_per_step']:.1f} | "
+            f"{100 * r['added_share_median']:+.1f}% ({100 * q1:+.1f}% to {100 * q3:+.1f}%) | "
+            f"{'yes' if r['within_noise'] else 'no'} | {r['baseline_temp_bytes'] / 2**20:.1f} | "
+            f"{r['added_temp_bytes'] / 2**20:.2f} |"
+        )
+    ratio = result["dropmask_over_flax_added_time"]
+    temp = result["dropmask_over_flax_added_temp"]
+    lines.append("")
+    lines.append(
+        "dropmask's added time / Flax's (median of paired ratios): "
+        + ("n/a" if ratio is None else f"{ratio:.3f}")
+        + "; added temporary memory / Flax's: "
+        + ("n/a" if temp is None else f"{temp:.4f}")
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--mlp-dim", type=int, default=1024)
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="f32")
+    parser.add_argument("--extra", type=int, default=6, help="extra steps of the long loop")
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--json", help="also write the result here")
+    args = parser.parse_args(argv)
+    result = run(
+        args.batch,
+        args.length,
+        args.width,
+        args.heads,
+        args.mlp_dim,
+        args.dtype,
+        args.extra,
+        args.repeats,
+    )
+    print(markdown(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
