@@ -133,7 +133,8 @@ class MaskedRNN(nnx.Module):
         def step(carry: Any, x_t: jax.Array, t: jax.Array) -> tuple[Any, Any]:
             cell = nnx.merge(graphdef, state, copy=True)
             if keys:
-                nnx.reseed(cell, **{name: jax.random.fold_in(k, t) for name, k in keys.items()})
+                step_keys: dict[str, Any] = {n: jax.random.fold_in(k, t) for n, k in keys.items()}
+                nnx.reseed(cell, **step_keys)
             return cell(carry, x_t)  # type: ignore[operator]
 
         carry, outputs = masked_rnn(
