@@ -22,7 +22,12 @@ def get_config() -> ml_collections.ConfigDict:
         the sample of training problems scored as ``train_eval``.
       embed_dim, hidden: widths of the embedding and of both LSTMs.
       rate: dropout between layers.
-      learning_rate: Adam's step size (gradients clipped to global norm 1).
+      learning_rate: Adam's peak step size (gradients clipped to global norm 1).
+      warmup_steps: steps of linear warmup to ``learning_rate``; a cosine decay to 0
+        at ``decay_steps`` follows.
+      decay_steps: where the step size reaches 0; 0 means ``steps``. Set it when a
+        run is to be resumed with a larger ``--steps``, so that the schedule of the
+        steps already taken stays the same.
       batch_size: problems per step (a multiple of the devices used).
     """
     config = base_config()
@@ -33,10 +38,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.hidden = 256
     config.rate = 0.1
     config.learning_rate = 3e-3
+    config.warmup_steps = 200
+    config.decay_steps = 0
     config.batch_size = 128
-    config.steps = 6000
+    config.steps = 10000
     config.log_every = 100
-    config.eval_every = 1000
+    config.eval_every = 2000
     config.checkpoint_every = 2000
     config.keep_checkpoints = 2
     return config
@@ -49,7 +56,9 @@ def get_tiny_config() -> ml_collections.ConfigDict:
     config.eval_size = 64
     config.embed_dim = 8
     config.hidden = 16
-    config.learning_rate = 1e-2
+    config.learning_rate = 3e-2
+    config.warmup_steps = 0
+    config.decay_steps = 24  # the resume test trains 12 steps, then resumes to 24
     config.batch_size = 16
     config.steps = 12
     config.log_every = 2

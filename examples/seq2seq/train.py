@@ -26,12 +26,15 @@ from .models import Seq2seq
 
 @functools.lru_cache(maxsize=16)
 def _model_and_optimizer(
-    embed_dim: int, hidden: int, rate: float, learning_rate: float
+    embed_dim: int, hidden: int, rate: float, learning_rate: float, warmup: int, steps: int
 ) -> tuple[Seq2seq, optax.GradientTransformation]:
     # ``apply_fn`` and ``tx`` are static parts of the jitted state: runs that share
     # the same instances share one compilation.
     model = Seq2seq(len(input_pipeline.VOCAB), embed_dim=embed_dim, hidden=hidden, rate=rate)
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, learning_rate, warmup_steps=min(warmup, steps - 1), decay_steps=max(steps, 1)
+    )
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule))
     return model, tx
 
 
@@ -41,9 +44,19 @@ def create_state(
     params_key: jax.Array,
     dropout_key: jax.Array,
 ) -> TrainState:
-    """Initialises the model on two held-out problems (``training=False``) with Adam."""
+    """Initialises the model on two held-out problems (``training=False``) with Adam.
+
+    The step size warms up over ``warmup_steps`` and decays to 0 on a cosine by
+    ``decay_steps`` (0: by ``steps``); the late small steps settle the last, rare
+    carries of long sums.
+    """
     model, tx = _model_and_optimizer(
-        int(config.embed_dim), int(config.hidden), float(config.rate), float(config.learning_rate)
+        int(config.embed_dim),
+        int(config.hidden),
+        float(config.rate),
+        float(config.learning_rate),
+        int(config.warmup_steps),
+        int(config.decay_steps or config.steps),
     )
     p = data.eval
     variables = model.init(

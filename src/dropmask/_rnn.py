@@ -111,7 +111,7 @@ def masked_rnn(
 
     def body(carry: Any, x_and_t: tuple[Any, jax.Array]) -> tuple[Any, Any]:
         x_t, t = x_and_t
-        return step(carry, x_t, jnp.max(t))
+        return step(carry, x_t, jnp.max(t, initial=0))
 
     carry, ys = masked_scan(body, init_carry, (xs, times), mask.T, reverse=reverse, unroll=unroll)
     outputs = jax.tree.map(lambda a: jnp.moveaxis(a, 0, 1), ys)
