@@ -103,6 +103,8 @@ def test_eval_is_deterministic_and_sampling_uses_the_lstm_stream(config, data, s
     assert not np.array_equal(sample(jax.random.key(0)), sample(jax.random.key(1)))
     greedy = state.apply_fn(variables, *args, method=train.Seq2seq.generate)
     assert greedy.shape == batch["answer"].shape
+    answers = train.predict(state, data, ["12+3", "99+99"])
+    assert len(answers) == 2 and all(set(a) <= set("0123456789+") for a in answers)
     with pytest.raises(Exception, match="lstm"):
         state.apply_fn(variables, *args, True, method=train.Seq2seq.generate)
 
