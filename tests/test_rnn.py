@@ -239,3 +239,18 @@ def test_nnx_grad_through_padding_and_dropout_stream():
     assert bool(jnp.all(jnp.isfinite(first)))
     jitted = nnx.jit(lambda m, x: m(x, lengths=LENGTHS))(model, x)
     assert jitted.shape == (4, 6, 8)
+
+
+def test_bf16_inputs_give_flax_rnn_dtypes_and_values():
+    x = _inputs().astype(jnp.bfloat16)
+    ours = dl.MaskedRNN(nn.LSTMCell(4, dtype=jnp.bfloat16), return_carry=True)
+    flax_rnn = nn.RNN(nn.LSTMCell(4, dtype=jnp.bfloat16), return_carry=True)
+    params = ours.init(jax.random.key(0), x, lengths=LENGTHS)
+    (carry, y), (flax_carry, flax_y) = (
+        ours.apply(params, x, lengths=LENGTHS),
+        flax_rnn.apply(params, x, seq_lengths=LENGTHS),
+    )
+    assert jax.tree.map(lambda a: a.dtype, (carry, y)) == jax.tree.map(
+        lambda a: a.dtype, (flax_carry, flax_y)
+    )
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-2), carry, flax_carry)
