@@ -254,3 +254,14 @@ def test_bf16_inputs_give_flax_rnn_dtypes_and_values():
         lambda a: a.dtype, (flax_carry, flax_y)
     )
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-2), carry, flax_carry)
+
+
+def test_nnx_bidirectional_equals_flax():
+    x = _inputs()
+    forward, backward = (nnx.GRUCell(3, 4, rngs=nnx.Rngs(seed)) for seed in (0, 1))
+    ours = dn.Bidirectional(dn.MaskedRNN(forward), dn.MaskedRNN(backward))
+    flax_bi = nnx.Bidirectional(nnx.RNN(forward), nnx.RNN(backward))
+    valid = _valid(LENGTHS, 6)
+    y, flax_y = ours(x, lengths=LENGTHS), flax_bi(x, seq_lengths=LENGTHS)
+    np.testing.assert_allclose(np.where(valid, y, 0), np.where(valid, flax_y, 0), atol=ATOL)
+    np.testing.assert_array_equal(np.where(valid, 0, y), 0)
