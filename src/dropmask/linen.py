@@ -33,13 +33,17 @@ from . import _dropout
 from ._checks import check_key
 from ._errors import MissingKeyError
 from ._fast_mask import block_from_spec
+from ._linen_rnn import Bidirectional as Bidirectional
+from ._linen_rnn import MaskedRNN as MaskedRNN
 from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
 
 __all__ = [
     "AlphaDropout",
+    "Bidirectional",
     "DropPath",
     "Dropout",
     "GaussianDropout",
+    "MaskedRNN",
     "MissingStreamError",
     "WordDropout",
 ]

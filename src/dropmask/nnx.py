@@ -33,9 +33,19 @@ from . import _dropout
 from ._checks import as_dims, check_rate
 from ._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
 from ._fast_mask import block_from_spec
+from ._nnx_rnn import Bidirectional as Bidirectional
+from ._nnx_rnn import MaskedRNN as MaskedRNN
 from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
 
-__all__ = ["AlphaDropout", "DropPath", "Dropout", "GaussianDropout", "WordDropout"]
+__all__ = [
+    "AlphaDropout",
+    "Bidirectional",
+    "DropPath",
+    "Dropout",
+    "GaussianDropout",
+    "MaskedRNN",
+    "WordDropout",
+]
 
 _NO_DETERMINISTIC = (
     "No `deterministic` argument was provided to {name}. Pass it to the constructor "

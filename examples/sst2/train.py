@@ -1,0 +1,114 @@
+"""Trains the sentence classifier on the shared loop: ``dropmask train sst2``.
+
+Only what is specific to sst2 lives here; ``dropmask.training`` does devices,
+checkpoints, resume, logging and plots.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from dropmask.training import Example, TrainState
+
+from . import configs, input_pipeline
+from .models import TextClassifier
+
+
+@functools.lru_cache(maxsize=16)
+def _model_and_optimizer(
+    vocab_size: int, embed_dim: int, hidden: int, rate: float, word_rate: float, lr: float
+) -> tuple[TextClassifier, optax.GradientTransformation]:
+    # Static parts of the jitted state: runs with equal settings share a compilation.
+    model = TextClassifier(vocab_size, embed_dim, hidden, rate, word_rate)
+    return model, optax.adam(lr)
+
+
+def create_state(
+    config: ml_collections.ConfigDict,
+    data: input_pipeline.Data,
+    params_key: jax.Array,
+    dropout_key: jax.Array,
+) -> TrainState:
+    """Initialises the classifier on two padded training sentences (``training=False``)."""
+    model, tx = _model_and_optimizer(
+        len(data.vocab),
+        int(config.embed_dim),
+        int(config.hidden),
+        float(config.rate),
+        float(config.word_rate),
+        float(config.learning_rate),
+    )
+    batch = input_pipeline.pad(data.train, np.arange(2), data.buckets)
+    variables = model.init(params_key, batch["tokens"], batch["length"], False)
+    return TrainState.create(
+        apply_fn=model.apply, params=variables["params"], tx=tx, key=dropout_key
+    )
+
+
+@jax.jit
+def train_step(
+    state: TrainState, batch: dict[str, jax.Array]
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One Adam step on ``{'tokens', 'length', 'label'}`` with word and feature dropout."""
+    rngs = state.rngs("dropout")
+
+    def loss_fn(params: dict) -> tuple[jax.Array, jax.Array]:
+        logits = state.apply_fn(
+            {"params": params}, batch["tokens"], batch["length"], True, rngs=rngs
+        )
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+        return loss, logits
+
+    (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
+    return state.apply_gradients(grads=grads), {"loss": loss, "accuracy": accuracy}
+
+
+@jax.jit
+def eval_step(state: TrainState, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Deterministic loss and accuracy (no dropout, no key)."""
+    logits = state.apply_fn({"params": state.params}, batch["tokens"], batch["length"], False)
+    return {
+        "loss": optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean(),
+        "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"]),
+    }
+
+
+def evaluate(
+    state: TrainState, config: ml_collections.ConfigDict, data: input_pipeline.Data, split: str
+) -> dict[str, float]:
+    """Loss and accuracy on the held-out split (``'eval'``) or the training split."""
+    del config
+    part = data.dev if split == "eval" else data.train
+    longest = max(len(t) for t in part.tokens)
+    buckets = tuple(b for b in data.buckets if b >= longest) or (longest,)
+    batch = input_pipeline.pad(part, np.arange(len(part)), buckets[:1])
+    return {k: float(v) for k, v in eval_step(state, batch).items()}
+
+
+example = Example(
+    name="sst2",
+    get_config=configs.get_config,
+    load_data=input_pipeline.load,
+    create_state=create_state,
+    train_batch=input_pipeline.train_batch,
+    train_step=train_step,
+    evaluate=evaluate,
+    eval_splits=("train_eval", "eval"),
+    best_metric="accuracy",
+    best_mode="max",
+    data_position=input_pipeline.position,
+)
+
+
+if __name__ == "__main__":
+    from dropmask.cli import main
+
+    sys.exit(main(["train", "sst2", *sys.argv[1:]]))

@@ -1,0 +1,208 @@
+"""Linen ``MaskedRNN`` and ``Bidirectional``: any Flax cell over a padded batch.
+
+The module turns its cell into a pure step (the cell's variables and this call's
+keys closed over) and calls the functional core, :func:`dropmask._rnn.masked_rnn`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from ._rnn import masked_rnn, resolve_mask
+
+__all__ = ["Bidirectional", "MaskedRNN"]
+
+
+def _concat(a: Any, b: Any) -> Any:
+    return jax.tree.map(lambda x, y: jnp.concatenate([x, y], axis=-1), a, b)
+
+
+class MaskedRNN(nn.Module):
+    """Runs a Flax RNN cell over ``[batch, time, ...]`` inputs with padding.
+
+    Like ``flax.linen.RNN(cell)(x, seq_lengths=...)``, with the padding handled by
+    :func:`dropmask.masked_scan`: the carry is held through padded steps, so the
+    final carry is each sequence's own (the initial carry for a sequence of length
+    0, where Flax's returns the last padded step's), outputs are 0 at padding, and
+    NaN or inf in padded inputs reach neither outputs nor gradients. Any mask works,
+    not only right padding.
+
+    Random streams: every stream given to ``apply`` except ``'params'`` (e.g.
+    ``'dropout'``) reaches the cell with a fresh key per time step, so a dropout
+    layer inside the cell draws a new mask at each step. The cell may not mutate
+    variables (no ``batch_stats`` inside a cell).
+
+    Attributes:
+      cell: a Flax cell: ``cell(carry, x_t) -> (carry, y_t)`` with
+        ``initialize_carry(key, input_shape)``, e.g. ``nn.LSTMCell(64)``.
+      reverse: run each sequence from its last valid step to its first.
+      keep_order: with ``reverse``, keep outputs aligned with their inputs; if False
+        (Flax's default), output ``t`` is the step on input ``lengths - 1 - t``.
+      return_carry: return ``(carry, outputs)`` instead of ``outputs``.
+      unroll: passed to ``lax.scan``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn
+      >>> from dropmask import linen as dl
+      >>> rnn = dl.MaskedRNN(nn.LSTMCell(4), return_carry=True)
+      >>> x, lengths = jnp.ones((2, 5, 3)), jnp.array([5, 0])
+      >>> params = rnn.init(jax.random.key(0), x, lengths=lengths)
+      >>> (c, h), y = rnn.apply(params, x, lengths=lengths)
+      >>> y.shape, bool(jnp.all(h[1] == 0)), bool(jnp.all(y[1] == 0))
+      ((2, 5, 4), True, True)
+    """
+
+    cell: nn.Module
+    reverse: bool = False
+    keep_order: bool = False
+    return_carry: bool = False
+    unroll: int = 1
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs: jax.Array,
+        *,
+        mask: jax.typing.ArrayLike | None = None,
+        lengths: jax.typing.ArrayLike | None = None,
+        initial_carry: Any = None,
+        init_key: jax.Array | None = None,
+        reverse: bool | None = None,
+        keep_order: bool | None = None,
+        return_carry: bool | None = None,
+    ) -> Any:
+        """Runs the cell over ``inputs: [batch, time, *features]``.
+
+        Args:
+          inputs: ``[batch, time, *features]``.
+          mask: ``bool[batch, time]``, True at valid steps.
+          lengths: ``int[batch]``, valid steps per (right-padded) sequence; instead
+            of ``mask``. With neither, every step is valid.
+          initial_carry: the carry to start from; default the cell's
+            ``initialize_carry(init_key, [batch, *features])``.
+          init_key: key for ``initialize_carry`` (default ``jax.random.key(0)``).
+          reverse, keep_order, return_carry: override the attributes.
+
+        Returns:
+          ``outputs: [batch, time, *out_features]`` (0 at padding), or
+          ``(carry, outputs)`` with ``return_carry``.
+
+        Raises:
+          MaskShapeError: inputs without a batch and time axis, or a mask/lengths
+            whose shape is not ``[batch, time]`` / ``[batch]``.
+          DtypeError: a mask that is not boolean, or lengths that are not integers.
+          DropmaskValueError: both ``mask`` and ``lengths``.
+        """
+        reverse = self.reverse if reverse is None else reverse
+        keep_order = self.keep_order if keep_order is None else keep_order
+        return_carry = self.return_carry if return_carry is None else return_carry
+        mask_arr, lengths_arr, batch, _ = resolve_mask(
+            inputs, mask, lengths, fn="dropmask.linen.MaskedRNN"
+        )
+        x = jnp.asarray(inputs)
+        step_shape = (batch, *x.shape[2:])
+        if initial_carry is None:
+            key = jax.random.key(0) if init_key is None else init_key
+            initial_carry = self.cell.initialize_carry(key, step_shape)  # type: ignore[attr-defined]
+        if self.is_initializing():
+            self.cell(initial_carry, jnp.zeros(step_shape, x.dtype))
+        cell, variables = self.cell.unbind()
+        streams = [name for name in self.scope.rngs if name != "params"] if self.scope else []
+        keys = {name: self.make_rng(name) for name in streams}
+
+        def step(carry: Any, x_t: jax.Array, t: jax.Array) -> tuple[Any, Any]:
+            rngs = {name: jax.random.fold_in(key, t) for name, key in keys.items()}
+            return cell.apply(variables, carry, x_t, rngs=rngs)
+
+        carry, outputs = masked_rnn(
+            step,
+            initial_carry,
+            x,
+            mask_arr,
+            lengths_arr,
+            reverse=reverse,
+            keep_order=keep_order,
+            unroll=self.unroll,
+        )
+        return (carry, outputs) if return_carry else outputs
+
+
+class Bidirectional(nn.Module):
+    """A forward and a backward :class:`MaskedRNN` over the same padded batch.
+
+    The backward RNN reverses only each sequence's valid prefix (padding stays at
+    the end) and its outputs are put back in input order, so that output ``t`` of
+    both directions belongs to input ``t``.
+
+    Attributes:
+      forward_rnn: a :class:`MaskedRNN` (its ``reverse`` is ignored: forward).
+      backward_rnn: a :class:`MaskedRNN` (run with ``reverse=True, keep_order=True``).
+      merge_fn: ``(forward_outputs, backward_outputs) -> outputs``; default
+        concatenation on the last axis.
+      return_carry: return ``((forward_carry, backward_carry), outputs)``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn
+      >>> from dropmask import linen as dl
+      >>> bi = dl.Bidirectional(dl.MaskedRNN(nn.GRUCell(4)), dl.MaskedRNN(nn.GRUCell(4)))
+      >>> x = jnp.ones((2, 5, 3))
+      >>> y, _ = bi.init_with_output(jax.random.key(0), x, lengths=jnp.array([5, 2]))
+      >>> y.shape
+      (2, 5, 8)
+    """
+
+    forward_rnn: MaskedRNN
+    backward_rnn: MaskedRNN
+    merge_fn: Callable[[Any, Any], Any] = _concat
+    return_carry: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs: jax.Array,
+        *,
+        mask: jax.typing.ArrayLike | None = None,
+        lengths: jax.typing.ArrayLike | None = None,
+        initial_carry: tuple[Any, Any] | None = None,
+        init_key: jax.Array | None = None,
+        return_carry: bool | None = None,
+    ) -> Any:
+        """Runs both directions over ``inputs: [batch, time, *features]``.
+
+        Args mean what they mean for :class:`MaskedRNN`; ``initial_carry`` is a
+        ``(forward, backward)`` pair.
+
+        Returns:
+          ``merge_fn(forward, backward)``, or ``((forward_carry, backward_carry),
+          outputs)`` with ``return_carry``.
+        """
+        return_carry = self.return_carry if return_carry is None else return_carry
+        forward_carry, backward_carry = initial_carry or (None, None)
+        keys = (None, None) if init_key is None else tuple(jax.random.split(init_key))
+        carry_f, out_f = self.forward_rnn(
+            inputs,
+            mask=mask,
+            lengths=lengths,
+            initial_carry=forward_carry,
+            init_key=keys[0],
+            reverse=False,
+            keep_order=False,
+            return_carry=True,
+        )
+        carry_b, out_b = self.backward_rnn(
+            inputs,
+            mask=mask,
+            lengths=lengths,
+            initial_carry=backward_carry,
+            init_key=keys[1],
+            reverse=True,
+            keep_order=True,
+            return_carry=True,
+        )
+        outputs = self.merge_fn(out_f, out_b)
+        return ((carry_f, carry_b), outputs) if return_carry else outputs

@@ -1,0 +1,230 @@
+"""NNX ``MaskedRNN`` and ``Bidirectional``: any NNX cell over a padded batch.
+
+The module splits its cell into a graph and state, turns it into a pure step (the
+state closed over, the cell's random streams reseeded per time step) and calls the
+functional core, :func:`dropmask._rnn.masked_rnn`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ._rnn import masked_rnn, resolve_mask
+
+__all__ = ["Bidirectional", "MaskedRNN"]
+
+
+def _concat(a: Any, b: Any) -> Any:
+    return jax.tree.map(lambda x, y: jnp.concatenate([x, y], axis=-1), a, b)
+
+
+def _stream_keys(cell: nnx.Module) -> dict[str, jax.Array]:
+    """One fresh key per named random stream in ``cell``, advancing each stream once."""
+    keys: dict[str, jax.Array] = {}
+    for _, node in nnx.iter_graph(cell):
+        if isinstance(node, nnx.RngStream) and node.key.tag not in keys:
+            keys[node.key.tag] = node()
+    return keys
+
+
+class MaskedRNN(nnx.Module):
+    """Runs an NNX RNN cell over ``[batch, time, ...]`` inputs with padding.
+
+    Like ``flax.nnx.RNN(cell)(x, seq_lengths=...)``, with the padding handled by
+    :func:`dropmask.masked_scan`: the carry is held through padded steps, so the
+    final carry is each sequence's own (the initial carry for a sequence of length
+    0), outputs are 0 at padding, and NaN or inf in padded inputs reach neither
+    outputs nor gradients. Any mask works, not only right padding.
+
+    Random streams: each call draws one key from each of the cell's streams (e.g.
+    the ``'dropout'`` stream of an ``nnx.Dropout`` inside it) and reseeds the cell
+    with ``fold_in(key, t)`` at time step ``t``, so a dropout layer inside the cell
+    draws a new mask at each step. State the cell mutates otherwise (e.g. batch
+    statistics) is not kept.
+
+    Args:
+      cell: an NNX cell: ``cell(carry, x_t) -> (carry, y_t)`` with
+        ``initialize_carry(input_shape)``, e.g. ``nnx.LSTMCell(3, 64, rngs=rngs)``.
+      reverse: run each sequence from its last valid step to its first.
+      keep_order: with ``reverse``, keep outputs aligned with their inputs; if False
+        (Flax's default), output ``t`` is the step on input ``lengths - 1 - t``.
+      return_carry: return ``(carry, outputs)`` instead of ``outputs``.
+      unroll: passed to ``lax.scan``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from dropmask import nnx as dn
+      >>> rnn = dn.MaskedRNN(nnx.LSTMCell(3, 4, rngs=nnx.Rngs(0)), return_carry=True)
+      >>> (c, h), y = rnn(jnp.ones((2, 5, 3)), lengths=jnp.array([5, 0]))
+      >>> y.shape, bool(jnp.all(h[1] == 0)), bool(jnp.all(y[1] == 0))
+      ((2, 5, 4), True, True)
+    """
+
+    def __init__(
+        self,
+        cell: nnx.Module,
+        *,
+        reverse: bool = False,
+        keep_order: bool = False,
+        return_carry: bool = False,
+        unroll: int = 1,
+    ):
+        self.cell = cell
+        self.reverse = reverse
+        self.keep_order = keep_order
+        self.return_carry = return_carry
+        self.unroll = unroll
+
+    def __call__(
+        self,
+        inputs: jax.Array,
+        *,
+        mask: jax.typing.ArrayLike | None = None,
+        lengths: jax.typing.ArrayLike | None = None,
+        initial_carry: Any = None,
+        reverse: bool | None = None,
+        keep_order: bool | None = None,
+        return_carry: bool | None = None,
+    ) -> Any:
+        """Runs the cell over ``inputs: [batch, time, *features]``.
+
+        Args:
+          inputs: ``[batch, time, *features]``.
+          mask: ``bool[batch, time]``, True at valid steps.
+          lengths: ``int[batch]``, valid steps per (right-padded) sequence; instead
+            of ``mask``. With neither, every step is valid.
+          initial_carry: the carry to start from; default the cell's
+            ``initialize_carry([batch, *features])``.
+          reverse, keep_order, return_carry: override the attributes.
+
+        Returns:
+          ``outputs: [batch, time, *out_features]`` (0 at padding), or
+          ``(carry, outputs)`` with ``return_carry``.
+
+        Raises:
+          MaskShapeError: inputs without a batch and time axis, or a mask/lengths
+            whose shape is not ``[batch, time]`` / ``[batch]``.
+          DtypeError: a mask that is not boolean, or lengths that are not integers.
+          DropmaskValueError: both ``mask`` and ``lengths``.
+        """
+        reverse = self.reverse if reverse is None else reverse
+        keep_order = self.keep_order if keep_order is None else keep_order
+        return_carry = self.return_carry if return_carry is None else return_carry
+        mask_arr, lengths_arr, batch, _ = resolve_mask(
+            inputs, mask, lengths, fn="dropmask.nnx.MaskedRNN"
+        )
+        x = jnp.asarray(inputs)
+        if initial_carry is None:
+            shape = (batch, *x.shape[2:])
+            if isinstance(self.cell, nnx.RNNCellBase):
+                # Flax's cells want a key even for their zero carry; nnx.RNN's is 0 too.
+                initial_carry = self.cell.initialize_carry(shape, rngs=nnx.Rngs(carry=0))
+            else:
+                initial_carry = self.cell.initialize_carry(shape)  # type: ignore[attr-defined]
+        keys = _stream_keys(self.cell)
+        graphdef, state = nnx.split(self.cell)
+
+        def step(carry: Any, x_t: jax.Array, t: jax.Array) -> tuple[Any, Any]:
+            cell = nnx.merge(graphdef, state, copy=True)
+            if keys:
+                step_keys: dict[str, Any] = {n: jax.random.fold_in(k, t) for n, k in keys.items()}
+                nnx.reseed(cell, **step_keys)
+            return cell(carry, x_t)  # type: ignore[operator]
+
+        carry, outputs = masked_rnn(
+            step,
+            initial_carry,
+            x,
+            mask_arr,
+            lengths_arr,
+            reverse=reverse,
+            keep_order=keep_order,
+            unroll=self.unroll,
+        )
+        return (carry, outputs) if return_carry else outputs
+
+
+class Bidirectional(nnx.Module):
+    """A forward and a backward :class:`MaskedRNN` over the same padded batch.
+
+    The backward RNN reverses only each sequence's valid prefix and its outputs are
+    put back in input order, so that output ``t`` of both directions belongs to
+    input ``t``.
+
+    Args:
+      forward_rnn: a :class:`MaskedRNN` (run forward whatever its ``reverse``).
+      backward_rnn: a :class:`MaskedRNN` (run with ``reverse=True, keep_order=True``).
+      merge_fn: ``(forward_outputs, backward_outputs) -> outputs``; default
+        concatenation on the last axis.
+      return_carry: return ``((forward_carry, backward_carry), outputs)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from dropmask import nnx as dn
+      >>> rngs = nnx.Rngs(0)
+      >>> bi = dn.Bidirectional(dn.MaskedRNN(nnx.GRUCell(3, 4, rngs=rngs)),
+      ...                       dn.MaskedRNN(nnx.GRUCell(3, 4, rngs=rngs)))
+      >>> bi(jnp.ones((2, 5, 3)), lengths=jnp.array([5, 2])).shape
+      (2, 5, 8)
+    """
+
+    def __init__(
+        self,
+        forward_rnn: MaskedRNN,
+        backward_rnn: MaskedRNN,
+        *,
+        merge_fn: Callable[[Any, Any], Any] = _concat,
+        return_carry: bool = False,
+    ):
+        self.forward_rnn = forward_rnn
+        self.backward_rnn = backward_rnn
+        self.merge_fn = merge_fn
+        self.return_carry = return_carry
+
+    def __call__(
+        self,
+        inputs: jax.Array,
+        *,
+        mask: jax.typing.ArrayLike | None = None,
+        lengths: jax.typing.ArrayLike | None = None,
+        initial_carry: tuple[Any, Any] | None = None,
+        return_carry: bool | None = None,
+    ) -> Any:
+        """Runs both directions over ``inputs: [batch, time, *features]``.
+
+        Args mean what they mean for :class:`MaskedRNN`; ``initial_carry`` is a
+        ``(forward, backward)`` pair.
+
+        Returns:
+          ``merge_fn(forward, backward)``, or ``((forward_carry, backward_carry),
+          outputs)`` with ``return_carry``.
+        """
+        return_carry = self.return_carry if return_carry is None else return_carry
+        forward_carry, backward_carry = initial_carry or (None, None)
+        carry_f, out_f = self.forward_rnn(
+            inputs,
+            mask=mask,
+            lengths=lengths,
+            initial_carry=forward_carry,
+            reverse=False,
+            keep_order=False,
+            return_carry=True,
+        )
+        carry_b, out_b = self.backward_rnn(
+            inputs,
+            mask=mask,
+            lengths=lengths,
+            initial_carry=backward_carry,
+            reverse=True,
+            keep_order=True,
+            return_carry=True,
+        )
+        outputs = self.merge_fn(out_f, out_b)
+        return ((carry_f, carry_b), outputs) if return_carry else outputs
