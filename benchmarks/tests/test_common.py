@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from benchmarks import _timing
+from benchmarks import _common as common
 
 
 class FakeClock:
@@ -31,38 +31,38 @@ def fake_loop(clock: FakeClock, fixed: float, per_pass: float):
 @pytest.fixture
 def clock(monkeypatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(_timing.time, "perf_counter", fake)
-    monkeypatch.setattr(_timing.jax, "block_until_ready", lambda x: x)
+    monkeypatch.setattr(common.time, "perf_counter", fake)
+    monkeypatch.setattr(common.jax, "block_until_ready", lambda x: x)
     return fake
 
 
 def test_per_pass_cancels_fixed_cost(clock):
     # A 30 ms fixed cost per call would make a 4-pass loop read 10.5 ms per pass.
     loops = {
-        "limit": _timing.Looped(fake_loop(clock, 0.030, 0.003), (), extra=16),
-        "ours": _timing.Looped(fake_loop(clock, 0.030, 0.009), (), extra=4),
+        "limit": common.Looped(fake_loop(clock, 0.030, 0.003), (), extra=16),
+        "ours": common.Looped(fake_loop(clock, 0.030, 0.009), (), extra=4),
     }
-    per_pass = _timing.per_pass_medians(loops, repeats=3)
+    per_pass = common.per_pass_medians(loops, repeats=3)
     assert per_pass["limit"] == pytest.approx(0.003)
     assert per_pass["ours"] == pytest.approx(0.009)
 
 
 def test_paired_ratios_use_each_sides_extra_passes(clock):
-    ours = _timing.Looped(fake_loop(clock, 0.030, 0.009), (), extra=8)
-    limit = _timing.Looped(fake_loop(clock, 0.040, 0.003), (), extra=24)
-    ratios = _timing.paired_per_pass_ratios(ours, limit, repeats=5)
+    ours = common.Looped(fake_loop(clock, 0.030, 0.009), (), extra=8)
+    limit = common.Looped(fake_loop(clock, 0.040, 0.003), (), extra=24)
+    ratios = common.paired_per_pass_ratios(ours, limit, repeats=5)
     assert ratios == pytest.approx([3.0] * 5)
 
 
 def test_probe_gives_cheap_kernels_more_passes(clock):
-    cheap = _timing.looped(fake_loop(clock, 0.030, 0.001), (), extra_seconds=0.25)
-    dear = _timing.looped(fake_loop(clock, 0.030, 0.100), (), extra_seconds=0.25)
+    cheap = common.looped(fake_loop(clock, 0.030, 0.001), (), extra_seconds=0.25)
+    dear = common.looped(fake_loop(clock, 0.030, 0.100), (), extra_seconds=0.25)
     assert cheap.extra == 250
     assert dear.extra == 8  # the floor
-    assert _timing.looped(fake_loop(clock, 0.0, 1e-7), (), max_extra=512).extra == 512
+    assert common.looped(fake_loop(clock, 0.0, 1e-7), (), max_extra=512).extra == 512
 
 
 def test_a_loop_that_does_not_grow_is_an_error(clock):
-    flat = _timing.Looped(fake_loop(clock, 0.030, 0.0), (), extra=8)
+    flat = common.Looped(fake_loop(clock, 0.030, 0.0), (), extra=8)
     with pytest.raises(RuntimeError, match="not slower"):
-        _timing.per_pass_medians({"flat": flat}, repeats=3)
+        common.per_pass_medians({"flat": flat}, repeats=3)
