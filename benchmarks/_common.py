@@ -204,10 +204,11 @@ def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
 # --- environment ----------------------------------------------------------------------
 
 
-def write_section(path: Path, name: str, body: str) -> None:
+def write_section(path: Path, name: str, body: str, *, first: bool = False) -> None:
     """Replaces the text between ``<!-- name:begin -->`` and ``<!-- name:end -->`` in ``path``.
 
-    The section is appended if absent; the rest of the file is left as it was.
+    The section is added if absent (after the title line when ``first``, else at the
+    end); the rest of the file is left as it was.
     """
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     block = f"{begin}\n{body.rstrip()}\n{end}\n"
@@ -216,6 +217,9 @@ def write_section(path: Path, name: str, body: str) -> None:
         head, rest = text.split(begin, 1)
         _, tail = rest.split(end, 1)
         text = head + block.rstrip("\n") + tail
+    elif first:
+        title, _, rest = text.partition("\n")
+        text = title + "\n\n" + block + "\n" + rest.lstrip("\n")
     else:
         text = text.rstrip("\n") + "\n\n" + block
     path.write_text(text)

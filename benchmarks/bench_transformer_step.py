@@ -123,7 +123,7 @@ def temp_bytes(step: Callable[..., Any], args: tuple[Any, ...]) -> int:
     return int(getattr(analysis, "temp_size_in_bytes", 0))
 
 
-def _name(kind: tuple[str, float]) -> str:
+def contestant_name(kind: tuple[str, float]) -> str:
     lib, rate = kind
     return f"{lib} rate {rate:g}" if rate else f"{lib} attention, no dropout"
 
@@ -147,17 +147,19 @@ def run(
     args = (params, x, jax.random.key(1))
     steps = {k: step_fn(layer) for k, layer in layers.items()}
     loops = {
-        _name(k): Looped(lambda n, s=s: looped_steps(s, n), args, extra=extra)
+        contestant_name(k): Looped(lambda n, s=s: looped_steps(s, n), args, extra=extra)
         for k, s in steps.items()
     }
     seconds = paired_per_pass_seconds(loops, repeats=repeats)
-    temps = {_name(k): temp_bytes(s, args) for k, s in steps.items()}
+    temps = {contestant_name(k): temp_bytes(s, args) for k, s in steps.items()}
     rows = []
     added_time: dict[str, list[float]] = {}
+    added_shares: dict[str, list[float]] = {}
     for lib in (FLAX, DROPMASK):
-        base, with_dropout = _name((lib, 0.0)), _name((lib, RATE))
+        base, with_dropout = contestant_name((lib, 0.0)), contestant_name((lib, RATE))
         added_time[lib] = [t - b for t, b in zip(seconds[with_dropout], seconds[base], strict=True)]
         shares = [d / b for d, b in zip(added_time[lib], seconds[base], strict=True)]
+        added_shares[lib] = shares
         q1, med, q3 = quartiles(shares)
         rows.append(
             {
@@ -180,6 +182,9 @@ def run(
     ratios = [o / f for o, f in zip(added_time[DROPMASK], added_time[FLAX], strict=True) if f > 0]
     return {
         "rows": rows,
+        "step_seconds": seconds,
+        "added_shares": added_shares,
+        "added_time_ratios": ratios,
         "dropmask_over_flax_added_time": quartiles(ratios)[1] if len(ratios) >= 2 else None,
         "dropmask_added_share": ours["added_share_median"],
         "flax_added_share": flax_row["added_share_median"],

@@ -66,3 +66,68 @@ def test_a_loop_that_does_not_grow_is_an_error(clock):
     flat = common.Looped(fake_loop(clock, 0.030, 0.0), (), extra=8)
     with pytest.raises(RuntimeError, match="not slower"):
         common.per_pass_medians({"flat": flat}, repeats=3)
+
+
+def test_paired_seconds_give_every_loop_one_value_per_repeat(clock):
+    loops = {
+        "a": common.Looped(fake_loop(clock, 0.010, 0.002), (), extra=4),
+        "b": common.Looped(fake_loop(clock, 0.050, 0.005), (), extra=2),
+    }
+    seconds = common.paired_per_pass_seconds(loops, repeats=4)
+    assert seconds["a"] == pytest.approx([0.002] * 4)
+    assert seconds["b"] == pytest.approx([0.005] * 4)
+
+
+def test_write_section_replaces_appends_and_puts_first(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# title\n\nold text\n")
+    common.write_section(path, "a", "one")
+    common.write_section(path, "b", "two", first=True)
+    common.write_section(path, "a", "three")
+    text = path.read_text()
+    assert text.index("<!-- b:begin -->") < text.index("old text") < text.index("three")
+    assert "one" not in text and text.startswith("# title\n")
+
+
+def test_apart_vjp_has_a_barrier_and_the_plain_vjps_values():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    ours = common.contestants(full=False)[0][0]
+    x, g = common.inputs((8, 64), jnp.float32)
+    key = ours.make_aux(jnp.float32)
+    y, dx = common.fwd_bwd_fn(ours)(x, key, g)
+    want_y, vjp_fn = jax.vjp(lambda x: ours.apply(x, key), x)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(want_y))
+    np.testing.assert_array_equal(np.asarray(dx), np.asarray(vjp_fn(g)[0]))
+    lowered = common.fwd_bwd_fn(ours).lower(x, key, g).as_text()
+    assert "optimization_barrier" in lowered
+
+
+def test_outputs_are_checked_for_dropout():
+    import jax.numpy as jnp
+
+    ours, _, limit = common.contestants(full=False)[0]
+    assert common.checked(ours, (256, 256), "f32", "fwd+bwd")["ok"]
+    assert common.checked(limit, (256, 256), "f32", "fwd")["ok"] is None
+    x, g = common.inputs((256, 256), jnp.float32)
+    assert not common.check_output(x, x, None, None)["ok"]  # nothing dropped
+
+
+def test_generator_loop_xors_the_packed_words():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dropmask import testing
+
+    key = jax.random.key(5)
+    got = common.looped_mask_words((4, 64), 2)(jnp.zeros(()), key)
+    want = np.bitwise_xor(
+        *(
+            np.asarray(testing.packed_mask_words(jax.random.fold_in(key, i), (4, 64), 0.1))
+            for i in range(2)
+        )
+    )
+    np.testing.assert_array_equal(np.asarray(got), want)
