@@ -152,6 +152,10 @@ def paired_per_pass_seconds(
     order reversed every other repeat, so that a spell of background load on a shared
     machine lands on all contestants of that repeat and cancels in paired ratios or
     differences; per-call fixed costs cancel in each slope (see :class:`Looped`).
+
+    A repeat in which a loop's long run was not slower than its short one (a burst of
+    load landed on the short run) gives NaN for that loop, so one burst cannot end a
+    run; :func:`quartiles` leaves NaN out. Raises if it happens in every repeat.
     """
     calls = [(name, which) for name in loops for which in ("short", "long")]
     fns = {(n, w): getattr(loops[n], f"{w}_fn") for n, w in calls}
@@ -164,8 +168,11 @@ def paired_per_pass_seconds(
         for call in calls if r % 2 == 0 else reversed(calls):
             seconds[call] = _timed(fns[call], loops[call[0]].args)
         for name, loop in loops.items():
-            slope = _positive_slope(seconds[(name, "long")] - seconds[(name, "short")], name)
-            out[name].append(slope / loop.extra)
+            slope = seconds[(name, "long")] - seconds[(name, "short")]
+            out[name].append(slope / loop.extra if slope > 0 else math.nan)
+    for name, values in out.items():
+        if values and all(math.isnan(v) for v in values):
+            _positive_slope(0.0, name)
     return out
 
 
@@ -195,9 +202,17 @@ def _positive_slope(seconds: float, name: Any) -> float:
     return seconds
 
 
+def finite(values: Sequence[float]) -> list[float]:
+    """``values`` without NaN and infinities (repeats discarded as noise)."""
+    return [v for v in values if math.isfinite(v)]
+
+
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
-    """(25th percentile, median, 75th percentile)."""
-    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    """(25th percentile, median, 75th percentile) of the finite ``values``; NaN if none."""
+    kept = finite(values)
+    if len(kept) < 2:
+        return (kept[0],) * 3 if kept else (math.nan,) * 3
+    q1, q2, q3 = statistics.quantiles(kept, n=4, method="inclusive")
     return q1, q2, q3
 
 

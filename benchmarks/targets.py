@@ -33,7 +33,7 @@ import jax
 
 from benchmarks import _common as common
 from benchmarks import bench_transformer_step
-from benchmarks._common import quartiles
+from benchmarks._common import finite, quartiles
 
 SECTION = "targets"
 
@@ -85,7 +85,7 @@ class Target:
 
     def summary(self) -> dict[str, Any]:
         """Median, quartiles, verdict and whether the spread straddles the bound."""
-        values = [v for v in self.values if math.isfinite(v)]
+        values = finite(self.values)
         if not values:
             return {"median": None, "q1": None, "q3": None, "status": "FAIL", "noise": False}
         q1, med, q3 = quartiles(values) if len(values) > 1 else (values[0],) * 3
@@ -109,9 +109,11 @@ class Target:
         if s["median"] is None:
             measured = "no finite value"
         elif len(self.values) > 1:
+            kept = len(finite(self.values))
+            dropped = len(self.values) - kept
             measured = (
                 f"{fmt(s['median'])} (quartiles {fmt(s['q1'])} to {fmt(s['q3'])}, "
-                f"{len(self.values)} pairs)"
+                f"{kept} pairs{f', {dropped} discarded' if dropped else ''})"
             )
         else:
             measured = fmt(s["median"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from benchmarks import _common as common
 
@@ -131,3 +133,29 @@ def test_generator_loop_xors_the_packed_words():
         )
     )
     np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_one_burst_of_load_discards_a_repeat_not_the_run(clock):
+    calls = {"n": 0}
+
+    def make(passes: int):
+        def run() -> None:
+            calls["n"] += 1
+            # The first short run of the first repeat is hit by a 1 s burst.
+            burst = 1.0 if calls["n"] == 3 and passes == 2 else 0.0
+            clock.now += 0.01 + passes * 0.002 + burst
+
+        return run
+
+    seconds = common.paired_per_pass_seconds(
+        {"a": common.Looped(make, (), extra=4)}, repeats=3, warmup=1
+    )
+    assert math.isnan(seconds["a"][0])
+    assert seconds["a"][1:] == pytest.approx([0.002, 0.002])
+    assert common.quartiles(seconds["a"]) == pytest.approx((0.002, 0.002, 0.002))
+
+
+def test_a_loop_that_never_grows_is_still_an_error(clock):
+    flat = common.Looped(fake_loop(clock, 0.030, 0.0), (), extra=8)
+    with pytest.raises(RuntimeError, match="not slower"):
+        common.paired_per_pass_seconds({"flat": flat}, repeats=3)

@@ -65,3 +65,9 @@ def test_sizes_match_the_issue(size: targets.Size) -> None:
         assert size.step["batch"] == 16 and size.step["heads"] == 8
         assert size.step["mlp_dim"] == 1024
     assert size.flax_pairs >= 3 and size.limit_pairs >= 5
+
+
+def test_discarded_repeats_are_counted_not_judged() -> None:
+    row = Target("ratio", 1.9, True, [1.5, float("nan"), 1.6, 1.7]).row()
+    assert row["status"] == "PASS"
+    assert "3 pairs, 1 discarded" in row["measured"]
