@@ -18,11 +18,7 @@ for measurement:
 Static rates, ``x.shape[-1] % 32 == 0``, no ``broadcast_dims``; forward only (the
 backward pass of dropout is the same kernel applied to the cotangent).
 
-Measured on an H200 (``benchmarks/RESULTS.md``, [8192, 8192], rate 0.1, forward):
-``"rows"`` 2.09x the ``x * c`` limit in f32 and 1.72x in bf16, against 1.53x and 1.78x
-for dropmask's XLA path; ``"columns"`` 4.6-5.9x (strided loads and stores). The f32
-``"rows"`` time is about twice its bf16 time for the same number of Threefry calls,
-which suggests the layout computes each call twice in f32 (not established).
+Its times on a GPU are in ``benchmarks/RESULTS.md`` (``python -m benchmarks.bench_gpu``).
 """
 
 from __future__ import annotations

@@ -37,7 +37,6 @@ from benchmarks._common import (
 )
 
 SHAPES = ((1024, 1024), (2048, 2048), (4096, 4096))
-TARGET_SHAPE = (4096, 4096)
 
 # MLP train step for the temp-memory measurement.
 MLP_BATCH = 1024

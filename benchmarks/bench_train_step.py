@@ -2,8 +2,7 @@
 
 An isolated forward+backward of dropout flatters a generator that keeps its mask: with
 nothing in between, XLA fuses the forward and backward into one kernel that draws the
-mask once (on an H200 Flax's forward+backward then costs 1.02x ``x * c``, dropmask's
-1.5x, because dropmask regenerates its mask rather than keep it). In a training step
+mask once. In a training step
 other layers sit between a dropout's forward and backward, so a kept mask must be
 written and read back. This benchmark times SGD steps of an MLP (``layers`` hidden
 ``relu`` layers of ``width`` units, dropout at RATE after each) with no dropout,
@@ -32,7 +31,7 @@ from benchmarks import _mlp
 from benchmarks._common import Looped, per_pass_medians
 
 NONE = "no dropout"
-# (batch, width, layers): make bench on CPU, --quick, and bench_gpu.
+# (batch, width, layers): make bench-full on CPU, --quick, and bench_gpu.
 CPU = (8192, 256, 4)
 QUICK = (256, 128, 2)
 GPU = (16384, 1024, 4)
@@ -113,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument(
         "--section",
-        help="a RESULTS.md whose 'train-step' section gets the table (make bench writes "
+        help="a RESULTS.md whose 'train-step' section gets the table (make bench-full writes "
         "the same section)",
     )
     args = parser.parse_args(argv)
