@@ -137,6 +137,11 @@ class Target:
 # --- measurements ---------------------------------------------------------------------
 
 
+def _on_gpu() -> bool:
+    """Whether to add the GPU-only rows."""
+    return jax.default_backend() == "gpu"
+
+
 def dropout_targets(size: Size) -> list[Target]:
     """Dropout per pass against the limit and against Flax; residual bytes."""
     ours, flax, limit = common.contestants(full=False)[0]
@@ -150,7 +155,7 @@ def dropout_targets(size: Size) -> list[Target]:
             loops[(c.name, dtype, mode)] = common.loop(c, shape, dtype, mode)
         return loops[(c.name, dtype, mode)]
 
-    on_gpu = jax.default_backend() == "gpu"
+    on_gpu = _on_gpu()
     print(f"  dropmask / x * c, f32 fwd+bwd {label} ...", flush=True)
     ok = common.checked(ours, shape, "f32", "fwd+bwd")["ok"]
     ratios = common.paired_per_pass_ratios(
@@ -220,7 +225,7 @@ def step_targets(size: Size) -> list[Target]:
     out: list[Target] = []
     s = size.step
     label = f"[{s['batch']}, {s['length']}, {s['width']}], {s['heads']} heads, MLP {s['mlp_dim']}"
-    on_gpu = jax.default_backend() == "gpu"
+    on_gpu = _on_gpu()
     for dtype in common.DTYPES:
         print(f"  Transformer train step, {dtype} {label} ...", flush=True)
         result = bench_transformer_step.run(dtype_name=dtype, **s)

@@ -71,3 +71,39 @@ def test_discarded_repeats_are_counted_not_judged() -> None:
     row = Target("ratio", 1.9, True, [1.5, float("nan"), 1.6, 1.7]).row()
     assert row["status"] == "PASS"
     assert "3 pairs, 1 discarded" in row["measured"]
+
+
+def test_whole_suite_at_a_tiny_size_with_the_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Runs every measurement path, the GPU-only rows included (their bounds are not
+    # judged here: the backend is really the CPU), at sizes that take seconds.
+    from benchmarks import _common as common
+
+    monkeypatch.setattr(common, "DTYPES", {"f32": common.DTYPES["f32"]})
+    on_gpu = {"value": True}
+    monkeypatch.setattr(targets, "_on_gpu", lambda: on_gpu["value"])
+    tiny = targets.Size(
+        (64, 256),
+        limit_pairs=3,
+        flax_pairs=3,
+        step={
+            "batch": 1,
+            "length": 8,
+            "width": 16,
+            "heads": 2,
+            "mlp_dim": 32,
+            "repeats": 3,
+            "extra": 40,
+        },
+        quick=True,
+    )
+    measured = targets.run(tiny)
+    names = [t.name for t in measured]
+    assert sum("speedup over flax" in n for n in names) == 2
+    assert sum(n.startswith("GPU ") for n in names) == 3  # fwd, fwd+bwd, train step
+    assert sum("residual" in n for n in names) == 1
+    assert sum("Transformer step" in n for n in names) == 4
+    for t in measured:
+        row = t.row()
+        assert row["status"].split()[0] in ("PASS", "FAIL", "n/a"), row
+        if t.extra_check is not None:
+            assert t.extra_check, row  # every timed dropout output looked like dropout
