@@ -35,8 +35,9 @@ lint: venv
 	$(PY) -m pyright
 
 # Every speed and memory target in one table (benchmarks/targets.py; RESULTS.md's
-# "targets" section). Exits 0 when a target fails (it is a report); BENCH_FLAGS=--strict
-# makes a failure exit 1, --quick runs small sizes to check the suite.
+# "targets" section), about 10 min on 2 cores (longer under load). Exits 0 when a target
+# fails (it is a report); BENCH_FLAGS=--strict makes a failure exit 1, --quick runs
+# small sizes to check the suite (about 2 min).
 bench: $(VENV)/.installed-bench
 	XLA_FLAGS= $(PY) -m benchmarks.run $(BENCH_FLAGS)
 
