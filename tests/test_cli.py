@@ -145,8 +145,13 @@ def test_compare_rates_with_num_seeds(capsys, tmp_path):
     assert status == 2
     _one_line_error(err, "--compare-rates takes comma-separated rates")
     status, _, err = _train(capsys, "--compare-rates=0,1.5", f"--workdir={tmp_path / 'c'}")
-    assert status == 1
-    _one_line_error(err, "rate to compare must be in [0, 1)")
+    assert status == 2
+    _one_line_error(err, "--compare-rates takes dropout rates in [0, 1)")
+    assert not (tmp_path / "c").exists()
+    status, _, err = _train(capsys, "--rate=1.5", f"--workdir={tmp_path / 'd'}")
+    assert status == 2
+    _one_line_error(err, "--rate takes dropout rates in [0, 1)")
+    assert not (tmp_path / "d").exists()
     status, _, err = _train(capsys, "--compare-rates=0", "--rate=0.1")
     assert status == 2
     _one_line_error(err, "not both")

@@ -164,3 +164,34 @@ def test_int_broadcast_dims_as_in_the_functional_api():
     np.testing.assert_array_equal(
         np.asarray(ours), np.asarray(dropmask.dropout(x, 0.5, key, broadcast_dims=(0,)))
     )
+
+
+@pytest.mark.parametrize(
+    ("layer", "fn"),
+    [
+        # residual is the last field, so Flax-style positional construction still works.
+        (lambda mode: dl.Dropout(0.2, (), False, "dropout", "fast", None, mode), dropmask.dropout),
+        (lambda mode: dl.DropPath(0.2, 0, False, "dropout", "fast", mode), dropmask.drop_path),
+        (
+            lambda mode: dl.AlphaDropout(0.2, (), False, "dropout", "fast", mode),
+            dropmask.alpha_dropout,
+        ),
+    ],
+)
+def test_residual_field_reaches_the_core(layer, fn):
+    x, key = jax.random.normal(jax.random.key(0), (64, 128)), jax.random.key(1)
+    for mode, keeps_words in (("mask", True), ("none", False)):
+        y, vjp_fn = jax.vjp(lambda x, m=mode: layer(m).apply({}, x, rng=key), x)
+        want, want_vjp = jax.vjp(lambda x, m=mode: fn(x, 0.2, key, residual=m), x)
+        leaves = [(leaf.shape, str(leaf.dtype)) for leaf in jax.tree.leaves(vjp_fn)]
+        assert leaves == [(leaf.shape, str(leaf.dtype)) for leaf in jax.tree.leaves(want_vjp)]
+        words = [shape for shape, dtype in leaves if dtype == "uint32" and shape != (4,)]
+        assert bool(words) == keeps_words, (mode, leaves)
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(want))
+        np.testing.assert_array_equal(np.asarray(vjp_fn(x)[0]), np.asarray(want_vjp(x)[0]))
+
+
+def test_unknown_residual_field_names_the_layer():
+    layer = dl.Dropout(0.2, deterministic=False, residual="bits")  # type: ignore[arg-type]
+    with pytest.raises(dropmask.DropmaskValueError, match=r"dropmask.linen.Dropout: residual"):
+        layer.apply({}, jnp.ones(4), rng=jax.random.key(0))

@@ -124,3 +124,27 @@ def test_int_broadcast_dims_and_complex_inputs():
     np.testing.assert_array_equal(np.asarray(z.imag), -np.asarray(z.real))
     with pytest.raises(dropmask.DropmaskTypeError, match=r"broadcast_dims=\(\) for none"):
         dnnx.Dropout(0.5, broadcast_dims=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("make", "fn"),
+    [
+        (lambda mode: dnnx.Dropout(0.2, residual=mode), dropmask.dropout),
+        (lambda mode: dnnx.DropPath(0.2, residual=mode), dropmask.drop_path),
+        (lambda mode: dnnx.AlphaDropout(0.2, residual=mode), dropmask.alpha_dropout),
+    ],
+)
+def test_residual_argument_reaches_the_core(make, fn):
+    x, key = jax.random.normal(jax.random.key(0), (64, 128)), jax.random.key(1)
+    for mode, keeps_words in (("mask", True), ("none", False)):
+        layer = make(mode)
+        assert layer.residual == mode
+        y, vjp_fn = jax.vjp(lambda x, layer=layer: layer(x, rngs=key), x)
+        want, want_vjp = jax.vjp(lambda x, m=mode: fn(x, 0.2, key, residual=m), x)
+        leaves = [(leaf.shape, str(leaf.dtype)) for leaf in jax.tree.leaves(vjp_fn)]
+        words = [shape for shape, dtype in leaves if dtype == "uint32" and shape != (4,)]
+        assert bool(words) == keeps_words, (mode, leaves)
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(want))
+        np.testing.assert_array_equal(np.asarray(vjp_fn(x)[0]), np.asarray(want_vjp(x)[0]))
+    with pytest.raises(dropmask.DropmaskValueError, match=r"dropmask.nnx.Dropout: residual"):
+        dnnx.Dropout(0.2, residual="bits")(jnp.ones(4), rngs=key)  # type: ignore[arg-type]

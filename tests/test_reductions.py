@@ -159,13 +159,13 @@ def test_gradients_match_jax_on_clean_nonempty_rows(data):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-# ----------------------------------------------------------------- the seed's examples
+# ----------------------------------------------------- the worked masking examples
 
 
 PADDED = jnp.array([[1, 2, 3, 0], [4, 5, 0, 0], [6, 7, 8, 9]])
 
 
-def test_seed_masked_sum_and_mean():
+def test_worked_masked_sum_and_mean():
     mask = PADDED != 0
     assert dm.masked_sum(PADDED, mask, axis=-1).tolist() == [6, 9, 30]
     assert dm.masked_sum(PADDED.astype(jnp.float32), mask, axis=-1).tolist() == [6.0, 9.0, 30.0]
@@ -173,15 +173,15 @@ def test_seed_masked_sum_and_mean():
     assert dm.masked_mean(PADDED, mask, axis=-1).dtype == jnp.float32
 
 
-def test_seed_attention_scores_softmax():
+def test_worked_attention_scores_softmax():
     mask = PADDED != 0
     scores = jax.random.normal(jax.random.key(0), (3, 4))
     weights = dm.masked_softmax(scores, mask)
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
     assert (weights[~mask] == 0).all()
-    # The seed's -1e9 fill agrees wherever a row has a valid element.
-    seed = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
-    np.testing.assert_allclose(weights, seed, rtol=1e-6, atol=1e-7)
+    # The recipe's -1e9 fill agrees wherever a row has a valid element.
+    recipe = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
+    np.testing.assert_allclose(weights, recipe, rtol=1e-6, atol=1e-7)
 
 
 # ----------------------------------------------------------------- the anchors' failures

@@ -96,10 +96,10 @@ def test_masked_scan_equals_scan_on_each_cut_sequence(lengths, seed, reverse):
         np.testing.assert_allclose(g_params[name], want_gw[name], rtol=1e-5, atol=1e-5)
 
 
-def test_seed_scan_body_and_time_major_layout():
-    """The seed's hand-written scan body, and the time-major batched layout."""
+def test_recipe_scan_body_and_time_major_layout():
+    """The hand-written recipe (where on carry and output), and the time-major layout."""
 
-    def seed_body(carry, inputs):
+    def recipe_body(carry, inputs):
         hidden, x, m = carry[0], inputs[0], inputs[1]
         potential = hidden * 0.9 + x * 0.1
         new = jnp.where(m, potential, hidden)
@@ -111,10 +111,10 @@ def test_seed_scan_body_and_time_major_layout():
 
     inputs = jnp.array([[1.0, 2.0, 3.0, 0.0], [4.0, 5.0, 0.0, 0.0]])
     mask = dm.sequence_mask(jnp.array([3, 2]), 4)
-    (seed_final,), seed_out = lax.scan(seed_body, (jnp.zeros(2),), (inputs.T, mask.T))
+    (recipe_final,), recipe_out = lax.scan(recipe_body, (jnp.zeros(2),), (inputs.T, mask.T))
     final, out = dm.masked_scan(step, jnp.zeros(2), inputs.T, mask.T)
-    np.testing.assert_allclose(final, seed_final, rtol=1e-6)
-    np.testing.assert_allclose(out, seed_out, rtol=1e-6)
+    np.testing.assert_allclose(final, recipe_final, rtol=1e-6)
+    np.testing.assert_allclose(out, recipe_out, rtol=1e-6)
     vfinal, vout = jax.vmap(lambda x, m: dm.masked_scan(step, 0.0, x, m))(inputs, mask)
     np.testing.assert_allclose(vfinal, final, rtol=1e-6)
     np.testing.assert_allclose(vout, out.T, rtol=1e-6)

@@ -88,3 +88,43 @@ def test_bad_arguments_raise_dropmask_errors(call, error: str, match: str) -> No
     }[error]
     with pytest.raises(kind, match=match):
         call()
+
+
+@pytest.mark.parametrize(
+    ("path", "residual", "per_element"),
+    [
+        ("packed", "mask", 0.125),
+        ("packed_inline", "mask", 0.125),
+        ("packed", "none", 0.0),
+        ("per_element", "mask", 0.0),  # no words to keep: drawn again
+    ],
+)
+def test_path_dropout_keeps_what_its_residual_says(
+    path: str, residual: str, per_element: float
+) -> None:
+    key = jax.random.key(2)
+
+    def residual_bytes(n: int) -> int:
+        x = jax.ShapeDtypeStruct((n, 256), jnp.float32)
+        closure = jax.eval_shape(
+            lambda x: jax.vjp(
+                lambda x: testing.path_dropout(x, 0.1, key, path=path, residual=residual), x
+            )[1],
+            x,
+        )
+        return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(closure))
+
+    growth = (residual_bytes(64) - residual_bytes(32)) / (32 * 256)
+    assert growth == pytest.approx(per_element, abs=1e-9)
+    x = jax.random.normal(jax.random.key(1), (8, 256))
+    grad = jax.grad(
+        lambda x: jnp.sum(testing.path_dropout(x, 0.1, key, path=path, residual=residual) ** 2)
+    )(x)
+    want = jax.grad(lambda x: jnp.sum(dropmask.dropout(x, 0.1, key) ** 2))(x)
+    np.testing.assert_array_equal(np.asarray(grad), np.asarray(want))
+
+
+def test_mask_name_is_the_one_policies_use() -> None:
+    assert testing.MASK_NAME == "dropout_mask"
+    with pytest.raises(dropmask.DropmaskValueError, match="residual"):
+        testing.path_dropout(jnp.ones(4), 0.1, jax.random.key(0), path="packed", residual="x")

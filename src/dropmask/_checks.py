@@ -183,6 +183,17 @@ def check_impl(impl: Any, *, fn: str | None = None) -> None:
         )
 
 
+def check_residual(residual: Any, *, fn: str | None = None) -> None:
+    """Raises DropmaskValueError unless ``residual`` names what the backward pass keeps."""
+    residuals = ("mask", "none")
+    if residual not in residuals:
+        raise DropmaskValueError(
+            f"{_prefix(fn)}residual must be one of {residuals}, got {residual!r}. Use "
+            f"'mask' (the default: keep 1 bit per element) or 'none' (keep only the key "
+            f"and draw the mask again in the backward pass)."
+        )
+
+
 def check_array(x: Any, *, fn: str, name: str = "x") -> jax.Array:
     """``x`` as a JAX array; rejects Python containers, which JAX's own functions reject."""
     if isinstance(x, list | tuple | dict | str | bytes) or x is None:

@@ -7,7 +7,7 @@ drop whole feature maps; for sequences ``x: [batch, time, features]`` pass
 dropout).
 
 Every variant validates its arguments through one path (``_validate``: input, dtype,
-rate, impl, axes, sharding block, key, in that order) and draws its mask through the
+rate, impl, residual, axes, sharding block, key, in that order) and draws its mask through the
 one entry point ``_random.draw``. The ``apply_*`` functions are the same operations
 for a named caller: the Linen and NNX layers call them so that errors name the layer.
 """
@@ -28,13 +28,14 @@ from ._checks import (
     check_impl,
     check_key,
     check_rate,
+    check_residual,
     concrete_value,
     normalize_axes,
     normalize_broadcast_dims,
 )
 from ._errors import DropmaskTypeError, DropmaskValueError, DtypeError
 from ._fast_mask import Block, local_block
-from ._random import DEFAULT_IMPL, Impl, draw, mask_shape, probability
+from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual, draw, mask_shape, probability
 
 __all__ = ["alpha_dropout", "drop_path", "dropout", "gaussian_dropout", "word_dropout"]
 
@@ -76,12 +77,13 @@ def _validate(
     broadcast_dims: Any = (),
     batch_axis: Any = None,
     impl: Any = DEFAULT_IMPL,
+    residual: Any = DEFAULT_RESIDUAL,
     allow_one: bool = True,
     global_shape: Any = None,
     offset: Any = None,
 ) -> _Call:
     """The one validation path of every dropout variant, in one order: input, dtype,
-    rate, impl, axes, sharding block, key. Raises before any array work."""
+    rate, impl, residual, axes, sharding block, key. Raises before any array work."""
     name = "tokens" if kind == "integer" else "x"
     arr = check_array(x, fn=fn, name=name)
     if kind == "integer":
@@ -96,6 +98,7 @@ def _validate(
     value = check_rate(rate, fn=fn, allow_one=allow_one)
     if impl is not None:
         check_impl(impl, fn=fn)
+    check_residual(residual, fn=fn)
     if batch_axis is not None:
         (axis,) = normalize_axes(batch_axis, arr.ndim, name="batch_axis", fn=fn)
         axes = tuple(i for i in range(arr.ndim) if i != axis)
@@ -162,6 +165,7 @@ def dropout(
     impl: Impl = DEFAULT_IMPL,
     global_shape: Sequence[int] | None = None,
     offset: Sequence[Any] | None = None,
+    residual: Residual = DEFAULT_RESIDUAL,
 ) -> jax.Array:
     """Zeroes each element with probability ``rate`` and scales the rest by ``1/(1-rate)``.
 
@@ -177,12 +181,24 @@ def dropout(
       broadcast_dims: axes that share one mask value: an int or ints, negative axes
         allowed, repeats merged (as in Flax).
       deterministic: if True, return ``x`` unchanged.
-      impl: mask generator: ``"fast"`` (default; counter-based Threefry, mask
-        regenerated in the backward pass, same bits under any jit/vmap/sharding) or
-        ``"flax"`` (bit-identical to ``flax.linen.Dropout``).
+      impl: mask generator: ``"fast"`` (default; counter-based Threefry, same bits
+        under any jit/vmap/sharding) or ``"flax"`` (bit-identical to
+        ``flax.linen.Dropout``).
       global_shape: inside ``shard_map``: the global shape ``x`` is a block of. With
         ``offset`` the local result equals the matching block of the global dropout.
       offset: the global index of ``x``'s first element, one per axis (may be traced).
+      residual: what reverse-mode autodiff keeps for the backward pass with
+        ``impl="fast"``. ``"mask"`` (default): the packed keep-flags, 1 bit per element
+        (0.125 B, ``uint32[..., ceil(n / 32)]``), so that the backward pass only
+        unpacks them; drawing the mask a second time costs more than writing and
+        reading that bit. ``"none"``: only the key (16 B), and the backward pass draws
+        the mask again. Backends without the packed words (TPU) always draw again.
+        The words are named ``"dropout_mask"``: a ``jax.checkpoint`` around the call
+        decides by its own policy (``save_only_these_names("dropout_mask")`` keeps
+        them; ``nothing_saveable`` draws again; a policy that saves everything else,
+        such as ``save_anything_except_these_names("dropout_mask")``, lets JAX keep
+        the unpacked ``bool`` flags, 1 B per element, instead). Masks, outputs and
+        gradients are the same in both modes.
 
     Returns:
       An array like ``x``. ``rate == 0`` or ``deterministic`` returns ``x`` itself;
@@ -213,6 +229,7 @@ def dropout(
         impl=impl,
         global_shape=global_shape,
         offset=offset,
+        residual=residual,
         fn="dropout",
     )
 
@@ -228,6 +245,7 @@ def apply_dropout(
     impl: Any = DEFAULT_IMPL,
     global_shape: Any = None,
     offset: Any = None,
+    residual: Any = DEFAULT_RESIDUAL,
     fn: str,
 ) -> jax.Array:
     """:func:`dropout` (or, with ``batch_axis``, :func:`drop_path`) for the caller ``fn``."""
@@ -242,6 +260,7 @@ def apply_dropout(
         impl=impl,
         global_shape=global_shape,
         offset=offset,
+        residual=residual,
     )
     x = call.x
     if deterministic or call.value == 0.0:
@@ -251,7 +270,7 @@ def apply_dropout(
     p = probability(rate, call.value, keep=True, fn=fn)
     bshape = mask_shape(x.shape, call.axes)
     combine = _flax_select if impl == "flax" and isinstance(p, float) else _select_scaled
-    return draw(key, bshape, p, impl, combine, x, call.block, fn=fn)
+    return draw(key, bshape, p, impl, combine, x, call.block, residual=residual, fn=fn)
 
 
 def drop_path(
@@ -262,6 +281,7 @@ def drop_path(
     batch_axis: int = 0,
     deterministic: bool = False,
     impl: Impl = DEFAULT_IMPL,
+    residual: Residual = DEFAULT_RESIDUAL,
 ) -> jax.Array:
     """Stochastic depth: drops whole examples of a residual branch, scaling the rest.
 
@@ -272,6 +292,7 @@ def drop_path(
       batch_axis: the axis that indexes examples; one decision is drawn per index.
       deterministic: if True, return ``x``.
       impl: mask generator, as in :func:`dropout`.
+      residual: what the backward pass keeps, as in :func:`dropout`.
 
     Returns:
       ``x`` with each example either zeroed or scaled by ``1/(1-rate)``.
@@ -281,7 +302,14 @@ def drop_path(
       The other errors of :func:`dropout`.
     """
     return apply_dropout(
-        x, rate, key, batch_axis=batch_axis, deterministic=deterministic, impl=impl, fn="drop_path"
+        x,
+        rate,
+        key,
+        batch_axis=batch_axis,
+        deterministic=deterministic,
+        impl=impl,
+        residual=residual,
+        fn="drop_path",
     )
 
 
@@ -458,6 +486,7 @@ def alpha_dropout(
     broadcast_dims: int | Sequence[int] = (),
     deterministic: bool = False,
     impl: Impl = DEFAULT_IMPL,
+    residual: Residual = DEFAULT_RESIDUAL,
 ) -> jax.Array:
     """Dropout for SELU networks: keeps zero mean and unit variance of the activations.
 
@@ -473,6 +502,7 @@ def alpha_dropout(
       broadcast_dims: axes that share one mask value.
       deterministic: if True, return ``x``.
       impl: mask generator, as in :func:`dropout`.
+      residual: what the backward pass keeps, as in :func:`dropout`.
 
     Returns:
       An array like ``x``; NaN for a traced ``rate`` outside ``[0, 1]``.
@@ -484,6 +514,7 @@ def alpha_dropout(
         broadcast_dims=broadcast_dims,
         deterministic=deterministic,
         impl=impl,
+        residual=residual,
         fn="alpha_dropout",
     )
 
@@ -496,11 +527,20 @@ def apply_alpha_dropout(
     broadcast_dims: Any = (),
     deterministic: bool = False,
     impl: Any = DEFAULT_IMPL,
+    residual: Any = DEFAULT_RESIDUAL,
     fn: str,
 ) -> jax.Array:
     """:func:`alpha_dropout` for the caller ``fn``."""
     call = _validate(
-        fn, x, rate, key, deterministic, kind="floating", broadcast_dims=broadcast_dims, impl=impl
+        fn,
+        x,
+        rate,
+        key,
+        deterministic,
+        kind="floating",
+        broadcast_dims=broadcast_dims,
+        impl=impl,
+        residual=residual,
     )
     x = call.x
     if deterministic or call.value == 0.0:
@@ -508,4 +548,5 @@ def apply_alpha_dropout(
     if call.value == 1.0:
         return jnp.zeros_like(x)
     p = probability(rate, call.value, keep=True, fn=fn)
-    return draw(key, mask_shape(x.shape, call.axes), p, impl, _alpha_affine, x, fn=fn)
+    bshape = mask_shape(x.shape, call.axes)
+    return draw(key, bshape, p, impl, _alpha_affine, x, residual=residual, fn=fn)

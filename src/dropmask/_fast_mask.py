@@ -20,6 +20,12 @@ unaided (seen on an H200 at 2**24 and 2**26 elements; at 2**16 it fused them, wh
 recomputing is cheap), and a ``cond`` there costs a device-to-host sync per call.
 Other backends compute each element's field directly, which needs no materialised
 words. All paths give identical masks.
+
+Backward pass. The packed paths name their words ``MASK_NAME`` (``"dropout_mask"``)
+with ``jax.ad_checkpoint.checkpoint_name``, so that a ``jax.checkpoint`` policy can keep
+them as the residual of reverse-mode autodiff (``_random``'s entry point does by
+default): the backward pass is then one unpack-and-select. The per-element path names
+nothing and is always regenerated from the key words.
 """
 
 from __future__ import annotations
@@ -34,11 +40,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from ._errors import DropmaskTypeError, DropmaskValueError
 from ._threefry import threefry4x32
 
 __all__ = [
+    "MASK_NAME",
     "Block",
     "Threshold",
     "block_from_spec",
@@ -50,6 +58,11 @@ __all__ = [
     "threshold",
 ]
 
+# The name the packed words carry for ``jax.checkpoint`` policies: saving them (1 bit
+# per element) spares the backward pass a second Threefry pass, which costs more than
+# writing and reading that bit; a policy that does not save them makes the backward
+# pass regenerate them from the key words.
+MASK_NAME = "dropout_mask"
 LANES = 32  # elements per packed word: one uint32 of keep-flags
 _BLOCK_BITS = 128  # bits per Threefry-4x32 call
 _FIELD_BITS = (1, 2, 4, 8, 16, 32)
@@ -326,7 +339,8 @@ def keep_from_words(
     words inside a ``lax.cond`` (kept out of the consumer's fusion); ``"packed_inline"``:
     packed words as plain ops; ``"per_element"``: one Threefry call per element. None
     means the fastest measured per backend: packed on CPU, packed_inline on CUDA,
-    per_element elsewhere.
+    per_element elsewhere. The packed paths name their ``uint32`` words ``MASK_NAME``
+    for ``jax.checkpoint`` policies (1 bit per element to save for the backward pass).
     """
     if path is not None and path not in PATHS:
         raise DropmaskValueError(f"path must be one of {PATHS} or None, got {path!r}.")
@@ -352,7 +366,8 @@ def keep_from_words(
             index = _row_major(_coords(word_shape, word_start), global_word_shape)
             return _packed_flags(words, index, thr)
 
-        return _unpack(_materialised(flags) if materialise else flags(), shape, axis, lane0)
+        packed = _materialised(flags) if materialise else flags()
+        return _unpack(checkpoint_name(packed, MASK_NAME), shape, axis, lane0)
 
     def per_element_path() -> jax.Array:
         coords = _coords(shape, _with(offset, axis, lane0))

@@ -15,6 +15,15 @@ Two generators:
   ``flax.linen.Dropout`` and ``flax.nnx.Dropout`` draw, so outputs match Flax bit for
   bit for the same key.
 
+Backward pass. With ``residual="mask"`` (the default) reverse-mode autodiff keeps the
+packed keep-words of the CPU and CUDA paths (1 bit per element, named
+``"dropout_mask"``) and the backward pass unpacks them: a second Threefry pass costs
+more than writing and reading one bit per element. With ``residual="none"`` it keeps
+only the four key words and draws the mask again. Backends on the per-element path
+(TPU, ROCm) always draw again. A ``jax.checkpoint`` around the caller decides instead
+with its own policy: ``save_only_these_names("dropout_mask")`` keeps the words, a policy
+that saves nothing draws again.
+
 Rates. A Python or NumPy number is a compile-time constant (``"fast"``: the fewest bits
 that represent it); a JAX scalar, concrete or traced, is always a run-time value (a
 24-bit threshold), so one program serves every value and an eager call draws the same
@@ -41,12 +50,22 @@ from ._checks import (
     normalize_broadcast_dims,
 )
 from ._errors import DropmaskValueError
-from ._fast_mask import Block, Threshold, keep_from_words, key_words, local_block, threshold
+from ._fast_mask import (
+    MASK_NAME,
+    Block,
+    Threshold,
+    keep_from_words,
+    key_words,
+    local_block,
+    threshold,
+)
 
-__all__ = ["Impl", "keep_mask"]
+__all__ = ["Impl", "Residual", "keep_mask"]
 
 Impl = Literal["fast", "flax"]
 DEFAULT_IMPL: Impl = "fast"
+Residual = Literal["mask", "none"]
+DEFAULT_RESIDUAL: Residual = "mask"
 
 
 def mask_shape(shape: Sequence[int], axes: Sequence[int]) -> tuple[int, ...]:
@@ -84,6 +103,8 @@ class MaskSpec:
         probability is a run-time value).
       realised: the probability a flag is True, when static.
       global_shape: for a block of a sharded mask, the global mask shape.
+      save_words: whether reverse-mode autodiff keeps the packed words (named
+        ``MASK_NAME``) instead of drawing them again in the backward pass.
     """
 
     shape: tuple[int, ...]
@@ -93,6 +114,7 @@ class MaskSpec:
     value: int | None = None
     realised: float | None = None
     global_shape: tuple[int, ...] | None = None
+    save_words: bool = False
 
 
 Combine = Callable[[Any, jax.Array, Any], Any]
@@ -114,16 +136,32 @@ def _draw_and_combine(
     return combine(x, flags, realised)
 
 
-# Checkpointed, so that reverse-mode autodiff saves only the key words and regenerates
-# the mask in the backward pass (no per-element residual; jvp still works). Jitted and
-# module-level, so that eager calls hit a compilation cache instead of re-tracing op by
-# op; under an outer jit it is inlined.
-_draw_and_combine_jit = jax.jit(
-    jax.checkpoint(
-        _draw_and_combine, policy=jax.checkpoint_policies.nothing_saveable, static_argnums=(0, 1)
-    ),
-    static_argnums=(0, 1),
-)
+_SAVE_WORDS = jax.checkpoint_policies.save_only_these_names(MASK_NAME)
+_SAVE_NOTHING = jax.checkpoint_policies.nothing_saveable
+
+
+def _checkpointed(
+    spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, offset: Any
+) -> Any:
+    """``_draw_and_combine`` under ``jax.checkpoint``, so that reverse-mode autodiff keeps
+    only what ``spec.save_words`` asks for (the packed words, or just the key words) and
+    recomputes the rest, never a per-element array of flags or scaled values; ``jvp``
+    still works."""
+    policy = _SAVE_WORDS if spec.save_words else _SAVE_NOTHING
+    body = jax.checkpoint(_draw_and_combine, policy=policy, static_argnums=(0, 1))
+    return body(spec, combine, x, source, dynamic, offset)
+
+
+# Jitted and module-level, so that eager calls hit a compilation cache instead of
+# re-tracing op by op; under an outer jit it is inlined.
+_draw_and_combine_jit = jax.jit(_checkpointed, static_argnums=(0, 1))
+
+
+def _packs_words() -> bool:
+    """Whether the default backend may take a packed path (CPU, CUDA). Elsewhere the words
+    never exist, and a saving policy would only add a zero-filled residual (ROCm also
+    reports ``"gpu"``, so there it does)."""
+    return jax.default_backend() in ("cpu", "gpu")
 
 
 def draw(
@@ -135,19 +173,23 @@ def draw(
     x: Any = None,
     block: Block | None = None,
     *,
+    residual: str = DEFAULT_RESIDUAL,
     fn: str,
 ) -> Any:
     """``combine(x, flags, realised)``: ``flags: bool[shape]`` True with probability ``p``.
 
     ``realised`` is the probability the flags realise (what dropout divides by for an
     unbiased output): ``p`` itself for ``"flax"``, the integer threshold's for
-    ``"fast"``; NaN when a run-time ``p`` is outside ``[0, 1]``.
+    ``"fast"``; NaN when a run-time ``p`` is outside ``[0, 1]``. ``residual`` is what
+    the backward pass keeps: ``"mask"`` the packed words where the backend packs them,
+    ``"none"`` only the key words.
     """
     if impl == "flax" and block is not None:
         raise DropmaskValueError(
             f"{fn}: global_shape/offset need impl='fast', got impl='flax' (its masks are not "
             f"blockwise). Drop impl='flax', or draw the global mask outside shard_map."
         )
+    save = residual == "mask" and _packs_words()
     global_shape = None if block is None else block.global_shape
     offset = None if block is None else block.offset
     if impl == "flax" and isinstance(p, float):
@@ -162,9 +204,11 @@ def draw(
         return _draw_and_combine_jit(MaskSpec(shape, impl), combine, x, key, (p, realised), None)
     thr = threshold(p)
     if isinstance(thr.value, int):  # a static rate: the threshold is a compile-time constant
-        spec = MaskSpec(shape, impl, thr.nbits, thr.shift, thr.value, thr.realised, global_shape)
+        spec = MaskSpec(
+            shape, impl, thr.nbits, thr.shift, thr.value, thr.realised, global_shape, save
+        )
         return _draw_and_combine_jit(spec, combine, x, key_words(key), None, offset)
-    spec = MaskSpec(shape, impl, thr.nbits, thr.shift, global_shape=global_shape)
+    spec = MaskSpec(shape, impl, thr.nbits, thr.shift, global_shape=global_shape, save_words=save)
     dynamic = (thr.value, thr.realised)
     return _draw_and_combine_jit(spec, combine, x, key_words(key), dynamic, offset)
 

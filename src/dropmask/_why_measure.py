@@ -259,6 +259,7 @@ def residual_bytes(n: int = 1 << 16, rate: float = 0.1) -> dict[str, float]:
     for name, fn in (
         ("bernoulli + select", flax_style),
         ("dropmask.dropout", lambda x: dropout(x, rate, key)),
+        ("dropmask.dropout residual='none'", lambda x: dropout(x, rate, key, residual="none")),
     ):
         _, vjp_fn = jax.vjp(fn, x)
         leaves = [leaf for leaf in jax.tree.leaves(vjp_fn) if leaf is not x and _sized(leaf)]

@@ -33,7 +33,7 @@ from . import _dropout
 from ._checks import check_key
 from ._errors import MissingKeyError
 from ._fast_mask import block_from_spec
-from ._random import DEFAULT_IMPL, Impl
+from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
 
 __all__ = [
     "AlphaDropout",
@@ -108,6 +108,9 @@ class Dropout(_Stochastic):
         draws its block of the global mask: global size = local size times the mesh
         axes' size, offset = ``lax.axis_index`` times the local size. None (default)
         treats the input as the whole array.
+      residual: what the backward pass keeps, as in :func:`dropmask.dropout`:
+        ``"mask"`` (default) the packed keep-flags, 1 bit per element, so that the
+        backward pass does not draw the mask again; ``"none"`` only the key.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -124,6 +127,7 @@ class Dropout(_Stochastic):
     rng_collection: str = "dropout"
     impl: Impl = DEFAULT_IMPL
     shard_spec: Any = None
+    residual: Residual = DEFAULT_RESIDUAL
 
     @nn.compact
     def __call__(
@@ -153,6 +157,7 @@ class Dropout(_Stochastic):
             impl=self.impl,
             global_shape=global_shape,
             offset=offset,
+            residual=self.residual,
             fn=self._fn,
         )
 
@@ -195,13 +200,17 @@ class WordDropout(_Stochastic):
 
 
 class DropPath(_Stochastic):
-    """Stochastic depth: drops a residual branch per example (``batch_axis``)."""
+    """Stochastic depth: drops a residual branch per example (``batch_axis``).
+
+    ``residual``: what the backward pass keeps, as in :class:`Dropout`.
+    """
 
     rate: float | jax.Array
     batch_axis: int = 0
     deterministic: bool | None = None
     rng_collection: str = "dropout"
     impl: Impl = DEFAULT_IMPL
+    residual: Residual = DEFAULT_RESIDUAL
 
     @nn.compact
     def __call__(
@@ -216,6 +225,7 @@ class DropPath(_Stochastic):
             batch_axis=self.batch_axis,
             deterministic=det,
             impl=self.impl,
+            residual=self.residual,
             fn=self._fn,
         )
 
@@ -245,13 +255,17 @@ class GaussianDropout(_Stochastic):
 
 
 class AlphaDropout(_Stochastic):
-    """Alpha dropout for self-normalising (SELU) networks."""
+    """Alpha dropout for self-normalising (SELU) networks.
+
+    ``residual``: what the backward pass keeps, as in :class:`Dropout`.
+    """
 
     rate: float | jax.Array
     broadcast_dims: int | Sequence[int] = ()
     deterministic: bool | None = None
     rng_collection: str = "dropout"
     impl: Impl = DEFAULT_IMPL
+    residual: Residual = DEFAULT_RESIDUAL
 
     @nn.compact
     def __call__(
@@ -266,5 +280,6 @@ class AlphaDropout(_Stochastic):
             broadcast_dims=self.broadcast_dims,
             deterministic=det,
             impl=self.impl,
+            residual=self.residual,
             fn=self._fn,
         )

@@ -33,7 +33,7 @@ from . import _dropout
 from ._checks import as_dims, check_rate
 from ._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
 from ._fast_mask import block_from_spec
-from ._random import DEFAULT_IMPL, Impl
+from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
 
 __all__ = ["AlphaDropout", "DropPath", "Dropout", "GaussianDropout", "WordDropout"]
 
@@ -132,6 +132,9 @@ class Dropout(_Stochastic):
         draws its block of the global mask, the mask the unsharded layer draws: global
         size = local size times the mesh axes' size, offset = ``lax.axis_index`` times
         the local size. None (default) treats the input as the whole array.
+      residual: what the backward pass keeps, as in :func:`dropmask.dropout`:
+        ``"mask"`` (default) the packed keep-flags, 1 bit per element, so that the
+        backward pass does not draw the mask again; ``"none"`` only the key.
 
     Example:
       >>> import jax.numpy as jnp
@@ -152,6 +155,7 @@ class Dropout(_Stochastic):
         rngs: nnx.Rngs | nnx.RngStream | None = None,
         impl: Impl = DEFAULT_IMPL,
         shard_spec: Any = None,
+        residual: Residual = DEFAULT_RESIDUAL,
     ):
         super().__init__(
             rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
@@ -159,6 +163,7 @@ class Dropout(_Stochastic):
         self.broadcast_dims = as_dims(broadcast_dims, fn=self._fn)
         self.impl = impl
         self.shard_spec = shard_spec
+        self.residual = residual
 
     def __call__(
         self,
@@ -187,6 +192,7 @@ class Dropout(_Stochastic):
             impl=self.impl,
             global_shape=global_shape,
             offset=offset,
+            residual=self.residual,
             fn=self._fn,
         )
 
@@ -227,7 +233,10 @@ class WordDropout(_Stochastic):
 
 
 class DropPath(_Stochastic):
-    """Stochastic depth: drops a residual branch per example along ``batch_axis``."""
+    """Stochastic depth: drops a residual branch per example along ``batch_axis``.
+
+    ``residual``: what the backward pass keeps, as in :class:`Dropout`.
+    """
 
     def __init__(
         self,
@@ -238,12 +247,14 @@ class DropPath(_Stochastic):
         rng_collection: str = "dropout",
         rngs: nnx.Rngs | nnx.RngStream | None = None,
         impl: Impl = DEFAULT_IMPL,
+        residual: Residual = DEFAULT_RESIDUAL,
     ):
         super().__init__(
             rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
         )
         self.batch_axis = batch_axis
         self.impl = impl
+        self.residual = residual
 
     def __call__(
         self, inputs: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
@@ -257,6 +268,7 @@ class DropPath(_Stochastic):
             batch_axis=self.batch_axis,
             deterministic=det,
             impl=self.impl,
+            residual=self.residual,
             fn=self._fn,
         )
 
@@ -294,7 +306,10 @@ class GaussianDropout(_Stochastic):
 
 
 class AlphaDropout(_Stochastic):
-    """Alpha dropout for self-normalising (SELU) networks."""
+    """Alpha dropout for self-normalising (SELU) networks.
+
+    ``residual``: what the backward pass keeps, as in :class:`Dropout`.
+    """
 
     def __init__(
         self,
@@ -305,12 +320,14 @@ class AlphaDropout(_Stochastic):
         rng_collection: str = "dropout",
         rngs: nnx.Rngs | nnx.RngStream | None = None,
         impl: Impl = DEFAULT_IMPL,
+        residual: Residual = DEFAULT_RESIDUAL,
     ):
         super().__init__(
             rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
         )
         self.broadcast_dims = as_dims(broadcast_dims, fn=self._fn)
         self.impl = impl
+        self.residual = residual
 
     def __call__(
         self, inputs: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
@@ -324,5 +341,6 @@ class AlphaDropout(_Stochastic):
             broadcast_dims=self.broadcast_dims,
             deterministic=det,
             impl=self.impl,
+            residual=self.residual,
             fn=self._fn,
         )

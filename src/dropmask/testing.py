@@ -17,6 +17,7 @@ What the ``"fast"`` mask is made of (see the README's "The fast generator"):
   as the CPU and CUDA paths compute them before unpacking;
 * :func:`path_keep_mask` and :func:`path_dropout`: the mask (and dropout) computed by
   one chosen path, where the library picks a path per backend;
+* :data:`MASK_NAME`: the name the packed words carry for ``jax.checkpoint`` policies;
 * :func:`random_bits`: the generator's raw bit stream.
 """
 
@@ -27,14 +28,16 @@ from typing import Any
 
 import jax
 
-from . import _dropout, _fast_mask
-from ._checks import check_rate, check_shape
+from . import _dropout, _fast_mask, _random
+from ._checks import check_rate, check_residual, check_shape
 from ._errors import DropmaskValueError
 from ._fast_mask import Threshold as Threshold
+from ._random import DEFAULT_RESIDUAL, Residual
 from ._threefry import threefry4x32 as threefry4x32
 
 __all__ = [
     "LANES",
+    "MASK_NAME",
     "PATHS",
     "Threshold",
     "fields_per_call",
@@ -49,6 +52,9 @@ __all__ = [
 
 LANES = _fast_mask.LANES
 """Elements per packed word: bit ``l`` of a word is the keep-flag of its element ``l``."""
+
+MASK_NAME = _fast_mask.MASK_NAME
+"""The name of the packed words for ``jax.checkpoint`` policies (``"dropout_mask"``)."""
 
 PATHS = _fast_mask.PATHS
 """The ways of computing the ``"fast"`` mask: ``"packed"`` (words materialised inside a
@@ -162,35 +168,43 @@ def path_keep_mask(key: Any, shape: Sequence[int], rate: float, *, path: str) ->
     return _fast_mask.keep_from_words(_fast_mask.key_words(key), shape, thr, path=path)
 
 
-def path_dropout(x: jax.Array, rate: float, key: Any, *, path: str) -> jax.Array:
-    """``dropmask.dropout(x, rate, key)`` with the mask from the chosen ``path``.
+def path_dropout(
+    x: jax.Array, rate: float, key: Any, *, path: str, residual: Residual = DEFAULT_RESIDUAL
+) -> jax.Array:
+    """``dropmask.dropout(x, rate, key, residual=residual)`` with the mask from ``path``.
 
-    The mask is drawn inside ``jax.checkpoint`` with nothing saved, so the backward
-    pass regenerates it by the same path.
+    The mask is drawn inside ``jax.checkpoint`` with the library's policy for
+    ``residual``: ``"mask"`` keeps the packed words (named ``"dropout_mask"``) where the
+    path computes them, ``"none"`` keeps only the key words, and the backward pass
+    draws the rest again by the same path.
 
     Args:
       x: floating array of any shape.
       rate: the drop probability, a Python float in ``(0, 1)``.
       key: a JAX PRNG key.
       path: one of :data:`PATHS`.
+      residual: ``"mask"`` or ``"none"``, as in :func:`dropmask.dropout`.
 
     Returns:
       An array like ``x``: equal to ``dropmask.dropout(x, rate, key)``.
 
     Raises:
-      DropmaskValueError: ``path`` is not one of :data:`PATHS`, or ``rate`` is 0.
+      DropmaskValueError: ``path`` is not one of :data:`PATHS`, ``residual`` is not a
+        choice, or ``rate`` is 0.
       RateError: ``rate`` outside ``[0, 1)``.
     """
-    thr = _static_threshold(rate, "path_dropout")
+    fn = "path_dropout"
+    thr = _static_threshold(rate, fn)
     if path not in PATHS:
-        raise DropmaskValueError(f"path_dropout: path must be one of {PATHS}, got {path!r}.")
+        raise DropmaskValueError(f"{fn}: path must be one of {PATHS}, got {path!r}.")
+    check_residual(residual, fn=fn)
 
     def body(x: jax.Array, words: jax.Array) -> jax.Array:
         keep = _fast_mask.keep_from_words(words, x.shape, thr, path=path)
         return _dropout._select_scaled(x, keep, thr.realised)
 
-    checkpointed = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
-    return checkpointed(x, _fast_mask.key_words(key))
+    policy = _random._SAVE_WORDS if residual == "mask" else _random._SAVE_NOTHING
+    return jax.checkpoint(body, policy=policy)(x, _fast_mask.key_words(key))
 
 
 def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:

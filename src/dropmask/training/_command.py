@@ -126,6 +126,14 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
         if value is not None and value < 1:
             raise DropmaskValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     rates = _rates(args.compare_rates) if args.compare_rates is not None else None
+    for rate in ([] if args.rate is None else [args.rate]) + (rates or []):
+        # Checked here, before any data is loaded; rate 1 would drop every unit.
+        if not 0.0 <= rate < 1.0:
+            flag = "--rate" if rates is None else "--compare-rates"
+            raise DropmaskValueError(
+                f"{flag} takes dropout rates in [0, 1) (the probability of dropping), got "
+                f"{rate!r}; to keep a fraction p of the units, pass 1 - p"
+            )
     if args.rate is not None and rates is not None:
         raise DropmaskValueError("give --rate or --compare-rates, not both")
     if args.num_seeds is not None and rates is None:
