@@ -596,20 +596,21 @@ def residuals(c: Contestant, dtype: Any) -> dict[str, Any]:
     grows with the input (a stored mask, a saved input) shows up as B/elem.
     """
     small, large = (1024, 1024), (2048, 2048)
-    totals = [sum(_nbytes(leaf) for leaf in _residual_leaves(c, s, dtype)) for s in (small, large)]
+    leaves = {shape: _residual_leaves(c, shape, dtype) for shape in (small, large)}
+    totals = [sum(_nbytes(leaf) for leaf in leaves[s]) for s in (small, large)]
     n_small, n_large = math.prod(small), math.prod(large)
     per_element = (totals[1] - totals[0]) / (n_large - n_small)
-    leaves = _residual_leaves(c, large, dtype)
-    describe = [f"{leaf.dtype}[{','.join(map(str, leaf.shape))}]" for leaf in leaves]
+    describe = [f"{leaf.dtype}[{','.join(map(str, leaf.shape))}]" for leaf in leaves[large]]
+    sizes = [[math.prod(leaf.shape) for leaf in leaves[s]] for s in (small, large)]
+    if len(sizes[0]) == len(sizes[1]):
+        growing = [d for d, a, b in zip(describe, *sizes, strict=True) if b > a]
+    else:  # the leaves differ in number between the sizes: name them all if any grew
+        growing = describe if per_element else []
     return {
         "contestant": c.name,
         "dtype": str(jnp.dtype(dtype)),
         "residual_bytes_per_element": per_element,
         "residual_bytes_constant": totals[0] - per_element * n_small,
-        "growing_residuals": [
-            d
-            for d, leaf in zip(describe, leaves, strict=True)
-            if math.prod(leaf.shape) * 16 >= n_large
-        ],
+        "growing_residuals": growing,
         "residuals_at_2048x2048": describe,
     }

@@ -159,3 +159,18 @@ def test_a_loop_that_never_grows_is_still_an_error(clock):
     flat = common.Looped(fake_loop(clock, 0.030, 0.0), (), extra=8)
     with pytest.raises(RuntimeError, match="not slower"):
         common.paired_per_pass_seconds({"flat": flat}, repeats=3)
+
+
+def test_residuals_name_what_grows_with_the_input():
+    import jax.numpy as jnp
+
+    by_name = {c.name: c for c in common.contestants()[0]}
+    ours = common.residuals(by_name[common.dropmask_name()], jnp.float32)
+    assert ours["residual_bytes_per_element"] == pytest.approx(0.125)
+    assert ours["growing_residuals"] == ["uint32[2048,64]"]  # 1 bit per element
+    assert ours["residual_bytes_constant"] == pytest.approx(16)  # the key words
+    limit = common.residuals(by_name[common.LIMIT], jnp.float32)
+    assert limit["residual_bytes_per_element"] == 0 and limit["growing_residuals"] == []
+    for choice in common.residual_choices():
+        keyed = common.residuals(by_name[f"dropmask residual={choice!r}"], jnp.float32)
+        assert keyed["growing_residuals"] == []
