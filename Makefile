@@ -47,8 +47,10 @@ bench-full: $(VENV)/.installed-bench
 	XLA_FLAGS= $(PY) -m benchmarks.run --full $(BENCH_FLAGS)
 
 # Tests of the benchmark helpers (benchmarks/tests); `make test` does not collect them.
+# Under a minute; BENCH_TEST_FLAGS= also runs the whole target suite at a tiny size.
+BENCH_TEST_FLAGS ?= -m "not slow"
 bench-test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q -n 0 benchmarks/tests
+	$(PY) -m pytest -q -n 0 benchmarks/tests $(BENCH_TEST_FLAGS)
 
 # Fused C dropout kernels timed beside XLA (benchmarks/bench_native.py): about 4 min on
 # 2 cores; needs gcc and an x86-64 CPU with AVX2 and AES-NI. NATIVE_FLAGS: --repeats N.

@@ -73,6 +73,7 @@ def test_discarded_repeats_are_counted_not_judged() -> None:
     assert "3 pairs, 1 discarded" in row["measured"]
 
 
+@pytest.mark.slow  # about 35 s, mostly compiling; `make bench-test BENCH_TEST_FLAGS=`
 def test_whole_suite_at_a_tiny_size_with_the_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     # Runs every measurement path, the GPU-only rows included (their bounds are not
     # judged here: the backend is really the CPU), at sizes that take seconds.
