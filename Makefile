@@ -5,7 +5,7 @@ PYTHON3 ?= python3
 # 8 fake CPU devices for the sharding tests; must be set before JAX is imported.
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: venv demo test lint bench bench-native rngtest clean
+.PHONY: venv demo test lint bench bench-full bench-test bench-native rngtest clean
 
 $(VENV)/.installed-dev: pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -34,10 +34,23 @@ lint: venv
 	$(PY) -m ruff check src tests examples benchmarks
 	$(PY) -m pyright
 
-# About 32 min on 2 cores. BENCH_FLAGS: --quick (smallest size only) or --peak-gbps N
-# (GPU bandwidth column).
+# Every speed and memory target in one table (benchmarks/targets.py; RESULTS.md's
+# "targets" section), about 10 min on 2 cores (longer under load). Exits 0 when a target
+# fails (it is a report); BENCH_FLAGS=--strict makes a failure exit 1, --quick runs
+# small sizes to check the suite (about 2 min).
 bench: $(VENV)/.installed-bench
 	XLA_FLAGS= $(PY) -m benchmarks.run $(BENCH_FLAGS)
+
+# The full tables: dropout at every size and contestant, masking, the MLP train step.
+# About 30 min on 2 cores. BENCH_FLAGS: --quick, --peak-gbps N (GPU bandwidth column).
+bench-full: $(VENV)/.installed-bench
+	XLA_FLAGS= $(PY) -m benchmarks.run --full $(BENCH_FLAGS)
+
+# Tests of the benchmark helpers (benchmarks/tests); `make test` does not collect them.
+# Under a minute; BENCH_TEST_FLAGS= also runs the whole target suite at a tiny size.
+BENCH_TEST_FLAGS ?= -m "not slow"
+bench-test: $(VENV)/.installed-dev
+	$(PY) -m pytest -q -n 0 benchmarks/tests $(BENCH_TEST_FLAGS)
 
 # Fused C dropout kernels timed beside XLA (benchmarks/bench_native.py): about 4 min on
 # 2 cores; needs gcc and an x86-64 CPU with AVX2 and AES-NI. NATIVE_FLAGS: --repeats N.

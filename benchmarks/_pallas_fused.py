@@ -18,11 +18,7 @@ for measurement:
 Static rates, ``x.shape[-1] % 32 == 0``, no ``broadcast_dims``; forward only (the
 backward pass of dropout is the same kernel applied to the cotangent).
 
-Measured on an H200 (``benchmarks/RESULTS.md``, [8192, 8192], rate 0.1, forward):
-``"rows"`` 2.09x the ``x * c`` limit in f32 and 1.72x in bf16, against 1.53x and 1.78x
-for dropmask's XLA path; ``"columns"`` 4.6-5.9x (strided loads and stores). The f32
-``"rows"`` time is about twice its bf16 time for the same number of Threefry calls,
-which suggests the layout computes each call twice in f32 (not established).
+Its times on a GPU are in ``benchmarks/RESULTS.md`` (``python -m benchmarks.bench_gpu``).
 """
 
 from __future__ import annotations
@@ -35,8 +31,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from dropmask import _fast_mask
-from dropmask._threefry import threefry4x32
+from dropmask import testing
+from dropmask.testing import threefry4x32
 
 _U32 = jnp.uint32
 
@@ -118,16 +114,16 @@ def fused_dropout(
     interpret: bool = False,
 ) -> jax.Array:
     """``dropmask.dropout(x, 1 - keep_prob, key)`` for ``words = key_words(key)``."""
-    thr = _fast_mask.threshold(keep_prob)
-    if not isinstance(thr.value, int) or x.ndim == 0 or x.shape[-1] % _fast_mask.LANES:
+    thr = testing.threshold(keep_prob)
+    if not isinstance(thr.value, int) or x.ndim == 0 or x.shape[-1] % testing.LANES:
         raise ValueError("static rate and x.shape[-1] % 32 == 0 only")
-    width = min(_fast_mask._Fields(thr.nbits).per_call, _fast_mask.LANES)
+    width = min(testing.fields_per_call(thr.nbits), testing.LANES)
     view = x.reshape(x.size // width, width)
     kernel = {"rows": _rows_kernel, "columns": _columns_kernel, "joined": _joined_kernel}[layout]
     kernel = functools.partial(
         kernel,
         rows=rows,
-        calls_per_word=_fast_mask.LANES // width,
+        calls_per_word=testing.LANES // width,
         nbits=thr.nbits,
         thr=thr.value,
         scale=1.0 / thr.realised,

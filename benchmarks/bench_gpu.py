@@ -14,7 +14,7 @@ What it measures, in priority order (cases past ``--budget`` seconds are skipped
    rate, gradients, ``broadcast_dims``, f16/bf16), ``vmap`` over keys equals a loop,
    eager equals ``jit``, and the compiled forward pass holds no ``conditional``.
 2. Per-pass times (the slope between a loop of 2 passes and a longer one, as on CPU;
-   ``_timing.Looped``) of the contestants of ``bench_dropout`` at [4096, 4096], f32
+   ``_common.Looped``) of the contestants of ``bench_dropout`` at [4096, 4096], f32
    and bf16, forward and forward+backward; achieved bandwidth counts the bytes an
    ideal dropout moves (``x`` in and ``y`` out; plus ``g`` in and ``dx`` out backward).
 3. An MLP train step (``bench_train_step``: what dropout adds to a whole step).
@@ -42,9 +42,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import dropmask
+from benchmarks import _common as common
 from benchmarks import bench_dropout as bd
-from benchmarks._timing import Looped, per_pass_medians
-from dropmask import _dropout, _fast_mask
+from benchmarks._common import Looped, per_pass_medians
+from dropmask import testing
 
 SECTION = "gpu"
 REPEATS = 5
@@ -59,15 +60,8 @@ def extra_passes(n: int) -> int:
 
 def forced_path(path: str) -> Callable[[jax.Array, Any], jax.Array]:
     """``dropmask.dropout`` at RATE with the mask computed by ``path`` (see
-    ``_fast_mask.PATHS``), checkpointed like the library's own."""
-    thr = _fast_mask.threshold(bd.KEEP)
-
-    def body(x: jax.Array, words: jax.Array) -> jax.Array:
-        keep = _fast_mask.keep_from_words(words, x.shape, thr, path=path)
-        return _dropout._select_scaled(x, keep, thr.realised)
-
-    checkpointed = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
-    return lambda x, key: checkpointed(x, _fast_mask.key_words(key))
+    ``dropmask.testing.PATHS``)."""
+    return lambda x, key: testing.path_dropout(x, common.RATE, key, path=path)
 
 
 def pallas_fused(layout: str, rows: int, num_warps: int) -> Callable[[jax.Array, Any], jax.Array]:
@@ -76,27 +70,33 @@ def pallas_fused(layout: str, rows: int, num_warps: int) -> Callable[[jax.Array,
     interpret = jax.default_backend() == "cpu"  # --smoke runs
 
     def apply(x: jax.Array, key: Any) -> jax.Array:
-        words = _fast_mask.key_words(key)
+        words = testing.key_words(key)
         return fused_dropout(
-            x, words, bd.KEEP, layout=layout, rows=rows, num_warps=num_warps, interpret=interpret
+            x,
+            words,
+            common.KEEP,
+            layout=layout,
+            rows=rows,
+            num_warps=num_warps,
+            interpret=interpret,
         )
 
     return apply
 
 
-def experimental(mode: str) -> list[bd.Contestant]:
-    key = bd._threefry_key
+def experimental(mode: str) -> list[common.Contestant]:
+    key = common.threefry_key
     out = [
-        bd.Contestant("forced path='per_element'", forced_path("per_element"), key),
-        bd.Contestant("forced path='packed' (cond)", forced_path("packed"), key),
+        common.Contestant("forced path='per_element'", forced_path("per_element"), key),
+        common.Contestant("forced path='packed' (cond)", forced_path("packed"), key),
     ]
     if mode == "fwd":
-        # The "columns" layout measured 4.6-5.9x the limit at 6214c19; no longer timed.
+        # Not the "columns" layout: its strided loads and stores make it the slowest.
         out += [
-            bd.Contestant(
+            common.Contestant(
                 "pallas fused, rows 256 (experimental)", pallas_fused("rows", 256, 4), key
             ),
-            bd.Contestant(
+            common.Contestant(
                 "pallas fused, joined 256 (experimental)", pallas_fused("joined", 256, 4), key
             ),
         ]
@@ -154,18 +154,11 @@ def environment() -> dict[str, Any]:
         "device": f"{dev.platform}: {getattr(dev, 'device_kind', '?')}",
         "nvidia_smi": smi,
         "jax": jax.__version__,
-        "flax": _version("flax"),
-        "equinox": _version("equinox"),
-        "haiku": _version("haiku"),
+        "flax": common.version("flax"),
+        "equinox": common.version("equinox"),
+        "haiku": common.version("haiku"),
         "python": sys.version.split()[0],
     }
-
-
-def _version(module: str) -> str:
-    try:
-        return __import__(module).__version__
-    except Exception:  # noqa: BLE001 - any failure means "not available"
-        return "not installed"
 
 
 # --- 1. checks ---------------------------------------------------------------------
@@ -242,7 +235,7 @@ def checks(run: Run, big: tuple[int, int]) -> None:
         ]
         for shape, dtype in ((big, jnp.float32), ((512, 256), jnp.bfloat16)):
             x = jax.random.normal(jax.random.key(3), shape, dtype)
-            want = np.asarray(jax.jit(lambda x, k: dropmask.dropout(x, bd.RATE, k))(x, key))
+            want = np.asarray(jax.jit(lambda x, k: dropmask.dropout(x, common.RATE, k))(x, key))
             for layout in ("rows", "joined"):
                 fused = jax.jit(pallas_fused(layout, 256, 4))
                 run.data["checks"].append(
@@ -263,26 +256,26 @@ def checks(run: Run, big: tuple[int, int]) -> None:
 
 
 def time_case(
-    run: Run, cs: list[bd.Contestant], shape: tuple[int, int], dtype_name: str, mode: str
+    run: Run, cs: list[common.Contestant], shape: tuple[int, int], dtype_name: str, mode: str
 ) -> None:
     n = math.prod(shape)
-    x, g = bd._inputs(shape, bd.DTYPES[dtype_name])
+    x, g = common.inputs(shape, common.DTYPES[dtype_name])
     extra = extra_passes(n)
     loops: dict[str, Looped] = {}
     for c in cs:
         aux = c.make_aux(x.dtype)
         try:
             if mode == "fwd":
-                loop = Looped(lambda p, c=c: bd._looped_fwd(c, p), (x, aux), extra=extra)
+                loop = Looped(lambda p, c=c: common.looped_fwd(c, p), (x, aux), extra=extra)
             else:
-                loop = Looped(lambda p, c=c: bd._looped_fwd_bwd(c, p), (x, aux, g), extra=extra)
+                loop = Looped(lambda p, c=c: common.looped_fwd_bwd(c, p), (x, aux, g), extra=extra)
             jax.block_until_ready(loop.short_fn(*loop.args))
             loops[c.name] = loop
         except Exception:  # noqa: BLE001 - an experimental kernel may not compile
             run.error(f"{c.name} {shape} {dtype_name} {mode}")
     seconds = per_pass_medians(loops, repeats=REPEATS)
-    ideal = (2 if mode == "fwd" else 4) * n * jnp.dtype(bd.DTYPES[dtype_name]).itemsize
-    limit = seconds[bd.LIMIT]
+    ideal = (2 if mode == "fwd" else 4) * n * jnp.dtype(common.DTYPES[dtype_name]).itemsize
+    limit = seconds[common.LIMIT]
     for c in cs:
         if c.name not in seconds:
             continue
@@ -299,10 +292,10 @@ def time_case(
             "frac_of_peak": ideal / s / 1e9 / run.data["peak_gbps"],
         }
         if c.is_dropout:
-            fn = bd._fwd(c) if mode == "fwd" else bd._fwd_bwd(c)
+            fn = common.fwd_fn(c) if mode == "fwd" else common.fwd_bwd_fn(c)
             out = fn(x, c.make_aux(x.dtype)) if mode == "fwd" else fn(x, c.make_aux(x.dtype), g)
             y, dx = (out, None) if mode == "fwd" else out
-            row.update(bd.check_output(x, y, g if dx is not None else None, dx))
+            row.update(common.check_output(x, y, g if dx is not None else None, dx))
         run.data["speed"].append(row)
         run.log({k: row[k] for k in ("contestant", "us_per_pass", "ratio_to_limit", "ideal_gbps")})
     run.save()
@@ -310,22 +303,26 @@ def time_case(
 
 def generator_alone(run: Run, shape: tuple[int, int]) -> None:
     n = math.prod(shape)
-    x, _ = bd._inputs(shape, jnp.float32)
-    limit = next(c for c in bd.contestants()[0] if c.name == bd.LIMIT)
+    x, _ = common.inputs(shape, jnp.float32)
+    limit = next(c for c in common.contestants()[0] if c.name == common.LIMIT)
     loops = {
         "generator": Looped(
-            lambda p: bd._looped_mask_words(shape, p), (x, jax.random.key(0)), extra=extra_passes(n)
+            lambda p: common.looped_mask_words(shape, p),
+            (x, jax.random.key(0)),
+            extra=extra_passes(n),
         ),
-        bd.LIMIT: Looped(
-            lambda p: bd._looped_fwd(limit, p), (x, limit.make_aux(x.dtype)), extra=extra_passes(n)
+        common.LIMIT: Looped(
+            lambda p: common.looped_fwd(limit, p),
+            (x, limit.make_aux(x.dtype)),
+            extra=extra_passes(n),
         ),
     }
     seconds = per_pass_medians(loops, repeats=REPEATS)
     row = {
         "shape": list(shape),
         "generator_us_per_pass": seconds["generator"] * 1e6,
-        "limit_f32_fwd_us_per_pass": seconds[bd.LIMIT] * 1e6,
-        "ratio": seconds["generator"] / seconds[bd.LIMIT],
+        "limit_f32_fwd_us_per_pass": seconds[common.LIMIT] * 1e6,
+        "ratio": seconds["generator"] / seconds[common.LIMIT],
     }
     run.data.setdefault("generator", []).append(row)
     run.log(row)
@@ -343,7 +340,7 @@ def train_step(run: Run, dtype_name: str, smoke: bool) -> None:
 
 
 def memory(run: Run) -> None:
-    cs, _ = bd.contestants()
+    cs, _ = common.contestants()
     base = bd.train_step_temp_bytes(None)
     per_layer = bd.MLP_BATCH * bd.MLP_WIDTH * bd.MLP_DROPOUT_LAYERS
     for c in cs:
@@ -373,22 +370,22 @@ def measure(
     run.log(run.data["environment"])
     run.save()
     checks(run, main_shapes[0])
-    full, notes = bd.contestants()
+    full, notes = common.contestants()
     run.data["notes"] = notes
-    few = [c for c in full if c.name in (bd.LIMIT, bd.FLAX, "eqx.nn.Dropout")]
+    few = [c for c in full if c.name in (common.LIMIT, common.FLAX, "eqx.nn.Dropout")]
     few.insert(1, full[0])  # the dropmask default
     plan: list[tuple[Any, ...]] = []
     for shape in main_shapes:
-        for dtype_name in bd.DTYPES:
-            for mode in bd.MODES:
+        for dtype_name in common.DTYPES:
+            for mode in common.MODES:
                 extra = experimental(mode) if shape == main_shapes[-1] else []
                 plan.append(("speed", full + extra, shape, dtype_name, mode))
         if shape == main_shapes[0]:
             plan += [("train_step", "f32"), ("train_step", "bf16")]
     plan += [("generator", shape) for shape in main_shapes] + [("memory",)]
     for shape in small_shapes:
-        for dtype_name in bd.DTYPES:
-            for mode in bd.MODES:
+        for dtype_name in common.DTYPES:
+            for mode in common.MODES:
                 plan.append(("speed", few, shape, dtype_name, mode))
     for step in plan:
         label = " ".join(str(s) for s in step if not isinstance(s, list))
@@ -483,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes; runs on CPU too")
     args = parser.parse_args(argv)
     if args.render:
-        from benchmarks.run import write_section
+        from benchmarks._common import write_section
 
         data = json.loads(Path(args.render).read_text())
         write_section(Path(args.out) / "RESULTS.md", SECTION, render(data))

@@ -16,7 +16,7 @@ one streaming pass would meet them, and with which generator:
 
 Every row is a paired per-pass ratio against XLA's ``x * c`` loop (the denominator of
 the dropout targets), with the same slope timing as ``make bench``
-(``benchmarks/_timing.py``). Not a library path: nothing here is used by dropmask.
+(``benchmarks/_common.py``). Not a library path: nothing here is used by dropmask.
 
 Usage: ``python -m benchmarks.bench_native [--repeats 11] [--out benchmarks]``
 (``make bench-native``). Needs gcc with OpenMP and an x86-64 CPU with AVX2 and AES-NI
@@ -52,14 +52,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dropmask  # noqa: E402
-from benchmarks import bench_dropout  # noqa: E402
-from benchmarks._timing import Looped, looped, paired_per_pass_ratios, quartiles  # noqa: E402
-from dropmask import _fast_mask  # noqa: E402
+from benchmarks import _common as common  # noqa: E402
+from benchmarks._common import Looped, looped, paired_per_pass_ratios, quartiles  # noqa: E402
+from dropmask import testing  # noqa: E402
 
 SOURCE = Path(__file__).parent / "native" / "fused_dropout.c"
 SECTION = "native"
-SHAPE = bench_dropout.TARGET_SHAPE
-RATE = bench_dropout.RATE
+SHAPE = (4096, 4096)
+RATE = common.RATE
 GENERATORS = {
     0: "Threefry-4x32-20 (dropmask)",
     1: "Threefry-4x32-13",
@@ -128,7 +128,7 @@ class Mask:
 
     @classmethod
     def at(cls, rate: float) -> Mask:
-        thr = _fast_mask.threshold(1.0 - rate)
+        thr = testing.threshold(1.0 - rate)
         if thr.nbits != 16 or thr.shift:
             raise ValueError(f"the C kernels use 16-bit fields; rate {rate} needs {thr.nbits}.")
         return cls(int(thr.value), float(np.float32(1.0) / np.float32(thr.realised)))
@@ -149,11 +149,10 @@ def check_exact(native: ctypes.CDLL, shape: tuple[int, ...] = (64, 1024)) -> dic
             f"256, got shape {shape}."
         )
     key = jax.random.key(7)
-    words = np.asarray(_fast_mask.key_words(key))
+    words = np.asarray(testing.key_words(key))
     mask = Mask.at(RATE)
     n = math.prod(shape)
-    thr = _fast_mask.threshold(1.0 - RATE)
-    expected_words = np.asarray(_fast_mask.packed_keep_words(jnp.asarray(words), shape, thr))
+    expected_words = np.asarray(testing.packed_mask_words(key, shape, RATE))
     got_words = np.zeros(n // 32, np.uint32)
     native.packed_words(0, words, got_words, n // 32, mask.value, 1)
     if not np.array_equal(got_words, expected_words.reshape(-1)):
@@ -196,7 +195,7 @@ def _native_loop(call: Callable[[int], None]) -> Looped:
 def native_loops(native: ctypes.CDLL, dtype_name: str) -> dict[str, Looped]:
     """The C contestants for one dtype, each working in place on its own buffer."""
     mask = Mask.at(RATE)
-    words = np.asarray(_fast_mask.key_words(jax.random.key(0)))
+    words = np.asarray(testing.key_words(jax.random.key(0)))
     n = math.prod(SHAPE)
     if n % _ELEMENTS_PER_LOOP_STEP:
         raise ValueError(f"the C kernels need a multiple of 256 elements, got {n}.")
@@ -224,25 +223,21 @@ def native_loops(native: ctypes.CDLL, dtype_name: str) -> dict[str, Looped]:
 
 def run(repeats: int = 11) -> dict[str, Any]:
     """All rows: per dtype, each contestant's paired per-pass ratios to XLA's ``x * c``."""
-    cs, _ = bench_dropout.contestants()
-    by_name = {c.name: c for c in cs}
-    dropmask_name = f"dropmask (default impl={bench_dropout.default_impl()!r})"
+    ours, _, limit_contestant = common.contestants(full=False)[0]
     with tempfile.TemporaryDirectory() as folder:
         native = build(Path(folder))
         checks = check_exact(native)
         rows = []
-        for dtype_name in bench_dropout.DTYPES:
-            limit = bench_dropout._loop(by_name[bench_dropout.LIMIT], SHAPE, dtype_name, "fwd")
+        for dtype_name in common.DTYPES:
+            limit = common.loop(limit_contestant, SHAPE, dtype_name, "fwd")
             contestants = {
-                f"XLA {dropmask_name}": bench_dropout._loop(
-                    by_name[dropmask_name], SHAPE, dtype_name, "fwd"
-                ),
+                f"XLA {ours.name}": common.loop(ours, SHAPE, dtype_name, "fwd"),
                 **native_loops(native, dtype_name),
             }
             if dtype_name == "f32":
-                x, _ = bench_dropout._inputs(SHAPE, jnp.float32)
+                x, _ = common.inputs(SHAPE, jnp.float32)
                 contestants["XLA generator alone (dropmask's packed words)"] = looped(
-                    lambda passes: bench_dropout._looped_mask_words(SHAPE, passes),
+                    lambda passes: common.looped_mask_words(SHAPE, passes),
                     (x, jax.random.key(0)),
                 )
             for name, loop in contestants.items():
@@ -282,10 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=11, help="pairs per ratio")
     parser.add_argument("--out", default="benchmarks", help="folder for RESULTS.md / JSON")
     args = parser.parse_args(argv)
-    from benchmarks.run import environment, environment_markdown, write_section
+    from benchmarks._common import environment, environment_markdown, write_section
 
-    env = environment(argv)
-    env["command"] = " ".join(["python -m benchmarks.bench_native", *argv])
+    env = environment(" ".join(["python -m benchmarks.bench_native", *argv]))
     env["omp"] = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
     print(environment_markdown(env), flush=True)
     result = run(repeats=args.repeats)

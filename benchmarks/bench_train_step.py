@@ -2,8 +2,7 @@
 
 An isolated forward+backward of dropout flatters a generator that keeps its mask: with
 nothing in between, XLA fuses the forward and backward into one kernel that draws the
-mask once (on an H200 Flax's forward+backward then costs 1.02x ``x * c``, dropmask's
-1.5x, because dropmask regenerates its mask rather than keep it). In a training step
+mask once. In a training step
 other layers sit between a dropout's forward and backward, so a kept mask must be
 written and read back. This benchmark times SGD steps of an MLP (``layers`` hidden
 ``relu`` layers of ``width`` units, dropout at RATE after each) with no dropout,
@@ -27,12 +26,12 @@ import jax
 import optax
 from jax import lax
 
+from benchmarks import _common as common
 from benchmarks import _mlp
-from benchmarks import bench_dropout as bd
-from benchmarks._timing import Looped, per_pass_medians
+from benchmarks._common import Looped, per_pass_medians
 
 NONE = "no dropout"
-# (batch, width, layers): make bench on CPU, --quick, and bench_gpu.
+# (batch, width, layers): make bench-full on CPU, --quick, and bench_gpu.
 CPU = (8192, 256, 4)
 QUICK = (256, 128, 2)
 GPU = (16384, 1024, 4)
@@ -57,16 +56,13 @@ def looped_steps(drop: _mlp.Drop, layers: int, steps: int) -> Callable[..., Any]
 def run(
     batch: int, width: int, layers: int, dtype_name: str = "f32", extra: int = 8, repeats: int = 7
 ) -> list[dict[str, Any]]:
-    dtype = bd.DTYPES[dtype_name]
+    dtype = common.DTYPES[dtype_name]
     kx, ky, kp = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(kx, (batch, width)).astype(dtype)
     y = jax.random.normal(ky, (batch, width)).astype(dtype)
     args = (_mlp.params(kp, width, layers, dtype), x, y, jax.random.key(1))
-    cs, _ = bd.contestants()
-    drops: dict[str, _mlp.Drop] = {NONE: None}
-    for c in cs:
-        if c.name in (bd.FLAX, f"dropmask (default impl={bd.default_impl()!r})"):
-            drops[c.name] = c.apply
+    ours, flax, _ = common.contestants(full=False)[0]
+    drops: dict[str, _mlp.Drop] = {NONE: None, ours.name: ours.apply, flax.name: flax.apply}
     loops = {
         name: Looped(lambda p, d=drop: looped_steps(d, layers, p), args, extra=extra)
         for name, drop in drops.items()
@@ -93,7 +89,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     r0 = rows[0]
     lines = [
         f"MLP train step: batch {r0['batch']}, width {r0['width']}, {r0['layers']} hidden "
-        f"layers with dropout (rate {bd.RATE}), {r0['dtype']}, SGD; per step.\n",
+        f"layers with dropout (rate {common.RATE}), {r0['dtype']}, SGD; per step.\n",
         "| dropout | ms per step | share of the step | ns per dropout element |",
         "|---|---|---|---|",
     ]
@@ -110,13 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=CPU[0])
     parser.add_argument("--width", type=int, default=CPU[1])
     parser.add_argument("--layers", type=int, default=CPU[2])
-    parser.add_argument("--dtype", choices=tuple(bd.DTYPES), default="f32")
+    parser.add_argument("--dtype", choices=tuple(common.DTYPES), default="f32")
     parser.add_argument("--extra", type=int, default=8, help="extra steps of the long loop")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument(
         "--section",
-        help="a RESULTS.md whose 'train-step' section gets the table (make bench writes "
+        help="a RESULTS.md whose 'train-step' section gets the table (make bench-full writes "
         "the same section)",
     )
     args = parser.parse_args(argv)
@@ -126,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     if args.section:
-        from benchmarks.run import environment, environment_markdown, write_section
+        from benchmarks._common import environment, environment_markdown, write_section
 
         argv = sys.argv[1:] if argv is None else argv
-        env = environment_markdown(environment(argv)).replace(
-            "python -m benchmarks.run", "python -m benchmarks.bench_train_step"
+        env = environment_markdown(
+            environment(" ".join(["python -m benchmarks.bench_train_step", *argv]))
         )
         body = "## Train step (`python -m benchmarks.bench_train_step`)\n\n" + env + "\n"
         write_section(Path(args.section), "train-step", body + markdown(rows))

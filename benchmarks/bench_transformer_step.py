@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +37,7 @@ import optax
 from jax import lax
 
 import dropmask
-from benchmarks._timing import Looped, quartiles
+from benchmarks._common import Looped, paired_per_pass_seconds, quartiles
 from dropmask import linen as dl
 
 RATE = 0.1
@@ -118,39 +117,13 @@ def looped_steps(step: Callable[..., Any], steps: int) -> Callable[..., Any]:
     return jax.jit(run)
 
 
-def paired_step_seconds(
-    loops: dict[str, Looped], *, repeats: int, warmup: int = 1
-) -> dict[str, list[float]]:
-    """Per-step seconds of every loop, one value per repeat, all loops back to back.
-
-    Within a repeat the loops run in turn (order reversed every other repeat), so a
-    spell of background load lands on every contestant of that repeat and cancels in
-    the paired differences.
-    """
-    calls = [(name, which) for name in loops for which in ("short", "long")]
-    fns = {(n, w): getattr(loops[n], f"{w}_fn") for n, w in calls}
-    for key in calls:
-        for _ in range(warmup):
-            jax.block_until_ready(fns[key](*loops[key[0]].args))
-    out: dict[str, list[float]] = {name: [] for name in loops}
-    for r in range(repeats):
-        seconds = {}
-        for key in calls if r % 2 == 0 else reversed(calls):
-            start = time.perf_counter()
-            jax.block_until_ready(fns[key](*loops[key[0]].args))
-            seconds[key] = time.perf_counter() - start
-        for name, loop in loops.items():
-            out[name].append((seconds[(name, "long")] - seconds[(name, "short")]) / loop.extra)
-    return out
-
-
 def temp_bytes(step: Callable[..., Any], args: tuple[Any, ...]) -> int:
     """XLA's temporary buffer bytes for one compiled step."""
     analysis = jax.jit(step).lower(*args).compile().memory_analysis()
     return int(getattr(analysis, "temp_size_in_bytes", 0))
 
 
-def _name(kind: tuple[str, float]) -> str:
+def contestant_name(kind: tuple[str, float]) -> str:
     lib, rate = kind
     return f"{lib} rate {rate:g}" if rate else f"{lib} attention, no dropout"
 
@@ -174,17 +147,19 @@ def run(
     args = (params, x, jax.random.key(1))
     steps = {k: step_fn(layer) for k, layer in layers.items()}
     loops = {
-        _name(k): Looped(lambda n, s=s: looped_steps(s, n), args, extra=extra)
+        contestant_name(k): Looped(lambda n, s=s: looped_steps(s, n), args, extra=extra)
         for k, s in steps.items()
     }
-    seconds = paired_step_seconds(loops, repeats=repeats)
-    temps = {_name(k): temp_bytes(s, args) for k, s in steps.items()}
+    seconds = paired_per_pass_seconds(loops, repeats=repeats)
+    temps = {contestant_name(k): temp_bytes(s, args) for k, s in steps.items()}
     rows = []
     added_time: dict[str, list[float]] = {}
+    added_shares: dict[str, list[float]] = {}
     for lib in (FLAX, DROPMASK):
-        base, with_dropout = _name((lib, 0.0)), _name((lib, RATE))
+        base, with_dropout = contestant_name((lib, 0.0)), contestant_name((lib, RATE))
         added_time[lib] = [t - b for t, b in zip(seconds[with_dropout], seconds[base], strict=True)]
         shares = [d / b for d, b in zip(added_time[lib], seconds[base], strict=True)]
+        added_shares[lib] = shares
         q1, med, q3 = quartiles(shares)
         rows.append(
             {
@@ -207,6 +182,9 @@ def run(
     ratios = [o / f for o, f in zip(added_time[DROPMASK], added_time[FLAX], strict=True) if f > 0]
     return {
         "rows": rows,
+        "step_seconds": seconds,
+        "added_shares": added_shares,
+        "added_time_ratios": ratios,
         "dropmask_over_flax_added_time": quartiles(ratios)[1] if len(ratios) >= 2 else None,
         "dropmask_added_share": ours["added_share_median"],
         "flax_added_share": flax_row["added_share_median"],

@@ -1,6 +1,6 @@
 """``make rngtest``: a bounded dieharder battery on dropmask's raw mask bit stream.
 
-Dumps ``dropmask._fast_mask.random_bits(jax.random.key(seed), (n,))`` (uint32,
+Dumps ``dropmask.testing.random_bits(jax.random.key(seed), (n,))`` (uint32,
 little-endian: the Threefry-4x32-20 blocks that masks are cut from, at consecutive
 counters under one key) to a file and runs a fixed list of dieharder tests on it with ``-g 201``
 (file_input_raw), each as its own dieharder process reading the file from the start.
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.run import cpu_model, write_section
+from benchmarks._common import cpu_model, write_section
 
 SECTION = "rngtest"
 DEFAULT_WORDS = 1 << 29  # 2 GiB: the largest test here (opso, squeeze) reads ~1 GiB
@@ -100,15 +100,10 @@ _REWOUND = re.compile(r"was rewound (\d+) times")
 
 
 def dropmask_bits() -> Callable[[jax.Array, int], jax.Array]:
-    """dropmask's generator, or a loud failure if this checkout does not have it."""
-    from dropmask import _fast_mask
+    """dropmask's generator: its raw stream, from the testing hook."""
+    from dropmask import testing
 
-    if not hasattr(_fast_mask, "random_bits"):
-        raise SystemExit(
-            "dropmask._fast_mask.random_bits is missing: this checkout has no raw bit stream "
-            "to test. It should be random_bits(key, shape) -> uint32[shape]."
-        )
-    fn = jax.jit(_fast_mask.random_bits, static_argnums=1)  # eager would run op by op
+    fn = jax.jit(testing.random_bits, static_argnums=1)  # eager would run op by op
     return lambda key, n: fn(key, (n,))
 
 
@@ -118,7 +113,7 @@ def threefry_bits() -> Callable[[jax.Array, int], jax.Array]:
 
 
 STREAMS: dict[str, tuple[str, Callable[[], Callable[[jax.Array, int], jax.Array]]]] = {
-    "dropmask": ("dropmask._fast_mask.random_bits(key, (n,))", dropmask_bits),
+    "dropmask": ("dropmask.testing.random_bits(key, (n,))", dropmask_bits),
     "threefry": ("jax.random.bits(key, (n,), uint32) [threefry2x32]", threefry_bits),
 }
 

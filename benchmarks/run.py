@@ -1,118 +1,32 @@
-"""``make bench``: runs the dropmask benchmarks and writes RESULTS.md and results.json.
+"""``make bench`` and ``make bench-full``: run the benchmarks, print them, record them.
 
-Usage: ``python -m benchmarks.run [--quick] [--out benchmarks] [--peak-gbps 4800]``.
+``python -m benchmarks.run [--quick] [--strict]`` (``make bench``) measures every target
+(``benchmarks/targets.py``) and ends with one table of target / measured / status,
+which replaces the ``targets`` section of ``<out>/RESULTS.md``.
 
-Runs ``benchmarks/bench_dropout.py`` and, when it exists, ``benchmarks/bench_masking.py``
-(``run(quick) -> list[dict]``), prints their tables, and replaces the benchmark section of
-``<out>/RESULTS.md`` (other sections, such as ``make rngtest``'s, are kept).
+``python -m benchmarks.run --full`` (``make bench-full``) runs the full tables instead:
+dropout at every size and contestant (``bench_dropout.py``), masking
+(``bench_masking.py``) and the MLP train step (``bench_train_step.py``), into the
+``bench`` and ``train-step`` sections. Other sections (``make rngtest``'s, the GPU's)
+are kept.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
 import importlib.util
 import json
 import os
-import platform
-import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-import jax
+from benchmarks._common import environment, environment_markdown, write_section
 
 BENCH_SECTION = "bench"
-
-
-def write_section(path: Path, name: str, body: str) -> None:
-    """Replaces the text between ``<!-- name:begin -->`` and ``<!-- name:end -->`` in ``path``.
-
-    The section is appended if absent; the rest of the file is left as it was.
-    """
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    block = f"{begin}\n{body.rstrip()}\n{end}\n"
-    text = path.read_text() if path.exists() else "# dropmask benchmark results\n\n"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        text = head + block.rstrip("\n") + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _version(module: str) -> str:
-    try:
-        return importlib.import_module(module).__version__
-    except Exception:  # noqa: BLE001 - any failure means "not available"
-        return "not installed"
-
-
-def _git(*args: str) -> str:
-    try:
-        out = subprocess.run(
-            ["git", *args], capture_output=True, text=True, timeout=10, check=False
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def environment(argv: list[str]) -> dict[str, Any]:
-    """Where and how the numbers were measured."""
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    dev = jax.devices()[0]
-    return {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": usable,
-        "load_average_at_start": os.getloadavg(),
-        "backend": jax.default_backend(),
-        "device": f"{dev.platform}: {getattr(dev, 'device_kind', '?')}",
-        "jax": jax.__version__,
-        "jaxlib": _version("jaxlib"),
-        "flax": _version("flax"),
-        "equinox": _version("equinox"),
-        "haiku": _version("haiku"),
-        "optax": _version("optax"),
-        "dropmask": _version("dropmask"),
-        "python": platform.python_version(),
-        "git_commit": (_git("rev-parse", "--short", "HEAD") or "?") + (" (dirty)" if dirty else ""),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "command": " ".join(["python -m benchmarks.run", *argv]),
-    }
-
-
-def environment_markdown(env: dict[str, Any]) -> str:
-    load = ", ".join(f"{x:.2f}" for x in env["load_average_at_start"])
-    return (
-        f"- date: {env['date_utc']}\n"
-        f"- machine: {env['cpu_model']}, {env['cpu_count']} cores "
-        f"({env['cpus_usable']} usable), load average at start {load}\n"
-        f"- backend: {env['device']}\n"
-        f"- versions: jax {env['jax']}, jaxlib {env['jaxlib']}, flax {env['flax']}, "
-        f"equinox {env['equinox']}, haiku {env['haiku']}, optax {env['optax']}, "
-        f"dropmask {env['dropmask']} @ {env['git_commit']}, python {env['python']}\n"
-        f"- command: `XLA_FLAGS={env['xla_flags']!r} {env['command']}`\n"
-    )
 
 
 def run_masking(quick: bool) -> tuple[list[dict[str, Any]] | None, str]:
@@ -141,25 +55,10 @@ def run_masking(quick: bool) -> tuple[list[dict[str, Any]] | None, str]:
     return rows, "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description="dropmask benchmarks (make bench)")
-    parser.add_argument("--quick", action="store_true", help="smallest size, few repeats")
-    parser.add_argument("--out", default="benchmarks", help="folder for RESULTS.md/results.json")
-    parser.add_argument(
-        "--peak-gbps",
-        type=float,
-        default=None,
-        help="GPU peak memory bandwidth in GB/s (H200: 4800), for achieved-bandwidth columns",
-    )
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def full(args: argparse.Namespace, env: dict[str, Any], out: Path) -> None:
+    """The full tables (``make bench-full``)."""
+    from benchmarks import bench_dropout, bench_train_step
 
-    from benchmarks import bench_dropout
-
-    env = environment(argv)
-    print(environment_markdown(env))
     print("running bench_dropout ...", flush=True)
     dropout = bench_dropout.run(quick=args.quick, peak_gbps=args.peak_gbps)
     print(dropout["markdown"])
@@ -167,14 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     masking_rows, masking_md = run_masking(args.quick)
     print(masking_md)
     print("running bench_train_step ...", flush=True)
-    from benchmarks import bench_train_step
-
     step_size = bench_train_step.QUICK if args.quick else bench_train_step.CPU
     step_rows = bench_train_step.run(*step_size)
     print(bench_train_step.markdown(step_rows))
-
+    env["wall_seconds"] = time.time() - env.pop("start")
+    env["load_average_at_end"] = os.getloadavg()
     body = (
-        "## Benchmarks (`make bench`)\n\n"
+        "## Benchmarks (`make bench-full`)\n\n"
         + environment_markdown(env)
         + "\nTimings are medians of round-robin repeats on a shared machine; re-run for "
         "final numbers. Ratios compare contestants measured in the same run.\n\n"
@@ -184,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         + masking_md
     )
     write_section(out / "RESULTS.md", BENCH_SECTION, body)
-    step_body = "## Train step (`make bench`)\n\n" + environment_markdown(env) + "\n"
+    step_body = "## Train step (`make bench-full`)\n\n" + environment_markdown(env) + "\n"
     write_section(
         out / "RESULTS.md", "train-step", step_body + bench_train_step.markdown(step_rows)
     )
@@ -196,7 +94,51 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "results.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     print(f"wrote {out / 'RESULTS.md'} and {out / 'results.json'}")
+
+
+def targets(args: argparse.Namespace, env: dict[str, Any], out: Path) -> int:
+    """Every target in one table (``make bench``); 1 if one fails and ``--strict``."""
+    from benchmarks import targets as t
+
+    size = t.QUICK if args.quick else t.FULL
+    measured = t.run(size)
+    env["wall_seconds"] = time.time() - env.pop("start")
+    env["load_average_at_end"] = os.getloadavg()
+    table = t.markdown(measured, size)
+    body = "## Targets (`make bench`)\n\n" + environment_markdown(env) + "\n" + table
+    write_section(out / "RESULTS.md", t.SECTION, body, first=True)
+    print("\n" + table)
+    print(f"wrote the targets section of {out / 'RESULTS.md'}")
+    failures = t.failed(measured)
+    if failures and args.strict:
+        print(f"--strict: {len(failures)} target(s) failed", file=sys.stderr)
+        return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description="dropmask benchmarks (make bench)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    parser.add_argument("--full", action="store_true", help="the full tables (make bench-full)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 if a target fails")
+    parser.add_argument("--out", default="benchmarks", help="folder for RESULTS.md")
+    parser.add_argument(
+        "--peak-gbps",
+        type=float,
+        default=None,
+        help="GPU peak memory bandwidth in GB/s (H200: 4800), for --full's bandwidth columns",
+    )
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(" ".join(["python -m benchmarks.run", *argv]))
+    print(environment_markdown(env), flush=True)
+    env["start"] = time.time()
+    if args.full:
+        full(args, env, out)
+        return 0
+    return targets(args, env, out)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from benchmarks import bench_native
 
-from dropmask import _fast_mask
+from dropmask import testing
 
 pytestmark = pytest.mark.skipif(
     bench_native.unsupported() is not None,
@@ -34,7 +34,7 @@ def test_threefry_kernel_is_bit_exact(native: ctypes.CDLL, shape: tuple[int, ...
 
 
 def test_check_exact_catches_a_wrong_mask(native: ctypes.CDLL) -> None:
-    words = np.asarray(_fast_mask.key_words(jax.random.key(7)))
+    words = np.asarray(testing.key_words(jax.random.key(7)))
     right, wrong = np.zeros(32, np.uint32), np.zeros(32, np.uint32)
     mask = bench_native.Mask.at(bench_native.RATE)
     native.packed_words(0, words, right, 32, mask.value, 1)
@@ -56,7 +56,7 @@ def test_ars_same_with_and_without_vaes(native: ctypes.CDLL, tmp_path: Path) -> 
     plain = ctypes.CDLL(str(lib))
     plain.packed_words.argtypes = native.packed_words.argtypes
     n_words = math.prod((16, 256))
-    words = np.asarray(_fast_mask.key_words(jax.random.key(3)))
+    words = np.asarray(testing.key_words(jax.random.key(3)))
     a, b = np.zeros(n_words, np.uint32), np.zeros(n_words, np.uint32)
     thr = bench_native.Mask.at(0.1).value
     native.packed_words(3, words, a, n_words, thr, 1)

@@ -1,0 +1,230 @@
+"""The internals that tests and benchmarks may reach: one documented hook, no models.
+
+dropmask's public API hides how a keep-mask is made. Checking the generator (a
+statistical battery on its raw stream), timing it apart from applying the mask, or
+proving that a hand-written kernel draws the same mask needs the pieces underneath.
+This module names those pieces, as thin wrappers over the functions the library
+itself runs, so that a test or benchmark never imports a private ``dropmask._x``
+module and there is one implementation of each mask. It is not meant for models:
+its signatures follow the implementation and may change with it.
+
+What the ``"fast"`` mask is made of (see the README's "The fast generator"):
+
+* :func:`key_words`: the four ``uint32`` Threefry key words drawn from a JAX key;
+* :func:`threefry4x32`: the Threefry-4x32-20 block function itself;
+* :func:`threshold`: the integer threshold and field width for a keep probability;
+* :func:`packed_mask_words`: a whole mask's keep-flags packed 32 to a ``uint32`` word,
+  as the CPU and CUDA paths compute them before unpacking;
+* :func:`path_keep_mask` and :func:`path_dropout`: the mask (and dropout) computed by
+  one chosen path, where the library picks a path per backend;
+* :data:`MASK_NAME`: the name the packed words carry for ``jax.checkpoint`` policies;
+* :func:`random_bits`: the generator's raw bit stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from . import _dropout, _fast_mask, _random
+from ._checks import check_rate, check_residual, check_shape
+from ._errors import DropmaskValueError
+from ._fast_mask import Threshold as Threshold
+from ._random import DEFAULT_RESIDUAL, Residual
+from ._threefry import threefry4x32 as threefry4x32
+
+__all__ = [
+    "LANES",
+    "MASK_NAME",
+    "PATHS",
+    "Threshold",
+    "fields_per_call",
+    "key_words",
+    "packed_mask_words",
+    "path_dropout",
+    "path_keep_mask",
+    "random_bits",
+    "threefry4x32",
+    "threshold",
+]
+
+LANES = _fast_mask.LANES
+"""Elements per packed word: bit ``l`` of a word is the keep-flag of its element ``l``."""
+
+MASK_NAME = _fast_mask.MASK_NAME
+"""The name of the packed words for ``jax.checkpoint`` policies (``"dropout_mask"``)."""
+
+PATHS = _fast_mask.PATHS
+"""The ways of computing the ``"fast"`` mask: ``"packed"`` (words materialised inside a
+``lax.cond``, the CPU default), ``"packed_inline"`` (the CUDA default) and
+``"per_element"`` (elsewhere). All give the same mask."""
+
+
+def key_words(key: Any) -> jax.Array:
+    """The Threefry key of the ``"fast"`` mask: ``uint32[4]`` drawn from ``key``.
+
+    Args:
+      key: a JAX PRNG key of any impl, or a raw ``uint32`` key.
+
+    Returns:
+      ``uint32[4]``.
+    """
+    return _fast_mask.key_words(key)
+
+
+def threshold(keep_prob: float | jax.Array) -> Threshold:
+    """The integer threshold that keeps an element with probability about ``keep_prob``.
+
+    Args:
+      keep_prob: ``1 - rate``: a Python float (the fewest field bits that represent it
+        to 0.1 %), or a JAX scalar (a 24-bit run-time threshold).
+
+    Returns:
+      A :class:`Threshold`: ``nbits`` (field width), ``shift``, ``value`` (keep when
+      ``field >> shift < value``) and ``realised`` (the exact keep probability).
+
+    Example:
+      >>> from dropmask import testing
+      >>> t = testing.threshold(0.5)
+      >>> (t.nbits, t.value, t.realised)
+      (1, 1, 0.5)
+    """
+    return _fast_mask.threshold(keep_prob)
+
+
+def fields_per_call(nbits: int) -> int:
+    """How many ``nbits``-bit fields one 128-bit Threefry call yields (128 // nbits)."""
+    return _fast_mask._Fields(nbits).per_call
+
+
+def _static_threshold(rate: float, fn: str) -> Threshold:
+    value = check_rate(rate, fn=fn, allow_one=False)
+    if value is None or value == 0.0:
+        raise DropmaskValueError(
+            f"{fn}: rate must be a Python float in (0, 1), got {rate!r}; a rate of 0 has "
+            f"no mask to draw, and a traced rate has no static field width."
+        )
+    return _fast_mask.threshold(1.0 - value)
+
+
+def packed_mask_words(key: Any, shape: Sequence[int], rate: float) -> jax.Array:
+    """The keep-flags of a whole ``shape`` mask, 32 to a ``uint32`` word, unexpanded.
+
+    These are the words the packed paths compute before unpacking them into the
+    consumer (for timing the generator apart from applying the mask, or checking a
+    kernel that draws the same mask). Words run along the mask's packing axis, its
+    last axis longer than 1.
+
+    Args:
+      key: a JAX PRNG key (traced is fine).
+      shape: the mask's shape (Python ints).
+      rate: the drop probability, a Python float in ``(0, 1)``.
+
+    Returns:
+      ``uint32[*word_shape]``: ``shape`` with the packing axis ``d`` replaced by
+      ``ceil(d / 32)``; bit ``l`` of word ``w`` is the keep-flag of element ``32 * w + l``.
+
+    Raises:
+      RateError: ``rate`` outside ``[0, 1)``.
+      DropmaskValueError: ``rate`` is 0 or not a Python float.
+
+    Example:
+      >>> import jax, numpy as np, dropmask
+      >>> from dropmask import testing
+      >>> key = jax.random.key(0)
+      >>> words = testing.packed_mask_words(key, (2, 64), 0.1)
+      >>> bits = (np.asarray(words)[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+      >>> keep = np.asarray(dropmask.keep_mask(key, (2, 64), 0.1))
+      >>> bool((bits.reshape(2, 64).astype(bool) == keep).all())
+      True
+    """
+    fn = "packed_mask_words"
+    shape = check_shape(shape, fn=fn)
+    thr = _static_threshold(rate, fn)
+    return _fast_mask.packed_keep_words(_fast_mask.key_words(key), shape, thr)
+
+
+def path_keep_mask(key: Any, shape: Sequence[int], rate: float, *, path: str) -> jax.Array:
+    """``dropmask.keep_mask(key, shape, rate)`` computed by the chosen ``path``.
+
+    Args:
+      key: a JAX PRNG key.
+      shape: the mask's shape (Python ints).
+      rate: the drop probability, a Python float in ``(0, 1)``.
+      path: one of :data:`PATHS`.
+
+    Returns:
+      ``bool[*shape]``, True where kept: the same on every path.
+
+    Raises:
+      DropmaskValueError: ``path`` is not one of :data:`PATHS`, or ``rate`` is 0.
+      RateError: ``rate`` outside ``[0, 1)``.
+    """
+    fn = "path_keep_mask"
+    shape = check_shape(shape, fn=fn)
+    thr = _static_threshold(rate, fn)
+    return _fast_mask.keep_from_words(_fast_mask.key_words(key), shape, thr, path=path)
+
+
+def path_dropout(
+    x: jax.Array, rate: float, key: Any, *, path: str, residual: Residual = DEFAULT_RESIDUAL
+) -> jax.Array:
+    """``dropmask.dropout(x, rate, key, residual=residual)`` with the mask from ``path``.
+
+    The mask is drawn inside ``jax.checkpoint`` with the library's policy for
+    ``residual``: ``"mask"`` keeps the packed words (named ``"dropout_mask"``) where the
+    path computes them, ``"none"`` keeps only the key words, and the backward pass
+    draws the rest again by the same path.
+
+    Args:
+      x: floating array of any shape.
+      rate: the drop probability, a Python float in ``(0, 1)``.
+      key: a JAX PRNG key.
+      path: one of :data:`PATHS`.
+      residual: ``"mask"`` or ``"none"``, as in :func:`dropmask.dropout`.
+
+    Returns:
+      An array like ``x``: equal to ``dropmask.dropout(x, rate, key)``.
+
+    Raises:
+      DropmaskValueError: ``path`` is not one of :data:`PATHS`, ``residual`` is not a
+        choice, or ``rate`` is 0.
+      RateError: ``rate`` outside ``[0, 1)``.
+    """
+    fn = "path_dropout"
+    thr = _static_threshold(rate, fn)
+    if path not in PATHS:
+        raise DropmaskValueError(f"{fn}: path must be one of {PATHS}, got {path!r}.")
+    check_residual(residual, fn=fn)
+
+    def body(x: jax.Array, words: jax.Array) -> jax.Array:
+        keep = _fast_mask.keep_from_words(words, x.shape, thr, path=path)
+        return _dropout._select_scaled(x, keep, thr.realised)
+
+    policy = _random._SAVE_WORDS if residual == "mask" else _random._SAVE_NOTHING
+    return jax.checkpoint(body, policy=policy)(x, _fast_mask.key_words(key))
+
+
+def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
+    """The generator's raw stream: ``uint32[*shape]``.
+
+    Flat element ``i`` is output word ``i % 4`` of Threefry-4x32-20 at counter
+    ``(i // 4, 0, 0, 0)`` under ``key_words(key)`` (for statistical test batteries).
+
+    Args:
+      key: a JAX PRNG key.
+      shape: Python ints, fewer than ``2**32`` elements in all.
+
+    Returns:
+      ``uint32[*shape]``.
+
+    Example:
+      >>> import jax
+      >>> from dropmask import testing
+      >>> k = jax.random.key(0)
+      >>> bool((testing.random_bits(k, (4, 8))[1] == testing.random_bits(k, (32,))[8:16]).all())
+      True
+    """
+    return _fast_mask.random_bits(key, tuple(check_shape(shape, fn="random_bits")))
