@@ -8,7 +8,7 @@ are wrong on empty rows (NaN or a uniform average) but set the speed to beat:
 * ``masked_softmax``        vs ``jax.nn.softmax(x, where=mask)``
 * ``masked_mean``           vs ``jnp.mean(x, axis=-1, where=mask)``
 * ``masked_scan``           vs ``lax.scan`` with no mask (an RNN, time-major), and vs
-  the seed's hand-masked scan body (``where`` on carry and output)
+  the usual hand-masked scan body (``where`` on carry and output)
 * ``dot_product_attention`` vs ``flax.linen.dot_product_attention``
 
 Timing: per pass, as in the dropout benchmark (``benchmarks/_common.py``). Each
@@ -100,7 +100,7 @@ def _scan_cases(steps: int, batch: int, hidden: int) -> list[Case]:
         return lax.scan(cell, h0, xs)[1]
 
     def by_hand(xs: jax.Array, mask: jax.Array) -> jax.Array:
-        """The seed's recipe: where on the carry and the output, nothing on the inputs."""
+        """The usual recipe: where on the carry and the output, nothing on the inputs."""
 
         def body(h: jax.Array, inputs: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, Any]:
             x, m = inputs
