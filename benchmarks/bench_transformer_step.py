@@ -18,8 +18,11 @@ dropout contestant; the table gives their median and quartiles, and says when th
 quartiles straddle 0 (the effect is within this machine's noise). Temporary memory is
 XLA's ``temp_size_in_bytes`` for one compiled step.
 
+``--sites`` profiles dropmask's addition site by site instead: attention weights
+alone, the other sites alone, all of them, each against the rate-0 layer.
+
 Usage: ``python -m benchmarks.bench_transformer_step [--batch 16] [--length 256]
-[--dtype f32] [--repeats 9]``.
+[--dtype f32] [--repeats 9] [--sites]``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -72,6 +76,8 @@ class EncoderLayer(nn.Module):
     heads: int
     mlp_dim: int
     dtype: Any
+    # The attention-weight dropout rate; None: ``rate``. Set apart to profile the sites.
+    attention_rate: float | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
@@ -83,7 +89,7 @@ class EncoderLayer(nn.Module):
         y = nn.MultiHeadDotProductAttention(
             num_heads=self.heads,
             dtype=self.dtype,
-            dropout_rate=rate,
+            dropout_rate=rate if self.attention_rate is None else self.attention_rate,
             broadcast_dropout=False,
             attention_fn=attention_fn,
         )(y, y, deterministic=deterministic)
@@ -196,6 +202,62 @@ def run(
     }
 
 
+# (attention-weight rate, rate of the other sites) per profiled variant.
+SITES = {
+    "attention weights only": (RATE, 0.0),
+    "attention output and MLP only": (0.0, RATE),
+    "all sites": (RATE, RATE),
+}
+
+
+def profile_sites(
+    batch: int = 16,
+    length: int = 256,
+    width: int = 256,
+    heads: int = 8,
+    mlp_dim: int = 1024,
+    dtype_name: str = "f32",
+    extra: int = 6,
+    repeats: int = 7,
+) -> str:
+    """Where dropmask's addition to the step goes: each group of sites on its own.
+
+    Every variant runs against the same rate-0 layer, paired per repeat as in
+    :func:`run`; returns a markdown table of added step time and temporary memory.
+    """
+    dtype = DTYPES[dtype_name]
+    kx, kp = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (batch, length, width), dtype)
+    variants = {"none": (0.0, 0.0), **SITES}
+    layers = {
+        name: EncoderLayer(DROPMASK, other, heads, mlp_dim, dtype, attention_rate=attention)
+        for name, (attention, other) in variants.items()
+    }
+    params = layers["none"].init(kp, x, True)["params"]
+    args = (params, x, jax.random.key(1))
+    steps = {name: step_fn(layer) for name, layer in layers.items()}
+    loops = {
+        name: Looped(lambda n, s=s: looped_steps(s, n), args, extra=extra)
+        for name, s in steps.items()
+    }
+    seconds = paired_per_pass_seconds(loops, repeats=repeats)
+    temps = {name: temp_bytes(s, args) for name, s in steps.items()}
+    lines = [
+        f"dropmask's dropout by site, {dtype_name} [{batch}, {length}, {width}], {heads} heads, "
+        f"MLP {mlp_dim}; rate-0 step {1e3 * quartiles(seconds['none'])[1]:.1f} ms.\n",
+        "| dropout at | added step time | added temp MiB |",
+        "|---|---|---|",
+    ]
+    for name in SITES:
+        shares = [(t - b) / b for t, b in zip(seconds[name], seconds["none"], strict=True)]
+        q1, med, q3 = quartiles(shares)
+        lines.append(
+            f"| {name} | {100 * med:+.1f}% ({100 * q1:+.1f}% to {100 * q3:+.1f}%) | "
+            f"{(temps[name] - temps['none']) / 2**20:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def markdown(result: dict[str, Any]) -> str:
     r0 = result["rows"][0]
     b, t, w = r0["shape"]
@@ -240,7 +302,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extra", type=int, default=6, help="extra steps of the long loop")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--json", help="also write the result here")
+    parser.add_argument(
+        "--sites", action="store_true", help="profile dropmask's dropout site by site instead"
+    )
+    parser.add_argument("--section", help="with --sites: a RESULTS.md to record the table in")
     args = parser.parse_args(argv)
+    sizes = (args.batch, args.length, args.width, args.heads, args.mlp_dim, args.dtype)
+    if args.sites:
+        table = profile_sites(*sizes, args.extra, args.repeats)
+        print(table)
+        if args.section:
+            from benchmarks._common import environment, environment_markdown, write_section
+
+            command = " ".join(["python -m benchmarks.bench_transformer_step", *(argv or [])])
+            env = environment_markdown(environment(command or " ".join(sys.argv)))
+            body = "## Transformer step by dropout site (`--sites`)\n\n" + env + "\n" + table
+            write_section(Path(args.section), "transformer-sites", body)
+        return 0
     result = run(
         args.batch,
         args.length,

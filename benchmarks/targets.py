@@ -312,7 +312,7 @@ def markdown(targets: list[Target], size: Size) -> str:
         rows,
         [("target", "target"), ("measured", "measured"), ("status", "status"), ("note", "note")],
     )
-    return "\n".join(lines) + table
+    return "\n".join(lines) + "\n" + table
 
 
 def failed(targets: list[Target]) -> list[str]:
