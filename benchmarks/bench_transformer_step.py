@@ -314,8 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.section:
             from benchmarks._common import environment, environment_markdown, write_section
 
-            command = " ".join(["python -m benchmarks.bench_transformer_step", *(argv or [])])
-            env = environment_markdown(environment(command or " ".join(sys.argv)))
+            flags = sys.argv[1:] if argv is None else argv
+            command = " ".join(["python -m benchmarks.bench_transformer_step", *flags])
+            env = environment_markdown(environment(command))
             body = "## Transformer step by dropout site (`--sites`)\n\n" + env + "\n" + table
             write_section(Path(args.section), "transformer-sites", body)
         return 0
