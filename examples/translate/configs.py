@@ -79,7 +79,7 @@ def get_tiny_config() -> ml_collections.ConfigDict:
     config.num_layers = 1
     config.qkv_dim = 16
     config.mlp_dim = 32
-    config.learning_rate = 1e-2
+    config.learning_rate = 3e-2
     config.warmup_steps = 0
     config.decay_steps = 24  # the resume test trains 12 steps, then resumes to 24
     config.beam_size = 2

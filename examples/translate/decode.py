@@ -162,7 +162,7 @@ def beam_search(
         cache, token, tokens, scores, done, lengths = carry
         logits, cache = _next_logits(config, params, cache, encoded, segmentation, token, step)
         logp = jax.nn.log_softmax(logits).reshape(batch, size, -1)
-        logp = jnp.where(done[..., None], pad_only, logp)
+        logp = jnp.where(done[..., None], pad_only[None, None], logp)
         flat = (scores[..., None] + logp).reshape(batch, -1)
         scores, index = jax.lax.top_k(flat, size)
         beams, token = index // config.vocab_size, (index % config.vocab_size).astype(jnp.int32)
@@ -172,7 +172,7 @@ def beam_search(
         return _gather_beams(cache, beams), token.reshape(-1), tokens, scores, done, lengths
 
     # Only the first beam is live at the start, so that the beams do not all repeat it.
-    scores = jnp.where(jnp.arange(size) == 0, 0.0, -jnp.inf) * jnp.ones((batch, 1))
+    scores = jnp.broadcast_to(jnp.where(jnp.arange(size) == 0, 0.0, -jnp.inf), (batch, size))
     init = (
         cache,
         jnp.full((batch * size,), BOS, jnp.int32),

@@ -54,9 +54,7 @@ class Tokenizer:
     """
 
     model: bytes
-    processor: spm.SentencePieceProcessor = dataclasses.field(
-        init=False, repr=False, compare=False
-    )
+    processor: spm.SentencePieceProcessor = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "processor", spm.SentencePieceProcessor(model_proto=self.model))
@@ -106,7 +104,9 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int) -> Tokenizer:
 
 def _read_lines(path: pathlib.Path, entry: str, other: pathlib.Path) -> list[str]:
     if not path.is_file():
-        raise DataError(f"{path}: no such file (config.{entry}). Give a text file, one sentence a line.")
+        raise DataError(
+            f"{path}: no such file (config.{entry}). Give a text file, one sentence a line."
+        )
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as err:
@@ -249,7 +249,9 @@ def make_split(
     segment_ids = (values[..., 2] != PAD).astype(np.int32)
     positions = np.broadcast_to(np.arange(values.shape[1], dtype=np.int32), segment_ids.shape)
     return Split(
-        tuple(s for s, _ in pairs), tuple(t for _, t in pairs), _layout(values, segment_ids, positions)
+        tuple(s for s, _ in pairs),
+        tuple(t for _, t in pairs),
+        _layout(values, segment_ids, positions),
     )
 
 
@@ -315,7 +317,11 @@ def load(config: ml_collections.ConfigDict) -> Data:
         train=train,
         train_pairs=len(train_pairs),
         eval=make_split(
-            tokenizer, [pairs[i] for i in held_out], [where[i] for i in held_out], max_len, batch_size
+            tokenizer,
+            [pairs[i] for i in held_out],
+            [where[i] for i in held_out],
+            max_len,
+            batch_size,
         ),
         train_eval=make_split(
             tokenizer,

@@ -70,7 +70,9 @@ def sinusoid(positions: jax.Array, dim: int) -> jax.Array:
     half = dim // 2
     scale = np.log(10000.0) / max(half - 1, 1)
     freqs = jnp.exp(-scale * jnp.arange(half, dtype=jnp.float32))
-    angles = positions[..., None].astype(jnp.float32) * freqs
+    angles = positions[..., None].astype(jnp.float32) * freqs.reshape(
+        (1,) * positions.ndim + (half,)
+    )
     return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
 
 

@@ -130,7 +130,11 @@ def _teacher_forced(
 
 
 def translate_batch(
-    params: dict, batch: dict[str, np.ndarray], config: TransformerConfig, beam_size: int, alpha: float
+    params: dict,
+    batch: dict[str, np.ndarray],
+    config: TransformerConfig,
+    beam_size: int,
+    alpha: float,
 ) -> np.ndarray:
     """Output tokens ``int32[batch, max_len]`` for the sources of an unpacked batch."""
     args = (params, batch["inputs"], batch["inputs_segmentation"], config)
