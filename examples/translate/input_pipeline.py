@@ -291,7 +291,7 @@ def load(config: ml_collections.ConfigDict) -> Data:
     train_index = [i for i in range(len(pairs)) if pairs[i][0] not in seen]
     if len(held_out) < eval_size or not train_index:
         raise DataError(
-            f"config.eval_size={eval_size}: the data has {len(seen | {p for p, _ in pairs})} "
+            f"config.eval_size={eval_size}: the data has {len({p for p, _ in pairs})} "
             f"distinct source sentences, too few to hold out {eval_size} and train on the "
             f"rest. Lower eval_size."
         )
