@@ -1,0 +1,1 @@
+"""Translate: a small Transformer translating a generated English -> German grammar."""
