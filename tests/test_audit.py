@@ -269,6 +269,14 @@ def test_command_audits_the_digits_example_clean(capsys):
     assert "OK: no finding." in out and "Dropout_1" in out
 
 
+@pytest.mark.parametrize(("example", "site"), [("seq2seq", "dropout#2"), ("sst2", "WordDropout_0")])
+def test_command_audits_the_recurrent_examples_clean(example, site, capsys):
+    # Their MaskedRNNs take per-step keys in evaluation too and use none of them.
+    assert _run(example) == 0
+    out = capsys.readouterr().out
+    assert "OK: no finding." in out and site in out
+
+
 def test_command_exits_nonzero_on_findings(tmp_path, capsys):
     hook = tmp_path / "hook.py"
     hook.write_text(

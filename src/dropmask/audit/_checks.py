@@ -231,13 +231,19 @@ def eval_findings(
     outputs_equal: bool,
     flag: str,
 ) -> list[Finding]:
-    """Sites that draw or drop in evaluation, and evaluation outputs that differ by key."""
+    """Sites that draw or drop in evaluation, and evaluation outputs that differ by key.
+
+    A module that is not a dropout layer (kind ``"other"``, e.g. a recurrent wrapper
+    that hands per-step keys to its cell) may take keys in evaluation without using
+    them; it is flagged only through the outputs, when they differ by key.
+    """
     out = []
-    for name in sites:
+    for name, info in sites.items():
         drop = any(
             o.dropped is not None and bool(o.dropped.any()) for ph in obs for o in ph.get(name, [])
         )
-        if drop or any(drew.get((phase, name), False) for phase in phases):
+        drew_key = info.kind != "other" and any(drew.get((phase, name), False) for phase in phases)
+        if drop or drew_key:
             out.append(
                 Finding(
                     "eval-not-deterministic",

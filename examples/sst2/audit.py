@@ -1,0 +1,34 @@
+"""The sst2 example's hook for ``dropmask audit sst2``: its model, step and batches."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from dropmask.audit import AuditTarget
+from examples.sst2 import configs
+from examples.sst2.train import example
+
+
+def audit_target(steps: int = 3) -> AuditTarget:
+    """The tiny config's classifier with dropout on, its train state and ``steps`` batches.
+
+    Keys are split as the training loop splits them, so the audit sees the masks a
+    real run draws.
+    """
+    config = configs.get_tiny_config()
+    data = example.load_data(config)
+    data_key, params_key, dropout_key = jax.random.split(jax.random.key(config.seed), 3)
+    state = example.create_state(config, data, params_key, dropout_key)
+    batches = [example.train_batch(config, data, data_key, step) for step in range(steps)]
+    first = batches[0]
+    return AuditTarget(
+        model=state.apply_fn.__self__,
+        variables={"params": state.params},
+        args=(jnp.asarray(first["tokens"]), jnp.asarray(first["length"])),
+        train_kwargs={"training": True},
+        eval_kwargs={"training": False},
+        train_step=example.train_step,
+        state=state,
+        batches=batches,
+    )
