@@ -246,7 +246,9 @@ def make_split(
     # Padded to the split's longest pair (a multiple of 8), not to max_len: shorter rows
     # make the teacher-forced evaluation cheaper.
     values, _ = dropmask.pad_sequences(rows, multiple_of=8, pad_value=PAD)
-    segment_ids = (values[..., 2] != PAD).astype(np.int32)
+    # One segment per non-empty row, over the source and the target alike: a source
+    # longer than its target keeps every token.
+    segment_ids = (values != PAD).any(-1).astype(np.int32)
     positions = np.broadcast_to(np.arange(values.shape[1], dtype=np.int32), segment_ids.shape)
     return Split(
         tuple(s for s, _ in pairs),

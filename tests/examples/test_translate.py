@@ -102,6 +102,21 @@ def test_packed_rows_restart_positions_and_match_segments(config, data):
     assert not np.array_equal(first["inputs"], other["inputs"])
 
 
+def test_held_out_rows_keep_every_source_token(data):
+    # A source longer than its target must stay whole: encoder attention and decoding
+    # read the source through inputs_segmentation.
+    pairs = [("the old dog sees the happy children with the clever mice", "ja"), ("a", "")]
+    split = input_pipeline.make_split(data.tokenizer, pairs, ["long", "short"], 64, 4)
+    batch = split.batch
+    kept = np.where(batch["inputs_segmentation"] > 0, batch["inputs"], input_pipeline.PAD)
+    assert data.tokenizer.decode(kept[:2]) == [s for s, _ in pairs]
+    for name in ("inputs", "targets"):
+        valid = batch[name] != input_pipeline.PAD
+        segments = batch[f"{name}_segmentation"]
+        np.testing.assert_array_equal(segments, valid.astype(np.int32))
+    assert not batch["inputs_segmentation"][2:].any()  # the empty filler rows
+
+
 def test_parallel_file_errors_name_the_file_and_line(tmp_path, config):
     src, tgt = tmp_path / "train.en", tmp_path / "train.de"
     src.write_text("the dog\nthe cat\na man\n", encoding="utf-8")
