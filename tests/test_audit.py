@@ -162,6 +162,60 @@ def test_audit_does_not_change_variables():
     jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, variables))
 
 
+class ModeByField(nn.Module):
+    """Selects its mode by a field, as Flax's WMT Transformer does with its config."""
+
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dropout(0.5, deterministic=self.deterministic)(nn.Dense(16)(x))
+
+
+@pytest.mark.parametrize(
+    ("eval_model", "codes"), [(True, set()), (False, {"eval-not-deterministic"})]
+)
+def test_eval_model_audits_a_mode_chosen_by_a_field(eval_model, codes):
+    variables = ModeByField(True).init(jax.random.key(0), X)
+    report = audit_model(
+        ModeByField(False),
+        variables,
+        X,
+        train_kwargs={},
+        eval_kwargs={},
+        eval_model=ModeByField(deterministic=eval_model),
+    )
+    assert report.codes == codes
+    assert all("eval_model's config" in f.message for f in report.findings)
+    assert [s.path for s in report.sites] == ["Dropout_0"]
+
+
+class PaddedAttention(nn.Module):
+    """Flax attention with weight dropout over padded rows (zeros where padding is)."""
+
+    eval_drops: bool = False
+
+    @nn.compact
+    def __call__(self, x, training: bool):
+        valid = jnp.arange(x.shape[1])[None] < jnp.asarray([[4], [3], [2], [1]])
+        attention = nn.MultiHeadDotProductAttention(
+            num_heads=2, dropout_rate=0.3, deterministic=not (training or self.eval_drops)
+        )
+        return attention(x, mask=nn.make_attention_mask(valid, valid)) * valid[..., None]
+
+
+@pytest.mark.parametrize(
+    ("eval_drops", "codes"), [(False, set()), (True, {"eval-not-deterministic"})]
+)
+def test_attention_weight_dropout_is_judged_by_outputs(eval_drops, codes):
+    # Its output is not a masked copy of its input: padding zeros must not read as drops.
+    x = X.reshape(4, 4, 8)
+    model = PaddedAttention(eval_drops)
+    report = audit_model(model, model.init(jax.random.key(0), x, training=False), x)
+    assert report.codes == codes
+    assert [(s.path, s.kind) for s in report.sites] == [("MultiHeadDotProductAttention_0", "other")]
+
+
 def test_report_prints_as_table_and_json():
     report = _audit(CustomModel("batch-broadcast"), X)
     text = str(report)
@@ -177,6 +231,8 @@ def test_bad_arguments_raise_dropmask_errors():
         audit_model(object(), {}, X)
     with pytest.raises(dropmask.DropmaskTypeError, match="rngs"):
         audit_model(FlaxMLP(), {}, X, rngs=[jax.random.key(0)])
+    with pytest.raises(dropmask.DropmaskTypeError, match="eval_model must be a flax.linen"):
+        audit_model(FlaxMLP(), {}, X, eval_model=object())
     with pytest.raises(dropmask.DropmaskValueError, match="at least 2 batches"):
         audit_step(lambda s, b: s, None, [X])
 
@@ -269,9 +325,13 @@ def test_command_audits_the_digits_example_clean(capsys):
     assert "OK: no finding." in out and "Dropout_1" in out
 
 
-@pytest.mark.parametrize(("example", "site"), [("seq2seq", "dropout#2"), ("sst2", "WordDropout_0")])
-def test_command_audits_the_recurrent_examples_clean(example, site, capsys):
-    # Their MaskedRNNs take per-step keys in evaluation too and use none of them.
+@pytest.mark.parametrize(
+    ("example", "site"),
+    [("seq2seq", "dropout#2"), ("sst2", "WordDropout_0"), ("translate", "MlpBlock_0")],
+)
+def test_command_audits_the_examples_clean(example, site, capsys):
+    # The MaskedRNNs of seq2seq and sst2 take per-step keys in evaluation too and use
+    # none of them; translate's Transformer is put in evaluation by its config.
     assert _run(example) == 0
     out = capsys.readouterr().out
     assert "OK: no finding." in out and site in out

@@ -59,7 +59,8 @@ def _model_and_optimizer(
     return Transformer(model), tx
 
 
-def _model_inputs(batch: dict[str, jax.Array]) -> tuple[jax.Array, ...]:
+def model_inputs(batch: dict[str, jax.Array]) -> tuple[jax.Array, ...]:
+    """The positional arguments of ``Transformer.__call__`` taken from a packed batch."""
     keys = ("inputs", "targets_in", "inputs_segmentation", "targets_segmentation")
     return tuple(batch[k] for k in (*keys, "inputs_position", "targets_position"))
 
@@ -79,7 +80,7 @@ def create_state(
     )
     rows = {k: v[:2] for k, v in data.train.items()}
     init = Transformer(model.config.replace(deterministic=True))
-    variables = init.init(params_key, *_model_inputs(rows))
+    variables = init.init(params_key, *model_inputs(rows))
     return TrainState.create(
         apply_fn=model.apply, params=variables["params"], tx=tx, key=dropout_key
     )
@@ -105,7 +106,7 @@ def train_step(
     valid = batch["targets_segmentation"] > 0
 
     def loss_fn(params: dict) -> tuple[jax.Array, jax.Array]:
-        logits = state.apply_fn({"params": params}, *_model_inputs(batch), rngs=rngs)
+        logits = state.apply_fn({"params": params}, *model_inputs(batch), rngs=rngs)
         labels = _smoothed(batch["targets"], logits.shape[-1], LABEL_SMOOTHING)
         return dropmask.masked_cross_entropy(logits, labels, valid), logits
 
@@ -121,7 +122,7 @@ def _teacher_forced(
 ) -> dict[str, jax.Array]:
     """Sums of the plain cross-entropy and of right tokens, and the token count."""
     logits = Transformer(config.replace(deterministic=True)).apply(
-        {"params": params}, *_model_inputs(batch)
+        {"params": params}, *model_inputs(batch)
     )
     valid = batch["targets_segmentation"] > 0
     loss = dropmask.masked_cross_entropy(logits, batch["targets"], valid, reduction="sum")

@@ -77,6 +77,7 @@ def audit_model(
     eval_kwargs: Mapping[str, Any] | None = None,
     rngs: Mapping[str, Any] | None = None,
     method: Callable[..., Any] | str | None = None,
+    eval_model: nn.Module | None = None,
     **kwargs: Any,
 ) -> AuditReport:
     """Lists a Linen model's dropout sites and checks them in training and evaluation.
@@ -96,6 +97,10 @@ def audit_model(
         ``{'training': False}``.
       rngs: ``{stream: key}`` for training; default ``{'dropout': jax.random.key(0)}``.
       method: passed to ``model.apply``.
+      eval_model: the module applied in evaluation, for models whose mode is a
+        field rather than a call argument, as in Flax's WMT example
+        (``Transformer(config.replace(deterministic=True))``); pass
+        ``train_kwargs={}, eval_kwargs={}`` with it. Default: ``model``.
       **kwargs: further keyword arguments of every call.
 
     Returns:
@@ -117,11 +122,15 @@ def audit_model(
       >>> audit_model(MLP(), variables, x).ok
       True
     """
-    if not isinstance(model, nn.Module):
-        raise DropmaskTypeError(
-            f"audit_model expects a flax.linen.Module, got {type(model).__name__}. For an "
-            "nnx.Module use dropmask.audit.audit_nnx(model, *args)."
-        )
+    given = {"model": model} if eval_model is None else {"model": model, "eval_model": eval_model}
+    for name, module in given.items():
+        if not isinstance(module, nn.Module):
+            raise DropmaskTypeError(
+                f"audit_model: {name} must be a flax.linen.Module, got "
+                f"{type(module).__name__}. For an nnx.Module use "
+                "dropmask.audit.audit_nnx(model, *args)."
+            )
+    modules = {"eval": model if eval_model is None else eval_model, "train": model}
     rngs_a = _check_rngs(rngs)
     rngs_b = _other_rngs(rngs_a)
     train = dict(train_kwargs if train_kwargs is not None else {"training": True})
@@ -138,10 +147,14 @@ def audit_model(
         for phase, mode, keys in runs:
             rec.begin(phase)
             call = {**kwargs, **mode}
-            outputs[phase] = model.apply(variables, *args, rngs=keys, method=method, **call)
+            module = modules[phase[:-1]]
+            outputs[phase] = module.apply(variables, *args, rngs=keys, method=method, **call)
             jax.block_until_ready(outputs[phase])
             jax.effects_barrier()
-    flag = ", ".join(f"{k}={v!r}" for k, v in evaluate.items()) or "its evaluation arguments"
+    flag = ", ".join(f"{k}={v!r}" for k, v in evaluate.items())
+    if eval_model is not None:
+        flag = "eval_model's config" + (f" and {flag}" if flag else "")
+    flag = flag or "its evaluation arguments"
     return _model_report(rec, _trees_equal(outputs["eval0"], outputs["eval1"]), flag)
 
 

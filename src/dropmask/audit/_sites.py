@@ -112,6 +112,10 @@ def classify(module: Any, drew: bool) -> str | None:
     kind = _kind_by_type(module)
     if kind is not None:
         return kind
+    if drew and _has_children(module):
+        # A block that draws a key itself, like Flax's MultiHeadDotProductAttention
+        # dropping attention weights: its output is not a masked copy of its input.
+        return "other"
     if drew or _looks_stochastic(module):
         return "custom"
     return None
@@ -166,6 +170,7 @@ class Recorder:
         same = isinstance(out, jax.Array) and x is not None and jnp.shape(x) == out.shape
         if not same and kind == "custom":
             kind = "other"
+        same = same and kind != "other"
         shape = tuple(jnp.shape(x)) if x is not None else ()
         bdims = _broadcast_dims(module, len(shape))
         decision_shape = _decision_shape(module, kind, shape, bdims)

@@ -32,6 +32,9 @@ class AuditTarget:
       train_step: ``(state, batch) -> state | (state, ...)``; None skips the step audit.
       state: the train state the step starts from.
       batches: at least two batches for the step audit.
+      eval_model: the module applied in evaluation when a config field, not a call
+        argument, selects the mode (e.g. ``config.replace(deterministic=True)``);
+        None: ``model`` with ``eval_kwargs``.
     """
 
     model: Any
@@ -42,6 +45,7 @@ class AuditTarget:
     train_step: Callable[..., Any] | None = None
     state: Any = None
     batches: Sequence[Any] = ()
+    eval_model: Any = None
 
 
 def audit_target(target: AuditTarget) -> AuditReport:
@@ -61,6 +65,7 @@ def audit_target(target: AuditTarget) -> AuditReport:
         *target.args,
         train_kwargs=target.train_kwargs,
         eval_kwargs=target.eval_kwargs,
+        eval_model=target.eval_model,
     )
     if target.train_step is not None:
         report = report.merged(audit_step(target.train_step, target.state, target.batches))
