@@ -238,3 +238,192 @@ def test_shard_spec_longer_than_the_input_is_rejected():
         dropmask.DropmaskValueError, match="shard_spec .* has 3 entries but the input has 2"
     ):
         jax.jit(f)(jnp.ones(SHAPE), jax.random.key(0))
+
+
+# --- drop_path and alpha_dropout inside shard_map ----------------------------------------
+
+# (mesh, spec): the batch axis or a feature axis split, on a 1-D and a 2-D mesh
+BLOCK_CASES = [
+    ("1d", PartitionSpec("d")),
+    ("1d", PartitionSpec(None, "d")),
+    *[("2d", spec) for spec in SPECS],
+]
+RATE = 0.3
+
+
+def _mesh_named(name: str) -> Mesh:
+    return _mesh(8) if name == "1d" else _mesh2d()
+
+
+def _block_of(spec: PartitionSpec, local_shape) -> tuple[tuple[int, ...], tuple]:
+    """This device's ``(global_shape, offset)``, computed here from the mesh axes
+    (row-major over a tuple of names) rather than by the library's own helper."""
+    entries = tuple(spec) + (None,) * (len(local_shape) - len(spec))
+    global_shape, offset = [], []
+    for d, names in zip(local_shape, entries, strict=True):
+        names = () if names is None else (names,) if isinstance(names, str) else tuple(names)
+        index, size = 0, 1
+        for name in names:
+            index = index * jax.lax.axis_size(name) + jax.lax.axis_index(name)
+            size *= jax.lax.axis_size(name)
+        global_shape.append(d * size)
+        offset.append(index * d)
+    return tuple(global_shape), tuple(offset)
+
+
+FUNCTIONAL = {
+    "drop_path": lambda x, k, **kw: dropmask.drop_path(x, RATE, k, **kw),
+    "alpha_dropout": lambda x, k, **kw: dropmask.alpha_dropout(x, RATE, k, **kw),
+}
+LINEN = {"drop_path": dl.DropPath, "alpha_dropout": dl.AlphaDropout}
+NNX = {"drop_path": dnnx.DropPath, "alpha_dropout": dnnx.AlphaDropout}
+
+
+def _in_shard_map(mesh, spec, local):
+    return jax.jit(
+        jax.shard_map(local, mesh=mesh, in_specs=(spec, PartitionSpec()), out_specs=spec)
+    )
+
+
+def _x_and_key():
+    return jax.random.normal(jax.random.key(1), SHAPE), jax.random.key(7)
+
+
+@pytest.mark.parametrize(("mesh_name", "spec"), BLOCK_CASES, ids=str)
+@pytest.mark.parametrize("name", sorted(FUNCTIONAL))
+def test_functional_block_in_shard_map_equals_unsharded(name, mesh_name, spec):
+    fn, (x, key) = FUNCTIONAL[name], _x_and_key()
+    want = np.asarray(fn(x, key))
+
+    def local(x, k):
+        global_shape, offset = _block_of(spec, x.shape)
+        return fn(x, k, global_shape=global_shape, offset=offset)
+
+    got = np.asarray(_in_shard_map(_mesh_named(mesh_name), spec, local)(x, key))
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(("mesh_name", "spec"), BLOCK_CASES, ids=str)
+@pytest.mark.parametrize("name", sorted(LINEN))
+def test_linen_layer_with_shard_spec_equals_unsharded(name, mesh_name, spec):
+    (x, key), layer = _x_and_key(), LINEN[name](RATE, deterministic=False)
+    want = np.asarray(layer.apply({}, x, rngs={"dropout": key}))
+    sharded = layer.clone(shard_spec=spec)
+    f = _in_shard_map(
+        _mesh_named(mesh_name), spec, lambda x, k: sharded.apply({}, x, rngs={"dropout": k})
+    )
+    np.testing.assert_array_equal(np.asarray(f(x, key)), want)
+
+
+@pytest.mark.parametrize(("mesh_name", "spec"), BLOCK_CASES, ids=str)
+@pytest.mark.parametrize("name", sorted(NNX))
+def test_nnx_layer_with_shard_spec_equals_unsharded(name, mesh_name, spec):
+    x, key = _x_and_key()
+    want = np.asarray(NNX[name](RATE)(x, rngs=key))
+    layer = NNX[name](RATE, shard_spec=spec)
+    f = _in_shard_map(_mesh_named(mesh_name), spec, lambda x, k: layer(x, rngs=k))
+    np.testing.assert_array_equal(np.asarray(f(x, key)), want)
+
+
+@pytest.mark.parametrize("name", sorted(LINEN))
+def test_drop_path_and_alpha_modules_take_call_time_block(name):
+    mesh, spec, (x, key) = _mesh2d(), PartitionSpec("data", "model"), _x_and_key()
+    linen_layer, nnx_layer = LINEN[name](RATE, deterministic=False), NNX[name](RATE)
+
+    def local(x, k):
+        global_shape, offset = _block_of(spec, x.shape)
+        a = linen_layer.apply({}, x, rng=k, global_shape=global_shape, offset=offset)
+        b = nnx_layer(x, rngs=k, global_shape=global_shape, offset=offset)
+        return a, b
+
+    f = jax.jit(
+        jax.shard_map(local, mesh=mesh, in_specs=(spec, PartitionSpec()), out_specs=(spec, spec))
+    )
+    a, b = f(x, key)
+    want = np.asarray(FUNCTIONAL[name](x, key))
+    np.testing.assert_array_equal(np.asarray(a), want)
+    np.testing.assert_array_equal(np.asarray(b), want)
+
+
+@pytest.mark.parametrize("spec", [PartitionSpec(None, "model"), PartitionSpec("data", "model")])
+def test_drop_path_decision_is_shared_by_devices_splitting_features(spec):
+    """Each device holds part of an example's features; all of them must drop it or keep
+    it together, and the block is what makes the batch-split devices differ."""
+    mesh, key = _mesh2d(), jax.random.key(7)
+    x = jnp.ones(SHAPE)
+    f = _in_shard_map(mesh, spec, lambda x, k: dnnx.DropPath(RATE, shard_spec=spec)(x, rngs=k))
+    got = np.asarray(f(x, key))
+    kept = got != 0
+    np.testing.assert_array_equal(kept, np.broadcast_to(kept[:, :1], SHAPE))
+    assert 0 < kept[:, 0].sum() < SHAPE[0], kept[:, 0]
+    # the kept examples are scaled by the keep probability the threshold realises
+    np.testing.assert_allclose(got[kept], got[kept][0], rtol=0, atol=0)
+    np.testing.assert_allclose(got[kept][0], 1 / (1 - RATE), rtol=1e-3)
+
+
+def test_drop_path_without_a_block_repeats_one_decision_per_device():
+    """Guards the tests above: with the batch split and no block, each device would draw
+    the same local decisions, which differ from the unsharded ones."""
+    mesh, spec, (x, key) = _mesh(8), PartitionSpec("d"), _x_and_key()
+    f = _in_shard_map(mesh, spec, lambda x, k: dropmask.drop_path(x, RATE, k))
+    got = np.asarray(f(x, key)) != 0
+    rows = SHAPE[0] // 8
+    np.testing.assert_array_equal(got, np.tile(got[:rows], (8, 1)))
+    assert not np.array_equal(got, np.asarray(dropmask.drop_path(x, RATE, key)) != 0)
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONAL))
+def test_gradient_through_shard_map_equals_unsharded(name):
+    mesh, spec, (x, key) = _mesh2d(), PartitionSpec("data", "model"), _x_and_key()
+    fn, weights = FUNCTIONAL[name], jax.random.normal(jax.random.key(2), SHAPE)
+
+    def local(x, k):
+        global_shape, offset = _block_of(spec, x.shape)
+        return fn(x, k, global_shape=global_shape, offset=offset)
+
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(spec, PartitionSpec()), out_specs=spec)
+    want = jax.grad(lambda x: jnp.sum(fn(x, key) * weights))(x)
+    got = jax.jit(jax.grad(lambda x: jnp.sum(sharded(x, key) * weights)))(x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    dropped = np.asarray(fn(jnp.ones(SHAPE), key)) == np.asarray(fn(2 * jnp.ones(SHAPE), key))
+    # dropped elements get no gradient; the test fails if nothing is dropped
+    assert dropped.any() and (np.asarray(got)[dropped] == 0).all()
+
+
+def _error(f) -> str:
+    with pytest.raises(dropmask.DropmaskError) as info:
+        f()
+    return str(info.value)
+
+
+BAD_BLOCKS = [
+    {"global_shape": SHAPE, "offset": None},
+    {"global_shape": (8, 128), "offset": (0, 0)},
+    {"global_shape": SHAPE, "offset": (0,)},
+    {"global_shape": (64.0, 128), "offset": (0, 0)},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_BLOCKS, ids=str)
+def test_bad_block_errors_match_dropout_and_name_the_caller(bad):
+    x, key = jnp.ones((16, 128)), jax.random.key(0)
+    base = _error(lambda: dropmask.dropout(x, RATE, key, **bad))
+    assert base.startswith("dropout: "), base
+    callers = {
+        "drop_path": lambda: dropmask.drop_path(x, RATE, key, **bad),
+        "alpha_dropout": lambda: dropmask.alpha_dropout(x, RATE, key, **bad),
+        "dropmask.linen.DropPath": lambda: dl.DropPath(RATE, deterministic=False).apply(
+            {}, x, rng=key, **bad
+        ),
+        "dropmask.nnx.AlphaDropout": lambda: dnnx.AlphaDropout(RATE)(x, rngs=key, **bad),
+    }
+    for name, call in callers.items():
+        assert _error(call) == name + base.removeprefix("dropout"), name
+
+
+def test_flax_impl_rejects_a_block_naming_the_caller():
+    x, key = jnp.ones((16, 128)), jax.random.key(0)
+    block = {"global_shape": (32, 128), "offset": (16, 0)}
+    for name, fn in (("drop_path", dropmask.drop_path), ("alpha_dropout", dropmask.alpha_dropout)):
+        with pytest.raises(dropmask.DropmaskValueError, match=f"^{name}: .*need impl='fast'"):
+            fn(x, RATE, key, impl="flax", **block)

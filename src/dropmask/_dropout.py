@@ -34,7 +34,7 @@ from ._checks import (
     normalize_broadcast_dims,
 )
 from ._errors import DropmaskTypeError, DropmaskValueError, DtypeError
-from ._fast_mask import Block, local_block
+from ._fast_mask import Block, block_from_spec, local_block
 from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual, draw, mask_shape, probability
 
 __all__ = ["alpha_dropout", "drop_path", "dropout", "gaussian_dropout", "word_dropout"]
@@ -55,6 +55,22 @@ def needs_key(rate: Any, deterministic: bool, *, fn: str = "dropout") -> bool:
     """
     check_rate(rate, fn=fn)
     return not deterministic and concrete_value(rate) not in (0.0, 1.0)
+
+
+def layer_block(
+    x: Any, shard_spec: Any, global_shape: Any, offset: Any, deterministic: bool, *, fn: str
+) -> tuple[Any, Any]:
+    """The ``(global_shape, offset)`` a layer hands to the core for this call.
+
+    Call-time ``global_shape`` / ``offset`` win (either one alone is passed on, so that
+    the core reports the missing half). Otherwise, with a ``shard_spec`` and in training
+    mode, the block this device holds inside ``shard_map`` (``block_from_spec``); in
+    evaluation nothing is drawn, so no block is needed.
+    """
+    if shard_spec is None or deterministic or global_shape is not None or offset is not None:
+        return global_shape, offset
+    block = block_from_spec(jnp.shape(x), shard_spec, fn=fn)
+    return block.global_shape, block.offset
 
 
 class _Call(NamedTuple):
@@ -281,6 +297,8 @@ def drop_path(
     batch_axis: int = 0,
     deterministic: bool = False,
     impl: Impl = DEFAULT_IMPL,
+    global_shape: Sequence[int] | None = None,
+    offset: Sequence[Any] | None = None,
     residual: Residual = DEFAULT_RESIDUAL,
 ) -> jax.Array:
     """Stochastic depth: drops whole examples of a residual branch, scaling the rest.
@@ -292,6 +310,10 @@ def drop_path(
       batch_axis: the axis that indexes examples; one decision is drawn per index.
       deterministic: if True, return ``x``.
       impl: mask generator, as in :func:`dropout`.
+      global_shape: inside ``shard_map``: the global shape ``x`` is a block of, as in
+        :func:`dropout`. Only the batch axis is drawn, so devices that split another
+        axis make the same decision for an example.
+      offset: the global index of ``x``'s first element, one per axis (may be traced).
       residual: what the backward pass keeps, as in :func:`dropout`.
 
     Returns:
@@ -300,6 +322,12 @@ def drop_path(
     Raises:
       AxisError: ``batch_axis`` out of range (a 0-d ``x`` has no batch axis).
       The other errors of :func:`dropout`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> y = dropmask.drop_path(jnp.ones((4, 3)), 0.5, jax.random.key(0))
+      >>> bool((y == y[:, :1]).all())  # one decision per example
+      True
     """
     return apply_dropout(
         x,
@@ -308,6 +336,8 @@ def drop_path(
         batch_axis=batch_axis,
         deterministic=deterministic,
         impl=impl,
+        global_shape=global_shape,
+        offset=offset,
         residual=residual,
         fn="drop_path",
     )
@@ -486,6 +516,8 @@ def alpha_dropout(
     broadcast_dims: int | Sequence[int] = (),
     deterministic: bool = False,
     impl: Impl = DEFAULT_IMPL,
+    global_shape: Sequence[int] | None = None,
+    offset: Sequence[Any] | None = None,
     residual: Residual = DEFAULT_RESIDUAL,
 ) -> jax.Array:
     """Dropout for SELU networks: keeps zero mean and unit variance of the activations.
@@ -502,10 +534,17 @@ def alpha_dropout(
       broadcast_dims: axes that share one mask value.
       deterministic: if True, return ``x``.
       impl: mask generator, as in :func:`dropout`.
+      global_shape: inside ``shard_map``: the global shape ``x`` is a block of; with
+        ``offset`` the local result is the matching block of the global call, as in
+        :func:`dropout`.
+      offset: the global index of ``x``'s first element, one per axis (may be traced).
       residual: what the backward pass keeps, as in :func:`dropout`.
 
     Returns:
       An array like ``x``; NaN for a traced ``rate`` outside ``[0, 1]``.
+
+    Raises:
+      The errors of :func:`dropout`; ``DtypeError`` also for complex ``x``.
     """
     return apply_alpha_dropout(
         x,
@@ -514,6 +553,8 @@ def alpha_dropout(
         broadcast_dims=broadcast_dims,
         deterministic=deterministic,
         impl=impl,
+        global_shape=global_shape,
+        offset=offset,
         residual=residual,
         fn="alpha_dropout",
     )
@@ -527,6 +568,8 @@ def apply_alpha_dropout(
     broadcast_dims: Any = (),
     deterministic: bool = False,
     impl: Any = DEFAULT_IMPL,
+    global_shape: Any = None,
+    offset: Any = None,
     residual: Any = DEFAULT_RESIDUAL,
     fn: str,
 ) -> jax.Array:
@@ -540,6 +583,8 @@ def apply_alpha_dropout(
         kind="floating",
         broadcast_dims=broadcast_dims,
         impl=impl,
+        global_shape=global_shape,
+        offset=offset,
         residual=residual,
     )
     x = call.x
@@ -549,4 +594,4 @@ def apply_alpha_dropout(
         return jnp.zeros_like(x)
     p = probability(rate, call.value, keep=True, fn=fn)
     bshape = mask_shape(x.shape, call.axes)
-    return draw(key, bshape, p, impl, _alpha_affine, x, residual=residual, fn=fn)
+    return draw(key, bshape, p, impl, _alpha_affine, x, call.block, residual=residual, fn=fn)

@@ -5,7 +5,7 @@ fields, same call signature, same ``merge_param`` rules, same PRNG stream.
 Each module only resolves ``deterministic``, fetches a key, and calls the core.
 
 Inside ``shard_map`` each device holds a block of the global array. Give
-:class:`Dropout` the input's ``PartitionSpec`` as ``shard_spec`` (or pass
+:class:`Dropout` (or :class:`DropPath`, :class:`AlphaDropout`) the input's ``PartitionSpec`` as ``shard_spec`` (or pass
 ``global_shape=`` and ``offset=`` at call time) and each device draws its own block of
 one global mask, the mask the unsharded layer draws for the same key::
 
@@ -32,7 +32,6 @@ import jax
 from . import _dropout
 from ._checks import check_key
 from ._errors import MissingKeyError
-from ._fast_mask import block_from_spec
 from ._linen_rnn import Bidirectional as Bidirectional
 from ._linen_rnn import MaskedRNN as MaskedRNN
 from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
@@ -149,9 +148,9 @@ class Dropout(_Stochastic):
         :func:`dropmask.dropout` (instead of ``shard_spec``).
         """
         det, key = self._prepare(deterministic, rng)
-        if self.shard_spec is not None and global_shape is None and not det:
-            block = block_from_spec(jax.numpy.shape(inputs), self.shard_spec, fn=self._fn)
-            global_shape, offset = block.global_shape, block.offset
+        global_shape, offset = _dropout.layer_block(
+            inputs, self.shard_spec, global_shape, offset, det, fn=self._fn
+        )
         return _dropout.apply_dropout(
             inputs,
             self.rate,
@@ -207,6 +206,9 @@ class DropPath(_Stochastic):
     """Stochastic depth: drops a residual branch per example (``batch_axis``).
 
     ``residual``: what the backward pass keeps, as in :class:`Dropout`.
+    ``shard_spec`` (or call-time ``global_shape=`` / ``offset=``): inside
+    ``shard_map``, as in :class:`Dropout`; devices that split a non-batch axis make
+    the same decision for an example.
     """
 
     rate: float | jax.Array
@@ -215,13 +217,23 @@ class DropPath(_Stochastic):
     rng_collection: str = "dropout"
     impl: Impl = DEFAULT_IMPL
     residual: Residual = DEFAULT_RESIDUAL
+    shard_spec: Any = None
 
     @nn.compact
     def __call__(
-        self, inputs: jax.Array, deterministic: bool | None = None, rng: Any = None
+        self,
+        inputs: jax.Array,
+        deterministic: bool | None = None,
+        rng: Any = None,
+        *,
+        global_shape: Sequence[int] | None = None,
+        offset: Sequence[Any] | None = None,
     ) -> jax.Array:
         """Applies drop-path to ``inputs: [batch, ...]``."""
         det, key = self._prepare(deterministic, rng)
+        global_shape, offset = _dropout.layer_block(
+            inputs, self.shard_spec, global_shape, offset, det, fn=self._fn
+        )
         return _dropout.apply_dropout(
             inputs,
             self.rate,
@@ -229,6 +241,8 @@ class DropPath(_Stochastic):
             batch_axis=self.batch_axis,
             deterministic=det,
             impl=self.impl,
+            global_shape=global_shape,
+            offset=offset,
             residual=self.residual,
             fn=self._fn,
         )
@@ -262,6 +276,8 @@ class AlphaDropout(_Stochastic):
     """Alpha dropout for self-normalising (SELU) networks.
 
     ``residual``: what the backward pass keeps, as in :class:`Dropout`.
+    ``shard_spec`` (or call-time ``global_shape=`` / ``offset=``): inside
+    ``shard_map``, as in :class:`Dropout`.
     """
 
     rate: float | jax.Array
@@ -270,13 +286,23 @@ class AlphaDropout(_Stochastic):
     rng_collection: str = "dropout"
     impl: Impl = DEFAULT_IMPL
     residual: Residual = DEFAULT_RESIDUAL
+    shard_spec: Any = None
 
     @nn.compact
     def __call__(
-        self, inputs: jax.Array, deterministic: bool | None = None, rng: Any = None
+        self,
+        inputs: jax.Array,
+        deterministic: bool | None = None,
+        rng: Any = None,
+        *,
+        global_shape: Sequence[int] | None = None,
+        offset: Sequence[Any] | None = None,
     ) -> jax.Array:
         """Applies alpha dropout to ``inputs: [...]``."""
         det, key = self._prepare(deterministic, rng)
+        global_shape, offset = _dropout.layer_block(
+            inputs, self.shard_spec, global_shape, offset, det, fn=self._fn
+        )
         return _dropout.apply_alpha_dropout(
             inputs,
             self.rate,
@@ -284,6 +310,8 @@ class AlphaDropout(_Stochastic):
             broadcast_dims=self.broadcast_dims,
             deterministic=det,
             impl=self.impl,
+            global_shape=global_shape,
+            offset=offset,
             residual=self.residual,
             fn=self._fn,
         )

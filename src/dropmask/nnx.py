@@ -6,7 +6,7 @@ construction, as Flax does), and it follows ``model.train()`` / ``model.eval()``
 ``nnx.view(model, deterministic=...)``.
 
 Inside ``shard_map`` each device holds a block of the global array. Give
-:class:`Dropout` the input's ``PartitionSpec`` as ``shard_spec`` (or pass
+:class:`Dropout` (or :class:`DropPath`, :class:`AlphaDropout`) the input's ``PartitionSpec`` as ``shard_spec`` (or pass
 ``global_shape=`` and ``offset=`` at call time) and each device draws its own block of
 one global mask, the mask the unsharded layer draws for the same key::
 
@@ -32,7 +32,6 @@ from flax import nnx
 from . import _dropout
 from ._checks import as_dims, check_rate
 from ._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
-from ._fast_mask import block_from_spec
 from ._nnx_rnn import Bidirectional as Bidirectional
 from ._nnx_rnn import MaskedRNN as MaskedRNN
 from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
@@ -190,9 +189,9 @@ class Dropout(_Stochastic):
         :func:`dropmask.dropout` (instead of ``shard_spec``).
         """
         det, key = self._prepare(deterministic, rngs)
-        if self.shard_spec is not None and global_shape is None and not det:
-            block = block_from_spec(jax.numpy.shape(inputs), self.shard_spec, fn=self._fn)
-            global_shape, offset = block.global_shape, block.offset
+        global_shape, offset = _dropout.layer_block(
+            inputs, self.shard_spec, global_shape, offset, det, fn=self._fn
+        )
         return _dropout.apply_dropout(
             inputs,
             self.rate,
@@ -246,6 +245,9 @@ class DropPath(_Stochastic):
     """Stochastic depth: drops a residual branch per example along ``batch_axis``.
 
     ``residual``: what the backward pass keeps, as in :class:`Dropout`.
+    ``shard_spec`` (or call-time ``global_shape=`` / ``offset=``): inside
+    ``shard_map``, as in :class:`Dropout`; devices that split a non-batch axis make
+    the same decision for an example.
     """
 
     def __init__(
@@ -257,6 +259,7 @@ class DropPath(_Stochastic):
         rng_collection: str = "dropout",
         rngs: nnx.Rngs | nnx.RngStream | None = None,
         impl: Impl = DEFAULT_IMPL,
+        shard_spec: Any = None,
         residual: Residual = DEFAULT_RESIDUAL,
     ):
         super().__init__(
@@ -264,13 +267,23 @@ class DropPath(_Stochastic):
         )
         self.batch_axis = batch_axis
         self.impl = impl
+        self.shard_spec = shard_spec
         self.residual = residual
 
     def __call__(
-        self, inputs: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
+        self,
+        inputs: jax.Array,
+        *,
+        deterministic: bool | None = None,
+        rngs: Any = None,
+        global_shape: Sequence[int] | None = None,
+        offset: Sequence[Any] | None = None,
     ) -> jax.Array:
         """Applies drop-path to ``inputs: [batch, ...]``."""
         det, key = self._prepare(deterministic, rngs)
+        global_shape, offset = _dropout.layer_block(
+            inputs, self.shard_spec, global_shape, offset, det, fn=self._fn
+        )
         return _dropout.apply_dropout(
             inputs,
             self.rate,
@@ -278,6 +291,8 @@ class DropPath(_Stochastic):
             batch_axis=self.batch_axis,
             deterministic=det,
             impl=self.impl,
+            global_shape=global_shape,
+            offset=offset,
             residual=self.residual,
             fn=self._fn,
         )
@@ -319,6 +334,8 @@ class AlphaDropout(_Stochastic):
     """Alpha dropout for self-normalising (SELU) networks.
 
     ``residual``: what the backward pass keeps, as in :class:`Dropout`.
+    ``shard_spec`` (or call-time ``global_shape=`` / ``offset=``): inside
+    ``shard_map``, as in :class:`Dropout`.
     """
 
     def __init__(
@@ -330,6 +347,7 @@ class AlphaDropout(_Stochastic):
         rng_collection: str = "dropout",
         rngs: nnx.Rngs | nnx.RngStream | None = None,
         impl: Impl = DEFAULT_IMPL,
+        shard_spec: Any = None,
         residual: Residual = DEFAULT_RESIDUAL,
     ):
         super().__init__(
@@ -337,13 +355,23 @@ class AlphaDropout(_Stochastic):
         )
         self.broadcast_dims = as_dims(broadcast_dims, fn=self._fn)
         self.impl = impl
+        self.shard_spec = shard_spec
         self.residual = residual
 
     def __call__(
-        self, inputs: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
+        self,
+        inputs: jax.Array,
+        *,
+        deterministic: bool | None = None,
+        rngs: Any = None,
+        global_shape: Sequence[int] | None = None,
+        offset: Sequence[Any] | None = None,
     ) -> jax.Array:
         """Applies alpha dropout to ``inputs: [...]``."""
         det, key = self._prepare(deterministic, rngs)
+        global_shape, offset = _dropout.layer_block(
+            inputs, self.shard_spec, global_shape, offset, det, fn=self._fn
+        )
         return _dropout.apply_alpha_dropout(
             inputs,
             self.rate,
@@ -351,6 +379,8 @@ class AlphaDropout(_Stochastic):
             broadcast_dims=self.broadcast_dims,
             deterministic=det,
             impl=self.impl,
+            global_shape=global_shape,
+            offset=offset,
             residual=self.residual,
             fn=self._fn,
         )
