@@ -41,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.src = ""
     config.tgt = ""
     config.data_seed = 0
-    config.train_size = 20000
+    config.train_size = 2000
     config.eval_size = 1000
     config.vocab_size = 600
     config.max_len = 64
