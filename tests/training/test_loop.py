@@ -187,3 +187,16 @@ def test_compare_rates_reports_the_spread_over_seeds(example, tmp_path):
     assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
     with pytest.raises(CheckpointError, match="already holds checkpoints"):
         compare_rates(example, config, tmp_path, [0.0, 0.5], [0, 1], devices=1, progress=False)
+
+
+def test_comparison_curves_match_seeds_by_step():
+    from dropmask.training._report import seed_curves
+
+    # Seed 0 also evaluated at 750; seed 1 evaluated 1000 twice (a resumed run).
+    curves = [
+        [(500, 0.6), (750, 0.7), (1000, 0.8), (1500, 0.9)],
+        [(500, 0.5), (1000, 0.1), (1000, 0.7), (1500, 0.95)],
+    ]
+    steps, values = seed_curves(curves)
+    assert steps == [500, 1000, 1500]
+    np.testing.assert_array_equal(values, [[0.6, 0.8, 0.9], [0.5, 0.7, 0.95]])

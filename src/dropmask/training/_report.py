@@ -163,6 +163,18 @@ def _pm(stats: dict[str, float]) -> str:
     return f"{stats['mean']:.4f} ± {stats['std']:.4f}"
 
 
+def seed_curves(curves: Sequence[Sequence[tuple[int, float]]]) -> tuple[list[int], np.ndarray]:
+    """The steps every seed evaluated at, and ``values[seed, i]`` at those steps.
+
+    Seeds are matched by step, not by position: runs may evaluate on different
+    schedules (``eval_every`` is not part of a run's identity, and checkpoints add
+    evaluations), and a step evaluated twice keeps its last value.
+    """
+    by_step = [dict(curve) for curve in curves]
+    steps = sorted(set.intersection(*(set(c) for c in by_step))) if by_step else []
+    return steps, np.array([[c[s] for s in steps] for c in by_step], dtype=float)
+
+
 def plot_comparison(
     example: Example,
     summary: dict[str, Any],
@@ -183,9 +195,7 @@ def plot_comparison(
         for run in entry["runs"]:
             rows = read_metrics(pathlib.Path(run["workdir"]) / "metrics.jsonl")
             curves.append([(r["step"], r[metric]) for r in rows if r["split"] == "eval"])
-        length = min(len(c) for c in curves)
-        steps = [s for s, _ in curves[0][:length]]
-        values = np.array([[v for _, v in c[:length]] for c in curves])
+        steps, values = seed_curves(curves)
         ax_curve.plot(steps, values.mean(0), color=color, label=f"rate {key}")
         ax_curve.fill_between(steps, values.min(0), values.max(0), color=color, alpha=0.2)
     ax_curve.set(xlabel="step", title=f"held-out {metric} (band: min-max over seeds)")
