@@ -427,3 +427,104 @@ def test_flax_impl_rejects_a_block_naming_the_caller():
     for name, fn in (("drop_path", dropmask.drop_path), ("alpha_dropout", dropmask.alpha_dropout)):
         with pytest.raises(dropmask.DropmaskValueError, match=f"^{name}: .*need impl='fast'"):
             fn(x, RATE, key, impl="flax", **block)
+
+
+# --- word_dropout inside shard_map --------------------------------------------------------
+
+UNK = 1
+
+
+def _tokens_and_key():
+    return jax.random.randint(jax.random.key(3), SHAPE, 2, 1000, dtype=jnp.int32), jax.random.key(7)
+
+
+def _word(x, k, **kw):
+    return dropmask.word_dropout(x, RATE, k, unk_id=UNK, **kw)
+
+
+@pytest.mark.parametrize(("mesh_name", "spec"), BLOCK_CASES, ids=str)
+def test_word_dropout_block_in_shard_map_equals_unsharded(mesh_name, spec):
+    tokens, key = _tokens_and_key()
+    want = np.asarray(_word(tokens, key))
+    assert 0 < (want == UNK).sum() < want.size  # some tokens replaced, not all
+
+    def local(t, k):
+        global_shape, offset = _block_of(spec, t.shape)
+        return _word(t, k, global_shape=global_shape, offset=offset)
+
+    got = np.asarray(_in_shard_map(_mesh_named(mesh_name), spec, local)(tokens, key))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(("mesh_name", "spec"), BLOCK_CASES, ids=str)
+def test_word_dropout_layers_with_shard_spec_equal_unsharded(mesh_name, spec):
+    (tokens, key), mesh = _tokens_and_key(), _mesh_named(mesh_name)
+    want = np.asarray(_word(tokens, key))
+    linen_layer = dl.WordDropout(RATE, unk_id=UNK, deterministic=False, shard_spec=spec)
+    nnx_layer = dnnx.WordDropout(RATE, unk_id=UNK, shard_spec=spec)
+    # Linen's rngs= stream folds the key in, so its reference is the unsharded layer
+    want_linen = np.asarray(
+        dl.WordDropout(RATE, unk_id=UNK, deterministic=False).apply(
+            {}, tokens, rngs={"dropout": key}
+        )
+    )
+    assert 0 < (want_linen == UNK).sum() < want_linen.size
+    np.testing.assert_array_equal(
+        np.asarray(dnnx.WordDropout(RATE, unk_id=UNK)(tokens, rngs=key)), want
+    )
+    a = _in_shard_map(mesh, spec, lambda t, k: linen_layer.apply({}, t, rngs={"dropout": k}))
+    b = _in_shard_map(mesh, spec, lambda t, k: nnx_layer(t, rngs=k))
+    np.testing.assert_array_equal(np.asarray(a(tokens, key)), want_linen)
+    np.testing.assert_array_equal(np.asarray(b(tokens, key)), want)
+
+
+def test_word_dropout_layers_take_call_time_block_and_broadcast_dims():
+    mesh, spec, (tokens, key) = _mesh2d(), PartitionSpec("data", "model"), _tokens_and_key()
+    linen_layer = dl.WordDropout(RATE, unk_id=UNK, deterministic=False)
+    nnx_layer = dnnx.WordDropout(RATE, unk_id=UNK)
+
+    def local(t, k):
+        global_shape, offset = _block_of(spec, t.shape)
+        a = linen_layer.apply({}, t, rng=k, global_shape=global_shape, offset=offset)
+        b = nnx_layer(t, rngs=k, global_shape=global_shape, offset=offset)
+        c = _word(t, k, broadcast_dims=0, global_shape=global_shape, offset=offset)
+        return a, b, c
+
+    f = jax.jit(
+        jax.shard_map(
+            local, mesh=mesh, in_specs=(spec, PartitionSpec()), out_specs=(spec, spec, spec)
+        )
+    )
+    a, b, c = f(tokens, key)
+    want = np.asarray(_word(tokens, key))
+    np.testing.assert_array_equal(np.asarray(a), want)
+    np.testing.assert_array_equal(np.asarray(b), want)
+    want_bcast = np.asarray(_word(tokens, key, broadcast_dims=0))
+    np.testing.assert_array_equal(np.asarray(c), want_bcast)
+    dropped = want_bcast == UNK
+    np.testing.assert_array_equal(dropped, np.broadcast_to(dropped[:1], SHAPE))
+
+
+@pytest.mark.parametrize("bad", BAD_BLOCKS, ids=str)
+def test_word_dropout_bad_block_errors_name_the_caller(bad):
+    x, tokens, key = jnp.ones((16, 128)), jnp.zeros((16, 128), jnp.int32), jax.random.key(0)
+    base = _error(lambda: dropmask.dropout(x, RATE, key, **bad))
+    callers = {
+        "word_dropout": lambda: _word(tokens, key, **bad),
+        "dropmask.linen.WordDropout": lambda: dl.WordDropout(
+            RATE, unk_id=UNK, deterministic=False
+        ).apply({}, tokens, rng=key, **bad),
+        "dropmask.nnx.WordDropout": lambda: dnnx.WordDropout(RATE, unk_id=UNK)(
+            tokens, rngs=key, **bad
+        ),
+    }
+    for name, call in callers.items():
+        assert _error(call) == name + base.removeprefix("dropout"), name
+
+
+def test_word_dropout_flax_impl_rejects_a_block_naming_the_caller():
+    tokens, key = jnp.zeros((16, 128), jnp.int32), jax.random.key(0)
+    block = {"global_shape": (32, 128), "offset": (16, 0)}
+    with pytest.raises(dropmask.DropmaskValueError, match="^word_dropout: .*need impl='fast'"):
+        _word(tokens, key, impl="flax", **block)

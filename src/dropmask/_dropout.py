@@ -361,6 +361,8 @@ def word_dropout(
     broadcast_dims: int | Sequence[int] = (),
     deterministic: bool = False,
     impl: Impl = DEFAULT_IMPL,
+    global_shape: Sequence[int] | None = None,
+    offset: Sequence[Any] | None = None,
 ) -> jax.Array:
     """Replaces each token id with ``unk_id`` with probability ``rate`` (no rescaling).
 
@@ -374,9 +376,26 @@ def word_dropout(
       deterministic: if True, return ``tokens``.
       impl: ``"flax"`` draws ``bernoulli(key, rate)`` as the SST-2 example's
         ``WordDropout`` does, so the replaced positions match it bit for bit.
+      global_shape: inside ``shard_map``: the global shape ``tokens`` is a block of;
+        with ``offset`` the local result is the matching block of the global call, as
+        in :func:`dropout` (needs ``impl="fast"``).
+      offset: the global index of ``tokens``' first element, one per axis (may be
+        traced).
 
     Returns:
       Token ids of the same shape and dtype.
+
+    Raises:
+      DtypeError: ``tokens`` is not an integer array.
+      DropmaskTypeError: ``unk_id`` is not an int.
+      DropmaskValueError: ``unk_id`` does not fit the token dtype, or a bad block.
+      The other errors of :func:`dropout`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> t = dropmask.word_dropout(jnp.arange(2, 10), 0.5, jax.random.key(0), unk_id=1)
+      >>> bool(((t == 1) | (t == jnp.arange(2, 10))).all())
+      True
     """
     return apply_word_dropout(
         tokens,
@@ -386,6 +405,8 @@ def word_dropout(
         broadcast_dims=broadcast_dims,
         deterministic=deterministic,
         impl=impl,
+        global_shape=global_shape,
+        offset=offset,
         fn="word_dropout",
     )
 
@@ -399,6 +420,8 @@ def apply_word_dropout(
     broadcast_dims: Any = (),
     deterministic: bool = False,
     impl: Any = DEFAULT_IMPL,
+    global_shape: Any = None,
+    offset: Any = None,
     fn: str,
 ) -> jax.Array:
     """:func:`word_dropout` for the caller ``fn``."""
@@ -411,6 +434,8 @@ def apply_word_dropout(
         kind="integer",
         broadcast_dims=broadcast_dims,
         impl=impl,
+        global_shape=global_shape,
+        offset=offset,
     )
     tokens = call.x
     info = np.iinfo(tokens.dtype)
@@ -431,7 +456,7 @@ def apply_word_dropout(
     p = probability(rate, call.value, keep=False, fn=fn)
     unk = jnp.asarray(unk_id, tokens.dtype)
     bshape = mask_shape(tokens.shape, call.axes)
-    return draw(key, bshape, p, impl, _replace_dropped, (tokens, unk), fn=fn)
+    return draw(key, bshape, p, impl, _replace_dropped, (tokens, unk), call.block, fn=fn)
 
 
 def gaussian_dropout(

@@ -5,9 +5,9 @@ fields, same call signature, same ``merge_param`` rules, same PRNG stream.
 Each module only resolves ``deterministic``, fetches a key, and calls the core.
 
 Inside ``shard_map`` each device holds a block of the global array. Give
-:class:`Dropout` (or :class:`DropPath`, :class:`AlphaDropout`) the input's
-``PartitionSpec`` as ``shard_spec`` (or pass ``global_shape=`` and ``offset=`` at call
-time) and each device draws its own block of one global mask, the mask the unsharded
+:class:`Dropout` (or :class:`DropPath`, :class:`AlphaDropout`, :class:`WordDropout`)
+the input's ``PartitionSpec`` as ``shard_spec`` (or pass ``global_shape=`` and
+``offset=`` at call time) and each device draws its own block of one global mask, the mask the unsharded
 layer draws for the same key::
 
     spec = PartitionSpec("data")
@@ -178,6 +178,8 @@ class WordDropout(_Stochastic):
       deterministic: as in :class:`Dropout`.
       rng_collection: PRNG stream name.
       impl: ``"flax"`` matches the SST-2 example's ``WordDropout`` bit for bit.
+      shard_spec: inside ``shard_map``, the ``PartitionSpec`` of ``tokens`` (or pass
+        call-time ``global_shape=`` / ``offset=``), as in :class:`Dropout`.
     """
 
     rate: float | jax.Array
@@ -185,13 +187,23 @@ class WordDropout(_Stochastic):
     deterministic: bool | None = None
     rng_collection: str = "dropout"
     impl: Impl = DEFAULT_IMPL
+    shard_spec: Any = None
 
     @nn.compact
     def __call__(
-        self, tokens: jax.Array, deterministic: bool | None = None, rng: Any = None
+        self,
+        tokens: jax.Array,
+        deterministic: bool | None = None,
+        rng: Any = None,
+        *,
+        global_shape: Sequence[int] | None = None,
+        offset: Sequence[Any] | None = None,
     ) -> jax.Array:
         """Applies word dropout to ``tokens: int[..., time]``."""
         det, key = self._prepare(deterministic, rng)
+        global_shape, offset = _dropout.layer_block(
+            tokens, self.shard_spec, global_shape, offset, det, fn=self._fn
+        )
         return _dropout.apply_word_dropout(
             tokens,
             self.rate,
@@ -199,6 +211,8 @@ class WordDropout(_Stochastic):
             unk_id=self.unk_id,
             deterministic=det,
             impl=self.impl,
+            global_shape=global_shape,
+            offset=offset,
             fn=self._fn,
         )
 

@@ -6,9 +6,9 @@ construction, as Flax does), and it follows ``model.train()`` / ``model.eval()``
 ``nnx.view(model, deterministic=...)``.
 
 Inside ``shard_map`` each device holds a block of the global array. Give
-:class:`Dropout` (or :class:`DropPath`, :class:`AlphaDropout`) the input's
-``PartitionSpec`` as ``shard_spec`` (or pass ``global_shape=`` and ``offset=`` at call
-time) and each device draws its own block of one global mask, the mask the unsharded
+:class:`Dropout` (or :class:`DropPath`, :class:`AlphaDropout`, :class:`WordDropout`)
+the input's ``PartitionSpec`` as ``shard_spec`` (or pass ``global_shape=`` and
+``offset=`` at call time) and each device draws its own block of one global mask, the mask the unsharded
 layer draws for the same key::
 
     spec = PartitionSpec("data")
@@ -208,7 +208,11 @@ class Dropout(_Stochastic):
 
 
 class WordDropout(_Stochastic):
-    """Replaces token ids with ``unk_id`` at ``rate`` (see :func:`dropmask.word_dropout`)."""
+    """Replaces token ids with ``unk_id`` at ``rate`` (see :func:`dropmask.word_dropout`).
+
+    ``shard_spec`` (or call-time ``global_shape=`` / ``offset=``): inside
+    ``shard_map``, as in :class:`Dropout`.
+    """
 
     def __init__(
         self,
@@ -219,18 +223,29 @@ class WordDropout(_Stochastic):
         rng_collection: str = "dropout",
         rngs: nnx.Rngs | nnx.RngStream | None = None,
         impl: Impl = DEFAULT_IMPL,
+        shard_spec: Any = None,
     ):
         super().__init__(
             rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
         )
         self.unk_id = unk_id
         self.impl = impl
+        self.shard_spec = shard_spec
 
     def __call__(
-        self, tokens: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
+        self,
+        tokens: jax.Array,
+        *,
+        deterministic: bool | None = None,
+        rngs: Any = None,
+        global_shape: Sequence[int] | None = None,
+        offset: Sequence[Any] | None = None,
     ) -> jax.Array:
         """Applies word dropout to ``tokens: int[..., time]``."""
         det, key = self._prepare(deterministic, rngs)
+        global_shape, offset = _dropout.layer_block(
+            tokens, self.shard_spec, global_shape, offset, det, fn=self._fn
+        )
         return _dropout.apply_word_dropout(
             tokens,
             self.rate,
@@ -238,6 +253,8 @@ class WordDropout(_Stochastic):
             unk_id=self.unk_id,
             deterministic=det,
             impl=self.impl,
+            global_shape=global_shape,
+            offset=offset,
             fn=self._fn,
         )
 
