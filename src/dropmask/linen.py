@@ -7,8 +7,8 @@ Each module only resolves ``deterministic``, fetches a key, and calls the core.
 Inside ``shard_map`` each device holds a block of the global array. Give
 :class:`Dropout` (or :class:`DropPath`, :class:`AlphaDropout`, :class:`WordDropout`)
 the input's ``PartitionSpec`` as ``shard_spec`` (or pass ``global_shape=`` and
-``offset=`` at call time) and each device draws its own block of one global mask, the mask the unsharded
-layer draws for the same key::
+``offset=`` at call time) and each device draws its own block of one global mask, the
+mask the unsharded layer draws for the same key::
 
     spec = PartitionSpec("data")
     layer = dl.Dropout(0.1, deterministic=False, shard_spec=spec)
