@@ -22,6 +22,11 @@ def get_config() -> ml_collections.ConfigDict:
         the sample of training problems scored as ``train_eval``.
       embed_dim, hidden: widths of the embedding and of both LSTMs.
       rate: dropout between layers.
+      zoneout_cell, zoneout_hidden: zoneout of both LSTMs' cell state ``c`` and
+        hidden state ``h``: the probability that a unit keeps its previous value at
+        a training step (0: off).
+      weight_dropout: dropout rate on both LSTMs' recurrent kernels, one mask per
+        training step (0: off).
       learning_rate: Adam's peak step size (gradients clipped to global norm 1).
       warmup_steps: steps of linear warmup to ``learning_rate``; a cosine decay to 0
         at ``decay_steps`` follows.
@@ -37,6 +42,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.embed_dim = 32
     config.hidden = 256
     config.rate = 0.1
+    config.zoneout_cell = 0.0
+    config.zoneout_hidden = 0.0
+    config.weight_dropout = 0.0
     config.learning_rate = 3e-3
     config.warmup_steps = 200
     config.decay_steps = 0

@@ -19,33 +19,40 @@ class Seq2seq(nn.Module):
     Training feeds the decoder the true previous token (teacher forcing); decoding
     feeds it its own prediction, greedy or sampled from the ``'lstm'`` stream.
     Dropout (``'dropout'`` stream) acts between layers: on the embedded characters
-    and on the decoder's outputs before the projection to the vocabulary.
+    and on the decoder's outputs before the projection to the vocabulary. Inside both
+    LSTMs, optionally, the recurrent regularizers of ``MaskedRNN``: zoneout of the
+    carry and weight dropout on the recurrent kernels.
 
     Attributes:
       vocab_size: number of token ids.
       embed_dim: width of the character embedding.
       hidden: width of both LSTMs.
       rate: dropout rate between layers.
+      zoneout: ``(cell_rate, hidden_rate)``, zoneout of both LSTMs' ``(c, h)`` carry.
+      weight_dropout: dropout rate on both LSTMs' recurrent kernels.
     """
 
     vocab_size: int
     embed_dim: int = 32
     hidden: int = 256
     rate: float = 0.1
+    zoneout: tuple[float, float] = (0.0, 0.0)
+    weight_dropout: float = 0.0
 
     def setup(self) -> None:
         self.embed = nn.Embed(self.vocab_size, self.embed_dim)
-        self.encoder = dl.MaskedRNN(nn.LSTMCell(self.hidden), return_carry=True)
+        recurrent = {"zoneout": self.zoneout, "weight_dropout": self.weight_dropout}
+        self.encoder = dl.MaskedRNN(nn.LSTMCell(self.hidden), return_carry=True, **recurrent)
         self.decoder_cell = nn.LSTMCell(self.hidden)
-        # The teacher-forced pass and step-by-step decoding share this one cell.
-        self.decoder = dl.MaskedRNN(self.decoder_cell)
+        # The teacher-forced pass and step-by-step decoding share this one decoder.
+        self.decoder = dl.MaskedRNN(self.decoder_cell, **recurrent)
         self.dropout = dl.Dropout(self.rate)
         self.project = nn.Dense(self.vocab_size)
 
     def encode(self, query: jax.Array, query_length: jax.Array, training: bool) -> tuple:
         """The encoder's final carry for ``query: int32[b, q]`` of ``query_length: [b]``."""
         x = self.dropout(self.embed(query), deterministic=not training)
-        carry, _ = self.encoder(x, lengths=query_length)
+        carry, _ = self.encoder(x, lengths=query_length, deterministic=not training)
         return carry
 
     def __call__(
@@ -63,7 +70,9 @@ class Seq2seq(nn.Module):
         carry = self.encode(query, query_length, training)
         previous = jnp.concatenate([jnp.full_like(answer[:, :1], GO), answer[:, :-1]], axis=1)
         x = self.dropout(self.embed(previous), deterministic=not training)
-        y = self.decoder(x, lengths=answer_length, initial_carry=carry)
+        y = self.decoder(
+            x, lengths=answer_length, initial_carry=carry, deterministic=not training
+        )
         return self.project(self.dropout(y, deterministic=not training))
 
     def generate(
@@ -78,8 +87,14 @@ class Seq2seq(nn.Module):
         token = jnp.full(query.shape[:1], GO, jnp.int32)
         tokens = []
         for _ in range(steps):  # a few steps: unrolled
-            carry, y = self.decoder_cell(carry, self.embed(token))
-            logits = self.project(y)
+            # One step of the decoder, so that zoneout's evaluation rule applies here too.
+            carry, y = self.decoder(
+                self.embed(token)[:, None],
+                initial_carry=carry,
+                return_carry=True,
+                deterministic=True,
+            )
+            logits = self.project(y[:, 0])
             if sample:
                 token = jax.random.categorical(self.make_rng("lstm"), logits).astype(jnp.int32)
             else:

@@ -26,11 +26,25 @@ from .models import Seq2seq
 
 @functools.lru_cache(maxsize=16)
 def _model_and_optimizer(
-    embed_dim: int, hidden: int, rate: float, learning_rate: float, warmup: int, steps: int
+    embed_dim: int,
+    hidden: int,
+    rate: float,
+    zoneout: tuple[float, float],
+    weight_dropout: float,
+    learning_rate: float,
+    warmup: int,
+    steps: int,
 ) -> tuple[Seq2seq, optax.GradientTransformation]:
     # ``apply_fn`` and ``tx`` are static parts of the jitted state: runs that share
     # the same instances share one compilation.
-    model = Seq2seq(len(input_pipeline.VOCAB), embed_dim=embed_dim, hidden=hidden, rate=rate)
+    model = Seq2seq(
+        len(input_pipeline.VOCAB),
+        embed_dim=embed_dim,
+        hidden=hidden,
+        rate=rate,
+        zoneout=zoneout,
+        weight_dropout=weight_dropout,
+    )
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, learning_rate, warmup_steps=min(warmup, steps - 1), decay_steps=max(steps, 1)
     )
@@ -54,6 +68,8 @@ def create_state(
         int(config.embed_dim),
         int(config.hidden),
         float(config.rate),
+        (float(config.zoneout_cell), float(config.zoneout_hidden)),
+        float(config.weight_dropout),
         float(config.learning_rate),
         int(config.warmup_steps),
         int(config.decay_steps or config.steps),

@@ -1,7 +1,8 @@
 """Linen ``MaskedRNN`` and ``Bidirectional``: any Flax cell over a padded batch.
 
 The module turns its cell into a pure step (the cell's variables and this call's
-keys closed over) and calls the functional core, :func:`dropmask._rnn.masked_rnn`.
+keys closed over) and calls the functional core, :func:`dropmask._rnn.masked_rnn`;
+zoneout and weight dropout are the core's too (:mod:`dropmask._rnn`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ._rnn import masked_rnn, resolve_mask
+from . import _dropout
+from ._checks import check_key, check_rate, concrete_value
+from ._errors import DropmaskValueError
+from ._rnn import (
+    FLAX_RECURRENT_KERNELS,
+    carry_rates,
+    drop_recurrent_kernels,
+    masked_rnn,
+    regularized_step,
+    regularizer_keys,
+    resolve_mask,
+)
 
 __all__ = ["Bidirectional", "MaskedRNN"]
 
@@ -37,6 +49,15 @@ class MaskedRNN(nn.Module):
     layer inside the cell draws a new mask at each step. The cell may not mutate
     variables (no ``batch_stats`` inside a cell).
 
+    Recurrent regularizers (both off by default; both need ``deterministic``):
+    ``zoneout`` keeps each unit of the carry at its previous value with probability
+    ``zoneout`` at each training step and uses the expectation in evaluation
+    (Krueger et al., 2017; see :func:`dropmask.zoneout`); ``weight_dropout`` drops
+    elements of the cell's recurrent (hidden-to-hidden) kernels with one mask per call,
+    the same at every time step, scaled by ``1/(1-rate)`` (DropConnect as in AWD-LSTM;
+    identity in evaluation). Both draw from ``rng_collection`` once per call, after the
+    cell's own streams. A padded step changes nothing under either: the carry is held.
+
     Attributes:
       cell: a Flax cell: ``cell(carry, x_t) -> (carry, y_t)`` with
         ``initialize_carry(key, input_shape)``, e.g. ``nn.LSTMCell(64)``.
@@ -45,6 +66,17 @@ class MaskedRNN(nn.Module):
         (Flax's default), output ``t`` is the step on input ``lengths - 1 - t``.
       return_carry: return ``(carry, outputs)`` instead of ``outputs``.
       unroll: passed to ``lax.scan``.
+      zoneout: probability that a carry unit keeps its previous value: one rate, or
+        one per carry leaf in ``jax.tree.leaves`` order (Flax's LSTM cells:
+        ``(cell_rate, hidden_rate)``).
+      weight_dropout: dropout rate on the recurrent kernels.
+      recurrent_kernels: names of the cell's hidden-to-hidden submodules whose
+        ``kernel`` weight dropout masks; the default covers Flax's cells (``hi``,
+        ``hf``, ``hg``, ``ho``, ``hr``, ``hz``, ``hn``, ``h``, ``dense_h``). A cell with
+        none of them raises, naming its submodules.
+      deterministic: evaluation mode for the regularizers; may instead be passed at
+        call time (exactly one of the two when a regularizer is on).
+      rng_collection: the stream the regularizers draw from.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -62,6 +94,11 @@ class MaskedRNN(nn.Module):
     keep_order: bool = False
     return_carry: bool = False
     unroll: int = 1
+    zoneout: float | tuple[float, ...] = 0.0
+    weight_dropout: float = 0.0
+    recurrent_kernels: tuple[str, ...] = FLAX_RECURRENT_KERNELS
+    deterministic: bool | None = None
+    rng_collection: str = "dropout"
 
     @nn.compact
     def __call__(
@@ -75,6 +112,8 @@ class MaskedRNN(nn.Module):
         reverse: bool | None = None,
         keep_order: bool | None = None,
         return_carry: bool | None = None,
+        deterministic: bool | None = None,
+        rng: jax.Array | None = None,
     ) -> Any:
         """Runs the cell over ``inputs: [batch, time, *features]``.
 
@@ -86,7 +125,9 @@ class MaskedRNN(nn.Module):
           initial_carry: the carry to start from; default the cell's
             ``initialize_carry(init_key, [batch, *features])``.
           init_key: key for ``initialize_carry`` (default ``jax.random.key(0)``).
-          reverse, keep_order, return_carry: override the attributes.
+          reverse, keep_order, return_carry, deterministic: override the attributes.
+          rng: the regularizers' key for this call, instead of the next key of
+            ``rng_collection``.
 
         Returns:
           ``outputs: [batch, time, *out_features]`` (0 at padding), or
@@ -96,14 +137,26 @@ class MaskedRNN(nn.Module):
           MaskShapeError: inputs without a batch and time axis, or a mask/lengths
             whose shape is not ``[batch, time]`` / ``[batch]``.
           DtypeError: a mask that is not boolean, or lengths that are not integers.
-          DropmaskValueError: both ``mask`` and ``lengths``.
+          DropmaskValueError: both ``mask`` and ``lengths``; a regularizer on without
+            ``deterministic``; ``weight_dropout`` on a cell without recurrent kernels.
+          RateError: a ``zoneout`` or ``weight_dropout`` outside ``[0, 1]``.
         """
+        fn = "dropmask.linen.MaskedRNN"
         reverse = self.reverse if reverse is None else reverse
         keep_order = self.keep_order if keep_order is None else keep_order
         return_carry = self.return_carry if return_carry is None else return_carry
-        mask_arr, lengths_arr, batch, _ = resolve_mask(
-            inputs, mask, lengths, fn="dropmask.linen.MaskedRNN"
-        )
+        mask_arr, lengths_arr, batch, _ = resolve_mask(inputs, mask, lengths, fn=fn)
+        zoneout_rates = carry_rates(self.zoneout, fn=fn)
+        check_rate(self.weight_dropout, fn=fn, name="weight_dropout")
+        det = True
+        if zoneout_rates or concrete_value(self.weight_dropout) != 0.0:
+            if self.deterministic is None and deterministic is None:
+                raise DropmaskValueError(
+                    f"{fn}: deterministic must be True or False when zoneout or "
+                    "weight_dropout is on, got None. Pass MaskedRNN(..., deterministic=...) "
+                    "or call it with deterministic=not training."
+                )
+            det = bool(nn.merge_param("deterministic", self.deterministic, deterministic))
         x = jnp.asarray(inputs)
         step_shape = (batch, *x.shape[2:])
         if initial_carry is None:
@@ -114,11 +167,29 @@ class MaskedRNN(nn.Module):
         cell, variables = self.cell.unbind()
         streams = [name for name in self.scope.rngs if name != "params"] if self.scope else []
         keys = {name: self.make_rng(name) for name in streams}
+        drops = _dropout.needs_key(self.weight_dropout, det, fn=fn)
+        if drops or (zoneout_rates and not det):
+            if rng is None:
+                rng = self.make_rng(self.rng_collection)
+            check_key(rng, fn=fn, name="rng")
+        zoneout_key, weight_key = regularizer_keys(rng)
+        if drops:
+            variables = dict(variables)
+            variables["params"] = drop_recurrent_kernels(
+                variables.get("params", {}),
+                self.weight_dropout,
+                weight_key,
+                self.recurrent_kernels,
+                fn=fn,
+            )
 
-        def step(carry: Any, x_t: jax.Array, t: jax.Array) -> tuple[Any, Any]:
+        def cell_step(carry: Any, x_t: jax.Array, t: jax.Array) -> tuple[Any, Any]:
             rngs = {name: jax.random.fold_in(key, t) for name, key in keys.items()}
             return cell.apply(variables, carry, x_t, rngs=rngs)
 
+        step = regularized_step(
+            cell_step, zoneout_rates, zoneout_key, initial_carry, deterministic=det, fn=fn
+        )
         carry, outputs = masked_rnn(
             step,
             initial_carry,
@@ -171,11 +242,14 @@ class Bidirectional(nn.Module):
         initial_carry: tuple[Any, Any] | None = None,
         init_key: jax.Array | None = None,
         return_carry: bool | None = None,
+        deterministic: bool | None = None,
+        rng: jax.Array | None = None,
     ) -> Any:
         """Runs both directions over ``inputs: [batch, time, *features]``.
 
         Args mean what they mean for :class:`MaskedRNN`; ``initial_carry`` is a
-        ``(forward, backward)`` pair.
+        ``(forward, backward)`` pair; ``deterministic`` reaches both directions, and
+        ``rng`` gives them ``fold_in(rng, 0)`` and ``fold_in(rng, 1)``.
 
         Returns:
           ``merge_fn(forward, backward)``, or ``((forward_carry, backward_carry),
@@ -184,6 +258,7 @@ class Bidirectional(nn.Module):
         return_carry = self.return_carry if return_carry is None else return_carry
         forward_carry, backward_carry = initial_carry or (None, None)
         keys = (None, None) if init_key is None else tuple(jax.random.split(init_key))
+        rngs = (None, None) if rng is None else tuple(jax.random.fold_in(rng, i) for i in (0, 1))
         carry_f, out_f = self.forward_rnn(
             inputs,
             mask=mask,
@@ -193,6 +268,8 @@ class Bidirectional(nn.Module):
             reverse=False,
             keep_order=False,
             return_carry=True,
+            deterministic=deterministic,
+            rng=rngs[0],
         )
         carry_b, out_b = self.backward_rnn(
             inputs,
@@ -203,6 +280,8 @@ class Bidirectional(nn.Module):
             reverse=True,
             keep_order=True,
             return_carry=True,
+            deterministic=deterministic,
+            rng=rngs[1],
         )
         outputs = self.merge_fn(out_f, out_b)
         return ((carry_f, carry_b), outputs) if return_carry else outputs

@@ -2,7 +2,8 @@
 
 The module splits its cell into a graph and state, turns it into a pure step (the
 state closed over, the cell's random streams reseeded per time step) and calls the
-functional core, :func:`dropmask._rnn.masked_rnn`.
+functional core, :func:`dropmask._rnn.masked_rnn`; zoneout and weight dropout are
+the core's too (:mod:`dropmask._rnn`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,18 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ._rnn import masked_rnn, resolve_mask
+from . import _dropout
+from ._checks import check_key, check_rate, concrete_value
+from ._errors import DropmaskTypeError, MissingKeyError
+from ._rnn import (
+    FLAX_RECURRENT_KERNELS,
+    carry_rates,
+    drop_recurrent_kernels,
+    masked_rnn,
+    regularized_step,
+    regularizer_keys,
+    resolve_mask,
+)
 
 __all__ = ["Bidirectional", "MaskedRNN"]
 
@@ -47,6 +59,16 @@ class MaskedRNN(nnx.Module):
     draws a new mask at each step. State the cell mutates otherwise (e.g. batch
     statistics) is not kept.
 
+    Recurrent regularizers (both off by default): ``zoneout`` keeps each unit of the
+    carry at its previous value with probability ``zoneout`` at each training step and
+    uses the expectation in evaluation (Krueger et al., 2017; see
+    :func:`dropmask.zoneout`); ``weight_dropout`` drops elements of the cell's
+    recurrent (hidden-to-hidden) kernels with one mask per call, the same at every time
+    step, scaled by ``1/(1-rate)`` (DropConnect as in AWD-LSTM; identity in
+    evaluation). Both draw one key per call from ``rngs``' ``rng_collection`` stream
+    and follow ``model.train()`` / ``model.eval()``. A padded step changes nothing
+    under either: the carry is held.
+
     Args:
       cell: an NNX cell: ``cell(carry, x_t) -> (carry, y_t)`` with
         ``initialize_carry(input_shape)``, e.g. ``nnx.LSTMCell(3, 64, rngs=rngs)``.
@@ -55,6 +77,18 @@ class MaskedRNN(nnx.Module):
         (Flax's default), output ``t`` is the step on input ``lengths - 1 - t``.
       return_carry: return ``(carry, outputs)`` instead of ``outputs``.
       unroll: passed to ``lax.scan``.
+      zoneout: probability that a carry unit keeps its previous value: one rate, or
+        one per carry leaf in ``jax.tree.leaves`` order (Flax's LSTM cells:
+        ``(cell_rate, hidden_rate)``).
+      weight_dropout: dropout rate on the recurrent kernels.
+      recurrent_kernels: names of the cell's hidden-to-hidden submodules whose
+        ``kernel`` weight dropout masks; the default covers Flax's cells (``hi``,
+        ``hf``, ``hg``, ``ho``, ``h``, ``dense_h``, ...). A cell with none of them
+        raises, naming its submodules.
+      deterministic: evaluation mode for the regularizers; a call-time value wins.
+      rng_collection: the stream of ``rngs`` the regularizers draw from.
+      rngs: an ``nnx.Rngs`` / ``RngStream`` (forked here), or None to pass a key at
+        call time; needed in training when a regularizer is on.
 
     Example:
       >>> import jax.numpy as jnp
@@ -74,12 +108,60 @@ class MaskedRNN(nnx.Module):
         keep_order: bool = False,
         return_carry: bool = False,
         unroll: int = 1,
+        zoneout: float | tuple[float, ...] = 0.0,
+        weight_dropout: float = 0.0,
+        recurrent_kernels: tuple[str, ...] = FLAX_RECURRENT_KERNELS,
+        deterministic: bool = False,
+        rng_collection: str = "dropout",
+        rngs: nnx.Rngs | nnx.RngStream | None = None,
     ):
+        fn = "dropmask.nnx.MaskedRNN"
+        carry_rates(zoneout, fn=fn)
+        check_rate(weight_dropout, fn=fn, name="weight_dropout")
         self.cell = cell
         self.reverse = reverse
         self.keep_order = keep_order
         self.return_carry = return_carry
         self.unroll = unroll
+        self.zoneout = zoneout
+        self.weight_dropout = weight_dropout
+        self.recurrent_kernels = tuple(recurrent_kernels)
+        self.deterministic = deterministic
+        self.rng_collection = rng_collection
+        if isinstance(rngs, nnx.Rngs):
+            self.rngs = rngs[rng_collection].fork()
+        elif isinstance(rngs, nnx.RngStream):
+            self.rngs = rngs.fork()
+        elif rngs is None:
+            self.rngs = nnx.data(None)
+        else:
+            raise DropmaskTypeError(
+                f"{fn}: rngs must be an nnx.Rngs, nnx.RngStream or None, got "
+                f"{type(rngs).__name__}. Pass e.g. rngs=nnx.Rngs({rng_collection}=0)."
+            )
+
+    def set_view(self, deterministic: bool | None = None) -> None:
+        """Used by ``nnx.view``: sets ``deterministic`` when given."""
+        if deterministic is not None:
+            self.deterministic = deterministic
+
+    def _regularizer_key(self, rngs: Any, *, fn: str) -> jax.Array:
+        """This call's key: ``rngs`` if given (a key, stream or Rngs), else the next key
+        of the module's own stream."""
+        source = rngs if rngs is not None else self.rngs
+        if isinstance(source, nnx.Rngs):
+            source = source[self.rng_collection]
+        if isinstance(source, nnx.RngStream):
+            return source()
+        if source is None:
+            raise MissingKeyError(
+                f"{fn}: rngs must be given in training mode with zoneout or weight_dropout "
+                f"on, got none for stream {self.rng_collection!r}. Construct it with "
+                f"rngs=nnx.Rngs({self.rng_collection}=0), call it with rngs=..., or switch "
+                "to evaluation with model.eval()."
+            )
+        check_key(source, fn=fn, name="rngs")
+        return source
 
     def __call__(
         self,
@@ -91,6 +173,8 @@ class MaskedRNN(nnx.Module):
         reverse: bool | None = None,
         keep_order: bool | None = None,
         return_carry: bool | None = None,
+        deterministic: bool | None = None,
+        rngs: Any = None,
     ) -> Any:
         """Runs the cell over ``inputs: [batch, time, *features]``.
 
@@ -101,7 +185,9 @@ class MaskedRNN(nnx.Module):
             of ``mask``. With neither, every step is valid.
           initial_carry: the carry to start from; default the cell's
             ``initialize_carry([batch, *features])``.
-          reverse, keep_order, return_carry: override the attributes.
+          reverse, keep_order, return_carry, deterministic: override the attributes.
+          rngs: the regularizers' key for this call (a key, ``nnx.RngStream`` or
+            ``nnx.Rngs``), instead of the module's own stream.
 
         Returns:
           ``outputs: [batch, time, *out_features]`` (0 at padding), or
@@ -111,14 +197,17 @@ class MaskedRNN(nnx.Module):
           MaskShapeError: inputs without a batch and time axis, or a mask/lengths
             whose shape is not ``[batch, time]`` / ``[batch]``.
           DtypeError: a mask that is not boolean, or lengths that are not integers.
-          DropmaskValueError: both ``mask`` and ``lengths``.
+          DropmaskValueError: both ``mask`` and ``lengths``; ``weight_dropout`` on a
+            cell without recurrent kernels.
+          MissingKeyError: a regularizer on in training mode without ``rngs``.
         """
+        fn = "dropmask.nnx.MaskedRNN"
         reverse = self.reverse if reverse is None else reverse
         keep_order = self.keep_order if keep_order is None else keep_order
         return_carry = self.return_carry if return_carry is None else return_carry
-        mask_arr, lengths_arr, batch, _ = resolve_mask(
-            inputs, mask, lengths, fn="dropmask.nnx.MaskedRNN"
-        )
+        det = bool(self.deterministic if deterministic is None else deterministic)
+        mask_arr, lengths_arr, batch, _ = resolve_mask(inputs, mask, lengths, fn=fn)
+        zoneout_rates = carry_rates(self.zoneout, fn=fn)
         x = jnp.asarray(inputs)
         if initial_carry is None:
             shape = (batch, *x.shape[2:])
@@ -129,14 +218,26 @@ class MaskedRNN(nnx.Module):
                 initial_carry = self.cell.initialize_carry(shape)  # type: ignore[attr-defined]
         keys = _stream_keys(self.cell)
         graphdef, state = nnx.split(self.cell)
+        drops = _dropout.needs_key(self.weight_dropout, det, fn=fn)
+        key = None
+        if drops or (zoneout_rates and not det):
+            key = self._regularizer_key(rngs, fn=fn)
+        zoneout_key, weight_key = regularizer_keys(key)
+        if drops:
+            state = drop_recurrent_kernels(
+                state, self.weight_dropout, weight_key, self.recurrent_kernels, fn=fn
+            )
 
-        def step(carry: Any, x_t: jax.Array, t: jax.Array) -> tuple[Any, Any]:
+        def cell_step(carry: Any, x_t: jax.Array, t: jax.Array) -> tuple[Any, Any]:
             cell = nnx.merge(graphdef, state, copy=True)
             if keys:
                 step_keys: dict[str, Any] = {n: jax.random.fold_in(k, t) for n, k in keys.items()}
                 nnx.reseed(cell, **step_keys)
             return cell(carry, x_t)  # type: ignore[operator]
 
+        step = regularized_step(
+            cell_step, zoneout_rates, zoneout_key, initial_carry, deterministic=det, fn=fn
+        )
         carry, outputs = masked_rnn(
             step,
             initial_carry,
@@ -196,11 +297,14 @@ class Bidirectional(nnx.Module):
         lengths: jax.typing.ArrayLike | None = None,
         initial_carry: tuple[Any, Any] | None = None,
         return_carry: bool | None = None,
+        deterministic: bool | None = None,
+        rngs: jax.Array | None = None,
     ) -> Any:
         """Runs both directions over ``inputs: [batch, time, *features]``.
 
         Args mean what they mean for :class:`MaskedRNN`; ``initial_carry`` is a
-        ``(forward, backward)`` pair.
+        ``(forward, backward)`` pair; ``deterministic`` reaches both directions, and a
+        key ``rngs`` gives them ``fold_in(rngs, 0)`` and ``fold_in(rngs, 1)``.
 
         Returns:
           ``merge_fn(forward, backward)``, or ``((forward_carry, backward_carry),
@@ -208,6 +312,7 @@ class Bidirectional(nnx.Module):
         """
         return_carry = self.return_carry if return_carry is None else return_carry
         forward_carry, backward_carry = initial_carry or (None, None)
+        keys = (None, None) if rngs is None else tuple(jax.random.fold_in(rngs, i) for i in (0, 1))
         carry_f, out_f = self.forward_rnn(
             inputs,
             mask=mask,
@@ -216,6 +321,8 @@ class Bidirectional(nnx.Module):
             reverse=False,
             keep_order=False,
             return_carry=True,
+            deterministic=deterministic,
+            rngs=keys[0],
         )
         carry_b, out_b = self.backward_rnn(
             inputs,
@@ -225,6 +332,8 @@ class Bidirectional(nnx.Module):
             reverse=True,
             keep_order=True,
             return_carry=True,
+            deterministic=deterministic,
+            rngs=keys[1],
         )
         outputs = self.merge_fn(out_f, out_b)
         return ((carry_f, carry_b), outputs) if return_carry else outputs

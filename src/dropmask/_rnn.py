@@ -1,26 +1,44 @@
-"""The functional core of the masked recurrent modules: one cell over a padded batch.
+"""The functional core of the masked recurrent modules: one cell over a padded batch,
+and the recurrent regularizers, zoneout and weight dropout on the recurrent kernel.
 
 ``dropmask.linen.MaskedRNN`` and ``dropmask.nnx.MaskedRNN`` only turn their cell into
 a pure step function and call :func:`masked_rnn`; the masking itself is
 :func:`dropmask.masked_scan`'s, the reversal of valid prefixes
-:func:`dropmask.flip_sequences`'s.
+:func:`dropmask.flip_sequences`'s. The regularizers act inside that scan, so a
+padded step, whose carry the scan holds, changes nothing under them either:
+zoneout wraps the step (:func:`regularized_step`), and weight dropout masks the
+cell's recurrent kernels once per call, before the scan (:func:`drop_recurrent_kernels`),
+so that every time step of a sequence batch sees the same mask (AWD-LSTM's DropConnect).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._checks import check_bool_mask
-from ._errors import DropmaskValueError, MaskShapeError
+from ._checks import check_bool_mask, check_floating, check_key, check_rate, concrete_value
+from ._dropout import apply_dropout
+from ._errors import DropmaskValueError, MaskShapeError, RateError
 from ._masks import as_array, sequence_mask
+from ._random import keep_mask
 from ._scan import flip_sequences, masked_scan
 
-__all__ = ["masked_rnn", "resolve_mask"]
+__all__ = [
+    "FLAX_RECURRENT_KERNELS",
+    "apply_zoneout",
+    "carry_rates",
+    "drop_recurrent_kernels",
+    "leaf_rates",
+    "masked_rnn",
+    "regularized_step",
+    "regularizer_keys",
+    "resolve_mask",
+    "zoneout",
+]
 
 # (carry, x_t, t) -> (carry, y_t); ``t`` is the int32 scalar index of the time step.
 StepFn = Callable[[Any, Any, jax.Array], tuple[Any, Any]]
@@ -118,3 +136,209 @@ def masked_rnn(
     if reverse and not keep_order:
         outputs = jax.tree.map(lambda a: flip_sequences(a, lengths), outputs)
     return carry, outputs
+
+
+# Flax's cells name their hidden-to-hidden Dense layers after the gate they feed
+# (LSTMCell, OptimizedLSTMCell: hi, hf, hg, ho; GRUCell: hr, hz, hn; MGUCell: hf, hn;
+# SimpleCell: h) in Linen, and ``dense_h`` in NNX's GRUCell, OptimizedLSTMCell and
+# SimpleCell. The input-to-hidden layers (ii, if, iz, dense_i, ...) are never matched.
+FLAX_RECURRENT_KERNELS = ("h", "hi", "hf", "hg", "ho", "hr", "hz", "hn", "dense_h")
+
+
+def carry_rates(zoneout: Any, *, fn: str) -> tuple[float, ...]:
+    """``zoneout`` (one rate, or one per carry leaf) as a validated tuple, empty when 0."""
+    rates = tuple(zoneout) if isinstance(zoneout, tuple | list) else (zoneout,)
+    if not rates:
+        raise DropmaskValueError(
+            f"{fn}: zoneout must be a rate or a tuple of rates (one per carry leaf), got "
+            "an empty tuple. Pass zoneout=0.0 to turn zoneout off."
+        )
+    try:
+        values = [check_rate(r, fn=fn, name="zoneout") for r in rates]
+    except RateError:
+        raise RateError(
+            f"{fn}: zoneout must be in [0, 1] (the probability that a unit keeps its "
+            f"previous value), got {zoneout!r}. Pass e.g. zoneout=0.1."
+        ) from None
+    return () if all(v == 0.0 for v in values) else rates
+
+
+def zoneout(
+    prev: Any,
+    new: Any,
+    rate: Any,
+    key: Any = None,
+    *,
+    deterministic: bool = False,
+) -> Any:
+    """Zoneout (Krueger et al., 2017): each unit keeps its previous value at ``rate``.
+
+    In training every element of every carry leaf independently keeps ``prev`` with
+    probability ``rate`` and takes ``new`` otherwise (no rescaling: a kept unit is a
+    value the carry already held). In evaluation (``deterministic``) the result is
+    the expectation, ``rate * prev + (1 - rate) * new``, computed in at least f32.
+
+    Args:
+      prev: the carry before the step, a pytree of floating arrays.
+      new: the carry the cell computed, the same structure, shapes and dtypes.
+      rate: probability of keeping ``prev``, in ``[0, 1]``: one value for every leaf,
+        or a tuple with one per leaf in ``jax.tree.leaves`` order (for Flax's LSTM
+        cells, whose carry is ``(c, h)``: ``(cell_rate, hidden_rate)``).
+      key: a JAX PRNG key; needed in training unless every rate is 0 or 1. Leaf ``i``
+        draws its mask from ``fold_in(key, i)`` through :func:`dropmask.keep_mask`.
+      deterministic: return the expectation instead of a random mix.
+
+    Returns:
+      A carry like ``new``, dtypes preserved.
+
+    Raises:
+      DropmaskTypeError: a rate that is not a real scalar, or a key that is not one.
+      RateError: a rate outside ``[0, 1]``.
+      DropmaskValueError: a tuple of rates whose length is not the number of leaves.
+      MaskShapeError: ``prev`` and ``new`` of different structures or shapes.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> prev, new = jnp.zeros(4), jnp.ones(4)
+      >>> dropmask.zoneout(prev, new, 0.25, deterministic=True).tolist()
+      [0.75, 0.75, 0.75, 0.75]
+      >>> y = dropmask.zoneout(prev, new, 0.5, jax.random.key(0))
+      >>> set(y.tolist()) <= {0.0, 1.0}
+      True
+    """
+    return apply_zoneout(prev, new, rate, key, deterministic=deterministic, fn="zoneout")
+
+
+def apply_zoneout(
+    prev: Any, new: Any, rate: Any, key: Any, *, deterministic: bool, fn: str
+) -> Any:
+    """:func:`zoneout` for the caller ``fn`` (validated here, before any work)."""
+    rates = carry_rates(rate, fn=fn) or (0.0,)
+    prev_leaves, treedef = jax.tree.flatten(prev)
+    new_leaves, new_treedef = jax.tree.flatten(new)
+    if treedef != new_treedef or any(
+        jnp.shape(a) != jnp.shape(b) for a, b in zip(prev_leaves, new_leaves, strict=True)
+    ):
+        raise MaskShapeError(
+            f"{fn}: prev and new must be carries of one structure and shapes, got "
+            f"{jax.tree.map(jnp.shape, prev)} and {jax.tree.map(jnp.shape, new)}. Pass the "
+            "carry before and after one step of the same cell."
+        )
+    rates = leaf_rates(rates, new, fn=fn)
+    values = [concrete_value(r) for r in rates]
+    if not deterministic and any(v not in (0.0, 1.0) for v in values):
+        check_key(key, fn=fn)
+    out = []
+    for i, (a, b, r, v) in enumerate(zip(prev_leaves, new_leaves, rates, values, strict=True)):
+        a, b = jnp.asarray(a), jnp.asarray(b)
+        if v == 0.0:
+            out.append(b)
+        elif v == 1.0:
+            out.append(a.astype(b.dtype))
+        elif deterministic:
+            dtype = jnp.promote_types(b.dtype, jnp.float32)
+            r = jnp.asarray(r, dtype)
+            out.append((r * a.astype(dtype) + (1 - r) * b.astype(dtype)).astype(b.dtype))
+        else:
+            update = keep_mask(jax.random.fold_in(key, i), b.shape, r)
+            out.append(jnp.where(update, b, a.astype(b.dtype)))
+    return jax.tree.unflatten(treedef, out)
+
+
+def leaf_rates(rates: tuple, carry: Any, *, fn: str) -> tuple:
+    """One zoneout rate per leaf of ``carry`` (floating leaves only), or raises."""
+    leaves = jax.tree.leaves(carry)
+    if len(rates) == 1:
+        rates = rates * len(leaves)
+    if len(rates) != len(leaves):
+        raise DropmaskValueError(
+            f"{fn}: zoneout must be one rate or one per carry leaf ({len(leaves)} here), "
+            f"got {len(rates)} rates. For an LSTM's (c, h) carry pass (cell_rate, "
+            "hidden_rate); a GRU's carry is one array: pass one rate."
+        )
+    for leaf in leaves:
+        check_floating(leaf, fn=fn, hint=" (zoneout mixes carries)")
+    return rates
+
+
+def _key_name(entry: Any) -> Any:
+    for attr in ("key", "name", "idx"):
+        if hasattr(entry, attr):
+            return getattr(entry, attr)
+    return None
+
+
+def drop_recurrent_kernels(
+    params: Any, rate: Any, key: Any, names: Sequence[str], *, fn: str
+) -> Any:
+    """``params`` with every recurrent kernel passed through :func:`dropmask.dropout`.
+
+    A recurrent kernel is a leaf at ``.../NAME/kernel`` with ``NAME`` in ``names``
+    (a Linen params dict or an NNX state alike). Kernel ``j`` (in the tree's sorted
+    order) is masked with ``fold_in(key, j)``: one mask per call, so a scan that
+    closes over the result uses the same mask at every time step.
+
+    Raises:
+      DropmaskValueError: no leaf matches, naming the submodules that exist.
+    """
+    paths = jax.tree_util.tree_flatten_with_path(params)[0]
+    chosen = set(names)
+
+    def is_recurrent(path: tuple) -> bool:
+        keys = [_key_name(e) for e in path]
+        return any(a in chosen and b == "kernel" for a, b in zip(keys, keys[1:], strict=False))
+
+    hits = [path for path, _ in paths if is_recurrent(path)]
+    if not hits:
+        found = sorted({str(_key_name(p[0])) for p, _ in paths if p})
+        raise DropmaskValueError(
+            f"{fn}: weight_dropout needs the cell's recurrent kernels, named by "
+            f"recurrent_kernels={tuple(names)}, got a cell whose parameters are {found}. "
+            "Pass recurrent_kernels=(names of the hidden-to-hidden layers,)."
+        )
+    index = {path: j for j, path in enumerate(hits)}
+
+    def drop(path: tuple, leaf: Any) -> Any:
+        if path not in index:
+            return leaf
+        return apply_dropout(leaf, rate, jax.random.fold_in(key, index[path]), fn=fn)
+
+    return jax.tree_util.tree_map_with_path(drop, params)
+
+
+def regularized_step(
+    step: StepFn, zoneout_rates: tuple, key: Any, init_carry: Any, *, deterministic: bool, fn: str
+) -> StepFn:
+    """``step`` followed by zoneout of its carry, drawing ``fold_in(key, t)`` at step ``t``.
+
+    The rates are checked against ``init_carry`` here, before the scan.
+
+    An output leaf that is a carry leaf itself (Flax's cells return their new hidden
+    state as the output) is replaced by that leaf after zoneout, so that the output
+    is the state the next step sees, as in Krueger et al.
+    """
+    if not zoneout_rates:
+        return step
+    zoneout_rates = leaf_rates(zoneout_rates, init_carry, fn=fn)
+
+    def wrapped(carry: Any, x_t: Any, t: jax.Array) -> tuple[Any, Any]:
+        new_carry, y = step(carry, x_t, t)
+        step_key = None if key is None else jax.random.fold_in(key, t)
+        zoned = apply_zoneout(
+            carry, new_carry, zoneout_rates, step_key, deterministic=deterministic, fn=fn
+        )
+        pairs = list(zip(jax.tree.leaves(new_carry), jax.tree.leaves(zoned), strict=True))
+
+        def same(leaf: Any) -> Any:
+            return next((z for n, z in pairs if n is leaf), leaf)
+
+        return zoned, jax.tree.map(same, y)
+
+    return wrapped
+
+
+def regularizer_keys(key: Any) -> tuple[Any, Any]:
+    """``(zoneout_key, weight_key)`` from the one key a module draws per call."""
+    if key is None:
+        return None, None
+    return jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)

@@ -116,3 +116,21 @@ def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
         train.example, longer, tmp_path / "part", devices=1, progress=False, resume=True
     )
     assert part.losses + rest.losses == full.losses
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [{"zoneout_cell": 0.5, "zoneout_hidden": 0.05}, {"weight_dropout": 0.3}],
+    ids=["zoneout", "weight_dropout"],
+)
+def test_tiny_run_trains_with_each_recurrent_regularizer(config, data, tmp_path, entries):
+    regularized = config.copy_and_resolve_references()
+    regularized.update(entries)
+    regularized.steps, regularized.log_every = 24, 1
+    batch = input_pipeline.train_batch(regularized, data, jax.random.key(1), 0)
+    _, params_key, dropout_key = jax.random.split(jax.random.key(0), 3)
+    state = train.create_state(regularized, data, params_key, dropout_key)
+    assert_step_changes_every_parameter_and_uses_the_key(train.train_step, state, batch)
+    run = run_training(train.example, regularized, tmp_path, devices=1, progress=False)
+    first, last = np.mean(run.losses[:4]), np.mean(run.losses[-4:])
+    assert last < 0.8 * first, (first, last)
