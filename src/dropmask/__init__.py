@@ -51,6 +51,7 @@ from ._reductions import masked_std as masked_std
 from ._reductions import masked_sum as masked_sum
 from ._reductions import masked_var as masked_var
 from ._scan import flip_sequences as flip_sequences
+from ._rnn import zoneout as zoneout
 from ._scan import masked_scan as masked_scan
 
 __version__ = "0.1.0"
@@ -104,4 +105,5 @@ __all__ = [
     "to_numpy_ma",
     "unpack_sequences",
     "word_dropout",
+    "zoneout",
 ]

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from . import _dropout
 from ._checks import check_key, check_rate, concrete_value
-from ._errors import DropmaskValueError
+from ._errors import DropmaskValueError, MissingKeyError
 from ._rnn import (
     FLAX_RECURRENT_KERNELS,
     carry_rates,
@@ -170,7 +170,16 @@ class MaskedRNN(nn.Module):
         drops = _dropout.needs_key(self.weight_dropout, det, fn=fn)
         if drops or (zoneout_rates and not det):
             if rng is None:
-                rng = self.make_rng(self.rng_collection)
+                stream = self.rng_collection
+                if not (self.has_rng(stream) or self.has_rng("params")):
+                    given = list(self.scope.rngs) if self.scope is not None else []
+                    raise MissingKeyError(
+                        f"{fn}: a key for stream {stream!r} must be given in training mode "
+                        f"with zoneout or weight_dropout on, got streams {given}. Call "
+                        f"apply(..., rngs={{{stream!r}: key}}), pass rng=key, or pass "
+                        "deterministic=True."
+                    )
+                rng = self.make_rng(stream)
             check_key(rng, fn=fn, name="rng")
         zoneout_key, weight_key = regularizer_keys(rng)
         if drops:
