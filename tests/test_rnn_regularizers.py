@@ -228,7 +228,9 @@ def test_a_padded_step_changes_nothing(kw):
 def test_gradients_are_finite_through_padding(bidirectional):
     kw = {"zoneout": (0.3, 0.1), "weight_dropout": 0.4}
     if bidirectional:
-        rnn = dl.Bidirectional(dl.MaskedRNN(nn.LSTMCell(4), **kw), dl.MaskedRNN(nn.LSTMCell(4), **kw))
+        rnn = dl.Bidirectional(
+            dl.MaskedRNN(nn.LSTMCell(4), **kw), dl.MaskedRNN(nn.LSTMCell(4), **kw)
+        )
     else:
         rnn = dl.MaskedRNN(nn.LSTMCell(4), **kw)
     x = _inputs()

@@ -70,9 +70,7 @@ class Seq2seq(nn.Module):
         carry = self.encode(query, query_length, training)
         previous = jnp.concatenate([jnp.full_like(answer[:, :1], GO), answer[:, :-1]], axis=1)
         x = self.dropout(self.embed(previous), deterministic=not training)
-        y = self.decoder(
-            x, lengths=answer_length, initial_carry=carry, deterministic=not training
-        )
+        y = self.decoder(x, lengths=answer_length, initial_carry=carry, deterministic=not training)
         return self.project(self.dropout(y, deterministic=not training))
 
     def generate(

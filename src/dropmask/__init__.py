@@ -50,8 +50,8 @@ from ._reductions import masked_softmax as masked_softmax
 from ._reductions import masked_std as masked_std
 from ._reductions import masked_sum as masked_sum
 from ._reductions import masked_var as masked_var
-from ._scan import flip_sequences as flip_sequences
 from ._rnn import zoneout as zoneout
+from ._scan import flip_sequences as flip_sequences
 from ._scan import masked_scan as masked_scan
 
 __version__ = "0.1.0"

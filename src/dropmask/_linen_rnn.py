@@ -169,18 +169,7 @@ class MaskedRNN(nn.Module):
         keys = {name: self.make_rng(name) for name in streams}
         drops = _dropout.needs_key(self.weight_dropout, det, fn=fn)
         if drops or (zoneout_rates and not det):
-            if rng is None:
-                stream = self.rng_collection
-                if not (self.has_rng(stream) or self.has_rng("params")):
-                    given = list(self.scope.rngs) if self.scope is not None else []
-                    raise MissingKeyError(
-                        f"{fn}: a key for stream {stream!r} must be given in training mode "
-                        f"with zoneout or weight_dropout on, got streams {given}. Call "
-                        f"apply(..., rngs={{{stream!r}: key}}), pass rng=key, or pass "
-                        "deterministic=True."
-                    )
-                rng = self.make_rng(stream)
-            check_key(rng, fn=fn, name="rng")
+            rng = self._regularizer_key(rng, fn=fn)
         zoneout_key, weight_key = regularizer_keys(rng)
         if drops:
             variables = dict(variables)
@@ -210,6 +199,24 @@ class MaskedRNN(nn.Module):
             unroll=self.unroll,
         )
         return (carry, outputs) if return_carry else outputs
+
+    def _regularizer_key(self, rng: Any, *, fn: str) -> jax.Array:
+        """This call's key: ``rng`` if given, else the next key of ``rng_collection``
+        (falling back to ``'params'`` as Flax's ``make_rng`` does, so that ``init`` in
+        training mode works)."""
+        if rng is None:
+            stream = self.rng_collection
+            if not (self.has_rng(stream) or self.has_rng("params")):
+                given = list(self.scope.rngs) if self.scope is not None else []
+                raise MissingKeyError(
+                    f"{fn}: a key for stream {stream!r} must be given in training mode "
+                    f"with zoneout or weight_dropout on, got streams {given}. Call "
+                    f"apply(..., rngs={{{stream!r}: key}}), pass rng=key, or pass "
+                    "deterministic=True."
+                )
+            rng = self.make_rng(stream)
+        check_key(rng, fn=fn, name="rng")
+        return rng
 
 
 class Bidirectional(nn.Module):

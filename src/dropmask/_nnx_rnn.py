@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _dropout
-from ._checks import check_key, check_rate, concrete_value
+from ._checks import check_key, check_rate
 from ._errors import DropmaskTypeError, MissingKeyError
 from ._rnn import (
     FLAX_RECURRENT_KERNELS,

@@ -209,9 +209,7 @@ def zoneout(
     return apply_zoneout(prev, new, rate, key, deterministic=deterministic, fn="zoneout")
 
 
-def apply_zoneout(
-    prev: Any, new: Any, rate: Any, key: Any, *, deterministic: bool, fn: str
-) -> Any:
+def apply_zoneout(prev: Any, new: Any, rate: Any, key: Any, *, deterministic: bool, fn: str) -> Any:
     """:func:`zoneout` for the caller ``fn`` (validated here, before any work)."""
     rates = carry_rates(rate, fn=fn) or (0.0,)
     prev_leaves, treedef = jax.tree.flatten(prev)
