@@ -254,11 +254,11 @@ def test_jit_and_vmap_over_keys_match_eager():
     def run(k):
         return rnn.apply(params, x, lengths=LENGTHS, deterministic=False, rng=k)[1]
 
-    keys = jax.random.split(KEY, 3)
+    keys = jax.random.split(KEY, 2)
     eager = [run(k) for k in keys]
     np.testing.assert_allclose(jax.jit(run)(keys[0]), eager[0], atol=1e-6)
     mapped = jax.vmap(run)(keys)
-    for i in range(3):
+    for i in range(2):
         np.testing.assert_allclose(mapped[i], eager[i], atol=1e-6)
     assert not np.allclose(eager[0], eager[1])
 
