@@ -1,0 +1,261 @@
+"""Scores of a predictive distribution against labels: NLL, Brier score, calibration.
+
+Every function takes ``logits: [..., classes]`` of one distribution per example: a
+deterministic model's logits, or :func:`predictive_log_probs` of K samples (a
+log-probability is a logit; the input is normalised with ``log_softmax``, which leaves
+log-probabilities unchanged). ``labels: int[...]`` and an optional boolean ``mask``
+broadcastable to ``labels`` (True = valid): padded positions are excluded through the
+library's masked reductions, whatever their logits hold.
+
+Expected calibration error (Guo et al., 2017), top-label, equal-width bins: an example
+with confidence ``c = max_j p_j`` falls in bin ``b`` when ``b / B < c <= (b + 1) / B``
+(``B = num_bins``, 15 by default); ``ECE = sum_b (n_b / n) |accuracy_b - confidence_b|``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._checks import check_array, check_bool_mask, check_floating, check_integer
+from .._checks import check_broadcastable, check_static_int
+from .._errors import DropmaskValueError
+from .._reductions import masked_mean, masked_sum
+from ._summaries import log_softmax
+
+__all__ = [
+    "Reliability",
+    "brier_score",
+    "expected_calibration_error",
+    "nll",
+    "reliability",
+    "reliability_diagram",
+]
+
+
+def _inputs(
+    logits: Any, labels: Any, mask: Any, fn: str
+) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
+    """``(log_p, labels, mask, dtype)``: checked, ``log_p`` in float32 or wider."""
+    x = check_array(logits, fn=fn, name="logits")
+    check_floating(x, fn=fn)
+    y = check_array(labels, fn=fn, name="labels")
+    check_integer(y, fn=fn, name="labels")
+    if x.ndim < 1 or x.shape[:-1] != y.shape:
+        raise DropmaskValueError(
+            f"{fn}: logits must be labels.shape + (classes,), got logits {x.shape} and "
+            f"labels {y.shape}. For K samples pass uncertainty.predictive_log_probs(samples)."
+        )
+    if mask is None:
+        m = jnp.ones(y.shape, bool)
+    else:
+        m = check_bool_mask(mask, fn=fn)
+        check_broadcastable(m.shape, y.shape, fn=fn, name="mask", hint="")
+        m = jnp.broadcast_to(m, y.shape)
+    return log_softmax(x), y, m, x.dtype
+
+
+def _label_log_p(log_p: jax.Array, labels: jax.Array) -> jax.Array:
+    index = jnp.clip(labels, 0, log_p.shape[-1] - 1)[..., None]
+    return jnp.take_along_axis(log_p, index, axis=-1)[..., 0]
+
+
+def nll(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    mask: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    """Mean negative log-likelihood of the labels, ``-mean log p(label)``, over valid examples.
+
+    Args:
+      logits: floating ``[..., classes]``.
+      labels: integer ``[...]`` in ``[0, classes)``.
+      mask: optional ``bool`` broadcastable to ``labels``; True = counted.
+
+    Returns:
+      A scalar in ``logits``' dtype (0 with no valid example; ``inf`` if a counted
+      label has probability exactly 0).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from dropmask import uncertainty
+      >>> logits = jnp.log(jnp.array([[0.5, 0.5], [0.9, 0.1], [0.3, 0.7]]))
+      >>> round(float(uncertainty.nll(logits, jnp.array([0, 0, 1]),
+      ...                             mask=jnp.array([True, True, False]))), 4)
+      0.3993
+    """
+    log_p, y, m, dtype = _inputs(logits, labels, mask, "uncertainty.nll")
+    return masked_mean(-_label_log_p(log_p, y), m).astype(dtype)
+
+
+def brier_score(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    mask: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    """Mean over valid examples of ``sum_j (p_j - onehot(label)_j)^2``, in ``[0, 2]``.
+
+    Args:
+      logits: floating ``[..., classes]``.
+      labels: integer ``[...]``.
+      mask: optional ``bool`` broadcastable to ``labels``.
+
+    Returns:
+      A scalar in ``logits``' dtype.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from dropmask import uncertainty
+      >>> logits = jnp.log(jnp.array([[0.5, 0.5], [1.0, 0.0]]))
+      >>> uncertainty.brier_score(logits, jnp.array([0, 1])).tolist()  # (0.5 + 2) / 2
+      1.25
+    """
+    log_p, y, m, dtype = _inputs(logits, labels, mask, "uncertainty.brier_score")
+    onehot = jax.nn.one_hot(y, log_p.shape[-1], dtype=log_p.dtype)
+    per_example = jnp.sum(jnp.square(jnp.exp(log_p) - onehot), axis=-1)
+    return masked_mean(per_example, m).astype(dtype)
+
+
+class Reliability(NamedTuple):
+    """Per confidence bin, what the reliability diagram and ECE are made of.
+
+    Attributes:
+      edges: ``float32[num_bins + 1]``, ``0, 1/B, ..., 1``.
+      confidence: ``float32[num_bins]`` mean confidence of the bin's examples (0 if empty).
+      accuracy: ``float32[num_bins]`` their accuracy (0 if empty).
+      count: ``float32[num_bins]`` how many valid examples fell in the bin.
+    """
+
+    edges: jax.Array
+    confidence: jax.Array
+    accuracy: jax.Array
+    count: jax.Array
+
+
+def _bin_sums(
+    logits: Any, labels: Any, mask: Any, num_bins: Any, fn: str
+) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
+    """Per bin: count, summed confidence and summed correctness of the valid examples."""
+    num_bins = check_static_int(num_bins, name="num_bins", fn=fn, minimum=1)
+    log_p, y, m, dtype = _inputs(logits, labels, mask, fn)
+    confidence = jnp.exp(jnp.max(log_p, axis=-1))
+    correct = (jnp.argmax(log_p, axis=-1) == y).astype(confidence.dtype)
+    index = jnp.clip(jnp.ceil(confidence * num_bins).astype(jnp.int32) - 1, 0, num_bins - 1)
+    in_bin = (index[..., None] == jnp.arange(num_bins)) & m[..., None]
+    axes = tuple(range(y.ndim))
+    count = jnp.sum(in_bin, axis=axes, dtype=confidence.dtype)
+    conf_sum = masked_sum(jnp.broadcast_to(confidence[..., None], in_bin.shape), in_bin, axes)
+    correct_sum = masked_sum(jnp.broadcast_to(correct[..., None], in_bin.shape), in_bin, axes)
+    return count, conf_sum, correct_sum, dtype
+
+
+def expected_calibration_error(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    mask: jax.typing.ArrayLike | None = None,
+    num_bins: int = 15,
+) -> jax.Array:
+    """Top-label expected calibration error over ``num_bins`` equal-width bins.
+
+    Args:
+      logits: floating ``[..., classes]``.
+      labels: integer ``[...]``.
+      mask: optional ``bool`` broadcastable to ``labels``.
+      num_bins: a Python int ``>= 1``; bin ``b`` holds confidences in
+        ``(b / num_bins, (b + 1) / num_bins]``.
+
+    Returns:
+      A scalar in ``[0, 1]``, in ``logits``' dtype (0 with no valid example).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from dropmask import uncertainty
+      >>> # Confidence 0.9 on both, one right: |0.5 - 0.9| = 0.4.
+      >>> logits = jnp.log(jnp.array([[0.9, 0.1], [0.9, 0.1]]))
+      >>> round(float(uncertainty.expected_calibration_error(logits, jnp.array([0, 1]))), 4)
+      0.4
+    """
+    fn = "uncertainty.expected_calibration_error"
+    count, conf_sum, correct_sum, dtype = _bin_sums(logits, labels, mask, num_bins, fn)
+    total = jnp.maximum(jnp.sum(count), 1.0)
+    return (jnp.sum(jnp.abs(correct_sum - conf_sum)) / total).astype(dtype)
+
+
+def reliability(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    mask: jax.typing.ArrayLike | None = None,
+    num_bins: int = 15,
+) -> Reliability:
+    """Per-bin confidence, accuracy and count, binned as in :func:`expected_calibration_error`.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from dropmask import uncertainty
+      >>> logits = jnp.log(jnp.array([[0.9, 0.1], [0.9, 0.1], [0.6, 0.4]]))
+      >>> r = uncertainty.reliability(logits, jnp.array([0, 1, 0]), num_bins=5)
+      >>> r.count.tolist(), r.accuracy.tolist()
+      ([0.0, 0.0, 1.0, 0.0, 2.0], [0.0, 0.0, 1.0, 0.0, 0.5])
+    """
+    fn = "uncertainty.reliability"
+    count, conf_sum, correct_sum, _ = _bin_sums(logits, labels, mask, num_bins, fn)
+    safe = jnp.maximum(count, 1.0)
+    edges = jnp.linspace(0.0, 1.0, count.shape[0] + 1, dtype=count.dtype)
+    return Reliability(edges, conf_sum / safe, correct_sum / safe, count)
+
+
+def reliability_diagram(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    mask: jax.typing.ArrayLike | None = None,
+    num_bins: int = 15,
+    ax: Any = None,
+    label: str | None = None,
+) -> Any:
+    """Draws accuracy against confidence per bin (matplotlib, the ``train`` extra).
+
+    Bars show each non-empty bin's accuracy; the diagonal is perfect calibration, and
+    the legend carries the ECE. Call it again on the same ``ax`` to overlay models.
+
+    Args:
+      logits, labels, mask, num_bins: as in :func:`expected_calibration_error`.
+      ax: a matplotlib ``Axes``; None creates a figure (without pyplot's global state).
+      label: the legend's name for this model.
+
+    Returns:
+      The ``Axes`` drawn on (``ax.figure.savefig(path)`` writes it).
+
+    Raises:
+      ModuleNotFoundError: matplotlib is not installed (``pip install dropmask[train]``).
+    """
+    from matplotlib.figure import Figure
+
+    r = reliability(logits, labels, mask=mask, num_bins=num_bins)
+    ece = expected_calibration_error(logits, labels, mask=mask, num_bins=num_bins)
+    if ax is None:
+        ax = Figure(figsize=(4.2, 4.0), layout="constrained").subplots()
+    edges, count = np.asarray(r.edges), np.asarray(r.count)
+    full = count > 0
+    width = np.diff(edges)
+    name = f"{label}: " if label else ""
+    ax.bar(
+        edges[:-1][full],
+        np.asarray(r.accuracy)[full],
+        width=width[full],
+        align="edge",
+        alpha=0.5,
+        edgecolor="black",
+        label=f"{name}ECE {float(ece):.3f}",
+    )
+    ax.plot([0, 1], [0, 1], color="gray", linestyle="--", linewidth=1)
+    ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1))
+    ax.legend(loc="upper left")
+    return ax
