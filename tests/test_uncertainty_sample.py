@@ -208,8 +208,10 @@ class _Net(nnx.Module):
 
 def _leaves(model: nnx.Module) -> list[np.ndarray]:
     state = nnx.state(model)
-    return [np.asarray(jax.random.key_data(v) if jnp.issubdtype(v.dtype, jax.dtypes.prng_key)
-                       else v) for v in jax.tree.leaves(state)]
+    return [
+        np.asarray(jax.random.key_data(v) if jnp.issubdtype(v.dtype, jax.dtypes.prng_key) else v)
+        for v in jax.tree.leaves(state)
+    ]
 
 
 def test_nnx_model_and_rng_state_unchanged_and_batch_norm_inferred() -> None:

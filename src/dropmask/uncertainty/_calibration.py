@@ -146,7 +146,7 @@ def _bin_sums(
     confidence = jnp.exp(jnp.max(log_p, axis=-1))
     correct = (jnp.argmax(log_p, axis=-1) == y).astype(confidence.dtype)
     index = jnp.clip(jnp.ceil(confidence * num_bins).astype(jnp.int32) - 1, 0, num_bins - 1)
-    in_bin = (index[..., None] == jnp.arange(num_bins)) & m[..., None]
+    in_bin = jax.nn.one_hot(index, num_bins, dtype=jnp.bool_) & m[..., None]
     axes = tuple(range(y.ndim))
     count = jnp.sum(in_bin, axis=axes, dtype=confidence.dtype)
     conf_sum = masked_sum(jnp.broadcast_to(confidence[..., None], in_bin.shape), in_bin, axes)

@@ -117,7 +117,7 @@ def predictive_variance(logits: jax.typing.ArrayLike) -> jax.Array:
     """
     x = _samples(logits, "uncertainty.predictive_variance")
     p = jnp.exp(log_softmax(x))
-    return jnp.mean(jnp.square(p - jnp.mean(p, axis=0)), axis=0).astype(x.dtype)
+    return jnp.mean(jnp.square(p - jnp.mean(p, axis=0, keepdims=True)), axis=0).astype(x.dtype)
 
 
 def predictive_entropy(logits: jax.typing.ArrayLike) -> jax.Array:
@@ -209,5 +209,6 @@ def regression_moments(samples: jax.typing.ArrayLike) -> tuple[jax.Array, jax.Ar
     """
     x = _samples(samples, "uncertainty.regression_moments", min_ndim=1)
     y = x.astype(compute_dtype(x.dtype))
-    mean = jnp.mean(y, axis=0)
-    return mean.astype(x.dtype), jnp.mean(jnp.square(y - mean), axis=0).astype(x.dtype)
+    mean = jnp.mean(y, axis=0, keepdims=True)
+    variance = jnp.mean(jnp.square(y - mean), axis=0)
+    return mean[0].astype(x.dtype), variance.astype(x.dtype)
