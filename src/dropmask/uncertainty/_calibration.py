@@ -20,8 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import check_array, check_bool_mask, check_floating, check_integer
-from .._checks import check_broadcastable, check_static_int
+from .._checks import (
+    check_array,
+    check_bool_mask,
+    check_broadcastable,
+    check_floating,
+    check_integer,
+    check_static_int,
+)
 from .._errors import DropmaskValueError
 from .._reductions import masked_mean, masked_sum
 from ._summaries import log_softmax

@@ -94,7 +94,15 @@ def predictive_log_probs(logits: jax.typing.ArrayLike) -> jax.Array:
 
 
 def predictive_mean(logits: jax.typing.ArrayLike) -> jax.Array:
-    """``p̄``: the mean of the samples' softmax, ``[..., classes]`` (see :func:`predictive_log_probs`)."""
+    """``p̄``: the mean of the samples' softmax, ``[..., classes]``.
+
+    Args:
+      logits: floating ``[K, ..., classes]``.
+
+    Returns:
+      Probabilities ``[..., classes]`` in ``logits``' dtype; for NLL and calibration
+      pass :func:`predictive_log_probs` instead (exact in log space).
+    """
     x = _samples(logits, "uncertainty.predictive_mean")
     return jnp.exp(_mean_log_probs(log_softmax(x))).astype(x.dtype)
 
