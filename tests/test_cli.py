@@ -50,6 +50,7 @@ FLAG_TESTS = {
     "--devices": "test_devices",
     "--compare-rates": "test_compare_rates_with_num_seeds",
     "--num-seeds": "test_compare_rates_with_num_seeds",
+    "--mc-samples": "test_mc_samples_with_compare_rates",
     "--no-progress": "test_progress_bar_and_no_progress",
     "--coordinator-address": "test_multi_process_flags_need_each_other",
     "--num-processes": "test_multi_process_flags_need_each_other",
@@ -158,6 +159,27 @@ def test_compare_rates_with_num_seeds(capsys, tmp_path):
     status, _, err = _train(capsys, "--num-seeds=3")
     assert status == 2
     _one_line_error(err, "--num-seeds applies to --compare-rates")
+
+
+def test_mc_samples_with_compare_rates(capsys, tmp_path):
+    args = ("--no-progress", f"--workdir={tmp_path}", "--compare-rates=0.5", "--mc-samples=3")
+    status, out, err = _train(capsys, *args, steps=4, checkpoint_every=0)
+    assert status == 0, err
+    header = out.splitlines()[0]
+    for column in ("eval accuracy", "eval loss", "nll", "ece", "mc accuracy", "mc nll", "mc ece"):
+        assert column in header, header
+    run = _summary(tmp_path / "rate_0.5" / "seed_0")
+    assert run["config"]["mc_samples"] == 3
+    for name in ("nll", "ece", "mc_accuracy", "mc_nll", "mc_ece"):
+        assert 0.0 <= run["metrics"][name] < 10.0, name
+    assert "mc_accuracy" not in run["splits"]["train_eval"]
+    lines = (tmp_path / "rate_0.5" / "seed_0" / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert all("mc_ece" in r for r in rows if r["split"] == "eval")
+    status, _, err = _train(capsys, "--mc-samples=-1", f"--workdir={tmp_path / 'b'}")
+    assert status == 2
+    _one_line_error(err, "--mc-samples must be >= 0")
+    assert not (tmp_path / "b").exists()
 
 
 def test_progress_bar_and_no_progress(capsys, tmp_path):

@@ -22,8 +22,10 @@ import sys
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
+from dropmask import uncertainty
 from dropmask.training import Example, TrainState
 
 from . import configs, input_pipeline
@@ -108,6 +110,36 @@ def evaluate(
     return {k: float(v) for k, v in eval_step(state, part.image, part.label).items()}
 
 
+@functools.partial(jax.jit, static_argnames="num_samples")
+def predict_logits(
+    state: TrainState, image: jax.Array, key: jax.Array | None, num_samples: int
+) -> jax.Array:
+    """Logits ``f32[n, 10]`` with dropout off (``num_samples=0``), else ``f32[K, n, 10]``
+    of ``K`` predictions with dropout on, sample ``i`` keyed by ``fold_in(key, i)``."""
+    variables = {"params": state.params}
+    if num_samples == 0:
+        return state.apply_fn(variables, image, training=False)
+
+    def one(x: jax.Array, k: jax.Array) -> jax.Array:
+        return state.apply_fn(variables, x, training=True, rngs={"dropout": k})
+
+    return uncertainty.sample(one, image, key, num_samples)
+
+
+def predict(
+    state: TrainState,
+    config: ml_collections.ConfigDict,
+    data: input_pipeline.Data,
+    split: str,
+    key: jax.Array | None,
+    num_samples: int,
+) -> tuple[jax.Array, np.ndarray]:
+    """The logits and labels of a split, for the Monte Carlo evaluation (``--mc-samples``)."""
+    del config
+    part = data.test if split == "eval" else data.train
+    return predict_logits(state, part.image, key, num_samples), part.label
+
+
 example = Example(
     name="digits",
     get_config=configs.get_config,
@@ -120,6 +152,7 @@ example = Example(
     best_metric="accuracy",
     best_mode="max",
     data_position=input_pipeline.position,
+    predict=predict,
 )
 
 

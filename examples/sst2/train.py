@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from dropmask import uncertainty
 from dropmask.training import Example, TrainState
 
 from . import configs, input_pipeline
@@ -81,16 +82,51 @@ def eval_step(state: TrainState, batch: dict[str, jax.Array]) -> dict[str, jax.A
     }
 
 
+def _whole_split(data: input_pipeline.Data, split: str) -> dict[str, np.ndarray]:
+    """The held-out split (``'eval'``) or the training split as one padded batch."""
+    part = data.dev if split == "eval" else data.train
+    longest = max(len(t) for t in part.tokens)
+    buckets = tuple(b for b in data.buckets if b >= longest) or (longest,)
+    return input_pipeline.pad(part, np.arange(len(part)), buckets[:1])
+
+
 def evaluate(
     state: TrainState, config: ml_collections.ConfigDict, data: input_pipeline.Data, split: str
 ) -> dict[str, float]:
     """Loss and accuracy on the held-out split (``'eval'``) or the training split."""
     del config
-    part = data.dev if split == "eval" else data.train
-    longest = max(len(t) for t in part.tokens)
-    buckets = tuple(b for b in data.buckets if b >= longest) or (longest,)
-    batch = input_pipeline.pad(part, np.arange(len(part)), buckets[:1])
-    return {k: float(v) for k, v in eval_step(state, batch).items()}
+    return {k: float(v) for k, v in eval_step(state, _whole_split(data, split)).items()}
+
+
+@functools.partial(jax.jit, static_argnames="num_samples")
+def predict_logits(
+    state: TrainState, batch: dict[str, jax.Array], key: jax.Array | None, num_samples: int
+) -> jax.Array:
+    """Logits ``f32[n, 2]`` with dropout off (``num_samples=0``), else ``f32[K, n, 2]``
+    with word and feature dropout on, sample ``i`` keyed by ``fold_in(key, i)``."""
+    variables = {"params": state.params}
+    args = (batch["tokens"], batch["length"])
+    if num_samples == 0:
+        return state.apply_fn(variables, *args, False)
+
+    def one(args: tuple[jax.Array, jax.Array], k: jax.Array) -> jax.Array:
+        return state.apply_fn(variables, *args, True, rngs={"dropout": k})
+
+    return uncertainty.sample(one, args, key, num_samples)
+
+
+def predict(
+    state: TrainState,
+    config: ml_collections.ConfigDict,
+    data: input_pipeline.Data,
+    split: str,
+    key: jax.Array | None,
+    num_samples: int,
+) -> tuple[jax.Array, np.ndarray]:
+    """The logits and labels of a split, for the Monte Carlo evaluation (``--mc-samples``)."""
+    del config
+    batch = _whole_split(data, split)
+    return predict_logits(state, batch, key, num_samples), batch["label"]
 
 
 example = Example(
@@ -105,6 +141,7 @@ example = Example(
     best_metric="accuracy",
     best_mode="max",
     data_position=input_pipeline.position,
+    predict=predict,
 )
 
 

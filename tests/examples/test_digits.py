@@ -146,3 +146,17 @@ def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
         train.example, longer, tmp_path / "part", devices=1, progress=False, resume=True
     )
     assert part.losses + rest.losses == full.losses
+
+
+def test_predict_gives_deterministic_logits_and_keyed_samples(config, data, state):
+    logits, labels = train.predict(state, config, data, "eval", None, 0)
+    assert logits.shape == (len(data.test), 10) and labels.shape == (len(data.test),)
+    loss = train.evaluate(state, config, data, "eval")["loss"]
+    nll = float(-jax.nn.log_softmax(logits)[np.arange(len(labels)), labels].mean())
+    assert nll == pytest.approx(loss, rel=1e-5)
+    key = jax.random.key(1)
+    three, _ = train.predict(state, config, data, "eval", key, 3)
+    five, _ = train.predict(state, config, data, "eval", key, 5)
+    assert three.shape == (3, len(data.test), 10)
+    np.testing.assert_allclose(five[:3], three, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(three[0], three[1])

@@ -112,3 +112,14 @@ def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
         train.example, longer, tmp_path / "part", devices=1, progress=False, resume=True
     )
     assert part.losses + rest.losses == full.losses
+
+
+def test_predict_gives_deterministic_logits_and_keyed_samples(config, data, state):
+    logits, labels = train.predict(state, config, data, "eval", None, 0)
+    assert logits.shape == (len(data.dev), 2) and labels.shape == (len(data.dev),)
+    key = jax.random.key(1)
+    three, _ = train.predict(state, config, data, "eval", key, 3)
+    two, _ = train.predict(state, config, data, "eval", key, 2)
+    assert three.shape == (3, len(data.dev), 2)
+    np.testing.assert_allclose(two, three[:2], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(three[0], three[1])

@@ -27,10 +27,11 @@ from ._serialization import keys_from_data, keys_to_data
 
 __all__ = ["Checkpointer"]
 
-# Config entries that only say how long or how often a run does things; resuming
-# with other values is how a run is extended, so they are not compared on restore.
+# Config entries that only say how long or how often a run does things, or how it is
+# evaluated (mc_samples); resuming with other values is how a run is extended or
+# re-evaluated, so they are not compared on restore.
 RUN_LENGTH_KEYS = frozenset(
-    {"steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"}
+    {"steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "mc_samples"}
 )
 
 

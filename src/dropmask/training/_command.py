@@ -43,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="with --compare-rates: seeds SEED..SEED+N-1 per rate, for the spread (1)",
     )
+    parser.add_argument(
+        "--mc-samples",
+        type=int,
+        metavar="K",
+        help="also evaluate with K dropout samples: accuracy, NLL, ECE of both "
+        "(config.mc_samples; 0)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument(
         "--coordinator-address",
@@ -125,6 +132,10 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise DropmaskValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.mc_samples is not None and args.mc_samples < 0:
+        raise DropmaskValueError(
+            f"--mc-samples must be >= 0 (0: no Monte Carlo evaluation), got {args.mc_samples}"
+        )
     rates = _rates(args.compare_rates) if args.compare_rates is not None else None
     for rate in ([] if args.rate is None else [args.rate]) + (rates or []):
         # Checked here, before any data is loaded; rate 1 would drop every unit.
@@ -148,6 +159,12 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
         config.rate = float(args.rate)
     if args.seed is not None:
         config.seed = int(args.seed)
+    if args.mc_samples is not None:
+        with config.unlocked():
+            config.mc_samples = int(args.mc_samples)
+    from ._uncertainty import check
+
+    check(example, config)
     return example, config, rates
 
 

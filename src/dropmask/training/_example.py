@@ -33,7 +33,8 @@ def base_config() -> ml_collections.ConfigDict:
       set), ``log_every`` (steps per ``train`` row of ``metrics.jsonl``),
       ``eval_every`` (steps between evaluations), ``checkpoint_every`` (steps between
       checkpoints; the last step is always saved) and ``keep_checkpoints`` (how many
-      of the latest to keep, besides the best).
+      of the latest to keep, besides the best) and ``mc_samples`` (dropout samples of
+      the Monte Carlo evaluation beside the deterministic one; 0: none).
 
     Example:
       >>> config = base_config()
@@ -48,6 +49,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.eval_every = 200
     config.checkpoint_every = 500
     config.keep_checkpoints = 3
+    config.mc_samples = 0
     return config
 
 
@@ -84,6 +86,13 @@ class Example:
       data_position: ``(config, data, step) -> dict``, where the pipeline is at
         ``step`` (e.g. epoch and batch); saved in checkpoints and checked on resume.
         ``None`` records only the step.
+      predict: ``(state, config, data, split, key, num_samples) -> (logits, labels)``
+        for a classifier: ``logits: float[n, classes]`` of the deterministic model
+        when ``num_samples`` is 0 (``key`` is None), else ``float[num_samples, n,
+        classes]`` with dropout on, sample ``i`` keyed by ``fold_in(key, i)`` (e.g.
+        ``dropmask.uncertainty.sample``); ``labels: int[n]``. With ``config.mc_samples
+        > 0`` the loop scores both (accuracy, NLL, ECE); ``None``: no Monte Carlo
+        evaluation.
     """
 
     name: str
@@ -97,6 +106,7 @@ class Example:
     best_metric: str = "loss"
     best_mode: str = "min"
     data_position: Callable[[ml_collections.ConfigDict, Any, int], dict[str, Any]] | None = None
+    predict: Callable[..., tuple[Any, Any]] | None = None
 
     def position(self, config: ml_collections.ConfigDict, data: Any, step: int) -> dict[str, Any]:
         """The data position recorded in a checkpoint at ``step``."""

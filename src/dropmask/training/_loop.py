@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 
 from .._errors import DropmaskValueError
-from . import _report
+from . import _report, _uncertainty
 from ._checkpoint import Checkpointer
 from ._errors import CheckpointError
 from ._example import Example
@@ -161,6 +161,7 @@ def train(
     started = time.perf_counter()
     workdir = pathlib.Path(workdir)
     schedule = Schedule.from_config(config)
+    _uncertainty.check(example, config)
     check_workdir(workdir, resume=resume)
     mesh = make_mesh(devices)
     checkpointer, data, data_key, state, start = _start(
@@ -282,6 +283,7 @@ def _evaluate(
     out = {}
     for split in example.eval_splits:
         metrics = {k: float(v) for k, v in example.evaluate(state, config, data, split).items()}
+        metrics.update(_uncertainty.metrics(example, state, config, data, split, step))
         if log is not None:
             log.write(step, split, metrics)
         out[split] = metrics

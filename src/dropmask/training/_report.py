@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 __all__ = ["comparison_table", "run_table", "summarize_comparison", "write_run"]
 
 GAP_SPLIT = "train_eval"
+# The held-out calibration metrics of a run with config.mc_samples > 0, in table order.
+CALIBRATION = ("nll", "ece", "mc_accuracy", "mc_nll", "mc_ece")
 
 
 def gaps(final: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -145,16 +147,21 @@ def comparison_table(summary: dict[str, Any]) -> str:
     has_gap = "gap" in any_entry
     if has_gap:
         header += [f"train {metric}", "gap"]
-    if metric != "loss" and "loss" in any_entry["eval"]:
+    has_loss = metric != "loss" and "loss" in any_entry["eval"]
+    if has_loss:
         header.append("eval loss")
+    # With --mc-samples: calibration of the deterministic model beside the sampled one.
+    calibration = [name for name in CALIBRATION if name in any_entry["eval"]]
+    header += [name.replace("mc_", "mc ") for name in calibration]
     rows = [header]
     for key, entry in summary["rates"].items():
         held = entry["eval"][metric]
         row = [key, str(len(entry["seeds"])), _pm(held), f"{held['min']:.4f}..{held['max']:.4f}"]
         if has_gap:
             row += [_pm(entry[GAP_SPLIT][metric]), _pm(entry["gap"][metric])]
-        if len(header) > len(row):
+        if has_loss:
             row.append(_pm(entry["eval"]["loss"]))
+        row += [_pm(entry["eval"][name]) for name in calibration]
         rows.append(row)
     return _align(rows)
 
