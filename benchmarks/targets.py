@@ -12,6 +12,9 @@ Each target is measured the way a user meets it, with the spread of paired repea
   encoder block, ``[16, 256, 256]``, 8 heads, MLP 1024, SGD): what each library's
   dropout adds to the step against the same layer at rate 0, and the temporary memory
   it adds.
+* Monte Carlo dropout (``bench_mc``): K samples of an MLP's prediction in one
+  ``dropmask.uncertainty.sample`` call against K single forward passes with dropout
+  on, paired per repeat.
 * On a GPU only: dropout at ``x * c``'s bandwidth, and the train step against Flax's.
 
 A speed target's measured value is the median of the paired repeats, with their
@@ -32,7 +35,7 @@ from typing import Any
 import jax
 
 from benchmarks import _common as common
-from benchmarks import bench_transformer_step
+from benchmarks import bench_mc, bench_transformer_step
 from benchmarks._common import finite, quartiles
 
 SECTION = "targets"
@@ -47,6 +50,7 @@ class Size:
     flax_pairs: int  # pairs against flax.linen.Dropout (slow loops)
     step: dict[str, int]  # bench_transformer_step.run's sizes
     quick: bool = False
+    mc: dict[str, int] = field(default_factory=lambda: dict(bench_mc.QUICK))  # bench_mc's
 
 
 FULL = Size(
@@ -54,6 +58,7 @@ FULL = Size(
     limit_pairs=21,
     flax_pairs=7,
     step={"batch": 16, "length": 256, "width": 256, "heads": 8, "mlp_dim": 1024, "repeats": 9},
+    mc=dict(bench_mc.FULL),
 )
 QUICK = Size(
     (1024, 1024),
@@ -287,9 +292,23 @@ def step_targets(size: Size) -> list[Target]:
     return out
 
 
+def mc_targets(size: Size) -> list[Target]:
+    """K Monte Carlo dropout samples in one call against K single passes."""
+    m = size.mc
+    label = (
+        f"MLP [{m['batch']}, {m['width']}] x {m['layers']} layers, K={m['samples']}, "
+        f"rate {common.RATE}"
+    )
+    print(f"  uncertainty.sample / K single passes, {label} ...", flush=True)
+    ratios = bench_mc.run(
+        m["batch"], m["width"], m["layers"], m["samples"], repeats=5 if size.quick else 11
+    )
+    return [Target(f"f32 {label}: K samples in one call / K single passes", 1.15, True, ratios)]
+
+
 def run(size: Size) -> list[Target]:
     """Measures every target at ``size``."""
-    return dropout_targets(size) + step_targets(size)
+    return dropout_targets(size) + step_targets(size) + mc_targets(size)
 
 
 def markdown(targets: list[Target], size: Size) -> str:
