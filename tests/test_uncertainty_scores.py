@@ -113,7 +113,7 @@ def test_confidence_on_a_bin_edge_goes_to_the_lower_bin() -> None:
     # 0.6 with 5 bins lies in (0.4, 0.6], bin 2; 0.61 in bin 3.
     log_p = jnp.log(jnp.array([[0.6, 0.4], [0.61, 0.39]]))
     r = unc.reliability(log_p, jnp.array([0, 0]), num_bins=5)
-    np.testing.assert_array_equal(r.count, [0, 0, 1, 1, 0])
+    np.testing.assert_array_equal(r.counts, [0, 0, 1, 1, 0])
     np.testing.assert_allclose(r.edges, np.linspace(0, 1, 6), rtol=0, atol=1e-7)
 
 

@@ -10,7 +10,7 @@ evaluation (a resumed run) reproduces it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -83,7 +83,8 @@ def metrics(
         return {}
     logits, labels = example.predict(state, config, data, split, None, 0)
     deterministic = _scores_jit(jnp.asarray(logits), jnp.asarray(labels))
-    key = stream_key(jax.random.key(int(config.seed)), step, "mc")
+    # config.seed was checked by the loop's Schedule before training.
+    key = stream_key(jax.random.key(cast(int, config.seed)), step, "mc")
     samples, labels = example.predict(state, config, data, split, key, k)
     sampled = _scores_jit(uncertainty.predictive_log_probs(samples), jnp.asarray(labels))
     out = {"nll": deterministic["nll"], "ece": deterministic["ece"]}

@@ -134,13 +134,13 @@ class Reliability(NamedTuple):
       edges: ``float32[num_bins + 1]``, ``0, 1/B, ..., 1``.
       confidence: ``float32[num_bins]`` mean confidence of the bin's examples (0 if empty).
       accuracy: ``float32[num_bins]`` their accuracy (0 if empty).
-      count: ``float32[num_bins]`` how many valid examples fell in the bin.
+      counts: ``float32[num_bins]`` how many valid examples fell in the bin.
     """
 
     edges: jax.Array
     confidence: jax.Array
     accuracy: jax.Array
-    count: jax.Array
+    counts: jax.Array
 
 
 def _bin_sums(
@@ -207,7 +207,7 @@ def reliability(
       >>> from dropmask import uncertainty
       >>> logits = jnp.log(jnp.array([[0.9, 0.1], [0.9, 0.1], [0.6, 0.4]]))
       >>> r = uncertainty.reliability(logits, jnp.array([0, 1, 0]), num_bins=5)
-      >>> r.count.tolist(), r.accuracy.tolist()
+      >>> r.counts.tolist(), r.accuracy.tolist()
       ([0.0, 0.0, 1.0, 0.0, 2.0], [0.0, 0.0, 1.0, 0.0, 0.5])
     """
     fn = "uncertainty.reliability"
@@ -248,7 +248,7 @@ def reliability_diagram(
     ece = expected_calibration_error(logits, labels, mask=mask, num_bins=num_bins)
     if ax is None:
         ax = Figure(figsize=(4.2, 4.0), layout="constrained").subplots()
-    edges, count = np.asarray(r.edges), np.asarray(r.count)
+    edges, count = np.asarray(r.edges), np.asarray(r.counts)
     full = count > 0
     width = np.diff(edges)
     name = f"{label}: " if label else ""

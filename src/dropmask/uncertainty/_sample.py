@@ -233,9 +233,9 @@ def _sampling_mode(copy: nnx.Module) -> nnx.Module:
     for _, module in nnx.iter_modules(copy):
         on = isinstance(module, _NNX_DROPOUT) or hasattr(module, "dropout_rate")
         if hasattr(module, "deterministic"):
-            module.deterministic = not on
+            setattr(module, "deterministic", not on)  # noqa: B010 - any module class
         if hasattr(module, "use_running_average"):
-            module.use_running_average = True
+            setattr(module, "use_running_average", True)  # noqa: B010
     return copy
 
 
