@@ -1,9 +1,11 @@
 """The digits example: data, a pure batch schedule, its steps, and a tiny run that learns."""
 
+import json
+
 import jax
 import numpy as np
 import pytest
-from examples.digits import configs, input_pipeline, train
+from examples.digits import configs, input_pipeline, ood, train
 
 from dropmask.training import DataError
 from dropmask.training import train as run_training
@@ -160,3 +162,29 @@ def test_predict_gives_deterministic_logits_and_keyed_samples(config, data, stat
     assert three.shape == (3, len(data.test), 10)
     np.testing.assert_allclose(five[:3], three, rtol=1e-6, atol=1e-6)
     assert not np.allclose(three[0], three[1])
+
+
+def test_outside_sets_are_images_in_range(data):
+    sets = ood.outside_sets(data.test.image)
+    for name, images in sets.items():
+        assert images.shape == data.test.image.shape and images.dtype == np.float32, name
+        assert 0.0 <= images.min() and images.max() <= 1.0, name
+    square = sets["shifted"].reshape(-1, 8, 8)
+    np.testing.assert_array_equal(square[:, :, : ood.SHIFT], 0.0)
+    np.testing.assert_array_equal(
+        square[:, :, ood.SHIFT :], data.test.image.reshape(-1, 8, 8)[:, :, : -ood.SHIFT]
+    )
+    np.testing.assert_allclose(sets["inverted"], 1.0 - data.test.image, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_ood_command_scores_a_finished_run(config, tmp_path, capsys):
+    run_training(train.example, config, tmp_path / "seed_0", devices=1, progress=False)
+    out = tmp_path / "auroc.json"
+    assert ood.main(["--workdir", str(tmp_path), "--samples", "3", "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())
+    assert set(result["auroc"]) == {"shifted", "inverted", "noise"}
+    for by_score in result["auroc"].values():
+        assert len(by_score) == 4 and all(0.0 <= v <= 1.0 for v in by_score.values())
+    assert "| noise |" in capsys.readouterr().out
+    assert ood.main(["--workdir", str(tmp_path / "none")]) == 2
