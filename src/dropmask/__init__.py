@@ -1,7 +1,8 @@
 """dropmask: fast, correct dropout and masking for JAX and Flax.
 
 Users import from ``dropmask`` (functional API), ``dropmask.linen`` and
-``dropmask.nnx`` (Flax modules). Everything here is a re-export.
+``dropmask.nnx`` (Flax modules), and ``dropmask.uncertainty`` (Monte Carlo dropout and
+calibration). Everything here is a re-export.
 """
 
 from ._attention import dot_product_attention as dot_product_attention
