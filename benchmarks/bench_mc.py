@@ -39,9 +39,9 @@ def forward(params: dict, layers: int) -> Callable[[jax.Array, jax.Array], jax.A
     def f(x: jax.Array, key: jax.Array) -> jax.Array:
         h = x
         for i in range(layers):
-            h = jax.nn.relu(h @ params[f"w{i}"] + params[f"b{i}"])
+            h = jax.nn.relu(h @ params[f"w{i}"] + params[f"b{i}"][None])
             h = dropmask.dropout(h, RATE, key=jax.random.fold_in(key, i))
-        return h @ params[f"w{layers}"] + params[f"b{layers}"]
+        return h @ params[f"w{layers}"] + params[f"b{layers}"][None]
 
     return f
 
