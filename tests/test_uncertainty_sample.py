@@ -262,3 +262,15 @@ def test_nnx_key_rule_chunks_and_jit() -> None:
 def test_nnx_wrong_model_type() -> None:
     with pytest.raises(dropmask.DropmaskTypeError, match="sample_linen"):
         uncertainty.sample_nnx(_MLP(), jnp.ones(2), key=jax.random.key(0), num_samples=2)
+
+
+def test_nnx_recurrent_weight_dropout_is_sampled() -> None:
+    rnn = dnnx.MaskedRNN(
+        nnx.SimpleCell(3, 4, rngs=nnx.Rngs(0)), weight_dropout=0.5, rngs=nnx.Rngs(dropout=1)
+    )
+    rnn.eval()
+    x = jnp.ones((1, 5, 3))
+    out = uncertainty.sample_nnx(rnn, x, key=jax.random.key(0), num_samples=3)
+    assert out.shape == (3, 1, 5, 4)
+    assert not np.allclose(out[0], out[1])
+    assert rnn.deterministic is True

@@ -26,7 +26,9 @@ from .._errors import DropmaskTypeError, DropmaskValueError
 
 __all__ = ["sample", "sample_keys", "sample_linen", "sample_nnx"]
 
-# The NNX layers that sample_nnx turns on; every other module runs in evaluation mode.
+# The NNX layers that sample_nnx turns on, as a Linen model's train flag does: the
+# dropout family and MaskedRNN's zoneout and weight dropout. Every other module runs in
+# evaluation mode.
 _NNX_DROPOUT = (
     nnx.Dropout,
     dnnx.Dropout,
@@ -34,6 +36,7 @@ _NNX_DROPOUT = (
     dnnx.DropPath,
     dnnx.GaussianDropout,
     dnnx.AlphaDropout,
+    dnnx.MaskedRNN,
 )
 
 
@@ -252,10 +255,11 @@ def sample_nnx(
     Each sample runs on a copy of ``model``: every module in evaluation mode
     (``deterministic=True``, ``use_running_average=True``, as ``model.eval()`` sets
     them), then the dropout layers (``nnx.Dropout``, ``dropmask.nnx``'s dropout family,
-    and modules with a ``dropout_rate`` such as ``nnx.MultiHeadAttention``) switched
-    on. Sample ``i`` rekeys the copy's PRNG streams from ``fold_in(key, i)`` (stream
-    ``j`` in graph order: ``fold_in(fold_in(key, i), j)``). ``model``, its modes and its
-    PRNG counters are unchanged afterwards.
+    ``dropmask.nnx.MaskedRNN``'s zoneout and weight dropout, and modules with a
+    ``dropout_rate`` such as ``nnx.MultiHeadAttention``) switched on. Sample ``i``
+    rekeys the copy's PRNG streams from ``fold_in(key, i)`` (stream ``j`` in graph
+    order: ``fold_in(fold_in(key, i), j)``). ``model``, its modes and its PRNG counters
+    are unchanged afterwards.
 
     Args:
       model: an ``nnx.Module`` called as ``model(*args, **kwargs)``; its dropout layers
