@@ -13,25 +13,47 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 
-from ._checks import check_floating, check_impl, check_key, check_rate
+from . import _blockwise_attention as bw
+from ._checks import (
+    check_bool_mask,
+    check_floating,
+    check_impl,
+    check_integer,
+    check_key,
+    check_lengths,
+    check_rate,
+    check_static_int,
+)
 from ._dropout import dropout
 from ._errors import DropmaskValueError, DtypeError
-from ._masks import as_array, causal_mask, check_broadcastable
-from ._random import DEFAULT_IMPL, Impl
+from ._masks import (
+    as_array,
+    check_broadcastable,
+    segment_mask,
+    sequence_mask,
+    sliding_window_mask,
+)
+from ._random import DEFAULT_IMPL, Impl, probability
 from ._reductions import compute_dtype, softmax_flagging_nonfinite
 
-__all__ = ["dot_product_attention"]
+__all__ = ["Algorithm", "dot_product_attention"]
+
+Algorithm = Literal["auto", "dense", "blockwise"]
+_ALGORITHMS = ("auto", "dense", "blockwise")
+# "auto" takes the blockwise path from this many scores per (batch, head) on.
+AUTO_BLOCKWISE_SCORES = 1024 * 1024
 
 _FN = "dot_product_attention"
 _HINT = (
     "Attention masks and biases are [batch..., heads, q_len, kv_len] (heads may be 1); "
     "build masks with dropmask.attention_mask, causal_mask or segment_mask."
 )
+_PAD_HINT = "kv_lengths is [batch...]; kv_mask and segment ids are [batch..., length]."
 
 
 def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
@@ -77,11 +99,19 @@ def dot_product_attention(
     *,
     mask: jax.typing.ArrayLike | None = None,
     bias: jax.typing.ArrayLike | None = None,
-    dropout_rate: float = 0.0,
+    dropout_rate: float | jax.Array = 0.0,
     key: Any = None,
     deterministic: bool = True,
     broadcast_dropout: bool = True,
     is_causal: bool = False,
+    window: int | tuple[int, int] | None = None,
+    kv_lengths: jax.typing.ArrayLike | None = None,
+    kv_mask: jax.typing.ArrayLike | None = None,
+    q_segment_ids: jax.typing.ArrayLike | None = None,
+    kv_segment_ids: jax.typing.ArrayLike | None = None,
+    algorithm: Algorithm = "auto",
+    block_q: int | None = None,
+    block_k: int | None = None,
     dropout_rng: Any = None,
     dtype: Any = None,
     precision: Any = None,
@@ -97,6 +127,13 @@ def dot_product_attention(
     ``flax.nnx.MultiHeadAttention(attention_fn=...)``: it accepts the keywords they
     pass (``dropout_rng``, ``dtype``, ``precision``, ``module``, ``is_causal``, ...).
 
+    Two algorithms compute the same result. ``"dense"`` builds the weights
+    ``[batch..., heads, q_len, kv_len]``. ``"blockwise"`` (FlashAttention-2) visits
+    them in ``[block_q, block_k]`` tiles with an online softmax and recomputes the
+    tiles in the backward pass, so memory grows linearly with the lengths; tiles that
+    ``is_causal``, ``window``, key padding or segments mask entirely are skipped.
+    Both drop exactly the same weights for the same key (``impl="fast"``).
+
     Args:
       q: ``[batch..., q_len, heads, depth]``.
       k: ``[batch..., kv_len, kv_heads, depth]``; ``heads`` must be a multiple of
@@ -110,7 +147,22 @@ def dot_product_attention(
       key: PRNG key for dropout (``dropout_rng`` is Flax's name for it).
       deterministic: if True, no dropout.
       broadcast_dropout: share the dropout mask across batch and head dims, as Flax.
-      is_causal: also apply :func:`causal_mask` (``nnx``'s argument).
+      is_causal: query ``i`` sees keys ``j <= i`` (:func:`causal_mask`'s alignment).
+      window: sliding window, as :func:`sliding_window_mask`: query ``i`` sees keys
+        ``i - left <= j <= i + right`` for ``window=(left, right)``; an int ``w`` means
+        ``(w, w)``. With ``is_causal`` the right side is 0.
+      kv_lengths: ``int[batch...]``: keys at index ``>= kv_lengths`` are padding.
+      kv_mask: ``bool[batch..., kv_len]``: False marks padding keys.
+      q_segment_ids: ``int[batch..., q_len]`` packed-sequence ids (0 = padding), as
+        :func:`segment_mask`: a query sees keys of its own segment only.
+      kv_segment_ids: ``int[batch..., kv_len]``; defaults to ``q_segment_ids`` when
+        ``q_len == kv_len``.
+      algorithm: ``"dense"``, ``"blockwise"`` or ``"auto"``: blockwise from
+        ``q_len * kv_len >= 2**20`` on, dense below it, and dense whenever the
+        blockwise path cannot serve the call (``impl="flax"``, custom einsums,
+        ``module`` to sow the weights into).
+      block_q, block_k: blockwise tile sizes (default 128, at most the lengths); any
+        size gives the same result, sizes that do not divide the lengths included.
       dropout_rng: alias of ``key``; pass one or the other.
       dtype: computation dtype; default: promote ``q``, ``k``, ``v``.
       precision: passed to the einsums.
@@ -136,9 +188,12 @@ def dot_product_attention(
       ``[q_len, kv_len, depth]`` is built.
 
     Raises:
-      ValueError: mismatched q/k/v shapes, both ``key`` and ``dropout_rng``, or
-        custom einsums given without their partner or with ``precision``.
-      MaskShapeError: ``mask`` or ``bias`` does not broadcast to the weights.
+      ValueError: mismatched q/k/v shapes, both ``key`` and ``dropout_rng``, custom
+        einsums given without their partner or with ``precision``, an unknown
+        ``algorithm``, or ``algorithm="blockwise"`` with what only the dense path
+        does (``impl="flax"``, custom einsums, ``module``).
+      MaskShapeError: ``mask``, ``bias``, ``kv_lengths``, ``kv_mask`` or segment ids
+        do not broadcast to their shapes.
       RateError, MissingKeyError: as for :func:`dropmask.dropout`.
 
     Example:
@@ -147,6 +202,9 @@ def dot_product_attention(
       >>> mask = jnp.array([[True, True], [False, False]])
       >>> dropmask.dot_product_attention(q, k, v, mask=mask)[0, :, 0, 0].tolist()
       [1.0, 0.0]
+      >>> dropmask.dot_product_attention(q, k, v, is_causal=True, algorithm="blockwise",
+      ...                                block_k=1)[0, :, 0, 0].tolist()
+      [1.0, 1.0]
     """
     if (qk_attn_weights_einsum is None) != (attn_weights_value_einsum is None):
         raise DropmaskValueError(
@@ -159,7 +217,8 @@ def dot_product_attention(
     rng = key if key is not None else dropout_rng
     rate = check_rate(dropout_rate, fn=_FN, name="dropout_rate")
     check_impl(impl, fn=_FN)
-    if not deterministic and rate != 0.0:
+    drops = not deterministic and rate != 0.0
+    if drops:
         check_key(rng, fn=_FN)
 
     q, k, v = as_array(q), as_array(k), as_array(v)
@@ -177,7 +236,8 @@ def dot_product_attention(
     if groups > 1 and qk_attn_weights_einsum is not None:
         raise DropmaskValueError(f"{_FN}: custom einsums do not support grouped-query attention.")
     batch = q.shape[:-3]
-    logits_shape = (*batch, heads, q.shape[-3], k.shape[-3])
+    q_len, kv_len = q.shape[-3], k.shape[-3]
+    logits_shape = (*batch, heads, q_len, kv_len)
     m = None if mask is None else _as_mask(mask, logits_shape)
     if bias is not None:
         check_broadcastable(jnp.shape(bias), logits_shape, fn=_FN, name="bias", hint=_HINT)
@@ -186,20 +246,46 @@ def dot_product_attention(
                 f"{_FN}: bias is added to the scores, so a boolean bias would add 1 where "
                 f"True; got dtype bool. Pass a boolean array as mask= (True = attend)."
             )
-    if is_causal:
-        causal = causal_mask(q.shape[-3], k.shape[-3])
-        m = causal if m is None else m & jnp.broadcast_to(causal, m.shape[:-2] + causal.shape)
-        m = m.reshape((1,) * (len(logits_shape) - m.ndim) + m.shape)
+    span = _window(window, is_causal)
+    kv_valid = _kv_valid(kv_lengths, kv_mask, batch, kv_len)
+    q_seg, kv_seg = _segments(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
+    blockwise = _use_blockwise(
+        algorithm, impl, module, qk_attn_weights_einsum is not None, q_len * kv_len
+    )
+    sizes = _block_sizes(block_q, block_k, q_len, kv_len)
 
     # Non-finite entries are zeroed before the einsums (whose backward multiplies by
     # every key and query, masked or not) and recorded per position instead.
     q, bad_q = _finite_part(q, dtype)
     k, bad_k = _finite_part(k, dtype)
     v, bad_v = _finite_part(v, dtype)
+    q = q / jnp.sqrt(q.shape[-1]).astype(dtype)
 
+    if blockwise:
+        plan = bw.Plan(
+            batch, kv_heads, groups, q_len, kv_len, *sizes, *span,
+            keep=probability(dropout_rate, rate, keep=True, fn=_FN) if rate is not None else None,
+            dropout=drops,
+            broadcast_dropout=broadcast_dropout,
+            precision=precision,
+        )  # fmt: skip
+        side = bw.make_side(
+            plan,
+            kv_valid=kv_valid,
+            q_segments=q_seg,
+            kv_segments=kv_seg,
+            mask=m,
+            bias=None if bias is None else _rank(jnp.asarray(bias), len(logits_shape)),
+            bad_q=bad_q,
+            bad_kv=bad_k | bad_v,
+        )
+        run_keep = None if rate is not None or not drops else 1.0 - jnp.asarray(dropout_rate)
+        out, tainted = bw.blockwise_attention(plan, q, k, v, side, bw.Dropout(rng, run_keep))
+        return _poison(out, q, tainted)
+
+    m = _dense_structure(m, logits_shape, span, kv_valid, q_seg, kv_seg)
     weights_einsum = qk_attn_weights_einsum or functools.partial(jnp.einsum, precision=precision)
     values_einsum = attn_weights_value_einsum or functools.partial(jnp.einsum, precision=precision)
-    q = q / jnp.sqrt(q.shape[-1]).astype(dtype)
     if groups > 1:
         qg = q.reshape(q.shape[:-2] + (kv_heads, groups, q.shape[-1]))
         logits = jnp.einsum("...qhgd,...khd->...hgqk", qg, k, precision=precision)
@@ -211,8 +297,7 @@ def dot_product_attention(
     logits = logits.astype(acc)
     allowed = m
     if bias is not None:
-        bias_arr = jnp.asarray(bias, acc)
-        bias_arr = bias_arr.reshape((1,) * (len(logits_shape) - bias_arr.ndim) + bias_arr.shape)
+        bias_arr = _rank(jnp.asarray(bias, acc), len(logits_shape))
         logits = logits + bias_arr
         # A -inf bias is a mask: such a key is unseen, so its garbage must not count.
         not_neg_inf = bias_arr != -jnp.inf
@@ -227,7 +312,7 @@ def dot_product_attention(
     weights = weights.astype(dtype)
     if module is not None:
         _sow(module, weights)
-    if not deterministic and rate != 0.0:
+    if drops:
         dims = tuple(range(weights.ndim - 2)) if broadcast_dropout else ()
         weights = dropout(weights, dropout_rate, rng, broadcast_dims=dims, impl=impl)
 
@@ -238,6 +323,138 @@ def dot_product_attention(
     else:
         out = values_einsum("...hqk,...khd->...qhd", weights, v)
     return _poison(out, q, tainted)
+
+
+def _rank(x: jax.Array, ndim: int) -> jax.Array:
+    return x.reshape((1,) * (ndim - x.ndim) + x.shape)
+
+
+def _window(window: Any, is_causal: bool) -> tuple[int | None, int | None]:
+    """``(left, right)`` reach of a query (None = unbounded) from ``window`` and causality."""
+    left = right = None
+    if window is not None:
+        if isinstance(window, tuple | list):
+            if len(window) != 2:
+                raise DropmaskValueError(
+                    f"{_FN}: window must be an int or (left, right), got {window!r}. Pass "
+                    f"e.g. window=(128, 0) for causal local attention."
+                )
+            left, right = window
+        else:
+            left = right = window
+        left = check_static_int(left, name="window[0] (left)", fn=_FN)
+        right = check_static_int(right, name="window[1] (right)", fn=_FN)
+    if is_causal:
+        right = 0 if right is None else min(right, 0)
+    return left, right
+
+
+def _kv_valid(lengths: Any, kv_mask: Any, batch: tuple[int, ...], kv_len: int) -> Any:
+    """``bool`` broadcastable to ``[*batch, kv_len]`` from ``kv_lengths`` and ``kv_mask``."""
+    valid = None
+    if lengths is not None:
+        arr = check_lengths(lengths, kv_len, fn=_FN)
+        check_broadcastable(arr.shape, batch, fn=_FN, name="kv_lengths", hint=_PAD_HINT)
+        valid = sequence_mask(arr, kv_len)
+    if kv_mask is not None:
+        km = check_bool_mask(kv_mask, fn=_FN, name="kv_mask")
+        check_broadcastable(km.shape, (*batch, kv_len), fn=_FN, name="kv_mask", hint=_PAD_HINT)
+        valid = km if valid is None else valid & km
+    return valid
+
+
+def _segments(
+    q_ids: Any, kv_ids: Any, batch: tuple[int, ...], q_len: int, kv_len: int
+) -> tuple[Any, Any]:
+    if q_ids is None and kv_ids is None:
+        return None, None
+    if q_ids is None:
+        raise DropmaskValueError(
+            f"{_FN}: kv_segment_ids needs q_segment_ids (the queries' segments). Pass both."
+        )
+    if kv_ids is None:
+        if q_len != kv_len:
+            raise DropmaskValueError(
+                f"{_FN}: q_segment_ids alone serves keys only when q_len == kv_len, got "
+                f"{q_len} and {kv_len}. Pass kv_segment_ids too."
+            )
+        kv_ids = q_ids
+    q_ids, kv_ids = jnp.asarray(q_ids), jnp.asarray(kv_ids)
+    for ids, name, length in ((q_ids, "q_segment_ids", q_len), (kv_ids, "kv_segment_ids", kv_len)):
+        check_integer(ids, fn=_FN, name=name)
+        check_broadcastable(ids.shape, (*batch, length), fn=_FN, name=name, hint=_PAD_HINT)
+    return q_ids, kv_ids
+
+
+def _use_blockwise(
+    algorithm: Any, impl: str, module: Any, custom_einsums: bool, scores: int
+) -> bool:
+    if algorithm not in _ALGORITHMS:
+        raise DropmaskValueError(
+            f"{_FN}: algorithm must be one of {_ALGORITHMS}, got {algorithm!r}."
+        )
+    dense_only = [
+        reason
+        for reason, present in (
+            ("impl='flax' (its masks are not counter-based, so no tile can draw its part)",
+             impl == "flax"),
+            ("custom einsums", custom_einsums),
+            ("module= (sowing the weights needs them whole)", module is not None),
+        )
+        if present
+    ]  # fmt: skip
+    if algorithm == "blockwise" and dense_only:
+        raise DropmaskValueError(
+            f"{_FN}: algorithm='blockwise' cannot take {dense_only[0]}. Use "
+            f"algorithm='dense' (or 'auto'), or drop that argument."
+        )
+    if algorithm == "auto":
+        return not dense_only and scores >= AUTO_BLOCKWISE_SCORES
+    return algorithm == "blockwise"
+
+
+def _block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:
+    sizes = []
+    for size, name, length in ((block_q, "block_q", q_len), (block_k, "block_k", kv_len)):
+        size = (
+            bw.DEFAULT_BLOCK
+            if size is None
+            else check_static_int(size, name=name, fn=_FN, minimum=1)
+        )
+        sizes.append(max(min(size, length), 1))
+    return sizes[0], sizes[1]
+
+
+def _dense_structure(
+    m: Any,
+    logits_shape: tuple[int, ...],
+    span: tuple[int | None, int | None],
+    kv_valid: Any,
+    q_seg: Any,
+    kv_seg: Any,
+) -> Any:
+    """The dense mask: ``m`` and the structure arguments, built with the mask helpers."""
+    q_len, kv_len = logits_shape[-2:]
+    ndim = len(logits_shape)
+    parts = [m]
+    left, right = span
+    if left is not None or right is not None:
+        reach = (
+            q_len + kv_len if left is None else left,
+            q_len + kv_len if right is None else right,
+        )
+        parts.append(sliding_window_mask(q_len, reach, kv_len))
+    if kv_valid is not None:
+        parts.append(kv_valid[..., None, None, :])
+    if q_seg is not None:
+        parts.append(segment_mask(q_seg, kv_seg))
+    out = None
+    for part in parts:
+        if part is None:
+            continue
+        part = _rank(part, ndim)
+        out = part if out is None else out & part
+    return out
 
 
 def _finite_part(x: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
