@@ -222,10 +222,33 @@ def _flags_and_realised(x: Any, flags: jax.Array, realised: Any) -> tuple[jax.Ar
     return flags, realised
 
 
+def _varying_axes(x: Any) -> set[str]:
+    axis_type = getattr(jax.typeof(x), "manual_axis_type", None)
+    return set() if axis_type is None else set(axis_type.varying)
+
+
+def _varying_like(refs: Any) -> Any:
+    """A function making an array vary over the mesh axes any of ``refs`` varies over.
+
+    Inside ``shard_map`` a loop carry must keep its type: one that starts as a
+    constant but absorbs sharded inputs has to be declared varying from the start.
+    """
+    axes: set[str] = set()
+    for ref in jax.tree.leaves(refs):
+        axes |= _varying_axes(ref)
+
+    def vary(x: jax.Array) -> jax.Array:
+        missing = tuple(sorted(axes - _varying_axes(x)))
+        return lax.pcast(x, missing, to="varying") if missing else x
+
+    return vary
+
+
 def _forward(plan: Plan, q, k, v, side: Side, dropout: Dropout):
     """Output ``[B, Hk, G, Lq_pad, Dv]`` (float32, tainted rows 0), log-sum-exp and taint."""
     b, hk, g = q.shape[0], plan.kv_heads, plan.groups
     bq, bk, dv = plan.block_q, plan.block_k, v.shape[-1]
+    vary = _varying_like((q, k, v, side, dropout))
 
     def query_tile(_, i):
         q_tile = lax.dynamic_slice_in_dim(q, i * bq, bq, axis=3)
@@ -264,10 +287,10 @@ def _forward(plan: Plan, q, k, v, side: Side, dropout: Dropout):
             return lax.cond(jnp.any(ok), visit, lambda c: c, carry)
 
         init = (
-            jnp.full((b, hk, g, bq), -jnp.inf, _F32),
-            jnp.zeros((b, hk, g, bq), _F32),
-            jnp.zeros((b, hk, g, bq, dv), _F32),
-            jnp.broadcast_to(taint0, (b, hk, g, bq)),
+            vary(jnp.full((b, hk, g, bq), -jnp.inf, _F32)),
+            vary(jnp.zeros((b, hk, g, bq), _F32)),
+            vary(jnp.zeros((b, hk, g, bq, dv), _F32)),
+            vary(jnp.broadcast_to(taint0, (b, hk, g, bq))),
         )
         lo, hi = key_block_bounds(plan, i)
         m, total, acc, taint = lax.fori_loop(lo, hi, key_tile, init)
@@ -290,6 +313,7 @@ def _backward(plan: Plan, q, k, v, side: Side, dropout: Dropout, out, lse, taint
     d_out = jnp.where(taint[..., None], 0.0, d_out.astype(_F32))
     delta = jnp.sum(d_out * out, axis=-1)  # rowsum(dO * O) = rowsum(P * dP)
     d_out_in = d_out.astype(v.dtype)
+    vary = _varying_like((q, k, v, side, dropout, d_out))
 
     def key_tile(d_q_and_bias, j):
         k_tile = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
@@ -328,17 +352,17 @@ def _backward(plan: Plan, q, k, v, side: Side, dropout: Dropout, out, lse, taint
             return lax.cond(jnp.any(ok), visit, lambda c: c, carry)
 
         init = (
-            jnp.zeros(k_tile.shape, _F32),
-            jnp.zeros(v_tile.shape, _F32),
+            vary(jnp.zeros(k_tile.shape, _F32)),
+            vary(jnp.zeros(v_tile.shape, _F32)),
             d_q_and_bias,
         )
         lo, hi = _query_block_bounds(plan, j)
         d_k, d_v, d_q_and_bias = lax.fori_loop(lo, hi, query_tile, init)
         return d_q_and_bias, (d_k, d_v)
 
-    d_bias0 = None if side.bias is None else jnp.zeros(side.bias.shape, _F32)
+    d_bias0 = None if side.bias is None else vary(jnp.zeros(side.bias.shape, _F32))
     (d_q, d_bias), (d_k, d_v) = lax.scan(
-        key_tile, (jnp.zeros(q.shape, _F32), d_bias0), jnp.arange(plan.n_k)
+        key_tile, (vary(jnp.zeros(q.shape, _F32)), d_bias0), jnp.arange(plan.n_k)
     )
     d_k = jnp.moveaxis(d_k, 0, 2).reshape(k.shape)
     d_v = jnp.moveaxis(d_v, 0, 2).reshape(v.shape)
