@@ -208,6 +208,8 @@ def test_bf16_inputs():
     assert out.dtype == jnp.bfloat16
     want = attend("dense", q, k, v, (None, None), is_causal=True, **drop)
     np.testing.assert_allclose(out.astype(jnp.float32), want, rtol=2e-2, atol=2e-2)
+    (_, grads) = _compare(*half, blocks=(4, 40), tol={"rtol": 5e-2, "atol": 5e-2}, **drop)
+    assert all(g.dtype == jnp.bfloat16 for g in grads[:3])
 
 
 def test_query_with_no_valid_key_outputs_zeros_with_finite_gradients():
