@@ -372,3 +372,19 @@ def test_no_array_spans_queries_and_keys_forward_or_backward():
     tiled = shapes("blockwise")
     assert any(s[-2:] == (32, 32) for s in tiled)  # ... and reaches inside the loops
     assert spans(tiled) == []
+
+
+def test_gradients_check_numerically_in_float64():
+    from jax.test_util import check_grads
+
+    with jax.enable_x64(True):
+        q, k, v = (jnp.asarray(a, jnp.float64) for a in _qkv(15, b=1, lq=5, lk=7)[:3])
+        bias = jnp.asarray(np.random.default_rng(16).normal(size=(1, H, 5, 7)))
+        drop = {"dropout_rate": 0.3, "deterministic": False, "key": jax.random.key(2)}
+
+        def attend(q, k, v, bias):
+            out = _attend("blockwise", q, k, v, (2, 3), bias=bias, is_causal=True, **drop)
+            assert out.dtype == jnp.float64
+            return out
+
+        check_grads(jax.jit(attend), (q, k, v, bias), order=1, modes=["rev"])

@@ -270,6 +270,7 @@ def dot_product_attention(
             dropout=drops,
             broadcast_dropout=broadcast_dropout,
             precision=precision,
+            accumulate=compute_dtype(dtype),
         )  # fmt: skip
         side = bw.make_side(
             plan,

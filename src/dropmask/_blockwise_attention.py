@@ -46,7 +46,6 @@ __all__ = [
 ]
 
 DEFAULT_BLOCK = 128
-_F32 = jnp.float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +63,8 @@ class Plan:
       dropout: whether weights are dropped.
       broadcast_dropout: one mask for every batch and head.
       precision: for the einsums.
+      accumulate: the dtype of scores, softmax sums and accumulators (float32 for
+        16-bit inputs, as the dense path's softmax).
     """
 
     batch: tuple[int, ...]
@@ -79,6 +80,7 @@ class Plan:
     dropout: bool
     broadcast_dropout: bool
     precision: Any
+    accumulate: Any = jnp.float32
 
     @property
     def n_q(self) -> int:
@@ -179,7 +181,11 @@ def _allowed(plan: Plan, side: Side, i: Any, j: Any) -> jax.Array:
 def _scores(plan: Plan, q_tile: jax.Array, k_tile: jax.Array, side: Side, i: Any, j: Any):
     """float32 scores ``[B, Hk, G, bq, bk]`` of a tile, bias included."""
     s = jnp.einsum(
-        "bhgqd,bhkd->bhgqk", q_tile, k_tile, precision=plan.precision, preferred_element_type=_F32
+        "bhgqd,bhkd->bhgqk",
+        q_tile,
+        k_tile,
+        precision=plan.precision,
+        preferred_element_type=plan.accumulate,
     )
     if side.bias is not None:
         s = s + _tile(side.bias, plan, i, j)
@@ -213,7 +219,7 @@ def _kept_scale(plan: Plan, dropout: Dropout, i: Any, j: Any) -> Any:
     )
     lead = (1, 1, 1) if plan.broadcast_dropout else (-1, plan.kv_heads, plan.groups)
     flags = flags.reshape(*lead, plan.block_q, plan.block_k)
-    scale, fill = _scale_and_fill(realised, _F32)
+    scale, fill = _scale_and_fill(realised, plan.accumulate)
     return jnp.where(flags, scale, fill)
 
 
@@ -280,16 +286,16 @@ def _forward(plan: Plan, q, k, v, side: Side, dropout: Dropout):
                     p.astype(v.dtype),
                     v_tile,
                     precision=plan.precision,
-                    preferred_element_type=_F32,
+                    preferred_element_type=plan.accumulate,
                 )
                 return m_new, total, alpha[..., None] * acc + pv, taint
 
             return lax.cond(jnp.any(ok), visit, lambda c: c, carry)
 
         init = (
-            vary(jnp.full((b, hk, g, bq), -jnp.inf, _F32)),
-            vary(jnp.zeros((b, hk, g, bq), _F32)),
-            vary(jnp.zeros((b, hk, g, bq, dv), _F32)),
+            vary(jnp.full((b, hk, g, bq), -jnp.inf, plan.accumulate)),
+            vary(jnp.zeros((b, hk, g, bq), plan.accumulate)),
+            vary(jnp.zeros((b, hk, g, bq, dv), plan.accumulate)),
             vary(jnp.broadcast_to(taint0, (b, hk, g, bq))),
         )
         lo, hi = key_block_bounds(plan, i)
@@ -310,7 +316,7 @@ def _forward(plan: Plan, q, k, v, side: Side, dropout: Dropout):
 def _backward(plan: Plan, q, k, v, side: Side, dropout: Dropout, out, lse, taint, d_out):
     """Gradients of ``q``, ``k``, ``v`` (float32) and of the bias, if any."""
     bq, bk = plan.block_q, plan.block_k
-    d_out = jnp.where(taint[..., None], 0.0, d_out.astype(_F32))
+    d_out = jnp.where(taint[..., None], 0.0, d_out.astype(plan.accumulate))
     delta = jnp.sum(d_out * out, axis=-1)  # rowsum(dO * O) = rowsum(P * dP)
     d_out_in = d_out.astype(v.dtype)
     vary = _varying_like((q, k, v, side, dropout, d_out))
@@ -334,7 +340,7 @@ def _backward(plan: Plan, q, k, v, side: Side, dropout: Dropout, out, lse, taint
                 p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - lse_tile[..., None]), 0.0)
                 scale = _kept_scale(plan, dropout, i, j)
                 kept = p if scale is None else p * scale
-                ein = {"precision": plan.precision, "preferred_element_type": _F32}
+                ein = {"precision": plan.precision, "preferred_element_type": plan.accumulate}
                 d_v = d_v + jnp.einsum("bhgqk,bhgqd->bhkd", kept.astype(v.dtype), do_tile, **ein)
                 d_p = jnp.einsum("bhgqd,bhkd->bhgqk", do_tile, v_tile, **ein)
                 if scale is not None:
@@ -352,17 +358,17 @@ def _backward(plan: Plan, q, k, v, side: Side, dropout: Dropout, out, lse, taint
             return lax.cond(jnp.any(ok), visit, lambda c: c, carry)
 
         init = (
-            vary(jnp.zeros(k_tile.shape, _F32)),
-            vary(jnp.zeros(v_tile.shape, _F32)),
+            vary(jnp.zeros(k_tile.shape, plan.accumulate)),
+            vary(jnp.zeros(v_tile.shape, plan.accumulate)),
             d_q_and_bias,
         )
         lo, hi = _query_block_bounds(plan, j)
         d_k, d_v, d_q_and_bias = lax.fori_loop(lo, hi, query_tile, init)
         return d_q_and_bias, (d_k, d_v)
 
-    d_bias0 = None if side.bias is None else vary(jnp.zeros(side.bias.shape, _F32))
+    d_bias0 = None if side.bias is None else vary(jnp.zeros(side.bias.shape, plan.accumulate))
     (d_q, d_bias), (d_k, d_v) = lax.scan(
-        key_tile, (vary(jnp.zeros(q.shape, _F32)), d_bias0), jnp.arange(plan.n_k)
+        key_tile, (vary(jnp.zeros(q.shape, plan.accumulate)), d_bias0), jnp.arange(plan.n_k)
     )
     d_k = jnp.moveaxis(d_k, 0, 2).reshape(k.shape)
     d_v = jnp.moveaxis(d_v, 0, 2).reshape(v.shape)
@@ -397,7 +403,7 @@ def _attend_bwd(plan: Plan, residuals, cotangents):
     q, k, v, side, dropout, out, lse, taint = residuals
     d_out, _ = cotangents
     d_q, d_k, d_v, d_bias = _backward(
-        plan, q, k, v, side, dropout, out.astype(_F32), lse, taint, d_out
+        plan, q, k, v, side, dropout, out.astype(plan.accumulate), lse, taint, d_out
     )
     d_side = jax.tree.map(lambda _: None, side)._replace(bias=d_bias)
     d_dropout = Dropout(None, None if dropout.keep is None else jnp.zeros_like(dropout.keep))
@@ -504,7 +510,7 @@ def make_side(
         q_segments=segments(q_segments, plan.q_len, lq),
         kv_segments=segments(kv_segments, plan.kv_len, lk),
         mask=None if mask is None else _five_d(mask, plan, False),
-        bias=None if bias is None else _five_d(bias.astype(_F32), plan, 0.0),
+        bias=None if bias is None else _five_d(bias.astype(plan.accumulate), plan, 0.0),
         bad_q=jnp.pad(bad_q5, [(0, 0)] * 3 + [(0, lq - plan.q_len)]),
         bad_kv=jnp.pad(bad_kv4, [(0, 0)] * 2 + [(0, lk - plan.kv_len)]),
     )
