@@ -162,7 +162,9 @@ def dot_product_attention(
       algorithm: ``"dense"``, ``"blockwise"`` or ``"auto"``: blockwise from
         ``q_len * kv_len >= 2**18`` (512 x 512) on, dense below it, and dense whenever the
         blockwise path cannot serve the call (``impl="flax"``, custom einsums,
-        ``module`` to sow the weights into).
+        ``module`` to sow the weights into). The blockwise path is a
+        ``custom_vjp``: ``jvp``, and second derivatives with ``is_causal`` or
+        ``window``, need ``"dense"``.
       block_q, block_k: blockwise tile sizes (default 128, at most the lengths); any
         size gives the same result, sizes that do not divide the lengths included.
       dropout_rng: alias of ``key``; pass one or the other.
