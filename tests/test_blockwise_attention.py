@@ -149,6 +149,23 @@ def test_drops_exactly_the_dense_paths_weights(broadcast):
 
 
 @SLOW
+def test_backward_pass_drops_the_same_weights():
+    """With the output's cotangent 1 on one query row, ``dv[k]`` is that row's dropped
+    weight on key ``k``: the mask the backward pass draws, read element by element."""
+    q, k, v, _ = _qkv(4)
+    drop = {"dropout_rate": 0.5, "deterministic": False, "key": jax.random.key(5)}
+
+    @jax.jit
+    def backward_weights(q, k, v):
+        _, vjp = jax.vjp(lambda v: _attend("blockwise", q, k, v, (5, 33), **drop), v)
+        rows = jnp.eye(LQ, dtype=jnp.float32)[:, None, :, None, None]  # one per query
+        (d_v,) = jax.vmap(vjp)(jnp.broadcast_to(rows, (LQ, B, LQ, H, D)))
+        return jnp.moveaxis(d_v[..., 0], 0, -1).transpose(0, 2, 3, 1)  # [b, h, q, k]
+
+    keep = dm.keep_mask(jax.random.key(5), (B, H, LQ, LK), 0.5, broadcast_dims=(0, 1))
+    np.testing.assert_array_equal(backward_weights(q, k, v) != 0, keep)
+
+
 def test_run_time_rate_vmap_over_keys_and_eager():
     keys = jax.random.split(jax.random.key(6), 3)
     rate = jnp.float32(0.25)
