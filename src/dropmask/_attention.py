@@ -266,14 +266,27 @@ def dot_product_attention(
     q = q / jnp.sqrt(q.shape[-1]).astype(dtype)
 
     if blockwise:
+        left, right = span
+        # As in dropout: a Python number is a compile-time rate, a JAX scalar (even a
+        # concrete one) a run-time value, so both paths draw with the same threshold.
+        keep = probability(dropout_rate, rate, keep=True, fn=_FN) if drops else None
+        static_keep = keep if isinstance(keep, float) else None
         plan = bw.Plan(
-            batch, kv_heads, groups, q_len, kv_len, *sizes, *span,
-            keep=probability(dropout_rate, rate, keep=True, fn=_FN) if rate is not None else None,
+            batch=batch,
+            kv_heads=kv_heads,
+            groups=groups,
+            q_len=q_len,
+            kv_len=kv_len,
+            block_q=sizes[0],
+            block_k=sizes[1],
+            left=left,
+            right=right,
+            keep=static_keep,
             dropout=drops,
             broadcast_dropout=broadcast_dropout,
             precision=precision,
             accumulate=compute_dtype(dtype),
-        )  # fmt: skip
+        )
         side = bw.make_side(
             plan,
             kv_valid=kv_valid,
@@ -284,7 +297,7 @@ def dot_product_attention(
             bad_q=bad_q,
             bad_kv=bad_k | bad_v,
         )
-        run_keep = None if rate is not None or not drops else 1.0 - jnp.asarray(dropout_rate)
+        run_keep = None if static_keep is not None else keep
         out, tainted = bw.blockwise_attention(plan, q, k, v, side, bw.Dropout(rng, run_keep))
         return _poison(out, q, tainted)
 
@@ -398,16 +411,15 @@ def _use_blockwise(
         raise DropmaskValueError(
             f"{_FN}: algorithm must be one of {_ALGORITHMS}, got {algorithm!r}."
         )
-    dense_only = [
-        reason
-        for reason, present in (
-            ("impl='flax' (its masks are not counter-based, so no tile can draw its part)",
-             impl == "flax"),
-            ("custom einsums", custom_einsums),
-            ("module= (sowing the weights needs them whole)", module is not None),
+    dense_only = []
+    if impl == "flax":
+        dense_only.append(
+            "impl='flax' (its masks are not counter-based: no tile can draw its part)"
         )
-        if present
-    ]  # fmt: skip
+    if custom_einsums:
+        dense_only.append("custom einsums")
+    if module is not None:
+        dense_only.append("module= (sowing the weights needs them whole)")
     if algorithm == "blockwise" and dense_only:
         raise DropmaskValueError(
             f"{_FN}: algorithm='blockwise' cannot take {dense_only[0]}. Use "
