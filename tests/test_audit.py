@@ -186,7 +186,10 @@ def test_eval_model_audits_a_mode_chosen_by_a_field(eval_model, codes):
         eval_model=ModeByField(deterministic=eval_model),
     )
     assert report.codes == codes
-    assert all("eval_model's config" in f.message for f in report.findings)
+    for finding in report.findings:
+        assert "deterministic=self.deterministic" in finding.message
+        assert "with deterministic=True" in finding.message
+        assert "training" not in finding.message
     assert [s.path for s in report.sites] == ["Dropout_0"]
 
 
@@ -194,12 +197,16 @@ class PaddedAttention(nn.Module):
     """Flax attention with weight dropout over padded rows (zeros where padding is)."""
 
     eval_drops: bool = False
+    broadcast_dropout: bool = False
 
     @nn.compact
     def __call__(self, x, training: bool):
         valid = jnp.arange(x.shape[1])[None] < jnp.asarray([[4], [3], [2], [1]])
         attention = nn.MultiHeadDotProductAttention(
-            num_heads=2, dropout_rate=0.3, deterministic=not (training or self.eval_drops)
+            num_heads=2,
+            dropout_rate=0.3,
+            broadcast_dropout=self.broadcast_dropout,
+            deterministic=not (training or self.eval_drops),
         )
         return attention(x, mask=nn.make_attention_mask(valid, valid)) * valid[..., None]
 
@@ -213,7 +220,24 @@ def test_attention_weight_dropout_is_judged_by_outputs(eval_drops, codes):
     model = PaddedAttention(eval_drops)
     report = audit_model(model, model.init(jax.random.key(0), x, training=False), x)
     assert report.codes == codes
-    assert [(s.path, s.kind) for s in report.sites] == [("MultiHeadDotProductAttention_0", "other")]
+    (site,) = report.sites
+    assert (site.path, site.kind, site.rate) == ("MultiHeadDotProductAttention_0", "attention", 0.3)
+    # Weights [batch, heads, q, kv]; padded keys have zero weight and are not counted.
+    assert site.input_shape == (4, 2, 4, 4) and site.decisions == 2 * 4 * (4 + 3 + 2 + 1)
+    bound = 4 * np.sqrt(0.3 * 0.7 / site.decisions) + 0.01
+    assert abs(site.drop_fraction - 0.3) < bound
+
+
+def test_attention_dropout_shared_across_batch_and_heads_has_its_own_code():
+    # Flax's default broadcast_dropout=True: one [q, kv] mask for all examples and heads.
+    x = X.reshape(4, 4, 8)
+    model = PaddedAttention(broadcast_dropout=True)
+    report = audit_model(model, model.init(jax.random.key(0), x, training=False), x)
+    assert report.codes == {"attention-dropout-shared"}, str(report)
+    (finding,) = report.findings
+    assert "every example and every head" in finding.message
+    assert "broadcast_dropout=False" in finding.message
+    assert report.sites[0].broadcast_dims == (0, 1)
 
 
 def test_report_prints_as_table_and_json():

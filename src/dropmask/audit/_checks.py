@@ -7,10 +7,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ._mode import Mode
 from ._report import Finding, Site
 from ._sites import Observation, SiteInfo
 
 __all__ = [
+    "across_iterations",
     "across_sites",
     "across_steps",
     "eval_findings",
@@ -66,14 +68,14 @@ def summarize(sites: Mapping[str, SiteInfo], obs: Mapping[str, list[Observation]
 
 
 def site_findings(
-    sites: Mapping[str, SiteInfo], obs: Mapping[str, list[Observation]]
+    sites: Mapping[str, SiteInfo], obs: Mapping[str, list[Observation]], mode: Mode
 ) -> list[Finding]:
-    """Per-site checks in training: never drops, rate outside its interval, batch broadcast."""
+    """Per-site checks in training: never drops, rate outside its interval, shared masks."""
     out = []
     for name, info in sites.items():
         seen = [o for o in obs.get(name, []) if o.dropped is not None]
         if info.kind in ("other", "gaussian") or not seen:
-            out.extend(_batch_broadcast(info, seen))
+            out.extend(_shared(info, seen))
             continue
         dropped, valid = _dropped(seen)
         rate, n = info.rate, _decisions(info, seen)
@@ -82,16 +84,62 @@ def site_findings(
                 Finding(
                     "train-never-drops",
                     name,
-                    f"rate={rate:g} but no element was dropped in training ({valid} inputs). "
-                    "The layer is deterministic in training: pass deterministic=not training "
-                    "(not deterministic=training), and call the model with training=True in "
-                    "the train step.",
+                    f"rate={rate:g} but no element was dropped in training ({valid} inputs): "
+                    f"the layer is deterministic in training. Build it with {mode.wiring()}, "
+                    f"and let the train step apply the model {mode.training()}.",
                 )
             )
         elif rate is not None and 0 < rate < 1 and valid:
             out.extend(_rate(info, dropped / valid, n))
-        out.extend(_batch_broadcast(info, seen))
+        out.extend(_shared(info, seen))
     return out
+
+
+def _shared(info: SiteInfo, seen: Sequence[Observation]) -> list[Finding]:
+    return _attention_shared(info, seen) if info.kind == "attention" else _batch_broadcast(info, seen)
+
+
+def _equal_along(seen: Sequence[Observation], axis: int) -> bool:
+    """Every observed pattern drops some but not all elements, identically along ``axis``."""
+
+    def equal(a: np.ndarray) -> bool:
+        first = np.take(a, [0], axis=axis)
+        return bool((a == first).all())
+
+    return bool(seen) and all(
+        o.dropped is not None
+        and o.dropped.shape[axis] > 1
+        and o.dropped.any()
+        and not o.dropped.all()
+        and equal(o.dropped)
+        and (o.valid is None or equal(o.valid))
+        for o in seen
+    )
+
+
+def _attention_shared(info: SiteInfo, seen: Sequence[Observation]) -> list[Finding]:
+    """Attention-weight dropout whose mask is one for every example or every head."""
+    ndim = len(info.input_shape)
+    if ndim < 3:
+        return []
+    axes = {"example": 0, "head": ndim - 3} if ndim > 3 else {"head": 0}
+    shared = [
+        name
+        for name, axis in axes.items()
+        if info.input_shape[axis] > 1 and (axis in info.broadcast_dims or _equal_along(seen, axis))
+    ]
+    if not shared:
+        return []
+    return [
+        Finding(
+            "attention-dropout-shared",
+            info.path,
+            f"one attention-weight mask serves every {' and every '.join(shared)} (weights "
+            f"{info.input_shape}, broadcast_dims={info.broadcast_dims}): they all drop the same "
+            "query-key pairs, as with Flax's default broadcast_dropout=True. "
+            "Pass broadcast_dropout=False to the attention layer.",
+        )
+    ]
 
 
 def _rate(info: SiteInfo, fraction: float, n: int) -> list[Finding]:
@@ -165,7 +213,9 @@ def across_sites(
             oa, ob = obs[a][0], obs[b][0]
             same_key = oa.key is not None and ob.key is not None and np.array_equal(oa.key, ob.key)
             both = _informative(sites[a]) and _informative(sites[b])
-            if same_key or (both and _same(oa, ob)):
+            if _base(a) == _base(b) and (same_key or (both and _same(oa, ob))):
+                out.append(_iteration_finding(b, f"{a} and {b}"))
+            elif same_key or (both and _same(oa, ob)):
                 out.append(
                     Finding(
                         "same-mask-across-sites",
@@ -175,6 +225,39 @@ def across_sites(
                         "instead of passing one key to several layers, or split the key.",
                     )
                 )
+    return out
+
+
+def _base(site: str) -> str:
+    """The module path of a site: ``'Block_0/Dropout_0'`` for ``'Block_0/Dropout_0#2'``."""
+    return site.split("#")[0]
+
+
+def _iteration_finding(path: str, where: str) -> Finding:
+    return Finding(
+        "same-mask-across-iterations",
+        path,
+        f"draws the same mask in every iteration ({where}) of a loop or scan over one "
+        "layer: the dropout stream is not split per iteration. With nn.scan pass "
+        "split_rngs={'params': True, 'dropout': True}; with nnx.scan split the Rngs per "
+        "layer (nnx.split_rngs / nnx.StateAxes over the 'dropout' stream); in a Python "
+        "loop draw a new key per call (self.make_rng('dropout')).",
+    )
+
+
+def across_iterations(
+    sites: Mapping[str, SiteInfo], calls: Sequence[Mapping[str, list[Observation]]]
+) -> list[Finding]:
+    """A site executed several times in one call (a scanned layer) with equal masks."""
+    out = []
+    for name, info in sites.items():
+        if not _informative(info):
+            continue
+        for by_site in calls:
+            seen = by_site.get(name, [])
+            if any(_same(a, b) for i, a in enumerate(seen) for b in seen[i + 1 :]):
+                out.append(_iteration_finding(name, f"{len(seen)} executions in one call"))
+                break
     return out
 
 
@@ -229,7 +312,7 @@ def eval_findings(
     phases: Sequence[str],
     obs: Sequence[Mapping[str, list[Observation]]],
     outputs_equal: bool,
-    flag: str,
+    mode: Mode,
 ) -> list[Finding]:
     """Sites that draw or drop in evaluation, and evaluation outputs that differ by key.
 
@@ -248,8 +331,8 @@ def eval_findings(
                 Finding(
                     "eval-not-deterministic",
                     name,
-                    "draws random numbers or drops elements in evaluation. Pass "
-                    f"deterministic=not training and call the model with {flag}.",
+                    "draws random numbers or drops elements in evaluation (model "
+                    f"{mode.evaluation()}). Build it with {mode.wiring()}.",
                 )
             )
     if not out and not outputs_equal:
@@ -257,8 +340,9 @@ def eval_findings(
             Finding(
                 "eval-not-deterministic",
                 "",
-                "two evaluation calls with different dropout keys gave different outputs. "
-                f"Make every random layer deterministic when the model is called with {flag}.",
+                f"two evaluation calls (model {mode.evaluation()}) with different dropout "
+                "keys gave different outputs. Build every random layer with "
+                f"{mode.wiring()}.",
             )
         )
     return out

@@ -8,7 +8,8 @@ the train step runs on the given state without donating it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -18,7 +19,8 @@ import numpy as np
 from .._errors import DropmaskTypeError, DropmaskValueError
 from . import _checks
 from ._report import AuditReport, Finding
-from ._sites import Recorder
+from . import _mode
+from ._sites import Recorder, watch_attention
 
 __all__ = ["audit_model", "audit_step"]
 
@@ -28,21 +30,34 @@ def _counts(scope: Any) -> dict[str, int]:
     return {k: v for k, v in scope.rng_counters.items() if isinstance(k, str)}
 
 
+# Part of JAX's tracing and compilation cache key: under a value of its own, every
+# audit traces the model afresh (so the interceptor sees each call, even of a step the
+# caller compiled already), and the instrumented programs never serve the caller's
+# later calls.
+_AUDIT_CONTEXT = jax.make_user_context(None)
+_audits = itertools.count(1)
+
+
 @contextlib.contextmanager
-def _recording(recorder: Recorder) -> Iterator[None]:
+def _recording(recorder: Recorder, roots: list[tuple[Any, dict[str, Any]]]) -> Iterator[None]:
+    """Observes every module call; ``roots`` collects each top-level call's module and kwargs."""
+
     def interceptor(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
         module = context.module
         scope = getattr(module, "scope", None)
         if context.method_name != "__call__" or scope is None:
             return next_fun(*args, **kwargs)
+        if not scope.path:
+            roots.append((module, dict(kwargs)))
         before = _counts(scope)
-        out = next_fun(*args, **kwargs)
+        with watch_attention(module) as attention:
+            out = next_fun(*args, **kwargs)
         drew = _counts(scope) != before
         path = "/".join(str(p) for p in scope.path) or type(module).__name__
-        recorder.observe(module, path, tuple(args), kwargs, out, drew)
+        recorder.observe(module, path, tuple(args), kwargs, out, drew, attention)
         return out
 
-    with nn.intercept_methods(interceptor):
+    with _AUDIT_CONTEXT(next(_audits)), nn.intercept_methods(interceptor):
         yield
 
 
@@ -91,16 +106,16 @@ def audit_model(
       model: an unbound ``flax.linen.Module``.
       variables: its variables, e.g. ``model.init(...)``.
       *args: positional inputs of the call, e.g. ``x: float32[batch, features]``.
-      train_kwargs: keyword arguments that select training; default
-        ``{'training': True}`` as in the Flax dropout guide.
-      eval_kwargs: keyword arguments that select evaluation; default
-        ``{'training': False}``.
+      train_kwargs: keyword arguments that select training. Default: none with
+        ``eval_model``; else ``{'training': True}``, ``{'train': True}`` or
+        ``{'deterministic': False}``, after the parameter the applied method has.
+      eval_kwargs: keyword arguments that select evaluation; default as for
+        ``train_kwargs``, with the opposite value.
       rngs: ``{stream: key}`` for training; default ``{'dropout': jax.random.key(0)}``.
       method: passed to ``model.apply``.
       eval_model: the module applied in evaluation, for models whose mode is a
         field rather than a call argument, as in Flax's WMT example
-        (``Transformer(config.replace(deterministic=True))``); pass
-        ``train_kwargs={}, eval_kwargs={}`` with it. Default: ``model``.
+        (``Transformer(config.replace(deterministic=True))``). Default: ``model``.
       **kwargs: further keyword arguments of every call.
 
     Returns:
@@ -108,6 +123,8 @@ def audit_model(
 
     Raises:
       DropmaskTypeError: ``model`` is not a Linen module or ``rngs`` is not a mapping.
+      DropmaskValueError: no mode keyword is given or found in the method's signature,
+        and no ``eval_model``.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -133,8 +150,7 @@ def audit_model(
     modules = {"eval": model if eval_model is None else eval_model, "train": model}
     rngs_a = _check_rngs(rngs)
     rngs_b = _other_rngs(rngs_a)
-    train = dict(train_kwargs if train_kwargs is not None else {"training": True})
-    evaluate = dict(eval_kwargs if eval_kwargs is not None else {"training": False})
+    train, evaluate, mode = _modes(model, method, eval_model, train_kwargs, eval_kwargs)
     rec = Recorder()
     outputs = {}
     runs = (
@@ -143,22 +159,48 @@ def audit_model(
         ("train0", train, rngs_a),
         ("train1", train, rngs_b),
     )
-    with _recording(rec):
-        for phase, mode, keys in runs:
+    with _recording(rec, []):
+        for phase, selected, keys in runs:
             rec.begin(phase)
-            call = {**kwargs, **mode}
+            call = {**kwargs, **selected}
             module = modules[phase[:-1]]
             outputs[phase] = module.apply(variables, *args, rngs=keys, method=method, **call)
             jax.block_until_ready(outputs[phase])
             jax.effects_barrier()
-    flag = ", ".join(f"{k}={v!r}" for k, v in evaluate.items())
+    return _model_report(rec, _trees_equal(outputs["eval0"], outputs["eval1"]), mode)
+
+
+def _modes(
+    model: nn.Module,
+    method: Callable[..., Any] | str | None,
+    eval_model: nn.Module | None,
+    train_kwargs: Mapping[str, Any] | None,
+    eval_kwargs: Mapping[str, Any] | None,
+) -> tuple[dict[str, Any], dict[str, Any], _mode.Mode]:
+    """Train and eval call arguments, and the mode they select, from what was given.
+
+    Defaults: none with ``eval_model`` (a config field selects the mode); else the
+    ``training``, ``train`` or ``deterministic`` parameter of the applied method.
+    """
+    if train_kwargs is not None or eval_kwargs is not None:
+        train, evaluate = dict(train_kwargs or {}), dict(eval_kwargs or {})
+        given = _mode.from_call(evaluate, None)
+        if given.kind == "keyword":
+            return train, evaluate, _mode.Mode("keyword", given.name, *_values(given, train, evaluate))
+        if eval_model is not None:
+            return train, evaluate, _mode.from_models(model, eval_model)
+        return train, evaluate, _mode.unknown()
     if eval_model is not None:
-        flag = "eval_model's config" + (f" and {flag}" if flag else "")
-    flag = flag or "its evaluation arguments"
-    return _model_report(rec, _trees_equal(outputs["eval0"], outputs["eval1"]), flag)
+        return {}, {}, _mode.from_models(model, eval_model)
+    fn = getattr(model, method) if isinstance(method, str) else method or model.__call__
+    return _mode.from_signature(fn, "audit_model")
 
 
-def _model_report(rec: Recorder, eval_equal: bool, flag: str) -> AuditReport:
+def _values(mode: _mode.Mode, train: Mapping[str, Any], evaluate: Mapping[str, Any]) -> tuple[Any, Any]:
+    return train.get(mode.name, mode.train), evaluate.get(mode.name, mode.eval)
+
+
+def _model_report(rec: Recorder, eval_equal: bool, mode: _mode.Mode) -> AuditReport:
     evals = [rec.by_phase("eval0"), rec.by_phase("eval1")]
     train0, train1 = rec.by_phase("train0"), rec.by_phase("train1")
     trained = {n: s for n, s in rec.sites.items() if n in train0 or n in train1}
@@ -172,9 +214,10 @@ def _model_report(rec: Recorder, eval_equal: bool, flag: str) -> AuditReport:
         return AuditReport((), (missing,))
     both = {n: train0.get(n, []) + train1.get(n, []) for n in trained}
     findings = [
-        *_checks.eval_findings(rec.sites, rec.drew, ["eval0", "eval1"], evals, eval_equal, flag),
-        *_checks.site_findings(trained, both),
+        *_checks.eval_findings(rec.sites, rec.drew, ["eval0", "eval1"], evals, eval_equal, mode),
+        *_checks.site_findings(trained, both, mode),
         *_checks.across_sites(trained, train0),
+        *_checks.across_iterations(trained, [train0, train1]),
         *_checks.ignores_key(trained, train0, train1),
     ]
     sites = _checks.summarize(trained or rec.sites, both)
@@ -186,18 +229,33 @@ def _state_of(result: Any) -> Any:
     return result[0] if type(result) is tuple else result
 
 
+def _copy(tree: Any) -> Any:
+    """A copy of every array of ``tree`` on its own devices: a step may donate the copy."""
+
+    def copy(x: Any) -> Any:
+        return jax.device_put(x, x.sharding, may_alias=False) if isinstance(x, jax.Array) else x
+
+    return jax.tree.map(copy, tree)
+
+
 def audit_step(train_step: Callable[..., Any], state: Any, batches: Iterable[Any]) -> AuditReport:
     """Runs ``train_step(state, batch)`` over ``batches`` and checks each site's masks.
 
-    Each site's mask must differ between consecutive steps and from every other
-    site's mask in the same step, drop at its configured rate, and not be shared along
-    the batch axis. A jitted ``train_step`` is traced afresh (its compiled cache is
-    not reused) and never donates ``state``: the caller's state stays valid.
+    Each site's mask must differ between consecutive steps, from every other site's
+    mask in the same step and between iterations of a loop or ``nn.scan`` over one
+    layer, drop at its configured rate, and not be shared along the batch axis.
+
+    The step runs as given (plain, ``jax.jit`` or ``jax.pmap``, with the state and
+    batches laid out as it expects) but traced afresh: a program compiled before the
+    audit is not reused, and the audit's programs are never used by later calls. Each
+    call gets a copy of the caller's state and batch, so a step that donates them
+    (``donate_argnums``) leaves the caller's arrays valid.
 
     Args:
-      train_step: ``(state, batch) -> state`` or ``-> (state, ...)``, plain or
-        ``jax.jit``-ed, that applies a Linen model.
-      state: the initial train state (e.g. a ``TrainState`` with a ``key``).
+      train_step: ``(state, batch) -> state`` or ``-> (state, ...)``, plain,
+        ``jax.jit``-ed or ``jax.pmap``-ed, that applies a Linen model.
+      state: the initial train state (e.g. a ``TrainState`` with a ``key``), replicated
+        over devices for a ``pmap``-ed step.
       batches: at least two batches; one step runs per batch.
 
     Returns:
@@ -209,42 +267,47 @@ def audit_step(train_step: Callable[..., Any], state: Any, batches: Iterable[Any
     """
     if not callable(train_step):
         raise DropmaskTypeError(
-            f"train_step must be callable as train_step(state, batch), got "
-            f"{type(train_step).__name__}."
+            f"audit_step: train_step must be callable as train_step(state, batch), got "
+            f"{type(train_step).__name__}. Pass the step function itself."
         )
     batches = list(batches)
     if len(batches) < 2:
         raise DropmaskValueError(
-            f"audit_step needs at least 2 batches to compare masks between steps, got "
-            f"{len(batches)}. Pass e.g. [batch, batch, batch]."
+            f"audit_step: batches must hold at least 2 batches to compare masks between "
+            f"steps, got {len(batches)}. Pass e.g. [batch, batch, batch]."
         )
-    inner = getattr(train_step, "__wrapped__", train_step)
-
-    def fresh(state: Any, batch: Any) -> Any:
-        return inner(state, batch)
-
-    step = jax.jit(fresh) if hasattr(train_step, "lower") else fresh
     rec = Recorder()
+    roots: list[tuple[Any, dict[str, Any]]] = []
     phases = [f"step{t}" for t in range(len(batches))]
-    with _recording(rec):
+    state = _copy(state)
+    with _recording(rec, roots):
         for phase, batch in zip(phases, batches, strict=True):
             rec.begin(phase)
-            result = step(state, batch)
+            result = train_step(state, _copy(batch))
             jax.block_until_ready(result)
             jax.effects_barrier()
             state = _state_of(result)
-    return _step_report(rec, phases)
+    return _step_report(rec, phases, _step_mode(roots))
 
 
-def _step_report(rec: Recorder, phases: list[str]) -> AuditReport:
+def _step_mode(roots: Sequence[tuple[Any, Mapping[str, Any]]]) -> _mode.Mode:
+    """The mode as the step applies the model: its first top-level call's keyword or config."""
+    for module, kwargs in roots:
+        mode = _mode.from_call(kwargs, module)
+        if mode.kind != "unknown":
+            return mode
+    return _mode.unknown()
+
+
+def _step_report(rec: Recorder, phases: list[str], mode: _mode.Mode) -> AuditReport:
     if not rec.sites:
         missing = Finding(
             "no-dropout-sites",
             "",
-            "the train step called no dropout layer. Check that it applies the model "
-            "with training=True (and that the model has dropout). Pass the jitted or plain "
-            "step itself, not a wrapper around an already-compiled one: its compiled "
-            "program cannot be observed.",
+            f"the train step called no dropout layer. Check that it applies the model "
+            f"{mode.training()} and that the model has dropout. Pass the plain, jitted or "
+            "pmapped step itself, not a wrapper around a compiled one "
+            "(step.lower(...).compile()): a compiled program cannot be observed.",
         )
         return AuditReport((), (missing,))
     steps = [rec.by_phase(p) for p in phases]
@@ -252,9 +315,10 @@ def _step_report(rec: Recorder, phases: list[str]) -> AuditReport:
     for by_site in steps:
         for name, obs in by_site.items():
             merged.setdefault(name, []).extend(obs)
-    findings = _checks.site_findings(rec.sites, merged)
+    findings = _checks.site_findings(rec.sites, merged, mode)
     for by_site in steps:
         findings.extend(_checks.across_sites(rec.sites, by_site))
+    findings.extend(_checks.across_iterations(rec.sites, steps))
     findings.extend(_checks.across_steps(rec.sites, steps))
     sites = _checks.summarize(rec.sites, merged)
     return AuditReport(tuple(sites), tuple(dict.fromkeys(findings)))

@@ -16,7 +16,8 @@ from flax import nnx
 from .._errors import DropmaskTypeError
 from ._linen import _model_report, _trees_equal
 from ._report import AuditReport
-from ._sites import Recorder
+from ._mode import nnx_mode
+from ._sites import Recorder, watch_attention
 
 __all__ = ["audit_nnx"]
 
@@ -41,8 +42,9 @@ def _recording_class(cls: type) -> type:
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         recorder, path = vars(self)["_dropmask_audit"]
         before = _draws(self)
-        out = cls.__call__(self, *args, **kwargs)
-        recorder.observe(self, path, args, kwargs, out, _draws(self) != before)
+        with watch_attention(self) as attention:
+            out = cls.__call__(self, *args, **kwargs)
+        recorder.observe(self, path, args, kwargs, out, _draws(self) != before, attention)
         return out
 
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
@@ -108,8 +110,7 @@ def audit_nnx(
         getattr(clone, mode)()
         rec.begin(phase)
         outputs[phase] = clone(*args, **{**kwargs, **(extra or {})})
-    flag = "model.eval()"
-    report = _model_report(rec, _trees_equal(outputs["eval0"], outputs["eval1"]), flag)
+    report = _model_report(rec, _trees_equal(outputs["eval0"], outputs["eval1"]), nnx_mode())
     # Between the two training calls the streams advanced: equal masks mean a fixed key.
     return AuditReport(
         report.sites,

@@ -19,6 +19,8 @@ CODES: dict[str, str] = {
     "rate-mismatch": "the realised drop fraction is outside the configured rate's interval",
     "broadcast-batch-axis": "a mask is shared along the batch axis (broadcast_dims has 0)",
     "no-dropout-sites": "the model has no dropout site to audit",
+    "attention-dropout-shared": "one attention-weight mask serves every example or head",
+    "same-mask-across-iterations": "a scanned or looped layer draws one mask in every iteration",
 }
 
 
@@ -45,11 +47,13 @@ class Site:
     Attributes:
       path: module path (a module called twice appears as ``path#1``).
       kind: ``'dropout'``, ``'word'``, ``'drop_path'``, ``'gaussian'``, ``'alpha'``,
+        ``'attention'`` (Flax attention's weight dropout, measured on the weights),
         ``'custom'`` (a module that drew from a PRNG stream) or ``'other'`` (drew, but
-        its output is not a masked copy of its input, e.g. attention).
+        its output is not a masked copy of its input).
       module: the module's class name.
       rate: the configured rate when it is a static number, else None.
-      input_shape: shape of the masked input.
+      input_shape: shape of the masked input (of the weights
+        ``[batch..., heads, q, kv]`` for attention).
       broadcast_dims: axes sharing one mask value.
       drop_fraction: realised fraction of nonzero inputs dropped (None if unmeasured).
       decisions: independent keep/drop decisions behind ``drop_fraction``.

@@ -8,19 +8,23 @@ differentiated calls.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.nnx.nn import attention as nnx_attention
 
 from .._checks import concrete_value
 
-__all__ = ["Observation", "Recorder", "SiteInfo", "classify"]
+__all__ = ["Observation", "Recorder", "SiteInfo", "classify", "watch_attention"]
 
 # SELU's saturation value -scale * alpha: where alpha dropout's dropped units sit
 # before its affine correction.
@@ -135,6 +139,61 @@ def _key_data(key: jax.Array) -> jax.Array:
     return key
 
 
+# Flax's attention functions, each with the weights function it applies dropout in.
+_ATTENTION: dict[Callable[..., Any], Callable[..., Any]] = {
+    nn.dot_product_attention: nn.dot_product_attention_weights,
+    nnx_attention.dot_product_attention: nnx_attention.dot_product_attention_weights,
+}
+# Arguments of the attention call that the audit sets itself when recomputing weights.
+_OWN_ARGS = ("dropout_rng", "dropout_rate", "deterministic", "module")
+
+
+@contextlib.contextmanager
+def watch_attention(module: Any) -> Iterator[list[tuple[jax.Array, jax.Array]]]:
+    """Collects ``(dropped, valid)`` attention-weight patterns of ``module``'s call.
+
+    Applies to Flax's ``MultiHeadDotProductAttention`` (Linen) and ``MultiHeadAttention``
+    (NNX) with their default attention function and a rate above zero. For the call's
+    duration the module's ``attention_fn`` is a wrapper that runs the original and
+    recomputes the weights with and without the same dropout key: the weights function
+    is the one the original applies, so the pattern is the mask it used. Other modules
+    yield an empty list.
+    """
+    seen: list[tuple[jax.Array, jax.Array]] = []
+    original = vars(module).get("attention_fn")
+    weights = _ATTENTION.get(original) if original is not None else None
+    rate = _configured_rate(module)
+    if weights is None or not rate:
+        yield seen
+        return
+
+    accepted = inspect.signature(weights).parameters
+
+    @functools.wraps(original)
+    def observed(query: Any, key: Any, value: Any, **kw: Any) -> Any:
+        out = original(query, key, value, **kw)
+        common = {k: v for k, v in kw.items() if k in accepted and k not in _OWN_ARGS}
+        stop = jax.lax.stop_gradient
+        full = weights(stop(query), stop(key), deterministic=True, **common)
+        valid = full != 0
+        rng = kw.get("dropout_rng")
+        if rng is None or kw.get("deterministic", False):
+            seen.append((jnp.zeros_like(valid), valid))
+        else:
+            rate_ = kw.get("dropout_rate", 0.0)
+            kept = weights(
+                stop(query), stop(key), dropout_rng=rng, dropout_rate=rate_, **common
+            )
+            seen.append(((kept == 0) & valid, valid))
+        return out
+
+    vars(module)["attention_fn"] = observed
+    try:
+        yield seen
+    finally:
+        vars(module)["attention_fn"] = original
+
+
 class Recorder:
     """Collects site observations from the model's calls, tagged with a phase label."""
 
@@ -158,14 +217,21 @@ class Recorder:
         kwargs: Mapping[str, Any],
         out: Any,
         drew: bool,
+        attention: Sequence[tuple[jax.Array, jax.Array]] = (),
     ) -> None:
-        """Records one call of ``module`` (a site) that mapped ``args`` to ``out``."""
+        """Records one call of ``module`` (a site) that mapped ``args`` to ``out``.
+
+        ``attention`` holds the call's attention-weight patterns from
+        :func:`watch_attention`; with them the site is an ``'attention'`` site whose
+        mask is over the weights ``[batch..., heads, q, kv]``.
+        """
+        if attention:
+            self._observe_attention(module, path, attention, drew)
+            return
         kind = classify(module, drew)
         if kind is None:
             return
-        count = self._calls.get(path, 0)
-        self._calls[path] = count + 1
-        site = path if count == 0 else f"{path}#{count}"
+        site = self._site_name(path)
         x = _first_array(args, kwargs)
         same = isinstance(out, jax.Array) and x is not None and jnp.shape(x) == out.shape
         if not same and kind == "custom":
@@ -195,6 +261,38 @@ class Recorder:
             jax.debug.callback(functools.partial(self._add, site), dropped, valid, data)
         else:
             jax.debug.callback(functools.partial(self._add, site, None, None), data)
+
+    def _site_name(self, path: str) -> str:
+        """``path``, or ``path#n`` for the n-th further call of one module in a phase."""
+        count = self._calls.get(path, 0)
+        self._calls[path] = count + 1
+        return path if count == 0 else f"{path}#{count}"
+
+    def _observe_attention(
+        self,
+        module: Any,
+        path: str,
+        patterns: Sequence[tuple[jax.Array, jax.Array]],
+        drew: bool,
+    ) -> None:
+        site = self._site_name(path)
+        shape = tuple(patterns[0][0].shape)
+        # Flax's broadcast dropout draws one [q, kv] mask for every batch and head index.
+        shared = tuple(range(len(shape) - 2)) if getattr(module, "broadcast_dropout", False) else ()
+        info = SiteInfo(
+            site,
+            "attention",
+            type(module).__name__,
+            _configured_rate(module),
+            shape,
+            shared,
+            _decision_shape(module, "attention", shape, shared),
+            drew,
+        )
+        self.sites.setdefault(site, info)
+        self.drew[(self.phase, site)] = self.drew.get((self.phase, site), False) or drew
+        for dropped, valid in patterns:
+            jax.debug.callback(functools.partial(self._add, site), dropped, valid, None)
 
     def _add(self, site: str, dropped: Any, valid: Any, key: Any) -> None:
         self.observations.append(
