@@ -410,3 +410,85 @@ def test_broadcast_over_time_is_not_the_batch_axis():
     report = _audit(Recurrent(), seq)
     assert report.ok, str(report)
     assert report.sites[0].broadcast_dims == (1,) and report.sites[0].decisions == 2 * 8 * 16
+
+
+class ByTraining(nn.Module):
+    bug: bool = False  # the bug: deterministic=training
+
+    @nn.compact
+    def __call__(self, x, training: bool):
+        det = training if self.bug else not training
+        return nn.Dropout(0.5, deterministic=det)(nn.Dense(32)(x))
+
+
+class ByTrain(nn.Module):
+    bug: bool = False  # the bug: deterministic=train
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        det = train if self.bug else not train
+        return nn.Dropout(0.5, deterministic=det)(nn.Dense(32)(x))
+
+
+class ByDeterministic(nn.Module):
+    bug: bool = False  # the bug: deterministic=not deterministic
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        det = not deterministic if self.bug else deterministic
+        return nn.Dropout(0.5, deterministic=det)(nn.Dense(32)(x))
+
+
+@pytest.mark.parametrize(
+    ("cls", "keyword", "wiring", "bug"),
+    [
+        (ByTraining, "training", "deterministic=not training", "deterministic=training"),
+        (ByTrain, "train", "deterministic=not train", "deterministic=train"),
+        (ByDeterministic, "deterministic", "deterministic=deterministic", "=not deterministic"),
+    ],
+)
+def test_mode_keyword_is_read_from_the_signature_and_named_in_every_fix(cls, keyword, wiring, bug):
+    evaluating = keyword == "deterministic"
+    variables = cls().init(jax.random.key(1), X, **{keyword: evaluating})
+    assert audit_model(cls(), variables, X).ok
+    report = audit_model(cls(bug=True), variables, X)
+    assert report.codes == {"eval-not-deterministic", "train-never-drops"}, str(report)
+    others = {"training", "train"} - {keyword}
+    for finding in report.findings:
+        assert wiring in finding.message, finding.message
+        assert bug not in finding.message.replace(wiring, ""), finding.message
+        assert not any(f"{o}=" in finding.message for o in others), finding.message
+    (evaluation,) = [f for f in report.findings if f.code == "eval-not-deterministic"]
+    assert f"called with {keyword}={evaluating!r}" in evaluation.message
+    (training,) = [f for f in report.findings if f.code == "train-never-drops"]
+    assert f"with {keyword}={not evaluating!r}" in training.message
+
+
+def test_a_model_without_a_mode_keyword_needs_explicit_arguments():
+    model = ModeByField(False)
+    variables = model.init(jax.random.key(0), X)
+    with pytest.raises(dropmask.DropmaskValueError, match="train_kwargs=.*eval_model="):
+        audit_model(model, variables, X)
+
+
+class Looped(nn.Module):
+    """One dropout layer applied three times; ``fixed`` hands it one key for all three."""
+
+    fixed: bool
+
+    @nn.compact
+    def __call__(self, x, training: bool):
+        drop = dl.Dropout(0.5, deterministic=not training)
+        key = self.make_rng("dropout") if training and self.fixed else None
+        for _ in range(3):
+            x = drop(jnp.tanh(x) + 2, rng=key)
+        return x
+
+
+@pytest.mark.parametrize(
+    ("fixed", "codes"), [(False, set()), (True, {"same-mask-across-iterations"})]
+)
+def test_a_loop_over_one_layer_with_one_key_is_caught(fixed, codes):
+    report = _audit(Looped(fixed), X)
+    assert report.codes == codes, str(report)
+    assert [s.path for s in report.sites] == ["Dropout_0", "Dropout_0#1", "Dropout_0#2"]

@@ -32,8 +32,6 @@ def audit_target(steps: int = 3) -> AuditTarget:
         eval_model=Transformer(model.config.replace(deterministic=True)),
         variables={"params": state.params},
         args=model_inputs(batches[0]),
-        train_kwargs={},
-        eval_kwargs={},
         train_step=example.train_step,
         state=state,
         batches=batches,

@@ -96,7 +96,9 @@ def site_findings(
 
 
 def _shared(info: SiteInfo, seen: Sequence[Observation]) -> list[Finding]:
-    return _attention_shared(info, seen) if info.kind == "attention" else _batch_broadcast(info, seen)
+    return (
+        _attention_shared(info, seen) if info.kind == "attention" else _batch_broadcast(info, seen)
+    )
 
 
 def _equal_along(seen: Sequence[Observation], axis: int) -> bool:
@@ -198,6 +200,16 @@ def _same(a: Observation, b: Observation) -> bool:
     return bool(da.any()) and not bool(da.all()) and bool((da == db).all())
 
 
+def _any_same(a: Sequence[Observation], b: Sequence[Observation]) -> bool:
+    """Some execution in ``a`` drew the mask of some execution in ``b``.
+
+    Executions of one site arrive in no fixed order (devices of a ``pmap``, iterations
+    of a scan), so masks are matched as sets; a chance match needs ``MIN_DECISIONS``
+    equal draws.
+    """
+    return any(_same(x, y) for x in a for y in b)
+
+
 def _informative(info: SiteInfo) -> bool:
     return math.prod(info.decision_shape) >= MIN_DECISIONS and info.kind != "other"
 
@@ -213,9 +225,10 @@ def across_sites(
             oa, ob = obs[a][0], obs[b][0]
             same_key = oa.key is not None and ob.key is not None and np.array_equal(oa.key, ob.key)
             both = _informative(sites[a]) and _informative(sites[b])
-            if _base(a) == _base(b) and (same_key or (both and _same(oa, ob))):
+            shared = same_key or (both and _any_same(obs[a], obs[b]))
+            if shared and _base(a) == _base(b):
                 out.append(_iteration_finding(b, f"{a} and {b}"))
-            elif same_key or (both and _same(oa, ob)):
+            elif shared:
                 out.append(
                     Finding(
                         "same-mask-across-sites",
@@ -270,7 +283,7 @@ def across_steps(
         if not _informative(info):
             continue
         for before, after in zip(steps, steps[1:], strict=False):
-            if before.get(name) and after.get(name) and _same(before[name][0], after[name][0]):
+            if _any_same(before.get(name, []), after.get(name, [])):
                 out.append(
                     Finding(
                         "same-mask-across-steps",
@@ -293,7 +306,7 @@ def ignores_key(
     out = []
     for name, info in sites.items():
         if _informative(info) and first.get(name) and second.get(name):
-            if _same(first[name][0], second[name][0]):
+            if _any_same(first[name], second[name]):
                 out.append(
                     Finding(
                         "mask-ignores-key",

@@ -14,12 +14,12 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .._errors import DropmaskTypeError, DropmaskValueError
-from . import _checks
+from . import _checks, _mode
 from ._report import AuditReport, Finding
-from . import _mode
 from ._sites import Recorder, watch_attention
 
 __all__ = ["audit_model", "audit_step"]
@@ -33,9 +33,22 @@ def _counts(scope: Any) -> dict[str, int]:
 # Part of JAX's tracing and compilation cache key: under a value of its own, every
 # audit traces the model afresh (so the interceptor sees each call, even of a step the
 # caller compiled already), and the instrumented programs never serve the caller's
-# later calls.
-_AUDIT_CONTEXT = jax.make_user_context(None)
+# later calls. JAX versions without user contexts get the same by clearing its caches.
+_AUDIT_CONTEXT = jax.make_user_context(None) if hasattr(jax, "make_user_context") else None
 _audits = itertools.count(1)
+
+
+@contextlib.contextmanager
+def _fresh_traces() -> Iterator[None]:
+    if _AUDIT_CONTEXT is not None:
+        with _AUDIT_CONTEXT(next(_audits)):
+            yield
+        return
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        jax.clear_caches()
 
 
 @contextlib.contextmanager
@@ -57,7 +70,7 @@ def _recording(recorder: Recorder, roots: list[tuple[Any, dict[str, Any]]]) -> I
         recorder.observe(module, path, tuple(args), kwargs, out, drew, attention)
         return out
 
-    with _AUDIT_CONTEXT(next(_audits)), nn.intercept_methods(interceptor):
+    with _fresh_traces(), nn.intercept_methods(interceptor):
         yield
 
 
@@ -182,11 +195,20 @@ def _modes(
     Defaults: none with ``eval_model`` (a config field selects the mode); else the
     ``training``, ``train`` or ``deterministic`` parameter of the applied method.
     """
+    if (train_kwargs is None) != (eval_kwargs is None) and eval_model is None:
+        fn = getattr(model, method) if isinstance(method, str) else method or model.__call__
+        train, evaluate, _ = _mode.from_signature(fn, "audit_model")
+        train_kwargs = train if train_kwargs is None else train_kwargs
+        eval_kwargs = evaluate if eval_kwargs is None else eval_kwargs
     if train_kwargs is not None or eval_kwargs is not None:
         train, evaluate = dict(train_kwargs or {}), dict(eval_kwargs or {})
         given = _mode.from_call(evaluate, None)
         if given.kind == "keyword":
-            return train, evaluate, _mode.Mode("keyword", given.name, *_values(given, train, evaluate))
+            return (
+                train,
+                evaluate,
+                _mode.Mode("keyword", given.name, *_values(given, train, evaluate)),
+            )
         if eval_model is not None:
             return train, evaluate, _mode.from_models(model, eval_model)
         return train, evaluate, _mode.unknown()
@@ -196,11 +218,14 @@ def _modes(
     return _mode.from_signature(fn, "audit_model")
 
 
-def _values(mode: _mode.Mode, train: Mapping[str, Any], evaluate: Mapping[str, Any]) -> tuple[Any, Any]:
+def _values(
+    mode: _mode.Mode, train: Mapping[str, Any], evaluate: Mapping[str, Any]
+) -> tuple[Any, Any]:
     return train.get(mode.name, mode.train), evaluate.get(mode.name, mode.eval)
 
 
 def _model_report(rec: Recorder, eval_equal: bool, mode: _mode.Mode) -> AuditReport:
+    rec.compact()
     evals = [rec.by_phase("eval0"), rec.by_phase("eval1")]
     train0, train1 = rec.by_phase("train0"), rec.by_phase("train1")
     trained = {n: s for n, s in rec.sites.items() if n in train0 or n in train1}
@@ -230,10 +255,18 @@ def _state_of(result: Any) -> Any:
 
 
 def _copy(tree: Any) -> Any:
-    """A copy of every array of ``tree`` on its own devices: a step may donate the copy."""
+    """A copy of every array of ``tree``, placed as it was: a step may donate the copy.
+
+    An array committed to devices (e.g. replicated for ``pmap``) is copied onto the same
+    devices; an uncommitted one stays uncommitted, so ``pmap`` may still shard it.
+    """
 
     def copy(x: Any) -> Any:
-        return jax.device_put(x, x.sharding, may_alias=False) if isinstance(x, jax.Array) else x
+        if not isinstance(x, jax.Array):
+            return x
+        if x.committed:
+            return jax.device_put(x, x.sharding, may_alias=False)
+        return jnp.array(x, copy=True)
 
     return jax.tree.map(copy, tree)
 
@@ -300,6 +333,7 @@ def _step_mode(roots: Sequence[tuple[Any, Mapping[str, Any]]]) -> _mode.Mode:
 
 
 def _step_report(rec: Recorder, phases: list[str], mode: _mode.Mode) -> AuditReport:
+    rec.compact()
     if not rec.sites:
         missing = Finding(
             "no-dropout-sites",

@@ -72,9 +72,9 @@ class Mode:
         return "in evaluation"
 
     def training(self) -> str:
-        """How the model is put in training, e.g. ``'called with training=True'``."""
+        """How the model is put in training, e.g. ``'with training=True'``."""
         if self.kind == "keyword":
-            return f"called with {self.name}={self.train!r}"
+            return f"with {self.name}={self.train!r}"
         if self.kind == "config":
             field = f" with {self.name}={self.train!r}" if self.name else ""
             return f"built{field}"
@@ -123,7 +123,9 @@ def from_models(model: Any, eval_model: Any) -> Mode:
     if path is None:
         return Mode("config")
     train = _get(model, path)
-    advice = f"eval_model has the train model's {path}={train!r}: build it with {path}={not train!r}"
+    advice = (
+        f"eval_model has the train model's {path}={train!r}: build it with {path}={not train!r}"
+    )
     return Mode("config", path, train, not train, advice)
 
 

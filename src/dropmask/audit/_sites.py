@@ -181,9 +181,7 @@ def watch_attention(module: Any) -> Iterator[list[tuple[jax.Array, jax.Array]]]:
             seen.append((jnp.zeros_like(valid), valid))
         else:
             rate_ = kw.get("dropout_rate", 0.0)
-            kept = weights(
-                stop(query), stop(key), dropout_rng=rng, dropout_rate=rate_, **common
-            )
+            kept = weights(stop(query), stop(key), dropout_rng=rng, dropout_rate=rate_, **common)
             seen.append(((kept == 0) & valid, valid))
         return out
 
@@ -304,6 +302,27 @@ class Recorder:
                 None if key is None else np.asarray(key),
             )
         )
+
+    def compact(self) -> None:
+        """Forgets sites no execution reported and renumbers the rest per module path.
+
+        A transform may trace a module's call and discard the trace (``nn.scan`` traces
+        its body once for shapes before the scan that runs): such a call never reports
+        from the executed program, and the call that does should not read as a repeat.
+        """
+        seen = {o.site for o in self.observations}
+        kept = [name for name in self.sites if name in seen]
+        counts: dict[str, int] = {}
+        rename = {}
+        for name in kept:
+            base = name.split("#")[0]
+            n = counts.get(base, 0)
+            counts[base] = n + 1
+            rename[name] = base if n == 0 else f"{base}#{n}"
+        self.sites = {rename[n]: dataclasses.replace(self.sites[n], path=rename[n]) for n in kept}
+        self.drew = {(ph, rename[n]): v for (ph, n), v in self.drew.items() if n in rename}
+        for obs in self.observations:
+            obs.site = rename.get(obs.site, obs.site)
 
     def by_phase(self, phase: str) -> dict[str, list[Observation]]:
         """Observations of one phase grouped by site, in call order."""

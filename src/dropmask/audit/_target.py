@@ -27,8 +27,10 @@ class AuditTarget:
       model: the ``flax.linen.Module``.
       variables: its variables (``{'params': ...}``).
       args: positional inputs of one call, e.g. ``(images,)``.
-      train_kwargs: keyword arguments selecting training, e.g. ``{'training': True}``.
-      eval_kwargs: keyword arguments selecting evaluation.
+      train_kwargs: keyword arguments selecting training, e.g. ``{'training': True}``;
+        None: as :func:`audit_model` infers them (none with ``eval_model``, else the
+        model's ``training``, ``train`` or ``deterministic`` parameter).
+      eval_kwargs: keyword arguments selecting evaluation; None: inferred likewise.
       train_step: ``(state, batch) -> state | (state, ...)``; None skips the step audit.
       state: the train state the step starts from.
       batches: at least two batches for the step audit.
@@ -40,8 +42,8 @@ class AuditTarget:
     model: Any
     variables: Mapping[str, Any]
     args: tuple[Any, ...]
-    train_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": True})
-    eval_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": False})
+    train_kwargs: Mapping[str, Any] | None = None
+    eval_kwargs: Mapping[str, Any] | None = None
     train_step: Callable[..., Any] | None = None
     state: Any = None
     batches: Sequence[Any] = ()
