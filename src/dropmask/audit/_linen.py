@@ -2,7 +2,7 @@
 
 Nothing here changes the model, its variables or the train state: calls run under
 ``flax.linen.intercept_methods``, which observes each module's inputs and outputs, and
-the train step runs on the given state without donating it.
+the train step runs on copies of the given state and batches, which it may donate.
 """
 
 from __future__ import annotations
@@ -30,18 +30,21 @@ def _counts(scope: Any) -> dict[str, int]:
     return {k: v for k, v in scope.rng_counters.items() if isinstance(k, str)}
 
 
-# Part of JAX's tracing and compilation cache key: under a value of its own, every
-# audit traces the model afresh (so the interceptor sees each call, even of a step the
-# caller compiled already), and the instrumented programs never serve the caller's
-# later calls. JAX versions without user contexts get the same by clearing its caches.
+# Part of JAX's tracing and compilation cache key. Under a value of its own an audit
+# never reuses a program the caller compiled (whose module calls cannot be observed),
+# and its instrumented programs never serve the caller's later calls. A step audit
+# of a jitted or pmapped step takes a new value each time, so the same step is traced
+# and observed afresh; model audits and plain steps run op by op, re-running every
+# module call, and share one value so that the operations' compilations are reused.
+# JAX versions without user contexts get the same separation by clearing its caches.
 _AUDIT_CONTEXT = jax.make_user_context(None) if hasattr(jax, "make_user_context") else None
-_audits = itertools.count(1)
+_step_audits = itertools.count(1)
 
 
 @contextlib.contextmanager
-def _fresh_traces() -> Iterator[None]:
+def _separate_traces(fresh: bool) -> Iterator[None]:
     if _AUDIT_CONTEXT is not None:
-        with _AUDIT_CONTEXT(next(_audits)):
+        with _AUDIT_CONTEXT(next(_step_audits) if fresh else 0):
             yield
         return
     jax.clear_caches()
@@ -52,8 +55,13 @@ def _fresh_traces() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _recording(recorder: Recorder, roots: list[tuple[Any, dict[str, Any]]]) -> Iterator[None]:
-    """Observes every module call; ``roots`` collects each top-level call's module and kwargs."""
+def _recording(
+    recorder: Recorder, roots: list[tuple[Any, dict[str, Any]]], *, fresh: bool
+) -> Iterator[None]:
+    """Observes every module call; ``roots`` collects each top-level call's module and kwargs.
+
+    ``fresh``: trace in a cache context no earlier call used (see ``_separate_traces``).
+    """
 
     def interceptor(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
         module = context.module
@@ -70,7 +78,7 @@ def _recording(recorder: Recorder, roots: list[tuple[Any, dict[str, Any]]]) -> I
         recorder.observe(module, path, tuple(args), kwargs, out, drew, attention)
         return out
 
-    with _fresh_traces(), nn.intercept_methods(interceptor):
+    with _separate_traces(fresh), nn.intercept_methods(interceptor):
         yield
 
 
@@ -166,17 +174,12 @@ def audit_model(
     train, evaluate, mode = _modes(model, method, eval_model, train_kwargs, eval_kwargs)
     rec = Recorder()
     outputs = {}
-    runs = (
-        ("eval0", evaluate, rngs_a),
-        ("eval1", evaluate, rngs_b),
-        ("train0", train, rngs_a),
-        ("train1", train, rngs_b),
-    )
-    with _recording(rec, []):
-        for phase, selected, keys in runs:
+    runs = (("eval0", rngs_a), ("eval1", rngs_b), ("train0", rngs_a), ("train1", rngs_b))
+    calls = {"eval": {**kwargs, **evaluate}, "train": {**kwargs, **train}}
+    with _recording(rec, [], fresh=False):
+        for phase, keys in runs:
             rec.begin(phase)
-            call = {**kwargs, **selected}
-            module = modules[phase[:-1]]
+            module, call = modules[phase[:-1]], calls[phase[:-1]]
             outputs[phase] = module.apply(variables, *args, rngs=keys, method=method, **call)
             jax.block_until_ready(outputs[phase])
             jax.effects_barrier()
@@ -313,7 +316,8 @@ def audit_step(train_step: Callable[..., Any], state: Any, batches: Iterable[Any
     roots: list[tuple[Any, dict[str, Any]]] = []
     phases = [f"step{t}" for t in range(len(batches))]
     state = _copy(state)
-    with _recording(rec, roots):
+    # A jitted or pmapped step is traced afresh; a plain one re-runs its Python anyway.
+    with _recording(rec, roots, fresh=hasattr(train_step, "lower")):
         for phase, batch in zip(phases, batches, strict=True):
             rec.begin(phase)
             result = train_step(state, _copy(batch))

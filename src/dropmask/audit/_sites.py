@@ -161,17 +161,16 @@ def watch_attention(module: Any) -> Iterator[list[tuple[jax.Array, jax.Array]]]:
     """
     seen: list[tuple[jax.Array, jax.Array]] = []
     original = vars(module).get("attention_fn")
-    weights = _ATTENTION.get(original) if original is not None else None
-    rate = _configured_rate(module)
-    if weights is None or not rate:
+    weights = next((w for fn, w in _ATTENTION.items() if fn is original), None)
+    if original is None or weights is None or not _configured_rate(module):
         yield seen
         return
-
+    attend: Callable[..., Any] = original
     accepted = inspect.signature(weights).parameters
 
-    @functools.wraps(original)
+    @functools.wraps(attend)
     def observed(query: Any, key: Any, value: Any, **kw: Any) -> Any:
-        out = original(query, key, value, **kw)
+        out = attend(query, key, value, **kw)
         common = {k: v for k, v in kw.items() if k in accepted and k not in _OWN_ARGS}
         stop = jax.lax.stop_gradient
         full = weights(stop(query), stop(key), deterministic=True, **common)
