@@ -189,6 +189,7 @@ def test_the_same_step_audits_again_and_after_training_compiled_it():
         assert len(report.sites) == len(first.sites) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("bug", "code"),
     [
