@@ -44,4 +44,8 @@ def test_every_python_block_runs(path):
             namespace.update(test.globs)  # DocTest ran on a copy of the namespace
             assert result.failed == 0, f"doctest block at {where} failed (output above)"
         else:
-            exec(compile(source, where, "exec"), namespace)  # noqa: S102
+            # dont_inherit: a block runs as a reader's script would, without this
+            # module's `from __future__ import annotations` (dataclass fields of a
+            # block's Flax modules would otherwise be strings of an unimported module).
+            code = compile(source, where, "exec", dont_inherit=True)
+            exec(code, namespace)  # noqa: S102
