@@ -316,6 +316,31 @@ def test_step_audit_reuses_no_compiled_trace_and_keeps_state():
     jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, state.params))
 
 
+@jax.jit
+def _loss_and_grads(state, batch, key):
+    def loss_fn(params):
+        y = state.apply_fn({"params": params}, batch, training=True, rngs={"dropout": key})
+        return jnp.mean(y**2)
+
+    return jax.value_and_grad(loss_fn)(state.params)
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "plain"])
+def test_a_step_calling_a_jitted_loss_is_audited_in_full_every_time(jit):
+    # JAX caches the jitted loss's trace by function: a cached trace hides its modules.
+    def train_step(state, batch):
+        _, grads = _loss_and_grads(state, batch, jax.random.fold_in(state.key, state.step))
+        return state.apply_gradients(grads=grads)
+
+    step = jax.jit(train_step) if jit else train_step
+    state = _state()
+    step(state, X)  # training compiles the step and the loss before any audit
+    for _ in range(2):
+        report = audit_step(step, state, [X, X])
+        assert report.ok, str(report)
+        assert [s.path for s in report.sites] == ["Dropout_0", "Dropout_1"]
+
+
 def test_step_with_shared_key_across_layers_is_caught():
     model = CustomModel("shared-key")
     params = model.init(jax.random.key(1), X, training=False)["params"]

@@ -1,10 +1,12 @@
 """Finds the dropout bugs that do not stop the loss from going down.
 
-``audit_model`` (Linen) and ``audit_nnx`` (NNX) list a model's dropout sites and
-check evaluation and training; ``audit_step`` runs a train step for a few steps and
-checks that masks change between steps and differ between layers. Each returns an
-:class:`AuditReport` whose findings carry a stable code (see :data:`CODES`), the
-site's module path and a message with the fix.
+``audit_model`` (Linen) and ``audit_nnx`` (NNX) list a model's dropout sites, attention
+weights included, and check evaluation and training; ``audit_step`` runs a plain,
+jitted or pmapped train step for a few steps and checks that masks change between
+steps and differ between layers and between the iterations of a scanned layer. Each
+returns an :class:`AuditReport` whose findings carry a stable code (see :data:`CODES`),
+the site's module path and a fix phrased in the model's own mode switch (a call
+keyword, a config field or NNX's ``train()`` / ``eval()``).
 """
 
 from ._linen import audit_model as audit_model

@@ -32,10 +32,10 @@ def _counts(scope: Any) -> dict[str, int]:
 
 # Part of JAX's tracing and compilation cache key. Under a value of its own an audit
 # never reuses a program the caller compiled (whose module calls cannot be observed),
-# and its instrumented programs never serve the caller's later calls. A step audit
-# of a jitted or pmapped step takes a new value each time, so the same step is traced
-# and observed afresh; model audits and plain steps run op by op, re-running every
-# module call, and share one value so that the operations' compilations are reused.
+# and its instrumented programs never serve the caller's later calls. Each step audit
+# takes a new value, so the step and every jitted function it calls are traced and
+# observed afresh. Model audits run op by op, re-running every module call, and share
+# one value so that the operations' compilations are reused.
 # JAX versions without user contexts get the same separation by clearing its caches.
 _AUDIT_CONTEXT = jax.make_user_context(None) if hasattr(jax, "make_user_context") else None
 _step_audits = itertools.count(1)
@@ -316,8 +316,7 @@ def audit_step(train_step: Callable[..., Any], state: Any, batches: Iterable[Any
     roots: list[tuple[Any, dict[str, Any]]] = []
     phases = [f"step{t}" for t in range(len(batches))]
     state = _copy(state)
-    # A jitted or pmapped step is traced afresh; a plain one re-runs its Python anyway.
-    with _recording(rec, roots, fresh=hasattr(train_step, "lower")):
+    with _recording(rec, roots, fresh=True):
         for phase, batch in zip(phases, batches, strict=True):
             rec.begin(phase)
             result = train_step(state, _copy(batch))
