@@ -34,6 +34,7 @@ from orbax.checkpoint import checkpoint_managers
 from .._errors import DropmaskValueError
 from ._errors import CheckpointError, DamagedCheckpointError
 from ._serialization import keys_from_data, keys_to_data
+from ._serialization import leaf_dtype as _dtype
 
 __all__ = ["Checkpointer"]
 
@@ -57,11 +58,6 @@ RUN_LENGTH_KEYS = frozenset(
 def _plain(value: Any) -> Any:
     """``value`` as JSON would give it back (tuples become lists), for comparison."""
     return json.loads(json.dumps(value))
-
-
-def _dtype(leaf: Any) -> np.dtype:
-    """A leaf's dtype, for arrays and Python scalars alike."""
-    return np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.result_type(leaf)
 
 
 def _first_line(error: BaseException, limit: int = 160) -> str:
