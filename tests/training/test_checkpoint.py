@@ -296,7 +296,10 @@ def test_a_damaged_checkpoint_is_reported_by_path_and_set_aside_whole(tmp_path, 
         (b"not msgpack at all", r"from_bytes: encoded must be bytes written by .*to_bytes"),
         (b"", r"from_bytes: encoded must be bytes written by .*to_bytes, got 0 bytes"),
         (to_bytes({"w": jnp.ones(3)}), r"must hold target's structure.*\['w'\]"),
-        (lambda: to_bytes(_state(width=4)), r"params/Dense_0/kernel is float32\(4, 2\) there and float32\(8, 2\)"),
+        (
+            lambda: to_bytes(_state(width=4)),
+            r"params/Dense_0/kernel is float32\(4, 2\) there and float32\(8, 2\)",
+        ),
     ],
 )
 def test_from_bytes_refuses_what_to_bytes_did_not_write_for_this_target(encoded, match):
