@@ -54,6 +54,9 @@ def test_tsv_loader_reads_glue_layout_and_names_bad_lines(config, tmp_path):
     _write(tmp_path / "dev.tsv", "text\tlabel\nfine\t1\n")
     with pytest.raises(DataError, match=r"dev\.tsv:1: expected the header"):
         input_pipeline.load(glue)
+    (tmp_path / "dev.tsv").write_bytes(b"sentence\tlabel\nfine\t1\ncaf\xe9 au lait\t1\n")
+    with pytest.raises(DataError, match=r"dev\.tsv:3: byte 25 \(0xe9\) is not UTF-8.*iconv"):
+        input_pipeline.load(glue)
     glue.data_dir = str(tmp_path / "missing")
     with pytest.raises(DataError, match="not a directory.*SST-2"):
         input_pipeline.load(glue)
