@@ -304,3 +304,14 @@ def test_a_workdir_that_is_a_file_or_not_writable_is_refused(example, tmp_path, 
     with pytest.raises(DropmaskError, match=rf"workdir must be writable.*{tmp_path}.*--workdir"):
         train(example, tiny_config(), tmp_path / "run", devices=1, progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_metrics_log_drops_a_partly_written_last_row_and_names_a_bad_line(tmp_path):
+    from dropmask.training import DataError
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "split": "train"}\n{"step": 2, "spl')  # killed mid-write
+    assert read_metrics(path) == [{"step": 1, "split": "train"}]
+    path.write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(DataError, match=rf"{path}:2: expected a JSON row.*'not json'.*Fix or"):
+        read_metrics(path)
