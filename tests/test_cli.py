@@ -378,3 +378,25 @@ def test_config_values_of_the_wrong_kind(capsys, override, words):
     status, _, err = _train(capsys, override)
     assert status == 2
     _one_line_error(err, *words)
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "words"),
+    [
+        (["--workdir="], 2, ["--workdir must be a directory path, got ''", "runs/EXAMPLE"]),
+        (
+            ["--coordinator-address=nonsense", "--num-processes=2", "--process-id=0"],
+            1,
+            ["coordinator_address must be HOST:PORT", "'nonsense'", "--coordinator-address="],
+        ),
+        (["--config.hidden=(0,)"], 1, ["config.hidden must be widths >= 1", "--config.hidden="]),
+        (["--config.learning_rate=-1"], 1, ["config.learning_rate must be > 0", "-1.0"]),
+        (["--config.label_noise=2"], 1, ["config.label_noise must be in [0, 1]", "got 2.0"]),
+        (["--config.data_seed=-3"], 1, ["config.data_seed must be an int >= 0", "got -3"]),
+    ],
+)
+def test_bad_flag_and_config_values_are_one_line(capsys, tmp_path, args, status, words):
+    code, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path / 'w'}", *args)
+    assert code == status
+    _one_line_error(err, *words)
+    assert not (tmp_path / "w").exists()

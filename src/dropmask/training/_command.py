@@ -191,6 +191,11 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
         raise DropmaskValueError(
             f"--mc-samples must be >= 0 (0: no Monte Carlo evaluation), got {args.mc_samples}"
         )
+    if args.workdir is not None and not args.workdir.strip():
+        raise DropmaskValueError(
+            "--workdir must be a directory path, got ''. Pass e.g. --workdir=runs/NAME, or "
+            "leave it out for runs/EXAMPLE"
+        )
     rates = _rates(args.compare_rates) if args.compare_rates is not None else None
     for rate in ([] if args.rate is None else [args.rate]) + (rates or []):
         # Checked here, before any data is loaded; rate 1 would drop every unit.
