@@ -265,6 +265,13 @@ def _with_train_step(monkeypatch, change):
     )
 
 
+def _train_interrupted(capsys, *args: str) -> tuple[int, str, str]:
+    try:
+        return _train(capsys, *args)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C left dropmask train as a KeyboardInterrupt traceback")
+
+
 def test_ctrl_c_names_the_last_checkpoint_and_the_resume_command(capsys, tmp_path, monkeypatch):
     def interrupt_at_step_6(state, new, metrics):
         if int(state.step) == 5:
@@ -272,7 +279,7 @@ def test_ctrl_c_names_the_last_checkpoint_and_the_resume_command(capsys, tmp_pat
         return new, metrics
 
     _with_train_step(monkeypatch, interrupt_at_step_6)
-    status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path}")
+    status, _, err = _train_interrupted(capsys, "--no-progress", f"--workdir={tmp_path}")
     assert status == 130
     _one_line_error(err, "interrupted", f"step 4 in {tmp_path}", "Resume with: dropmask train")
     monkeypatch.undo()
@@ -289,7 +296,7 @@ def test_ctrl_c_before_any_checkpoint_says_there_is_nothing_to_resume(
         raise KeyboardInterrupt
 
     _with_train_step(monkeypatch, interrupt)
-    status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path}")
+    status, _, err = _train_interrupted(capsys, "--no-progress", f"--workdir={tmp_path}")
     assert status == 130
     _one_line_error(err, "interrupted", "No checkpoint was saved", "run the same command again")
 
