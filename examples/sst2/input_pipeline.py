@@ -208,10 +208,16 @@ def load(config: ml_collections.ConfigDict) -> Data:
     """The two splits as token ids, with the vocabulary of the training split.
 
     Raises:
-      DataError: a ``data_dir`` that is not a directory or lacks a file (one line
-        says what is expected and where to get it), bad rows, or a ``batch_size``
-        larger than the training split.
+      DataError: an ``embed_dim`` or ``hidden`` below 1, a ``data_dir`` that is not
+        a directory or lacks a file (one line says what is expected and where to get
+        it), bad rows, or a ``batch_size`` larger than the training split.
     """
+    for name in ("embed_dim", "hidden"):
+        # Checked before any data or model: a width of 0 fails deep inside Flax.
+        if config[name] < 1:
+            raise DataError(
+                f"config.{name} must be a width >= 1, got {config[name]}. Set --config.{name}."
+            )
     if config.data_dir:
         root = pathlib.Path(config.data_dir)
         if not root.is_dir():

@@ -126,3 +126,11 @@ def test_predict_gives_deterministic_logits_and_keyed_samples(config, data, stat
     assert three.shape == (3, len(data.dev), 2)
     np.testing.assert_allclose(two, three[:2], rtol=1e-6, atol=1e-6)
     assert not np.allclose(three[0], three[1])
+
+
+@pytest.mark.parametrize("name", ["embed_dim", "hidden"])
+def test_a_width_below_one_is_named_before_any_model(config, name):
+    bad = config.copy_and_resolve_references()
+    bad[name] = 0
+    with pytest.raises(DataError, match=rf"config\.{name} must be a width >= 1.*--config\.{name}"):
+        input_pipeline.load(bad)
