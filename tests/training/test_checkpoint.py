@@ -309,3 +309,11 @@ def test_from_bytes_refuses_what_to_bytes_did_not_write_for_this_target(encoded,
     assert "msgpack" not in str(info.value) and "unpack" not in str(info.value)
     with pytest.raises(DropmaskError, match="from_bytes: encoded must be bytes.*'rb'"):
         from_bytes(_state(), "text")
+
+
+def test_a_directory_that_is_a_file_is_refused(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for directory in (afile, afile / "ckpt"):
+        with pytest.raises(DropmaskError, match=rf"Checkpointer: directory must be.*{afile} is a"):
+            Checkpointer(directory)

@@ -133,7 +133,8 @@ class Checkpointer:
       best_mode: ``'max'`` (e.g. accuracy) or ``'min'`` (e.g. loss).
 
     Raises:
-      DropmaskValueError: ``keep < 1`` or ``best_mode`` is not ``'max'``/``'min'``.
+      DropmaskValueError: ``keep < 1``, ``best_mode`` is not ``'max'``/``'min'``, or
+        ``directory`` (or a parent) is a file.
 
     Example:
       >>> import tempfile, jax, jax.numpy as jnp
@@ -162,6 +163,12 @@ class Checkpointer:
         if best_mode not in ("max", "min"):
             raise DropmaskValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}.")
         self.directory = pathlib.Path(directory).absolute()
+        existing = next(p for p in (self.directory, *self.directory.parents) if p.exists())
+        if not existing.is_dir():
+            raise DropmaskValueError(
+                f"Checkpointer: directory must be a directory, but {existing} is a file. "
+                f"Pass a directory path (it is created on the first save)."
+            )
         self.best_metric = best_metric
         self.best_mode = best_mode
         policies: list[Any] = [checkpoint_managers.LatestN(n=keep)]
