@@ -265,9 +265,9 @@ def _with_train_step(monkeypatch, change):
     )
 
 
-def _train_interrupted(capsys, *args: str) -> tuple[int, str, str]:
+def _train_interrupted(capsys, *args: str, **changes) -> tuple[int, str, str]:
     try:
-        return _train(capsys, *args)
+        return _train(capsys, *args, **changes)
     except KeyboardInterrupt:
         pytest.fail("Ctrl-C left dropmask train as a KeyboardInterrupt traceback")
 
@@ -407,3 +407,24 @@ def test_bad_flag_and_config_values_are_one_line(capsys, tmp_path, args, status,
     assert code == status
     _one_line_error(err, *words)
     assert not (tmp_path / "w").exists()
+
+
+def test_ctrl_c_during_compare_rates_names_each_saved_run(capsys, tmp_path, monkeypatch):
+    calls = []
+
+    def interrupt_at_the_sixth_step(state, new, metrics):
+        calls.append(1)
+        if len(calls) == 6:  # step 2 of the second run
+            raise KeyboardInterrupt
+        return new, metrics
+
+    _with_train_step(monkeypatch, interrupt_at_the_sixth_step)
+    args = ("--no-progress", f"--workdir={tmp_path}", "--compare-rates=0,0.5")
+    status, _, err = _train_interrupted(capsys, *args, steps=4, checkpoint_every=4)
+    assert status == 130
+    _one_line_error(err, "interrupted", "rate_0/seed_0: step 4", "--compare-rates=0,0.5")
+    assert "rate_0.5" not in err.split("Resume with")[0]
+    monkeypatch.undo()
+    command = shlex.split(err.split("Resume with: ")[1])
+    assert cli.main(command[1:]) == 0
+    assert list(_summary(tmp_path)["rates"]) == ["0", "0.5"]
