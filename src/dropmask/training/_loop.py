@@ -236,14 +236,14 @@ def train(
             window.append(metrics)
             done = step + 1
             saving = schedule.saves(done)
-            logging = done % schedule.log_every == 0 or done == schedule.steps
+            log_row = done % schedule.log_every == 0 or done == schedule.steps
             if not schedule.allow_nonfinite_loss and (
-                logging or saving or done % schedule.eval_every == 0
+                log_row or saving or done % schedule.eval_every == 0
             ):
                 # Checked where the loop syncs with the devices anyway, before
                 # anything of these steps is logged, evaluated or saved.
                 _check_finite(jax.device_get(window), done - len(window) + 1, checkpointer)
-            if logging:
+            if log_row:
                 host = jax.device_get(window)
                 means = {name: float(np.mean([m[name] for m in host])) for name in host[0]}
                 losses.extend(float(m["loss"]) for m in host)
