@@ -166,7 +166,7 @@ def _resume_note(args: argparse.Namespace, rates: list[float] | None) -> str:
     if not saved:
         return f"No checkpoint was saved in {workdir}; run the same command again to start over."
     command = ["dropmask", "train", args.example, f"--workdir={workdir}"]
-    for name in ("steps", "rate", "seed", "devices", "compare_rates", "num_seeds"):
+    for name in ("steps", "rate", "seed", "devices", "compare_rates", "num_seeds", "mc_samples"):
         value = getattr(args, name)
         if value is not None:
             command.append(f"--{name.replace('_', '-')}={value}")
