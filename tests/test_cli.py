@@ -1,8 +1,11 @@
 """The `dropmask` command: every flag of `dropmask train --help`, and one-line errors."""
 
+import dataclasses
 import json
 import re
+import shlex
 
+import jax.numpy as jnp
 import pytest
 from examples.digits import configs
 
@@ -246,3 +249,182 @@ def test_usage_errors_are_one_line_with_status_2(capsys, argv, words):
         status = exit_info.code
     assert status == 2
     _one_line_error(capsys.readouterr().err, *words)
+
+
+def _with_train_step(monkeypatch, change):
+    """Makes `dropmask train digits` use a train step whose outputs pass through ``change``."""
+    from examples.digits import train as digits_train
+
+    example = digits_train.example
+
+    def train_step(state, batch):
+        return change(state, *example.train_step(state, batch))
+
+    monkeypatch.setattr(
+        digits_train, "example", dataclasses.replace(example, train_step=train_step)
+    )
+
+
+def _train_interrupted(capsys, *args: str, **changes) -> tuple[int, str, str]:
+    try:
+        return _train(capsys, *args, **changes)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C left dropmask train as a KeyboardInterrupt traceback")
+
+
+def test_ctrl_c_names_the_last_checkpoint_and_the_resume_command(capsys, tmp_path, monkeypatch):
+    def interrupt_at_step_6(state, new, metrics):
+        if int(state.step) == 5:
+            raise KeyboardInterrupt
+        return new, metrics
+
+    _with_train_step(monkeypatch, interrupt_at_step_6)
+    status, _, err = _train_interrupted(capsys, "--no-progress", f"--workdir={tmp_path}")
+    assert status == 130
+    _one_line_error(err, "interrupted", f"step 4 in {tmp_path}", "Resume with: dropmask train")
+    monkeypatch.undo()
+    command = shlex.split(err.split("Resume with: ")[1])
+    assert command[:2] == ["dropmask", "train"] and command[-1] == "--resume"
+    assert cli.main(command[1:]) == 0
+    assert _summary(tmp_path)["start_step"] == 4 and _summary(tmp_path)["steps"] == 12
+
+
+def test_ctrl_c_before_any_checkpoint_says_there_is_nothing_to_resume(
+    capsys, tmp_path, monkeypatch
+):
+    def interrupt(state, new, metrics):
+        raise KeyboardInterrupt
+
+    _with_train_step(monkeypatch, interrupt)
+    status, _, err = _train_interrupted(capsys, "--no-progress", f"--workdir={tmp_path}")
+    assert status == 130
+    _one_line_error(err, "interrupted", "No checkpoint was saved", "run the same command again")
+
+
+def test_workdir_that_is_a_file(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for workdir in (afile, afile / "run"):
+        status, _, err = _train(capsys, "--no-progress", f"--workdir={workdir}")
+        assert status == 1
+        _one_line_error(err, "workdir must be a directory", f"{afile} is a file", "--workdir")
+
+
+def test_resume_with_steps_below_the_checkpoint_changes_nothing(capsys, tmp_path):
+    base = ("--no-progress", f"--workdir={tmp_path}")
+    assert _train(capsys, *base, "--steps=8")[0] == 0
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    status, _, err = _train(capsys, *base, "--steps=4", "--resume")
+    assert status == 1
+    _one_line_error(err, "step 8, past config.steps=4", "nothing was changed", "--steps above 8")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_nonfinite_loss_stops_the_run(capsys, tmp_path, monkeypatch):
+    def nan_loss_at_step_6(state, new, metrics):
+        return new, {**metrics, "loss": jnp.where(state.step == 5, jnp.nan, metrics["loss"])}
+
+    _with_train_step(monkeypatch, nan_loss_at_step_6)
+    status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path}")
+    assert status == 1
+    _one_line_error(
+        err, "loss is nan at step 6", "checkpoint is step 4", "--config.allow_nonfinite_loss=True"
+    )
+    status, _, err = _train(
+        capsys, "--no-progress", f"--workdir={tmp_path / 'b'}", allow_nonfinite_loss=True
+    )
+    assert status == 0, err
+
+
+def test_a_damaged_checkpoint_is_noted_and_resume_uses_the_previous(capsys, tmp_path):
+    base = ("--no-progress", f"--workdir={tmp_path}")
+    assert _train(capsys, *base, "--steps=8")[0] == 0
+    (tmp_path / "checkpoints" / "8" / "record" / "metadata").write_text("{")
+    status, _, err = _train(capsys, *base, "--resume")
+    assert status == 0
+    _one_line_error(
+        err, f"checkpoint 8 at {tmp_path / 'checkpoints' / '8'} is damaged", "from checkpoint 4"
+    )
+    assert _summary(tmp_path)["start_step"] == 4
+
+
+def test_a_bug_shows_its_traceback_and_asks_for_a_report(capsys, tmp_path, monkeypatch):
+    def bug(state, new, metrics):
+        raise ZeroDivisionError("a bug")
+
+    _with_train_step(monkeypatch, bug)
+    status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path}")
+    assert status == 1
+    assert "Traceback" in err and "ZeroDivisionError: a bug" in err
+    assert err.strip().splitlines()[-1].startswith("dropmask train: internal error")
+    assert "report it" in err.strip().splitlines()[-1]
+
+
+def test_a_path_the_run_cannot_write_is_one_line(capsys, tmp_path, monkeypatch):
+    from dropmask.training import _report
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "summary.json"))
+
+    monkeypatch.setattr(_report, "write_run", denied)
+    status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path}")
+    assert status == 1
+    _one_line_error(err, f"cannot use {tmp_path / 'summary.json'}: Permission denied")
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("--config.learning_rate=nan", ["--config.learning_rate must be a finite float, got nan"]),
+        ("--config.learning_rate=inf", ["--config.learning_rate must be a finite float, got inf"]),
+        ("--config.hidden=('a',)", ["--config.hidden=('a',)", "tuple of int"]),
+        ("--config.allow_nonfinite_loss=maybe", ["allow_nonfinite_loss=maybe", "bool"]),
+    ],
+)
+def test_config_values_of_the_wrong_kind(capsys, override, words):
+    status, _, err = _train(capsys, override)
+    assert status == 2
+    _one_line_error(err, *words)
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "words"),
+    [
+        (["--workdir="], 2, ["--workdir must be a directory path, got ''", "runs/EXAMPLE"]),
+        (
+            ["--coordinator-address=nonsense", "--num-processes=2", "--process-id=0"],
+            1,
+            ["coordinator_address must be HOST:PORT", "'nonsense'", "--coordinator-address="],
+        ),
+        (["--config.hidden=(0,)"], 1, ["config.hidden must be widths >= 1", "--config.hidden="]),
+        (["--config.learning_rate=-1"], 1, ["config.learning_rate must be > 0", "-1.0"]),
+        (["--config.label_noise=2"], 1, ["config.label_noise must be in [0, 1]", "got 2.0"]),
+        (["--config.data_seed=-3"], 1, ["config.data_seed must be an int >= 0", "got -3"]),
+    ],
+)
+def test_bad_flag_and_config_values_are_one_line(capsys, tmp_path, args, status, words):
+    code, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path / 'w'}", *args)
+    assert code == status
+    _one_line_error(err, *words)
+    assert not (tmp_path / "w").exists()
+
+
+def test_ctrl_c_during_compare_rates_names_each_saved_run(capsys, tmp_path, monkeypatch):
+    calls = []
+
+    def interrupt_at_the_sixth_step(state, new, metrics):
+        calls.append(1)
+        if len(calls) == 6:  # step 2 of the second run
+            raise KeyboardInterrupt
+        return new, metrics
+
+    _with_train_step(monkeypatch, interrupt_at_the_sixth_step)
+    args = ("--no-progress", f"--workdir={tmp_path}", "--compare-rates=0,0.5")
+    status, _, err = _train_interrupted(capsys, *args, steps=4, checkpoint_every=4)
+    assert status == 130
+    _one_line_error(err, "interrupted", "rate_0/seed_0: step 4", "--compare-rates=0,0.5")
+    assert "rate_0.5" not in err.split("Resume with")[0]
+    monkeypatch.undo()
+    command = shlex.split(err.split("Resume with: ")[1])
+    assert cli.main(command[1:]) == 0
+    assert list(_summary(tmp_path)["rates"]) == ["0", "0.5"]

@@ -265,3 +265,59 @@ def test_nnx_bidirectional_equals_flax():
     y, flax_y = ours(x, lengths=LENGTHS), flax_bi(x, seq_lengths=LENGTHS)
     np.testing.assert_allclose(np.where(valid, y, 0), np.where(valid, flax_y, 0), atol=ATOL)
     np.testing.assert_array_equal(np.where(valid, 0, y), 0)
+
+
+def _linen_bi():
+    return dl.Bidirectional(dl.MaskedRNN(nn.GRUCell(4)), dl.MaskedRNN(nn.GRUCell(4)))
+
+
+def _nnx_bi():
+    cells = (nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), nnx.GRUCell(3, 4, rngs=nnx.Rngs(1)))
+    return dn.Bidirectional(dn.MaskedRNN(cells[0]), dn.MaskedRNN(cells[1]))
+
+
+_X = jnp.ones((2, 5, 3))
+_BOTH = {"mask": jnp.ones((2, 5), bool), "lengths": jnp.array([5, 2])}
+_LINEN_RNN = dl.MaskedRNN(nn.GRUCell(4))
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (
+            lambda: _LINEN_RNN.init(jax.random.key(0), _X, lengths=jnp.array([5.0, 2.0])),
+            r"^dropmask\.linen\.MaskedRNN: lengths must be integers.*astype",
+        ),
+        (
+            lambda: _LINEN_RNN.init(jax.random.key(0), _X, lengths=jnp.array([9, 2])),
+            r"^dropmask\.linen\.MaskedRNN: lengths must be in \[0, 5\].*pad_sequences",
+        ),
+        (
+            lambda: _LINEN_RNN.init(jax.random.key(0), jnp.ones((2, 5))),
+            r"^dropmask\.linen\.MaskedRNN: initial_carry leaves must be \[batch.*x\[\.\.\., None\]",
+        ),
+        (
+            lambda: _linen_bi().init(jax.random.key(0), _X, **_BOTH),
+            r"^dropmask\.linen\.Bidirectional: pass mask or lengths, not both",
+        ),
+        (
+            lambda: _linen_bi().init(jax.random.key(0), _X, initial_carry=jnp.zeros((2, 4))),
+            r"^dropmask\.linen\.Bidirectional: initial_carry must be a \(forward, backward\) pair",
+        ),
+        (
+            lambda: _linen_bi().init(jax.random.key(0), _X, init_key=3),
+            r"^dropmask\.linen\.Bidirectional: init_key must be one PRNG key.*jax\.random\.key",
+        ),
+        (
+            lambda: _nnx_bi()(_X, **_BOTH),
+            r"^dropmask\.nnx\.Bidirectional: pass mask or lengths, not both",
+        ),
+        (
+            lambda: _nnx_bi()(_X, initial_carry=jnp.zeros((2, 4))),
+            r"^dropmask\.nnx\.Bidirectional: initial_carry must be a \(forward, backward\) pair",
+        ),
+    ],
+)
+def test_errors_name_the_public_layer_and_argument(call, match):
+    with pytest.raises(dropmask.DropmaskError, match=match):
+        call()

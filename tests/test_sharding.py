@@ -528,3 +528,32 @@ def test_word_dropout_flax_impl_rejects_a_block_naming_the_caller():
     block = {"global_shape": (32, 128), "offset": (16, 0)}
     with pytest.raises(dropmask.DropmaskValueError, match="^word_dropout: .*need impl='fast'"):
         _word(tokens, key, impl="flax", **block)
+
+
+@pytest.mark.parametrize(
+    ("spec", "inside", "match"),
+    [
+        (PartitionSpec("model"), True, r"axis 'model'.*mesh axes in scope are \('d',\)"),
+        (PartitionSpec(("d", "model")), True, r"axis 'model'.*mesh axes in scope are \('d',\)"),
+        (PartitionSpec("d"), False, r"axis 'd'.*no mesh axis is in scope.*not inside shard_map"),
+    ],
+)
+def test_shard_spec_naming_an_unbound_axis_names_shard_spec_and_the_axes(spec, inside, match):
+    mesh = _mesh(8)
+    layer = dl.Dropout(0.5, deterministic=False, shard_spec=spec)
+
+    def apply(x, k):
+        return layer.apply({}, x, rng=k)
+
+    f = (
+        jax.shard_map(
+            apply,
+            mesh=mesh,
+            in_specs=(PartitionSpec("d"), PartitionSpec()),
+            out_specs=PartitionSpec("d"),
+        )
+        if inside
+        else apply
+    )
+    with pytest.raises(dropmask.DropmaskValueError, match=rf"Dropout: shard_spec .*{match}"):
+        jax.jit(f)(jnp.ones(SHAPE), jax.random.key(0))

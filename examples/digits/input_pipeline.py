@@ -18,6 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from dropmask import DropmaskValueError
 from dropmask.training import DataError
 
 NUM_CLASSES = 10
@@ -79,6 +80,22 @@ def _read(path: str) -> tuple[np.ndarray, np.ndarray]:
     return data, target
 
 
+def _check_config(config: ml_collections.ConfigDict) -> None:
+    """Refuses config entries this example cannot use, naming the entry and the fix."""
+    checks = [
+        ("data_seed", config.data_seed >= 0, "an int >= 0", "e.g. 0"),
+        ("label_noise", 0.0 <= config.label_noise <= 1.0, "in [0, 1]", "e.g. 0.2"),
+        ("hidden", all(width >= 1 for width in config.hidden), "widths >= 1", "e.g. (256, 256)"),
+        ("learning_rate", config.learning_rate > 0, "> 0", "e.g. 0.001"),
+    ]
+    for name, ok, must, example in checks:
+        if not ok:
+            raise DropmaskValueError(
+                f"config.{name} must be {must}, got {config[name]!r}. Set it with "
+                f"--config.{name}=VALUE, {example}."
+            )
+
+
 def load(config: ml_collections.ConfigDict) -> Data:
     """Loads the digits and splits them into stratified train and test sets.
 
@@ -89,8 +106,13 @@ def load(config: ml_collections.ConfigDict) -> Data:
     Raises:
       DataError: a missing or unreadable ``data_path``, too few images per class for
         ``train_size``, or a ``batch_size`` outside ``[1, train_size]``.
+      DropmaskValueError: a ``data_seed`` below 0, a ``label_noise`` outside
+        ``[0, 1]``, a width in ``hidden`` below 1 or a ``learning_rate`` <= 0
+        (checked here, the first thing a run does with its config).
     """
     from sklearn.model_selection import train_test_split
+
+    _check_config(config)
 
     pixels, classes = _read(config.data_path)
     images = (np.asarray(pixels) / _MAX_PIXEL).astype(np.float32)

@@ -105,9 +105,16 @@ def load(config: ml_collections.ConfigDict) -> Data:
     """The held-out set and a training sample, drawn from ``config.data_seed``.
 
     Raises:
-      DataError: ``max_digits`` outside ``[1, 6]``, or more held-out problems than
+      DataError: an ``embed_dim`` or ``hidden`` below 1, ``max_digits`` outside
+        ``[1, 6]``, or more held-out problems than
         half of all problems.
     """
+    for name in ("embed_dim", "hidden"):
+        # Checked before any data or model: a width of 0 fails deep inside Flax.
+        if config[name] < 1:
+            raise DataError(
+                f"config.{name} must be a width >= 1, got {config[name]}. Set --config.{name}."
+            )
     max_digits = int(config.max_digits)
     if not 1 <= max_digits <= 6:
         raise DataError(f"max_digits must be in [1, 6], got {max_digits}. Set --config.max_digits.")

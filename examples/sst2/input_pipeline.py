@@ -168,12 +168,20 @@ def read_tsv(path: pathlib.Path) -> list[tuple[str, int]]:
     """``(sentence, label)`` rows of a GLUE SST-2 ``.tsv`` file.
 
     Raises:
-      DataError: a missing or empty file, a wrong header, or a row without a 0/1
-        label, naming the file and line.
+      DataError: a missing or empty file, bytes that are not UTF-8, a wrong header,
+        or a row without a 0/1 label, naming the file and line.
     """
     if not path.is_file():
         raise DataError(f"{path}: no such file. The SST-2 layout is described at {GLUE_URL}.")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    raw = path.read_bytes()
+    try:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise DataError(
+            f"{path}:{line}: byte {error.start} (0x{raw[error.start]:02x}) is not UTF-8, the "
+            f"encoding of SST-2 files. Convert the file, e.g. iconv -f latin1 -t utf-8."
+        ) from None
     if not lines:
         raise DataError(f"{path}: the file is empty; expected a header 'sentence\\tlabel'.")
     if lines[0].split("\t")[:2] != ["sentence", "label"]:
@@ -200,10 +208,16 @@ def load(config: ml_collections.ConfigDict) -> Data:
     """The two splits as token ids, with the vocabulary of the training split.
 
     Raises:
-      DataError: a ``data_dir`` that is not a directory or lacks a file (one line
-        says what is expected and where to get it), bad rows, or a ``batch_size``
-        larger than the training split.
+      DataError: an ``embed_dim`` or ``hidden`` below 1, a ``data_dir`` that is not
+        a directory or lacks a file (one line says what is expected and where to get
+        it), bad rows, or a ``batch_size`` larger than the training split.
     """
+    for name in ("embed_dim", "hidden"):
+        # Checked before any data or model: a width of 0 fails deep inside Flax.
+        if config[name] < 1:
+            raise DataError(
+                f"config.{name} must be a width >= 1, got {config[name]}. Set --config.{name}."
+            )
     if config.data_dir:
         root = pathlib.Path(config.data_dir)
         if not root.is_dir():

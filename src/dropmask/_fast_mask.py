@@ -136,6 +136,36 @@ def local_block(
     )
 
 
+def _check_bound(names: Any, spec: Any, fn: str) -> None:
+    """Raises unless every mesh axis in one ``shard_spec`` entry is bound here.
+
+    JAX's own error is a bare ``NameError: unbound axis name``; this one names the
+    argument, the axis and the mesh axes that are in scope.
+    """
+    group = names if isinstance(names, tuple) else (names,)
+    if not group or not all(isinstance(name, str) for name in group):
+        raise DropmaskTypeError(
+            f"{fn}: shard_spec entries must be None, a mesh axis name or a tuple of names, "
+            f"got {names!r} in {spec!r}. Pass the input's PartitionSpec from shard_map's "
+            f"in_specs."
+        )
+    for name in group:
+        try:
+            lax.axis_size(name)
+        except NameError:
+            in_scope = tuple(jax.sharding.get_abstract_mesh().axis_names)
+            where = (
+                f"the mesh axes in scope are {in_scope}"
+                if in_scope
+                else "no mesh axis is in scope (this is not inside shard_map)"
+            )
+            raise DropmaskValueError(
+                f"{fn}: shard_spec {spec!r} names the mesh axis {name!r}, which is not bound "
+                f"here; {where}. Use shard_spec inside shard_map with the input's "
+                f"PartitionSpec from in_specs, or leave it None outside shard_map."
+            ) from None
+
+
 def block_from_spec(shape: tuple[int, ...], spec: Any, *, fn: str) -> Block:
     """The block of a global array that this device holds inside ``shard_map``.
 
@@ -158,6 +188,7 @@ def block_from_spec(shape: tuple[int, ...], spec: Any, *, fn: str) -> Block:
             global_shape.append(d)
             offset.append(0)
             continue
+        _check_bound(names, spec, fn)
         size = lax.axis_size(names)
         global_shape.append(d * size)
         offset.append(lax.axis_index(names) * d)

@@ -20,6 +20,8 @@ from ._errors import DropmaskValueError, MissingKeyError
 from ._rnn import (
     FLAX_RECURRENT_KERNELS,
     carry_rates,
+    check_carry,
+    check_rnn_args,
     drop_recurrent_kernels,
     masked_rnn,
     regularized_step,
@@ -145,6 +147,7 @@ class MaskedRNN(nn.Module):
         reverse = self.reverse if reverse is None else reverse
         keep_order = self.keep_order if keep_order is None else keep_order
         return_carry = self.return_carry if return_carry is None else return_carry
+        check_rnn_args(inputs, mask, lengths, initial_carry, init_key, fn=fn)
         mask_arr, lengths_arr, batch, _ = resolve_mask(inputs, mask, lengths, fn=fn)
         zoneout_rates = carry_rates(self.zoneout, fn=fn)
         check_rate(self.weight_dropout, fn=fn, name="weight_dropout")
@@ -162,6 +165,7 @@ class MaskedRNN(nn.Module):
         if initial_carry is None:
             key = jax.random.key(0) if init_key is None else init_key
             initial_carry = self.cell.initialize_carry(key, step_shape)  # type: ignore[attr-defined]
+        check_carry(initial_carry, batch, fn=fn)
         if self.is_initializing():
             self.cell(initial_carry, jnp.zeros(step_shape, x.dtype))
         cell, variables = self.cell.unbind()
@@ -272,6 +276,15 @@ class Bidirectional(nn.Module):
           outputs)`` with ``return_carry``.
         """
         return_carry = self.return_carry if return_carry is None else return_carry
+        check_rnn_args(
+            inputs,
+            mask,
+            lengths,
+            initial_carry,
+            init_key,
+            fn="dropmask.linen.Bidirectional",
+            pair=True,
+        )
         forward_carry, backward_carry = initial_carry or (None, None)
         keys = (None, None) if init_key is None else tuple(jax.random.split(init_key))
         rngs = (None, None) if rng is None else tuple(jax.random.fold_in(rng, i) for i in (0, 1))

@@ -21,6 +21,8 @@ from ._errors import DropmaskTypeError, MissingKeyError
 from ._rnn import (
     FLAX_RECURRENT_KERNELS,
     carry_rates,
+    check_carry,
+    check_rnn_args,
     drop_recurrent_kernels,
     masked_rnn,
     regularized_step,
@@ -206,6 +208,7 @@ class MaskedRNN(nnx.Module):
         keep_order = self.keep_order if keep_order is None else keep_order
         return_carry = self.return_carry if return_carry is None else return_carry
         det = bool(self.deterministic if deterministic is None else deterministic)
+        check_rnn_args(inputs, mask, lengths, initial_carry, None, fn=fn)
         mask_arr, lengths_arr, batch, _ = resolve_mask(inputs, mask, lengths, fn=fn)
         zoneout_rates = carry_rates(self.zoneout, fn=fn)
         x = jnp.asarray(inputs)
@@ -216,6 +219,7 @@ class MaskedRNN(nnx.Module):
                 initial_carry = self.cell.initialize_carry(shape, rngs=nnx.Rngs(carry=0))
             else:
                 initial_carry = self.cell.initialize_carry(shape)  # type: ignore[attr-defined]
+        check_carry(initial_carry, batch, fn=fn)
         keys = _stream_keys(self.cell)
         graphdef, state = nnx.split(self.cell)
         drops = _dropout.needs_key(self.weight_dropout, det, fn=fn)
@@ -311,6 +315,9 @@ class Bidirectional(nnx.Module):
           outputs)`` with ``return_carry``.
         """
         return_carry = self.return_carry if return_carry is None else return_carry
+        check_rnn_args(
+            inputs, mask, lengths, initial_carry, None, fn="dropmask.nnx.Bidirectional", pair=True
+        )
         forward_carry, backward_carry = initial_carry or (None, None)
         keys = (None, None) if rngs is None else tuple(jax.random.fold_in(rngs, i) for i in (0, 1))
         carry_f, out_f = self.forward_rnn(

@@ -20,9 +20,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._checks import check_bool_mask, check_floating, check_key, check_rate, concrete_value
+from ._checks import (
+    check_bool_mask,
+    check_floating,
+    check_key,
+    check_lengths,
+    check_rate,
+    concrete_value,
+)
 from ._dropout import apply_dropout
-from ._errors import DropmaskValueError, MaskShapeError, RateError
+from ._errors import DropmaskTypeError, DropmaskValueError, MaskShapeError, RateError
 from ._masks import as_array, sequence_mask
 from ._random import keep_mask
 from ._scan import flip_sequences, masked_scan
@@ -31,6 +38,8 @@ __all__ = [
     "FLAX_RECURRENT_KERNELS",
     "apply_zoneout",
     "carry_rates",
+    "check_carry",
+    "check_rnn_args",
     "drop_recurrent_kernels",
     "leaf_rates",
     "masked_rnn",
@@ -76,7 +85,7 @@ def resolve_mask(
             raise MaskShapeError(
                 f"{fn}: lengths must be [batch] = {(batch,)}, got shape {jnp.shape(lengths)}."
             )
-        mask_arr = sequence_mask(lengths, steps)
+        mask_arr = sequence_mask(check_lengths(lengths, steps, fn=fn), steps)
         return mask_arr, jnp.sum(mask_arr, axis=-1, dtype=jnp.int32), batch, steps
     if mask is None:
         return jnp.ones((batch, steps), bool), jnp.full((batch,), steps, jnp.int32), batch, steps
@@ -87,6 +96,43 @@ def resolve_mask(
             f"{mask_arr.shape}. Build one from lengths with dropmask.sequence_mask."
         )
     return mask_arr, jnp.sum(mask_arr, axis=-1, dtype=jnp.int32), batch, steps
+
+
+def check_rnn_args(
+    inputs: Any,
+    mask: Any,
+    lengths: Any,
+    initial_carry: Any,
+    init_key: Any,
+    *,
+    fn: str,
+    pair: bool = False,
+) -> None:
+    """Validates a recurrent layer's call arguments, naming the layer the user called.
+
+    ``pair``: ``initial_carry`` is a ``(forward, backward)`` pair (``Bidirectional``).
+    """
+    resolve_mask(inputs, mask, lengths, fn=fn)
+    if init_key is not None:
+        check_key(init_key, fn=fn, name="init_key")
+    if pair and initial_carry is not None:
+        if not isinstance(initial_carry, tuple | list) or len(initial_carry) != 2:
+            raise DropmaskTypeError(
+                f"{fn}: initial_carry must be a (forward, backward) pair of carries, got "
+                f"{type(initial_carry).__name__}. Pass (forward_carry, backward_carry), or "
+                f"None for the cells' initial carries."
+            )
+
+
+def check_carry(carry: Any, batch: int, *, fn: str) -> None:
+    """Raises unless every leaf of ``carry`` starts with the batch axis."""
+    for leaf in jax.tree.leaves(carry):
+        if jnp.ndim(leaf) < 1 or jnp.shape(leaf)[0] != batch:
+            raise MaskShapeError(
+                f"{fn}: initial_carry leaves must be [batch, ...] with batch {batch}, got a "
+                f"leaf of shape {jnp.shape(leaf)}. inputs must be [batch, time, *features] "
+                f"(x[..., None] adds a feature axis), and a given initial_carry batched."
+            )
 
 
 def masked_rnn(

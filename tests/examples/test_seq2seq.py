@@ -134,3 +134,11 @@ def test_tiny_run_trains_with_each_recurrent_regularizer(config, data, tmp_path,
     run = run_training(train.example, regularized, tmp_path, devices=1, progress=False)
     first, last = np.mean(run.losses[:4]), np.mean(run.losses[-4:])
     assert last < 0.8 * first, (first, last)
+
+
+@pytest.mark.parametrize("name", ["embed_dim", "hidden"])
+def test_a_width_below_one_is_named_before_any_model(config, name):
+    bad = config.copy_and_resolve_references()
+    bad[name] = 0
+    with pytest.raises(DataError, match=rf"config\.{name} must be a width >= 1.*--config\.{name}"):
+        input_pipeline.load(bad)

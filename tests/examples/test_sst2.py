@@ -54,6 +54,9 @@ def test_tsv_loader_reads_glue_layout_and_names_bad_lines(config, tmp_path):
     _write(tmp_path / "dev.tsv", "text\tlabel\nfine\t1\n")
     with pytest.raises(DataError, match=r"dev\.tsv:1: expected the header"):
         input_pipeline.load(glue)
+    (tmp_path / "dev.tsv").write_bytes(b"sentence\tlabel\nfine\t1\ncaf\xe9 au lait\t1\n")
+    with pytest.raises(DataError, match=r"dev\.tsv:3: byte 25 \(0xe9\) is not UTF-8.*iconv"):
+        input_pipeline.load(glue)
     glue.data_dir = str(tmp_path / "missing")
     with pytest.raises(DataError, match="not a directory.*SST-2"):
         input_pipeline.load(glue)
@@ -123,3 +126,11 @@ def test_predict_gives_deterministic_logits_and_keyed_samples(config, data, stat
     assert three.shape == (3, len(data.dev), 2)
     np.testing.assert_allclose(two, three[:2], rtol=1e-6, atol=1e-6)
     assert not np.allclose(three[0], three[1])
+
+
+@pytest.mark.parametrize("name", ["embed_dim", "hidden"])
+def test_a_width_below_one_is_named_before_any_model(config, name):
+    bad = config.copy_and_resolve_references()
+    bad[name] = 0
+    with pytest.raises(DataError, match=rf"config\.{name} must be a width >= 1.*--config\.{name}"):
+        input_pipeline.load(bad)

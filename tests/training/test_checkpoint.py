@@ -8,7 +8,14 @@ import optax
 import pytest
 
 from dropmask import DropmaskError
-from dropmask.training import Checkpointer, CheckpointError, TrainState, from_bytes, to_bytes
+from dropmask.training import (
+    Checkpointer,
+    CheckpointError,
+    DamagedCheckpointError,
+    TrainState,
+    from_bytes,
+    to_bytes,
+)
 
 
 class _MLP(nn.Module):
@@ -145,3 +152,168 @@ def test_to_bytes_round_trips_typed_keys(impl):
     state = _state(impl=impl)
     restored = from_bytes(_state(impl=impl, seed=1), to_bytes(state))
     _assert_same(restored, state)
+
+
+# Every way a save can fail to happen raises, naming the step and why.
+
+
+def _w(state: TrainState) -> np.ndarray:
+    return np.asarray(state.params["Dense_0"]["kernel"])
+
+
+def test_saving_an_existing_step_raises_and_overwrite_replaces_it(tmp_path):
+    first, second = _state(seed=0), _state(seed=1)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(5, first, config=CONFIG, data_position={})
+    with pytest.raises(CheckpointError, match=r"step 5 was not saved.*already exists.*overwrite="):
+        ckpt.save(5, second, config=CONFIG, data_position={})
+    np.testing.assert_array_equal(_w(ckpt.restore(second, config=CONFIG)[0]), _w(first))
+    ckpt.save(5, second, config=CONFIG, data_position={}, overwrite=True)
+    np.testing.assert_array_equal(_w(ckpt.restore(first, config=CONFIG)[0]), _w(second))
+    assert ckpt.steps() == [5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["5"]
+    ckpt.close()
+
+
+def test_saving_a_step_older_than_the_latest_raises(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(5, _state(), config=CONFIG, data_position={})
+    with pytest.raises(CheckpointError, match=r"step 3 was not saved.*older than the latest.*5"):
+        ckpt.save(3, _state(), config=CONFIG, data_position={})
+    assert ckpt.steps() == [5]
+    ckpt.close()
+
+
+@pytest.mark.parametrize(
+    ("orbax_save", "match"),
+    [
+        (lambda *a, **k: False, r"step 2 was not saved.*declined.*returned False"),
+        (lambda *a, **k: True, r"step 2 was not saved.*not a complete checkpoint"),
+    ],
+)
+def test_a_save_orbax_declines_or_does_not_finish_raises(tmp_path, monkeypatch, orbax_save, match):
+    ckpt = Checkpointer(tmp_path)
+    monkeypatch.setattr(ckpt._manager, "save", orbax_save)
+    with pytest.raises(CheckpointError, match=match):
+        ckpt.save(2, _state(), config=CONFIG, data_position={})
+    ckpt.close()
+
+
+def test_a_failed_overwrite_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    first = _state(seed=0)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(5, first, config=CONFIG, data_position={})
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ckpt._manager, "save", disk_full)
+    with pytest.raises(CheckpointError, match=r"step 5 was not saved.*No space left on device"):
+        ckpt.save(5, _state(seed=1), config=CONFIG, data_position={}, overwrite=True)
+    monkeypatch.undo()
+    assert ckpt.steps() == [5]
+    np.testing.assert_array_equal(_w(ckpt.restore(_state(seed=1), config=CONFIG)[0]), _w(first))
+    ckpt.close()
+
+
+def test_a_non_finite_state_is_never_saved_unless_allowed(tmp_path):
+    state = _state()
+    bad = state.replace(params={**state.params, "Dense_1": {**state.params["Dense_1"]}})
+    bad.params["Dense_1"]["bias"] = bad.params["Dense_1"]["bias"].at[0].set(jnp.nan)
+    ckpt = Checkpointer(tmp_path)
+    with pytest.raises(
+        CheckpointError, match=r"step 1 was not saved.*\['Dense_1'\]\['bias'\].*NaN or inf"
+    ):
+        ckpt.save(1, bad, config=CONFIG, data_position={})
+    assert ckpt.steps() == []
+    ckpt.save(1, bad, config=CONFIG, data_position={}, allow_nonfinite=True)
+    restored, _ = ckpt.restore(state, config=CONFIG)
+    assert np.isnan(np.asarray(restored.params["Dense_1"]["bias"])[0])
+    ckpt.close()
+
+
+@pytest.mark.parametrize("step", [-1, 1.5, True, "3"])
+def test_save_refuses_a_step_that_is_not_a_count(tmp_path, step):
+    ckpt = Checkpointer(tmp_path)
+    with pytest.raises(DropmaskError, match=r"Checkpointer.save: step must be an int >= 0.*got"):
+        ckpt.save(step, _state(), config=CONFIG, data_position={})
+    ckpt.close()
+
+
+def test_save_refuses_metrics_without_the_best_metric(tmp_path):
+    ckpt = Checkpointer(tmp_path, best_metric="accuracy")
+    with pytest.raises(
+        DropmaskError, match=r"metrics must hold best_metric 'accuracy'.*\['loss'\]"
+    ):
+        ckpt.save(1, _state(), config=CONFIG, data_position={}, metrics={"loss": 0.5})
+    assert ckpt.steps() == []
+    ckpt.close()
+
+
+def _truncate_arrays(step_dir) -> None:
+    for path in (step_dir / "state" / "d").iterdir():
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize(
+    ("damage", "what"),
+    [
+        (lambda d: (d / "record" / "metadata").write_text("{not json"), "record"),
+        (_truncate_arrays, "state"),
+        (lambda d: (d / "state" / "_METADATA").write_text("{not json"), "state"),
+    ],
+)
+def test_a_damaged_checkpoint_is_reported_by_path_and_set_aside_whole(tmp_path, damage, what):
+    state = _state()
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    for step in (4, 8):
+        ckpt.save(step, state, config=CONFIG, data_position={})
+    ckpt.close()
+    damage(tmp_path / "ckpt" / "8")
+    files = sorted(
+        p.relative_to(tmp_path / "ckpt" / "8") for p in (tmp_path / "ckpt" / "8").rglob("*")
+    )
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    path = tmp_path / "ckpt" / "8"
+    with pytest.raises(
+        DamagedCheckpointError, match=rf"checkpoint 8 at {path} is damaged: its {what}"
+    ):
+        ckpt.restore(_state(seed=1), config=CONFIG)
+    moved = ckpt.set_aside(8, tmp_path / "damaged")
+    assert moved == tmp_path / "damaged" / "8"
+    assert sorted(p.relative_to(moved) for p in moved.rglob("*")) == files  # nothing deleted
+    assert ckpt.steps() == [4]
+    restored, record = ckpt.restore(_state(seed=1), config=CONFIG)
+    assert record["step"] == 4
+    _assert_same(restored, state)
+    ckpt.close()
+
+
+@pytest.mark.parametrize(
+    ("encoded", "match"),
+    [
+        (b"not msgpack at all", r"from_bytes: encoded must be bytes written by .*to_bytes"),
+        (b"", r"from_bytes: encoded must be bytes written by .*to_bytes, got 0 bytes"),
+        (to_bytes({"w": jnp.ones(3)}), r"must hold target's structure.*\['w'\]"),
+        (
+            lambda: to_bytes(_state(width=4)),
+            r"params/Dense_0/kernel is float32\(4, 2\) there and float32\(8, 2\)",
+        ),
+    ],
+)
+def test_from_bytes_refuses_what_to_bytes_did_not_write_for_this_target(encoded, match):
+    encoded = encoded() if callable(encoded) else encoded
+    with pytest.raises(DropmaskError, match=match) as info:
+        from_bytes(_state(), encoded)
+    assert "msgpack" not in str(info.value) and "unpack" not in str(info.value)
+    with pytest.raises(DropmaskError, match="from_bytes: encoded must be bytes.*'rb'"):
+        from_bytes(_state(), "text")
+
+
+def test_a_directory_that_is_a_file_is_refused(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for directory in (afile, afile / "ckpt"):
+        with pytest.raises(DropmaskError, match=rf"Checkpointer: directory must be.*{afile} is a"):
+            Checkpointer(directory)

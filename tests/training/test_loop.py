@@ -1,5 +1,6 @@
 """The shared loop: exact resume, atomic saves under a kill, devices, workdir outputs."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -7,12 +8,22 @@ import subprocess
 import sys
 import textwrap
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from digits_tiny import ROOT, digits_example, tiny_config
 
-from dropmask.training import Checkpointer, CheckpointError, compare_rates, train
+from dropmask import DropmaskError
+from dropmask.training import (
+    Checkpointer,
+    CheckpointError,
+    NonFiniteLossError,
+    compare_rates,
+    train,
+)
 from dropmask.training._logging import read_metrics
+from dropmask.training._loop import checkpoint_steps
 
 # Measured on 8 fake CPU devices against 1 (tiny digits config, 12 steps): the largest
 # per-step loss difference is 2.4e-7 (1.0e-7 relative), from the order of the
@@ -200,3 +211,107 @@ def test_comparison_curves_match_seeds_by_step():
     steps, values = seed_curves(curves)
     assert steps == [500, 1000, 1500]
     np.testing.assert_array_equal(values, [[0.6, 0.8, 0.9], [0.5, 0.7, 0.95]])
+
+
+def _with_train_step(example, change):
+    """``example`` whose train step's outputs pass through ``change(state, new, metrics)``."""
+
+    def train_step(state, batch):
+        new, metrics = example.train_step(state, batch)
+        return change(state, new, metrics)
+
+    return dataclasses.replace(example, train_step=train_step)
+
+
+def _nan_loss_at_step_6(state, new, metrics):
+    return new, {**metrics, "loss": jnp.where(state.step == 5, jnp.nan, metrics["loss"])}
+
+
+def test_resume_past_config_steps_says_so_and_changes_nothing(example, reference):
+    before = {p: p.read_bytes() for p in reference.workdir.rglob("*") if p.is_file()}
+    config = tiny_config()
+    config.steps = 8
+    with pytest.raises(
+        CheckpointError, match=r"latest checkpoint .* is step 12, past config.steps=8; nothing"
+    ):
+        train(example, config, reference.workdir, devices=1, progress=False, resume=True)
+    after = {p: p.read_bytes() for p in reference.workdir.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_a_nonfinite_loss_stops_the_run_at_that_step(example, tmp_path):
+    nan_example = _with_train_step(example, _nan_loss_at_step_6)
+    with pytest.raises(
+        NonFiniteLossError, match=r"loss is nan at step 6.*checkpoint is step 4"
+    ) as e:
+        train(nan_example, tiny_config(), tmp_path / "a", devices=1, progress=False)
+    assert e.value.step == 6
+    assert checkpoint_steps(tmp_path / "a") == [4]
+    # Allowed (e.g. a step that skips non-finite updates): the run trains on.
+    config = tiny_config()
+    config.allow_nonfinite_loss = True
+    result = train(nan_example, config, tmp_path / "b", devices=1, progress=False)
+    assert np.isnan(result.losses[5]) and np.isfinite(result.losses[6:]).all()
+    assert checkpoint_steps(tmp_path / "b")[-1] == 12
+
+
+def test_a_nonfinite_state_is_never_saved(example, tmp_path):
+    def nan_params_at_step_6(state, new, metrics):
+        params = jax.tree.map(lambda p: jnp.where(state.step >= 5, jnp.nan, p), new.params)
+        return new.replace(params=params), metrics
+
+    config = tiny_config()
+    config.allow_nonfinite_loss = True
+    with pytest.raises(CheckpointError, match=r"step 8 was not saved.*NaN or inf"):
+        train(
+            _with_train_step(example, nan_params_at_step_6),
+            config,
+            tmp_path,
+            devices=1,
+            progress=False,
+        )
+    assert checkpoint_steps(tmp_path) == [4]
+
+
+def test_a_damaged_latest_checkpoint_is_set_aside_and_the_previous_resumes(
+    example, reference, tmp_path, capsys
+):
+    config = tiny_config()
+    config.steps = 8
+    train(example, config, tmp_path, devices=1, progress=False)
+    for path in (tmp_path / "checkpoints" / "8" / "state" / "d").iterdir():
+        path.write_bytes(path.read_bytes()[:10])
+    capsys.readouterr()
+    resumed = train(example, tiny_config(), tmp_path, devices=1, progress=False, resume=True)
+    note = capsys.readouterr().err
+    assert f"checkpoint 8 at {tmp_path / 'checkpoints' / '8'} is damaged" in note
+    assert "resumed from checkpoint 4" in note and len(note.strip().splitlines()) == 1
+    assert resumed.start_step == 4
+    assert resumed.losses == reference.losses[4:]  # exact: the lost steps are re-run
+    assert (tmp_path / "damaged_checkpoints" / "8" / "state").is_dir()
+    assert checkpoint_steps(tmp_path)[-1] == 12
+
+
+def test_a_workdir_that_is_a_file_or_not_writable_is_refused(example, tmp_path, monkeypatch):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for workdir, match in [(afile, "is a file"), (afile / "run", f"{afile} is a file")]:
+        with pytest.raises(
+            DropmaskError, match=rf"workdir must be a directory.*{match}.*--workdir"
+        ):
+            train(example, tiny_config(), workdir, devices=1, progress=False)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    with pytest.raises(DropmaskError, match=rf"workdir must be writable.*{tmp_path}.*--workdir"):
+        train(example, tiny_config(), tmp_path / "run", devices=1, progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_metrics_log_drops_a_partly_written_last_row_and_names_a_bad_line(tmp_path):
+    from dropmask.training import DataError
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "split": "train"}\n{"step": 2, "spl')  # killed mid-write
+    assert read_metrics(path) == [{"step": 1, "split": "train"}]
+    path.write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(DataError, match=rf"{path}:2: expected a JSON row.*'not json'.*Fix or"):
+        read_metrics(path)

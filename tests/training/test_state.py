@@ -224,3 +224,10 @@ def test_rngs_errors(state):
         state.rngs()
     with pytest.raises(DropmaskError, match="must be a str"):
         state.rngs("dropout", 3)
+
+
+@pytest.mark.parametrize("name", ["", " "])
+def test_an_empty_stream_name_is_refused(state, name):
+    for call in (lambda: state.rngs("dropout", name), lambda: state.step_key(name)):
+        with pytest.raises(DropmaskError, match=r"stream_id: name must be a non-empty.*'dropout'"):
+            call()

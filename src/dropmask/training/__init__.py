@@ -16,7 +16,9 @@ devices and processes; ``dropmask train NAME`` is the command over them.
 
 from ._checkpoint import Checkpointer as Checkpointer
 from ._errors import CheckpointError as CheckpointError
+from ._errors import DamagedCheckpointError as DamagedCheckpointError
 from ._errors import DataError as DataError
+from ._errors import NonFiniteLossError as NonFiniteLossError
 from ._example import Example as Example
 from ._example import base_config as base_config
 from ._keys import step_key as step_key
@@ -37,8 +39,10 @@ from ._state import TrainState as TrainState
 __all__ = [
     "CheckpointError",
     "Checkpointer",
+    "DamagedCheckpointError",
     "DataError",
     "Example",
+    "NonFiniteLossError",
     "RunResult",
     "TrainState",
     "base_config",

@@ -6,6 +6,14 @@ dtype, the config, the data pipeline's position and the eval metrics. Orbax writ
 step into a temporary directory and renames it only once complete, so a run killed
 mid-save leaves the previous checkpoints as they were; the partial directory is
 ignored and cleaned up by the next run.
+
+A save either writes its step or raises, naming the step and why: orbax on its own
+declines some saves by returning ``False`` (a step that exists, a step older than
+the latest, its save-interval policy), which would let a caller believe a state is
+saved that is not. Here those cases are checked first and orbax is told to write
+(``force=True``), its return value is checked, and the step's directory must exist
+once the write has finished. A checkpoint that cannot be read back raises
+:class:`DamagedCheckpointError` naming its path.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,16 +32,26 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
 from .._errors import DropmaskValueError
-from ._errors import CheckpointError
+from ._errors import CheckpointError, DamagedCheckpointError
 from ._serialization import keys_from_data, keys_to_data
+from ._serialization import leaf_dtype as _dtype
 
 __all__ = ["Checkpointer"]
 
-# Config entries that only say how long or how often a run does things, or how it is
-# evaluated (mc_samples); resuming with other values is how a run is extended or
-# re-evaluated, so they are not compared on restore.
+# Config entries that only say how long or how often a run does things, how it is
+# evaluated (mc_samples) or how it reacts to a non-finite loss; resuming with other
+# values is how a run is extended, re-evaluated or let past a bad batch, so they are
+# not compared on restore.
 RUN_LENGTH_KEYS = frozenset(
-    {"steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "mc_samples"}
+    {
+        "steps",
+        "log_every",
+        "eval_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "mc_samples",
+        "allow_nonfinite_loss",
+    }
 )
 
 
@@ -40,9 +60,58 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def _dtype(leaf: Any) -> np.dtype:
-    """A leaf's dtype, for arrays and Python scalars alike."""
-    return np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.result_type(leaf)
+def _first_line(error: BaseException, limit: int = 160) -> str:
+    """An exception as one short line: its type and the start of its message."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _nonfinite_paths(tree: Any) -> list[str]:
+    """Paths of the floating leaves of ``tree`` that hold a NaN or an infinity."""
+    paths_leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    floating = [
+        (jax.tree_util.keystr(path), leaf)
+        for path, leaf in paths_leaves
+        if np.issubdtype(_dtype(leaf), np.inexact)
+    ]
+    # One reduction per leaf, fetched together: a single sync with the devices.
+    finite = jax.device_get([jax.numpy.isfinite(leaf).all() for _, leaf in floating])
+    return [path for (path, _), ok in zip(floating, finite, strict=True) if not ok]
+
+
+def _drop_closed_loop_reports() -> None:
+    """Silences the reads a failed restore leaves in flight (installed once, before reads).
+
+    Orbax runs a restore on a fresh event loop and closes it as soon as one read
+    fails; TensorStore then completes the other reads on its own threads and hands
+    each "Event loop is closed" to ``sys.unraisablehook``, which would print bare
+    tracebacks after the damaged checkpoint was already reported. Only that exact
+    report is dropped; every other goes to the previous hook.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_loop_reports", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if (
+            unraisable.object is None
+            and unraisable.exc_type is RuntimeError
+            and str(unraisable.exc_value) == "Event loop is closed"
+        ):
+            return
+        previous(unraisable)
+
+    hook.drops_closed_loop_reports = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+def _sync(name: str) -> None:
+    """Waits for every process (a no-op in a single-process run)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 def _leaf_records(tree: Any) -> list[tuple[str, list[int], str]]:
@@ -64,7 +133,8 @@ class Checkpointer:
       best_mode: ``'max'`` (e.g. accuracy) or ``'min'`` (e.g. loss).
 
     Raises:
-      DropmaskValueError: ``keep < 1`` or ``best_mode`` is not ``'max'``/``'min'``.
+      DropmaskValueError: ``keep < 1``, ``best_mode`` is not ``'max'``/``'min'``, or
+        ``directory`` (or a parent) is a file.
 
     Example:
       >>> import tempfile, jax, jax.numpy as jnp
@@ -93,6 +163,12 @@ class Checkpointer:
         if best_mode not in ("max", "min"):
             raise DropmaskValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}.")
         self.directory = pathlib.Path(directory).absolute()
+        existing = next(p for p in (self.directory, *self.directory.parents) if p.exists())
+        if not existing.is_dir():
+            raise DropmaskValueError(
+                f"Checkpointer: directory must be a directory, but {existing} is a file. "
+                f"Pass a directory path (it is created on the first save)."
+            )
         self.best_metric = best_metric
         self.best_mode = best_mode
         policies: list[Any] = [checkpoint_managers.LatestN(n=keep)]
@@ -131,8 +207,13 @@ class Checkpointer:
         config: Mapping[str, Any],
         data_position: Mapping[str, Any],
         metrics: Mapping[str, float] | None = None,
+        overwrite: bool = False,
+        allow_nonfinite: bool = False,
     ) -> None:
         """Writes ``state`` as checkpoint ``step`` (atomically) and prunes old ones.
+
+        Returns only once the checkpoint is complete on disk; a save that does not
+        happen raises, naming the step and why.
 
         Args:
           step: the number of train steps the state has taken.
@@ -140,38 +221,159 @@ class Checkpointer:
           config: the run's config as a JSON-friendly mapping.
           data_position: where the data pipeline is at ``step`` (checked on restore).
           metrics: eval metrics at ``step``; needed for ``best_metric`` to count it.
+          overwrite: replace checkpoint ``step`` if it exists. The old one is moved
+            aside and deleted only once the new one is complete.
+          allow_nonfinite: save a state whose floating leaves hold NaN or inf (e.g.
+            a running minimum that starts at inf); by default such a state is refused.
+
+        Raises:
+          CheckpointError: nothing was saved because checkpoint ``step`` exists and
+            ``overwrite`` is False, a newer checkpoint exists, the state holds NaN or
+            inf, or orbax declined, failed or did not finish the write.
+          DropmaskValueError: ``step`` is not an int >= 0, or ``metrics`` lacks
+            ``best_metric``.
         """
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+            raise DropmaskValueError(
+                f"Checkpointer.save: step must be an int >= 0 (train steps taken), got "
+                f"{step!r}. Pass e.g. int(state.step)."
+            )
+        step = int(step)
+        if self.best_metric is not None and metrics is not None and self.best_metric not in metrics:
+            raise DropmaskValueError(
+                f"Checkpointer.save: metrics must hold best_metric {self.best_metric!r}, got "
+                f"{sorted(metrics)}. Pass the eval metrics, or metrics=None to save a "
+                f"checkpoint that does not compete for best."
+            )
+        not_saved = f"Checkpointer.save: step {step} was not saved in {self.directory}"
+        steps = self.steps()
+        if step in steps and not overwrite:
+            raise CheckpointError(
+                f"{not_saved}: a checkpoint of step {step} already exists. Pass "
+                f"overwrite=True to replace it, or save under another step."
+            )
+        if step not in steps and steps and steps[-1] > step:
+            raise CheckpointError(
+                f"{not_saved}: it is older than the latest checkpoint, step {steps[-1]}, and "
+                f"checkpoints only move forward (keeping the latest would delete it at "
+                f"once). Save it in another directory, or save a step after {steps[-1]}."
+            )
         data, impls = keys_to_data(state)
-        leaves = jax.tree.leaves(data)
+        if not allow_nonfinite:
+            bad = _nonfinite_paths(data)
+            if bad:
+                more = f" (and {len(bad) - 1} more leaves)" if len(bad) > 1 else ""
+                raise CheckpointError(
+                    f"{not_saved}: the state's leaf {bad[0]}{more} holds NaN or inf, and a "
+                    f"non-finite state is never saved. Resume from the last checkpoint with "
+                    f"a lower learning rate, or pass allow_nonfinite=True if the state "
+                    f"holds inf on purpose."
+                )
         record = {
-            "step": int(step),
+            "step": step,
             "key_impls": impls,
             "leaves": _leaf_records(data),
             "config": _plain(dict(config)),
             "data_position": _plain(dict(data_position)),
             "metrics": _plain(dict(metrics)) if metrics is not None else None,
         }
-        items = {f"leaf{i:05d}": leaf for i, leaf in enumerate(leaves)}
-        self._manager.save(
-            int(step),
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(items), record=ocp.args.JsonSave(record)
-            ),
-            metrics=dict(metrics) if metrics is not None else None,
-        )
-        self._manager.wait_until_finished()
+        items = {f"leaf{i:05d}": leaf for i, leaf in enumerate(jax.tree.leaves(data))}
+        replaced = self._move_aside(step) if step in steps else None
+        try:
+            # force=True: the checks above decide; orbax's own policy would decline
+            # a step that is not after its latest by returning False.
+            written = self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(items), record=ocp.args.JsonSave(record)
+                ),
+                metrics=dict(metrics) if metrics is not None else None,
+                force=True,
+            )
+            self._manager.wait_until_finished()
+        except Exception as error:
+            self._put_back(replaced, step)
+            raise CheckpointError(
+                f"{not_saved}: orbax failed to write it ({_first_line(error)}). Check the "
+                f"directory's space and permissions, then save again."
+            ) from error
+        if not written:
+            self._put_back(replaced, step)
+            raise CheckpointError(
+                f"{not_saved}: orbax declined the save (CheckpointManager.save returned "
+                f"False). Save again, or report this with the orbax-checkpoint version."
+            )
+        if not (self.directory / str(step)).is_dir() or step not in self.steps():
+            raise CheckpointError(
+                f"{not_saved}: orbax reported it written, but {self.directory / str(step)} "
+                f"is not a complete checkpoint (the write did not finish, or the "
+                f"retention policy removed it). Save again, or report this."
+            )
+        if replaced is not None and jax.process_index() == 0:
+            shutil.rmtree(replaced)
+
+    def set_aside(self, step: int, destination: str | os.PathLike[str]) -> pathlib.Path:
+        """Moves checkpoint ``step`` out of the managed directory, keeping its files.
+
+        For a damaged checkpoint, so that a run can resume from an earlier one and
+        save this step again; nothing is deleted.
+
+        Args:
+          step: a step in :meth:`steps`.
+          destination: a directory; the checkpoint becomes ``destination/STEP``
+            (``STEP-1``, ``STEP-2``, ... when that exists).
+
+        Returns:
+          The checkpoint's new path.
+
+        Raises:
+          CheckpointError: there is no checkpoint ``step``.
+        """
+        step = self._require(step)
+        destination = pathlib.Path(destination).absolute()
+        target, n = destination / str(step), 0
+        while target.exists():
+            n += 1
+            target = destination / f"{step}-{n}"
+        if jax.process_index() == 0:
+            destination.mkdir(parents=True, exist_ok=True)
+            os.replace(self.directory / str(step), target)
+        _sync(f"dropmask-set-aside-{step}")
+        self._manager.reload()
+        return target
+
+    def _move_aside(self, step: int) -> pathlib.Path:
+        """Renames checkpoint ``step`` to a name orbax does not read as a step."""
+        aside = self.directory / f"replaced-{step}"
+        if jax.process_index() == 0:
+            if aside.exists():
+                shutil.rmtree(aside)
+            os.replace(self.directory / str(step), aside)
+        _sync(f"dropmask-replace-{step}")
+        self._manager.reload()
+        return aside
+
+    def _put_back(self, aside: pathlib.Path | None, step: int) -> None:
+        """Undoes :meth:`_move_aside` after a failed save, so that nothing is lost."""
+        if aside is None:
+            return
+        if jax.process_index() == 0 and not (self.directory / str(step)).exists():
+            os.replace(aside, self.directory / str(step))
+        _sync(f"dropmask-put-back-{step}")
+        self._manager.reload()
 
     def record(self, step: int | None = None) -> dict[str, Any]:
         """The JSON record of checkpoint ``step`` (default: the latest).
 
         Raises:
           CheckpointError: there is no such checkpoint.
+          DamagedCheckpointError: its record cannot be read.
         """
         step = self._require(step)
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(record=ocp.args.JsonRestore())
-        )
-        return dict(restored["record"])
+        restored = self._read(step, "record", ocp.args.JsonRestore())
+        if not isinstance(restored, Mapping) or not {"step", "config", "leaves"} <= set(restored):
+            raise self._damaged(step, f"its record is not a checkpoint record: {restored!r:.80}")
+        return dict(restored)
 
     def check_config(self, config: Mapping[str, Any], step: int | None = None) -> dict[str, Any]:
         """Checks ``config`` against checkpoint ``step`` (default: the latest); returns its record.
@@ -225,6 +427,8 @@ class Checkpointer:
         Raises:
           CheckpointError: no checkpoint, or it was saved from another config, model
             shape, key impl or data pipeline; the message names the mismatch.
+          DamagedCheckpointError: its files cannot be read back (truncated, corrupt
+            or missing); the message names its path.
         """
         step = self._require(step)
         record = self.record(step)
@@ -239,9 +443,7 @@ class Checkpointer:
             )
             for i, leaf in enumerate(leaves)
         }
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
-        )["state"]
+        restored = self._read(step, "state", ocp.args.StandardRestore(abstract))
         values = [restored[f"leaf{i:05d}"] for i in range(len(leaves))]
         state = keys_from_data(jax.tree.unflatten(treedef, values), impls)
         if data_position is not None and _plain(dict(data_position)) != record["data_position"]:
@@ -255,6 +457,26 @@ class Checkpointer:
     def close(self) -> None:
         """Waits for pending writes and releases orbax's resources."""
         self._manager.close()
+
+    def _read(self, step: int, item: str, args: Any) -> Any:
+        """One item of checkpoint ``step``; any failure to read it means it is damaged."""
+        _drop_closed_loop_reports()
+        try:
+            return self._manager.restore(step, args=ocp.args.Composite(**{item: args}))[item]
+        except Exception as error:
+            raise self._damaged(
+                step, f"its {item} cannot be read ({_first_line(error)})"
+            ) from error
+
+    def _damaged(self, step: int, why: str) -> DamagedCheckpointError:
+        path = self.directory / str(step)
+        return DamagedCheckpointError(
+            f"checkpoint {step} at {path} is damaged: {why}. Restore an earlier step "
+            f"(dropmask train --resume does, and keeps this one aside)",
+            step=step,
+            path=path,
+            why=why,
+        )
 
     def _require(self, step: int | None) -> int:
         steps = self.steps()

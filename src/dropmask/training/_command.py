@@ -10,7 +10,9 @@ import argparse
 import importlib
 import os
 import pathlib
+import shlex
 import sys
+import traceback
 from typing import Any
 
 from .._errors import DropmaskError, DropmaskValueError
@@ -106,7 +108,10 @@ def run(args: argparse.Namespace) -> int:
     """Runs ``dropmask train``; returns the exit status.
 
     Bad flags, an unknown example or config entry exit with 2, a run that fails on
-    its input (data path, checkpoints) with 1; each prints one line saying why.
+    its input (data path, workdir, checkpoints, a non-finite loss) with 1; each
+    prints one line saying why. Ctrl-C exits with 130 and one line naming the last
+    saved checkpoint and the command that resumes from it. Anything else is a bug:
+    its traceback, then one line asking to report it.
     """
     try:
         example, config, rates = _parse(args)
@@ -116,11 +121,61 @@ def run(args: argparse.Namespace) -> int:
         return _execute(args, example, config, rates)
     except DropmaskError as error:
         return _fail(error, 1)
+    except OSError as error:
+        # A path the run writes or reads failed under it (disk full, permissions).
+        where = f" {error.filename}" if error.filename else ""
+        return _fail(f"cannot use{where}: {error.strerror or error}", 1)
+    except KeyboardInterrupt:
+        print(f"dropmask train: interrupted. {_resume_note(args, rates)}", file=sys.stderr)
+        return 130
+    except Exception:
+        traceback.print_exc()
+        print(
+            "dropmask train: internal error: this is a bug in dropmask, not in your command. "
+            "Please report it with the command and the traceback above.",
+            file=sys.stderr,
+        )
+        return 1
 
 
-def _fail(error: DropmaskError, status: int) -> int:
-    print(f"dropmask train: error: {str(error).rstrip('.')}.", file=sys.stderr)
+def _fail(error: DropmaskError | str, status: int) -> int:
+    # The library's messages name their function ("train: ..."); the command has
+    # already said it is dropmask train.
+    text = str(error).removeprefix("train: ").rstrip(".")
+    print(f"dropmask train: error: {text}.", file=sys.stderr)
     return status
+
+
+def _workdir(args: argparse.Namespace) -> pathlib.Path:
+    return pathlib.Path(args.workdir or pathlib.Path("runs", args.example))
+
+
+def _resume_note(args: argparse.Namespace, rates: list[float] | None) -> str:
+    """The last saved step(s) and the exact command that resumes from them."""
+    from ._loop import checkpoint_steps
+
+    workdir = _workdir(args)
+    if rates is None:
+        runs = {"": checkpoint_steps(workdir)}
+    else:
+        runs = {
+            f"{path.parent.name}/{path.name}: ": checkpoint_steps(path)
+            for path in sorted(workdir.glob("rate_*/seed_*"))
+        }
+    saved = [f"{name}step {steps[-1]}" for name, steps in runs.items() if steps]
+    if not saved:
+        return f"No checkpoint was saved in {workdir}; run the same command again to start over."
+    command = ["dropmask", "train", args.example, f"--workdir={workdir}"]
+    for name in ("steps", "rate", "seed", "devices", "compare_rates", "num_seeds", "mc_samples"):
+        value = getattr(args, name)
+        if value is not None:
+            command.append(f"--{name.replace('_', '-')}={value}")
+    command += ["--no-progress"] if args.no_progress else []
+    command += [*getattr(args, "extra", []), "--resume"]
+    return (
+        f"The last saved checkpoint is {', '.join(saved)} in {workdir}. Resume with: "
+        f"{shlex.join(command)}"
+    )
 
 
 def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
@@ -135,6 +190,11 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
     if args.mc_samples is not None and args.mc_samples < 0:
         raise DropmaskValueError(
             f"--mc-samples must be >= 0 (0: no Monte Carlo evaluation), got {args.mc_samples}"
+        )
+    if args.workdir is not None and not args.workdir.strip():
+        raise DropmaskValueError(
+            "--workdir must be a directory path, got ''. Pass e.g. --workdir=runs/NAME, or "
+            "leave it out for runs/EXAMPLE"
         )
     rates = _rates(args.compare_rates) if args.compare_rates is not None else None
     for rate in ([] if args.rate is None else [args.rate]) + (rates or []):
@@ -179,7 +239,7 @@ def _execute(args: argparse.Namespace, example: Any, config: Any, rates: list[fl
     from . import _report
     from ._loop import compare_rates, train
 
-    workdir = pathlib.Path(args.workdir or pathlib.Path("runs", args.example))
+    workdir = _workdir(args)
     progress = not args.no_progress
     if rates is None:
         result = train(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +39,13 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def _kind(current: Any) -> str:
+    """What a value of ``current``'s type is called in a message."""
+    if isinstance(current, tuple | list) and current:
+        return f"{type(current).__name__} of {type(current[0]).__name__}"
+    return type(current).__name__
+
+
 def _convert(name: str, current: Any, text: str) -> Any:
     """``text`` as a value of ``current``'s type (tuples from Python literals)."""
     try:
@@ -49,17 +57,29 @@ def _convert(name: str, current: Any, text: str) -> Any:
         if isinstance(current, int):
             return int(text)
         if isinstance(current, float):
-            return float(text)
+            number = float(text)
+            if not math.isfinite(number):
+                raise DropmaskValueError(
+                    f"--config.{name} must be a finite float, got {text} (the current value "
+                    f"is {current!r})"
+                )
+            return number
         if isinstance(current, str):
             return text
         if isinstance(current, tuple | list):
             value = ast.literal_eval(text)
             value = value if isinstance(value, tuple | list) else (value,)
+            kinds = {type(item) for item in current}
+            # (32,) must not become ('a',): the entries keep the current entries' type.
+            if len(kinds) == 1 and not all(type(item) in kinds for item in value):
+                raise ValueError(text)
             return type(current)(value)
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except DropmaskValueError:
+        raise
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         raise DropmaskValueError(
-            f"--config.{name}={text} is not a valid {type(current).__name__} (the current "
+            f"--config.{name}={text} is not a valid {_kind(current)} (the current "
             f"value is {current!r})"
         ) from None
 

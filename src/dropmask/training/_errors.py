@@ -2,14 +2,45 @@
 
 from __future__ import annotations
 
+import pathlib
+
 from .._errors import DropmaskValueError
 
-__all__ = ["CheckpointError", "DataError"]
+__all__ = ["CheckpointError", "DamagedCheckpointError", "DataError", "NonFiniteLossError"]
 
 
 class CheckpointError(DropmaskValueError):
-    """A checkpoint that is missing, or that belongs to another config, model or dataset."""
+    """A checkpoint that is missing, that belongs to another config, model or dataset,
+    or a save that could not happen (the message names the step and why)."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint whose files cannot be read back (truncated, corrupt or missing).
+
+    Attributes:
+      step: the checkpoint's step.
+      path: its directory.
+      why: what could not be read, and the reader's error.
+    """
+
+    def __init__(self, message: str, *, step: int, path: pathlib.Path, why: str) -> None:
+        super().__init__(message)
+        self.step = step
+        self.path = path
+        self.why = why
 
 
 class DataError(DropmaskValueError):
     """A data path that is missing or unreadable, or data a pipeline cannot use."""
+
+
+class NonFiniteLossError(DropmaskValueError):
+    """A train step's loss was NaN or infinite; the run stopped without saving it.
+
+    Attributes:
+      step: the first step (counted from 1) whose loss was not finite.
+    """
+
+    def __init__(self, message: str, *, step: int) -> None:
+        super().__init__(message)
+        self.step = step

@@ -32,9 +32,12 @@ def base_config() -> ml_collections.ConfigDict:
       in total), ``rate`` (the dropout rate that ``--rate`` and ``--compare-rates``
       set), ``log_every`` (steps per ``train`` row of ``metrics.jsonl``),
       ``eval_every`` (steps between evaluations), ``checkpoint_every`` (steps between
-      checkpoints; the last step is always saved) and ``keep_checkpoints`` (how many
-      of the latest to keep, besides the best) and ``mc_samples`` (dropout samples of
-      the Monte Carlo evaluation beside the deterministic one; 0: none).
+      checkpoints; the last step is always saved), ``keep_checkpoints`` (how many
+      of the latest to keep, besides the best), ``mc_samples`` (dropout samples of
+      the Monte Carlo evaluation beside the deterministic one; 0: none) and
+      ``allow_nonfinite_loss`` (False: a NaN or infinite train loss stops the run at
+      that step; True: train on, for steps that skip bad updates such as
+      ``optax.apply_if_finite``; a non-finite state is never saved either way).
 
     Example:
       >>> config = base_config()
@@ -50,6 +53,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.checkpoint_every = 500
     config.keep_checkpoints = 3
     config.mc_samples = 0
+    config.allow_nonfinite_loss = False
     return config
 
 

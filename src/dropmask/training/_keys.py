@@ -44,6 +44,8 @@ def stream_id(name: str) -> int:
 
     Raises:
       DropmaskTypeError: ``name`` is not a string.
+      DropmaskValueError: ``name`` is empty or only whitespace (a typo that would
+        silently be a stream of its own).
 
     Example:
       >>> stream_id("dropout") == stream_id("dropout") != stream_id("lstm")
@@ -51,8 +53,13 @@ def stream_id(name: str) -> int:
     """
     if not isinstance(name, str):
         raise DropmaskTypeError(
-            f"a PRNG stream name must be a str, got {type(name).__name__}: {name!r}. "
+            f"stream_id: name must be a str, got {type(name).__name__}: {name!r}. "
             f"Pass the stream's name, e.g. 'dropout'."
+        )
+    if not name.strip():
+        raise DropmaskValueError(
+            f"stream_id: name must be a non-empty stream name, got {name!r}. Pass the "
+            f"stream your model draws from, e.g. 'dropout'."
         )
     return zlib.crc32(name.encode("utf-8"))
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errors import DropmaskError
+from ._errors import DataError
 
 __all__ = ["MetricsLog", "read_metrics"]
 
@@ -69,7 +70,32 @@ class MetricsLog:
 
 
 def read_metrics(path: pathlib.Path) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl`` file (empty when it does not exist)."""
+    """The rows of a ``metrics.jsonl`` file (empty when it does not exist).
+
+    A last line without its newline is a row a killed run was writing; it is
+    dropped (it is past any checkpoint, so a resumed run writes it again).
+
+    Raises:
+      DataError: another line is not a JSON row with a ``step``; names the line.
+    """
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            raise DataError(
+                f"{path}:{number}: expected a JSON row with a step, got {line[:60]!r}. "
+                f"Fix or delete that line (the metrics log of the run in this workdir)."
+            )
+        rows.append(row)
+    return rows

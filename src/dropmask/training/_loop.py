@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import pathlib
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,7 +23,7 @@ import numpy as np
 from .._errors import DropmaskValueError
 from . import _report, _uncertainty
 from ._checkpoint import Checkpointer
-from ._errors import CheckpointError
+from ._errors import CheckpointError, DamagedCheckpointError, NonFiniteLossError
 from ._example import Example
 from ._logging import MetricsLog, require
 from ._parallel import make_mesh, replicate, shard_batch
@@ -61,16 +64,25 @@ class Schedule:
     eval_every: int
     checkpoint_every: int
     keep_checkpoints: int
+    allow_nonfinite_loss: bool = False
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> Schedule:
         """Reads and validates the entries of :func:`base_config` from ``config``.
 
         Raises:
-          DropmaskValueError: an entry is missing, not an int, or below its minimum.
+          DropmaskValueError: an entry is missing, not an int, or below its minimum,
+            or ``allow_nonfinite_loss`` (optional, False when absent) is not a bool.
         """
-        values = {}
-        for field in dataclasses.fields(cls):
+        values: dict[str, Any] = {}
+        allow = config.get("allow_nonfinite_loss", False)
+        if not isinstance(allow, bool):
+            raise DropmaskValueError(
+                f"config.allow_nonfinite_loss must be a bool, got {allow!r}. Set it with "
+                f"--config.allow_nonfinite_loss=True or False."
+            )
+        values["allow_nonfinite_loss"] = allow
+        for field in dataclasses.fields(cls)[:-1]:
             value = config.get(field.name)
             least = {"seed": None, "checkpoint_every": 0}.get(field.name, 1)
             if (
@@ -100,13 +112,38 @@ def checkpoint_steps(workdir: pathlib.Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def check_workdir(workdir: pathlib.Path, *, resume: bool) -> None:
-    """Refuses to overwrite a run's checkpoints, and to resume a run that has none.
+def check_writable(workdir: pathlib.Path) -> None:
+    """Refuses a workdir that is a file, or that cannot be created or written.
 
     Raises:
+      DropmaskValueError: ``workdir`` (or one of its parents) is not a directory,
+        or the nearest existing one is not writable.
+    """
+    workdir = workdir.absolute()
+    existing = next(p for p in (workdir, *workdir.parents) if p.exists())
+    if not existing.is_dir():
+        what = "is a file" if existing == workdir else f"cannot be created: {existing} is a file"
+        raise DropmaskValueError(
+            f"train: workdir must be a directory, but {workdir} {what}. Pass --workdir a "
+            f"directory path (it is created if missing)."
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DropmaskValueError(
+            f"train: workdir must be writable, but {existing} is not writable by this user. "
+            f"Pass --workdir a directory you can write to."
+        )
+
+
+def check_workdir(workdir: pathlib.Path, *, resume: bool) -> None:
+    """Refuses an unusable workdir, to overwrite a run's checkpoints, and to resume a run
+    that has none.
+
+    Raises:
+      DropmaskValueError: ``workdir`` is a file, or cannot be created or written.
       CheckpointError: ``workdir`` has checkpoints and ``resume`` is False, or it
         has none and ``resume`` is True.
     """
+    check_writable(workdir)
     steps = checkpoint_steps(workdir)
     if steps and not resume:
         raise CheckpointError(
@@ -152,11 +189,20 @@ def train(
     Returns:
       A :class:`RunResult`.
 
+    A damaged latest checkpoint (files that cannot be read back) is moved to
+    ``workdir/damaged_checkpoints/`` with a one-line note on stderr, and the run
+    resumes from the newest complete one: resuming is exact, so the steps in between
+    give the same state again. Nothing is deleted.
+
     Raises:
       CheckpointError: ``workdir`` has checkpoints but ``resume`` is False, or
         ``resume`` is True and there are none, or they belong to another config,
-        model or data pipeline.
-      DropmaskValueError: a bad config entry or device count.
+        model or data pipeline, or the latest is past ``config.steps``, or none is
+        complete.
+      NonFiniteLossError: a step's loss was NaN or infinite (unless
+        ``config.allow_nonfinite_loss``); nothing after the last checkpoint is saved.
+      DropmaskValueError: a bad config entry or device count, or a workdir that is
+        a file or not writable.
     """
     started = time.perf_counter()
     workdir = pathlib.Path(workdir)
@@ -189,7 +235,15 @@ def train(
             state, metrics = example.train_step(state, batch)
             window.append(metrics)
             done = step + 1
-            if done % schedule.log_every == 0 or done == schedule.steps:
+            saving = schedule.saves(done)
+            log_row = done % schedule.log_every == 0 or done == schedule.steps
+            if not schedule.allow_nonfinite_loss and (
+                log_row or saving or done % schedule.eval_every == 0
+            ):
+                # Checked where the loop syncs with the devices anyway, before
+                # anything of these steps is logged, evaluated or saved.
+                _check_finite(jax.device_get(window), done - len(window) + 1, checkpointer)
+            if log_row:
                 host = jax.device_get(window)
                 means = {name: float(np.mean([m[name] for m in host])) for name in host[0]}
                 losses.extend(float(m["loss"]) for m in host)
@@ -198,7 +252,6 @@ def train(
                 log.write(done, "train", means)
                 bar.set_postfix(loss=f"{means['loss']:.4f}", ex_per_s=f"{per_second:,.0f}")
             bar.update(1)
-            saving = schedule.saves(done)
             if saving or done % schedule.eval_every == 0 or done == schedule.steps:
                 final = _evaluate(example, state, config, data, log, done)
             if saving:
@@ -255,21 +308,128 @@ def _start(
             best_mode=example.best_mode,
         )
 
-    start, checkpointer = 0, None
-    if resume:
-        # Refuse another config before loading data or building a model.
-        checkpointer = open_checkpoints()
-        start = int(checkpointer.check_config(config.to_dict())["step"])
-    data = example.load_data(config)
-    # A new run creates its directories only once its data has loaded.
-    checkpointer = checkpointer or open_checkpoints()
-    data_key, params_key, dropout_key = jax.random.split(jax.random.key(schedule.seed), 3)
-    state = replicate(example.create_state(config, data, params_key, dropout_key), mesh)
-    if resume:
-        state, _ = checkpointer.restore(
-            state, config=config.to_dict(), data_position=example.position(config, data, start)
-        )
+    start, checkpointer, damaged = 0, None, []
+    try:
+        if resume:
+            # Refuse another config, or a run already past config.steps, before
+            # loading data or building a model.
+            checkpointer = open_checkpoints()
+            start = _readable_step(checkpointer, config, damaged)
+            if start > schedule.steps:
+                raise CheckpointError(
+                    f"--resume: the latest checkpoint in {checkpointer.directory} is step "
+                    f"{start}, past config.steps={schedule.steps}; nothing was changed. "
+                    f"Pass --steps above {start} to train on, or --steps {start} to "
+                    f"evaluate it."
+                )
+        data = example.load_data(config)
+        # A new run creates its directories only once its data has loaded.
+        checkpointer = checkpointer or open_checkpoints()
+        data_key, params_key, dropout_key = jax.random.split(jax.random.key(schedule.seed), 3)
+        state = replicate(example.create_state(config, data, params_key, dropout_key), mesh)
+        if resume:
+            state, start = _restore_complete(
+                checkpointer, example, config, data, state, start, damaged, workdir
+            )
+    except BaseException:
+        if checkpointer is not None:
+            checkpointer.close()
+        raise
     return checkpointer, data, data_key, state, start
+
+
+def _restore_complete(
+    checkpointer: Checkpointer,
+    example: Example,
+    config: ml_collections.ConfigDict,
+    data: Any,
+    target: Any,
+    start: int,
+    damaged: list[DamagedCheckpointError],
+    workdir: pathlib.Path,
+) -> tuple[Any, int]:
+    """Restores checkpoint ``start``, or the newest complete one before it.
+
+    Each damaged checkpoint is moved to ``workdir/damaged_checkpoints/`` (never
+    deleted) with a one-line note, so that the run can save its step again.
+
+    Returns:
+      ``(state, step)``: the restored state and its step.
+    """
+    while True:
+        try:
+            state, _ = checkpointer.restore(
+                target,
+                config=config.to_dict(),
+                step=start,
+                data_position=example.position(config, data, start),
+            )
+            break
+        except DamagedCheckpointError as error:
+            damaged.append(error)
+            start = _readable_step(checkpointer, config, damaged)
+    for error in damaged:
+        moved = checkpointer.set_aside(error.step, workdir / "damaged_checkpoints")
+        if jax.process_index() == 0:
+            print(
+                f"dropmask: checkpoint {error.step} at {error.path} is damaged: {error.why}; "
+                f"moved it to {moved} and resumed from checkpoint {start}, the newest "
+                f"complete one (resuming is exact: the steps after {start} give the same "
+                f"state again).",
+                file=sys.stderr,
+            )
+    return state, start
+
+
+def _readable_step(
+    checkpointer: Checkpointer,
+    config: ml_collections.ConfigDict,
+    damaged: list[DamagedCheckpointError],
+) -> int:
+    """The newest checkpoint whose record reads and matches ``config``, skipping
+    the ones in ``damaged`` and adding to it those found damaged here.
+
+    Raises:
+      CheckpointError: a readable checkpoint was saved with another config, or no
+        checkpoint is readable (the message names the damaged ones, kept as they are).
+    """
+    skip = {error.step for error in damaged}
+    for step in reversed(checkpointer.steps()):
+        if step in skip:
+            continue
+        try:
+            return int(checkpointer.check_config(config.to_dict(), step)["step"])
+        except DamagedCheckpointError as error:
+            damaged.append(error)
+    steps = ", ".join(str(error.step) for error in damaged)
+    are = "steps {} are" if len(damaged) > 1 else "step {} is"
+    raise CheckpointError(
+        f"--resume found no complete checkpoint in {checkpointer.directory}: "
+        f"{are.format(steps)} damaged (checkpoint {damaged[0].step}: {damaged[0].why}) "
+        f"and kept as they are. Train in another --workdir, without --resume"
+    )
+
+
+def _check_finite(host_metrics: list[Any], first_step: int, checkpointer: Checkpointer) -> None:
+    """Raises at the first of these steps (``first_step``, ...) whose loss is not finite."""
+    for offset, metrics in enumerate(host_metrics):
+        loss = float(metrics["loss"])
+        if not math.isfinite(loss):
+            latest = checkpointer.latest_step()
+            saved = (
+                f"the latest checkpoint is step {latest}"
+                if latest is not None
+                else "no checkpoint was saved"
+            )
+            step = first_step + offset
+            again = "resume with --resume" if latest is not None else "train again"
+            raise NonFiniteLossError(
+                f"train: the loss is {loss} at step {step}, so the run stopped there and "
+                f"saved nothing after it ({saved}). Lower config.learning_rate or check the "
+                f"data, then {again}; to train on past non-finite losses (e.g. with "
+                f"optax.apply_if_finite), set --config.allow_nonfinite_loss=True",
+                step=step,
+            )
 
 
 def _evaluate(

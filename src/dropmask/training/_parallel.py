@@ -56,12 +56,18 @@ def initialize_distributed(
       True when a distributed run was initialised.
 
     Raises:
-      DropmaskValueError: an address is given without both counts, or a count is
-        not an integer in range.
+      DropmaskValueError: an address that is not ``HOST:PORT``, or given without
+        both counts, or a count that is not an integer in range.
     """
     address = coordinator_address or os.environ.get(ENV_COORDINATOR)
     if not address:
         return False
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 2**16:
+        raise DropmaskValueError(
+            f"initialize_distributed: coordinator_address must be HOST:PORT of process 0, got "
+            f"{address!r}. Pass e.g. --coordinator-address=10.0.0.1:1234."
+        )
     count = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
     index = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
     if count is None or index is None:

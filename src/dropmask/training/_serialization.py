@@ -14,8 +14,9 @@ from typing import Any
 import flax.serialization
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .._errors import DropmaskValueError
+from .._errors import DropmaskTypeError, DropmaskValueError
 
 __all__ = ["from_bytes", "keys_from_data", "keys_to_data", "to_bytes"]
 
@@ -101,6 +102,21 @@ def to_bytes(state: Any) -> bytes:
     return flax.serialization.to_bytes(data)
 
 
+def leaf_dtype(leaf: Any) -> np.dtype:
+    """A leaf's dtype, for arrays and Python scalars alike."""
+    return np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.result_type(leaf)
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A Flax state dict as ``{'a/b/c': leaf}``."""
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}/{key}" if prefix else str(key)))
+        return out
+    return {prefix: tree}
+
+
 def from_bytes(target: Any, encoded: bytes) -> Any:
     """Restores :func:`to_bytes` output into the structure of ``target``.
 
@@ -111,7 +127,45 @@ def from_bytes(target: Any, encoded: bytes) -> Any:
 
     Returns:
       A state like ``target`` holding the saved values, keys included.
+
+    Raises:
+      DropmaskTypeError: ``encoded`` is not bytes.
+      DropmaskValueError: ``encoded`` is not :func:`to_bytes` output, or holds
+        another structure, shape or dtype than ``target`` (the message names the leaf).
     """
+    if not isinstance(encoded, bytes | bytearray | memoryview):
+        raise DropmaskTypeError(
+            f"from_bytes: encoded must be bytes from dropmask.training.to_bytes, got "
+            f"{type(encoded).__name__}. Read the file in binary mode ('rb')."
+        )
     data_target, impls = keys_to_data(target)
-    data = flax.serialization.from_bytes(data_target, encoded)
+    try:
+        saved = flax.serialization.msgpack_restore(bytes(encoded))
+    except Exception:
+        saved = None
+    if not isinstance(saved, dict):
+        raise DropmaskValueError(
+            f"from_bytes: encoded must be bytes written by dropmask.training.to_bytes, got "
+            f"{len(encoded)} bytes that do not decode as a saved state. Pass the bytes "
+            f"to_bytes returned, unchanged (a truncated or text-mode copy does not decode)."
+        )
+    want = _flat(flax.serialization.to_state_dict(data_target))
+    have = _flat(saved)
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    if missing or extra:
+        raise DropmaskValueError(
+            f"from_bytes: encoded must hold target's structure, but only the saved state has "
+            f"{extra[:3]} and only target has {missing[:3]}. Restore into a state built "
+            f"from the same model and optimizer."
+        )
+    for path, leaf in want.items():
+        shape, dtype = np.shape(leaf), leaf_dtype(leaf)
+        got = have[path]
+        if np.shape(got) != shape or leaf_dtype(got) != dtype:
+            raise DropmaskValueError(
+                f"from_bytes: encoded must hold target's shapes and dtypes, but {path} is "
+                f"{leaf_dtype(got)}{np.shape(got)} there and {dtype}{shape} in target. "
+                f"Restore into a state built from the same config."
+            )
+    data = flax.serialization.from_state_dict(data_target, saved)
     return keys_from_data(data, impls)
