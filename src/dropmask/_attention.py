@@ -184,12 +184,14 @@ def dot_product_attention(
       Non-finite inputs: a query *taints* when its own ``q``, or a key or value it
       may attend to (mask True and bias not -inf), holds NaN or inf, or one of its
       allowed scores is NaN or +inf (a NaN bias, an overflow). A tainted query's
-      output row is NaN, its ``q`` gets a NaN gradient and it passes none to
-      ``k`` or ``v``. Every other output, and the gradient flowing through it to
-      ``q``, ``k`` and ``v``, equals the result with the offending entries replaced
-      by any finite number; non-finite entries get a zero gradient. The check is a
-      reduction over the key axis of the scores; nothing of size
-      ``[q_len, kv_len, depth]`` is built.
+      output row is NaN, its ``q`` gets a NaN gradient (on its first feature) and
+      it passes none to ``k`` or ``v``. Every other output, and the gradient
+      flowing through it to ``q``, ``k`` and ``v``, equals the result with the
+      offending entries replaced by any finite number; non-finite entries of ``k``
+      and ``v``, and of ``q`` past its first feature, get a zero gradient. The
+      check is a reduction over the key axis of the scores; nothing of size
+      ``[q_len, kv_len, depth]`` is built, and the backward pass keeps one array of
+      the weights' size (the weights).
 
     Raises:
       ValueError: mismatched q/k/v shapes, both ``key`` and ``dropout_rng``, custom
@@ -322,10 +324,7 @@ def dot_product_attention(
         allowed = not_neg_inf if allowed is None else allowed & not_neg_inf
     valid = jnp.ones((1,) * len(logits_shape), bool) if allowed is None else allowed
     weights, tainted = softmax_flagging_nonfinite(
-        logits,
-        jnp.broadcast_to(valid, logits_shape),
-        (len(logits_shape) - 1,),
-        _taint(bad_q, bad_k | bad_v, groups),
+        logits, valid, (len(logits_shape) - 1,), _taint(bad_q, bad_k | bad_v, groups)
     )
     weights = weights.astype(dtype)
     if module is not None:
@@ -475,18 +474,48 @@ def _dense_structure(
 
 
 def _finite_part(x: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
-    """``x`` in ``dtype`` with non-finite entries zeroed; ``bad: bool[*b, length, heads]``.
+    """``x`` in ``dtype`` with non-finite entries zeroed; ``bad: bool[*b, length, heads]``."""
+    return _zeroed(x, dtype), _nonfinite_rows(x, dtype)
+
+
+def _sanitised(x: jax.Array, dtype: Any) -> jax.Array:
+    """``x`` in ``dtype``, non-finite entries (before or after the cast) set to 0.
 
     Zeroed before the cast, so no op passes a NaN along (``jax_debug_nans``); a cast
     can overflow (float32 to float16), so its result is checked too.
     """
-    finite = jnp.isfinite(x)
-    out = jnp.where(finite, x, jnp.zeros((), x.dtype)).astype(dtype)
+    out = jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype)).astype(dtype)
     if x.dtype != dtype:
-        cast_finite = jnp.isfinite(out)
-        out = jnp.where(cast_finite, out, jnp.zeros((), dtype))
-        finite = finite & cast_finite
-    return out, ~jnp.all(finite, axis=-1)
+        out = jnp.where(jnp.isfinite(out), out, jnp.zeros((), dtype))
+    return out
+
+
+def _nonfinite_rows(x: jax.Array, dtype: Any) -> jax.Array:
+    finite = jnp.isfinite(x)
+    if x.dtype != dtype:
+        safe = jnp.where(finite, x, jnp.zeros((), x.dtype)).astype(dtype)
+        finite = finite & jnp.isfinite(safe)
+    return ~jnp.all(finite, axis=-1)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _zeroed(x: jax.Array, dtype: Any) -> jax.Array:
+    """:func:`_sanitised` whose derivative is the identity, zeroed entries included.
+
+    No weight touches a zeroed entry (its query row or key column is emptied), so
+    its cotangent from the einsums is already exactly 0. The derivative of a
+    ``where`` would zero it again, a select over the whole ``[*b, length, heads,
+    depth]`` gradient that XLA writes out beside the einsum's output for each of
+    ``q``, ``k`` and ``v``; the identity keeps no residual and writes nothing.
+    """
+    return _sanitised(x, dtype)
+
+
+@_zeroed.defjvp
+def _zeroed_jvp(
+    dtype: Any, primals: tuple[jax.Array], tangents: tuple[jax.Array]
+) -> tuple[jax.Array, jax.Array]:
+    return _zeroed(primals[0], dtype), tangents[0].astype(dtype)
 
 
 def _taint(bad_q: jax.Array, bad_kv: jax.Array, groups: int) -> jax.Array:
@@ -512,7 +541,9 @@ def _poison(out: jax.Array, q: jax.Array, tainted: jax.Array) -> jax.Array:
     value and derivative on tainted rows, and ``q * 0 / 1`` is 0 elsewhere, so a
     tainted query's gradient is NaN as in plain attention, and no NaN is built when
     there is none (``jax_debug_nans`` stays quiet). One entry of ``q``, not a sum
-    over depth, which XLA would recompute for every output feature.
+    over depth, which XLA would recompute for every output feature. The NaN reaches
+    that entry whatever it held (:func:`_zeroed` passes gradients through): a
+    tainted query's first feature always gets a NaN gradient.
     """
     rows = jnp.swapaxes(tainted[..., 0], -1, -2)[..., None]  # [*b, q, heads, 1]
     zero = q[..., :1].astype(out.dtype) * jnp.zeros((), out.dtype)

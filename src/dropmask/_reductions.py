@@ -412,27 +412,37 @@ def _safe_denominator(s: jax.Array) -> jax.Array:
 
 def softmax_core(x: jax.Array, m: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     """Masked softmax without boundary checks, in the compute dtype (shared with attention)."""
-    xz = jnp.where(m, x, jnp.zeros((), x.dtype)).astype(compute_dtype(x.dtype))
-    return _softmax_of_sanitised(xz, m, axes)
+    return _softmax_masked(x, m, axes)
+
+
+def _softmax_tangent(y: jax.Array, t: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    # The closed form y * (t - <y, t>), as jax.nn.softmax uses: one fused pass in the
+    # backward instead of differentiating exp, sum and divide separately. y is exactly
+    # 0 at masked positions (and on emptied rows), so they get 0 from finite tangents
+    # without a where over the tangent: transposed, this keeps y and nothing else
+    # (no mask, no zeros instantiated for a where's unused branch).
+    t = t.astype(y.dtype)
+    return y * (t - jnp.sum(y * t, axis=axes, keepdims=True))
+
+
+def _zero_masked(x: jax.Array, m: jax.Array) -> jax.Array:
+    """Masked elements set to 0 before the cast to the compute dtype (no NaN passed on)."""
+    return jnp.where(m, x, jnp.zeros((), x.dtype)).astype(compute_dtype(x.dtype))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def _softmax_of_sanitised(xz: jax.Array, m: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-    _, e, s, _ = _shifted(xz, m, axes)
+def _softmax_masked(x: jax.Array, m: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    _, e, s, _ = _shifted(_zero_masked(x, m), m, axes)
     return e / _safe_denominator(s)
 
 
-@_softmax_of_sanitised.defjvp
+@_softmax_masked.defjvp
 def _softmax_jvp(
     axes: tuple[int, ...], primals: tuple[jax.Array, jax.Array], tangents: tuple[Any, Any]
 ) -> tuple[jax.Array, jax.Array]:
-    # The closed form y * (t - <y, t>), as jax.nn.softmax uses: one fused pass in the
-    # backward instead of differentiating exp, sum and divide separately. y is 0 at
-    # masked positions (and the tangent too, after the outer where), so they get 0.
-    xz, m = primals
-    y = _softmax_of_sanitised(xz, m, axes)
-    t = tangents[0]
-    return y, y * (t - jnp.sum(y * t, axis=axes, keepdims=True))
+    x, m = primals
+    y = _softmax_masked(x, m, axes)
+    return y, _softmax_tangent(y, tangents[0], axes)
 
 
 # Added to a tainted row's exponentials (each in [0, 1]): no sum of untainted ones
@@ -445,25 +455,28 @@ def softmax_flagging_nonfinite(
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`softmax_core`, except that a row with a non-finite valid element is 0.
 
-    ``taint`` (bool, broadcastable to ``x``) marks elements that count as non-finite
-    although ``x`` is finite there; only valid ones matter. Returns ``(weights,
-    nonfinite)`` with ``nonfinite: bool``, 1 on the reduced axes.
+    ``m`` and ``taint`` (bool, broadcastable to ``x``; pass them unbroadcast, they
+    are read inside the fusions) mark valid elements and elements that count as
+    non-finite although ``x`` is finite there; only valid ones matter. Returns
+    ``(weights, nonfinite)`` with ``weights`` in the compute dtype and
+    ``nonfinite: bool``, 1 on the reduced axes.
 
     Attention uses it to find the rows that see a non-finite input from the sum the
     softmax computes anyway (``taint`` joins it inside the exp fusion, so no extra
     pass over ``x``), and to empty them so that ``0 * NaN`` in the backward pass
-    cannot reach the other rows; it then writes NaN into their outputs itself.
+    cannot reach the other rows; it then writes NaN into their outputs itself. The
+    backward pass keeps the weights only: one array the size of ``x``.
     """
-    xz = jnp.where(m, x, jnp.zeros((), x.dtype)).astype(compute_dtype(x.dtype))
-    return _softmax_flagged(xz, m, taint, axes)
+    return _softmax_flagged(x, m, taint, axes)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
 def _softmax_flagged(
-    xz: jax.Array, m: jax.Array, taint: jax.Array, axes: tuple[int, ...]
+    x: jax.Array, m: jax.Array, taint: jax.Array, axes: tuple[int, ...]
 ) -> tuple[jax.Array, jax.Array]:
     # A NaN or +inf valid element makes the shift 0 and the sum NaN or inf; a
     # tainted one makes it at least _TAINT.
+    xz = _zero_masked(x, m)
     extra = jnp.where(taint, jnp.asarray(_TAINT, xz.dtype), jnp.zeros((), xz.dtype))
     _, e, s, _ = _shifted(xz, m, axes, extra)
     clean = s < _TAINT  # False for NaN too
@@ -474,11 +487,10 @@ def _softmax_flagged(
 def _softmax_flagged_jvp(
     axes: tuple[int, ...], primals: tuple[jax.Array, ...], tangents: tuple[Any, ...]
 ) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, Any]]:
-    xz, m, taint = primals
-    y, nonfinite = _softmax_flagged(xz, m, taint, axes)
-    t = tangents[0]
+    x, m, taint = primals
+    y, nonfinite = _softmax_flagged(x, m, taint, axes)
     flag_tangent = np.zeros(nonfinite.shape, dtype=jax.dtypes.float0)
-    return (y, nonfinite), (y * (t - jnp.sum(y * t, axis=axes, keepdims=True)), flag_tangent)
+    return (y, nonfinite), (_softmax_tangent(y, tangents[0], axes), flag_tangent)
 
 
 def masked_logsumexp(
