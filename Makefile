@@ -35,9 +35,10 @@ lint: venv
 	$(PY) -m pyright
 
 # Every speed and memory target in one table (benchmarks/targets.py; RESULTS.md's
-# "targets" section), about 10 min on 2 cores (longer under load). Exits 0 when a target
-# fails (it is a report); BENCH_FLAGS=--strict makes a failure exit 1, --quick runs
-# small sizes to check the suite (about 2 min).
+# "targets" section): about 10 min on 2 cores, plus the long-sequence rows (Flax's
+# causal step at 4096 tokens, about 6 GiB; dropmask's alone at 16384), longer under
+# load. Exits 0 when a target fails (it is a report); BENCH_FLAGS=--strict makes a
+# failure exit 1, --quick runs small sizes to check the suite.
 bench: $(VENV)/.installed-bench
 	XLA_FLAGS= $(PY) -m benchmarks.run $(BENCH_FLAGS)
 

@@ -9,9 +9,16 @@ Each target is measured the way a user meets it, with the spread of paired repea
   against ``flax.linen.Dropout``, each pair timed back to back.
 * The residual ``jax.vjp`` keeps for dropout's backward pass, bytes per element.
 * A Transformer encoder layer's train step (``bench_transformer_step``: Flax's WMT
-  encoder block, ``[16, 256, 256]``, 8 heads, MLP 1024, SGD): what each library's
-  dropout adds to the step against the same layer at rate 0, and the temporary memory
-  it adds.
+  encoder block, ``[16, 256, 256]``, 8 heads, MLP 1024, SGD), with one baseline for
+  every contestant, Flax's layer without dropout: dropmask's step with dropout (its
+  default attention algorithm) against it in time, and the temporaries it adds
+  against those Flax's dropout adds.
+* A long causal step (``bench_attention``: the same layer, ``[2, 4096, 256]``, 8
+  heads, dropout on the attention weights): dropmask's time and temporaries against
+  Flax's, both with dropout; dropmask's step alone at 16384 tokens, whose
+  temporaries must fit in this machine's memory (Flax's weights alone would not).
+* The attention's forward+backward temporaries at 1024 and 4096 tokens: their ratio
+  at most 5 (1.25x linear growth; quadratic is 16).
 * Monte Carlo dropout (``bench_mc``): K samples of an MLP's prediction in one
   ``dropmask.uncertainty.sample`` call against K single forward passes with dropout
   on, paired per repeat.
@@ -29,13 +36,14 @@ replaces the ``targets`` section of ``<out>/RESULTS.md``.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 
 from benchmarks import _common as common
-from benchmarks import bench_mc, bench_transformer_step
+from benchmarks import bench_attention, bench_mc, bench_transformer_step
 from benchmarks._common import finite, quartiles
 
 SECTION = "targets"
@@ -49,6 +57,9 @@ class Size:
     limit_pairs: int  # pairs against x * c (cheap loops)
     flax_pairs: int  # pairs against flax.linen.Dropout (slow loops)
     step: dict[str, int]  # bench_transformer_step.run's sizes
+    long: dict[str, int]  # bench_attention.long_step's sizes, Flax against dropmask
+    longest: int  # the length of dropmask's step alone (Flax's weights would not fit)
+    growth: tuple[int, int]  # lengths of the attention's memory growth
     quick: bool = False
     mc: dict[str, int] = field(default_factory=lambda: dict(bench_mc.QUICK))  # bench_mc's
 
@@ -58,6 +69,9 @@ FULL = Size(
     limit_pairs=21,
     flax_pairs=7,
     step={"batch": 16, "length": 256, "width": 256, "heads": 8, "mlp_dim": 1024, "repeats": 9},
+    long={"batch": 2, "length": 4096, "width": 256, "heads": 8, "mlp_dim": 1024, "repeats": 3},
+    longest=16384,
+    growth=(1024, 4096),
     mc=dict(bench_mc.FULL),
 )
 QUICK = Size(
@@ -65,6 +79,9 @@ QUICK = Size(
     limit_pairs=5,
     flax_pairs=3,
     step={"batch": 2, "length": 64, "width": 64, "heads": 2, "mlp_dim": 128, "repeats": 5},
+    long={"batch": 1, "length": 1024, "width": 64, "heads": 2, "mlp_dim": 128, "repeats": 3},
+    longest=2048,
+    growth=(1024, 2048),
     quick=True,
 )
 
@@ -225,6 +242,10 @@ def dropout_targets(size: Size) -> list[Target]:
     return out
 
 
+def _name(lib: str, rate: float) -> str:
+    return bench_transformer_step.contestant_name((lib, rate))
+
+
 def step_targets(size: Size) -> list[Target]:
     """The Transformer train step, f32 and bf16 (see ``bench_transformer_step``)."""
     out: list[Target] = []
@@ -236,56 +257,41 @@ def step_targets(size: Size) -> list[Target]:
         result = bench_transformer_step.run(dtype_name=dtype, **s)
         flax_row, ours_row = result["rows"]
         name = f"{dtype} Transformer step {label}"
-        flax_share = quartiles(result["added_shares"][bench_transformer_step.FLAX])[1]
+        seconds = result["step_seconds"]
+        baseline = seconds[_name(bench_transformer_step.FLAX, 0.0)]
+        ours = seconds[_name(bench_transformer_step.DROPMASK, bench_transformer_step.RATE)]
+        flax = seconds[_name(bench_transformer_step.FLAX, bench_transformer_step.RATE)]
+        flax_ratio = quartiles([f / b for f, b in zip(flax, baseline, strict=True)])[1]
+        base_temp = flax_row["baseline_temp_bytes"]
+        ours_added = ours_row["temp_bytes"] - base_temp
+        flax_added = flax_row["temp_bytes"] - base_temp
         out += [
             Target(
-                f"{name}: dropmask's added time / Flax's",
-                0.1,
+                f"{name}: dropmask's step with dropout / Flax's without",
+                1.04,
                 True,
-                result["added_time_ratios"] or [math.nan],
-                note="pairs where Flax's addition was not positive are left out",
+                [o / b for o, b in zip(ours, baseline, strict=True)],
+                note=f"Flax's with dropout: {flax_ratio:.3f}x (median)",
                 backend_only="cpu",
             ),
             Target(
-                f"{name}: dropmask's added time / step without dropout",
-                0.04,
-                True,
-                result["added_shares"][bench_transformer_step.DROPMASK],
-                unit="%",
-                scale=100,
-                note=f"Flax's: {100 * flax_share:.1f}% (median)",
-                backend_only="cpu",
-            ),
-            Target(
-                f"{name}: dropmask's added temporary memory / Flax's",
+                f"{name}: temporaries dropmask's step with dropout adds / Flax's adds",
                 0.05,
                 True,
-                [
-                    ours_row["added_temp_bytes"] / flax_row["added_temp_bytes"]
-                    if flax_row["added_temp_bytes"] > 0
-                    else math.nan
-                ],
+                [ours_added / flax_added if flax_added > 0 else math.nan],
                 note=(
-                    f"dropmask +{ours_row['added_temp_bytes'] / 2**20:.2f} MiB, Flax "
-                    f"+{flax_row['added_temp_bytes'] / 2**20:.2f} MiB"
+                    f"over Flax's layer without dropout ({base_temp / 2**20:.1f} MiB): "
+                    f"dropmask {ours_added / 2**20:+.2f} MiB, Flax {flax_added / 2**20:+.2f} MiB"
                 ),
             ),
         ]
         if on_gpu:
-            seconds = result["step_seconds"]
-            dm_name = bench_transformer_step.contestant_name(
-                (bench_transformer_step.DROPMASK, bench_transformer_step.RATE)
-            )
-            flax_name = bench_transformer_step.contestant_name(
-                (bench_transformer_step.FLAX, bench_transformer_step.RATE)
-            )
-            ours_s, flax_s = seconds[dm_name], seconds[flax_name]
             out.append(
                 Target(
                     f"GPU {name}: dropmask step time / Flax's",
                     1.0,
                     True,
-                    [o / f for o, f in zip(ours_s, flax_s, strict=True)],
+                    [o / f for o, f in zip(ours, flax, strict=True)],
                     backend_only="gpu",
                 )
             )
@@ -306,9 +312,120 @@ def mc_targets(size: Size) -> list[Target]:
     return [Target(f"f32 {label}: K samples in one call / K single passes", 1.15, True, ratios)]
 
 
+def long_targets(size: Size) -> list[Target]:
+    """The causal step at a long sequence against Flax, f32 and bf16, and dropmask's
+    step alone at ``size.longest`` tokens (see ``bench_attention.long_step``)."""
+    out: list[Target] = []
+    s = size.long
+    for dtype in common.DTYPES:
+        label = (
+            f"[{s['batch']}, {s['length']}, {s['width']}], {s['heads']} heads, causal, "
+            f"attention dropout {bench_attention.RATE}"
+        )
+        print(f"  long causal step, {dtype} {label} ...", flush=True)
+        result = bench_attention.long_step(dtype_name=dtype, **s)
+        seconds, temps = result["seconds"], result["temp_bytes"]
+        ours, flax = seconds[bench_attention.DROPMASK], seconds[bench_attention.FLAX]
+        ours_temp, flax_temp = temps[bench_attention.DROPMASK], temps[bench_attention.FLAX]
+        path = f"dropmask's algorithm: {result['algorithm']!r}"
+        out += [
+            Target(
+                f"{dtype} step {label}: dropmask's temporaries / Flax's",
+                1 / 8,
+                True,
+                [ours_temp / flax_temp],
+                note=(
+                    f"dropmask {ours_temp / 2**20:.0f} MiB, Flax {flax_temp / 2**20:.0f} MiB; "
+                    + path
+                ),
+            ),
+            Target(
+                f"{dtype} step {label}: dropmask's time / Flax's",
+                0.4,
+                True,
+                [o / f for o, f in zip(ours, flax, strict=True)],
+                note=(
+                    f"dropmask {1e3 * quartiles(ours)[1]:.0f} ms, Flax "
+                    f"{1e3 * quartiles(flax)[1]:.0f} ms (medians); " + path
+                ),
+                backend_only="cpu",
+            ),
+        ]
+    dtype = "f32"
+    longest = {**s, "length": size.longest}
+    label = (
+        f"[{s['batch']}, {size.longest}, {s['width']}], {s['heads']} heads, causal, "
+        f"attention dropout {bench_attention.RATE}"
+    )
+    print(f"  long causal step, dropmask alone, {dtype} {label} ...", flush=True)
+    result = bench_attention.long_step(dtype_name=dtype, with_flax=False, **longest)
+    ours = result["seconds"][bench_attention.DROPMASK]
+    ours_temp = result["temp_bytes"][bench_attention.DROPMASK]
+    memory = physical_memory_bytes()
+    out.append(
+        Target(
+            f"{dtype} step {label}: dropmask's temporaries, GiB",
+            memory / 2**30,
+            True,
+            [ours_temp / 2**30],
+            unit=" GiB",
+            note=(
+                f"the bound is this machine's memory; {1e3 * quartiles(ours)[1]:.0f} ms per "
+                f"step (median of {len(ours)} calls); Flax not run: its weights alone would "
+                f"be {flax_weights_bytes(s['batch'], s['heads'], size.longest) / 2**30:.0f} GiB; "
+                f"dropmask's algorithm: {result['algorithm']!r}"
+            ),
+        )
+    )
+    return out
+
+
+def physical_memory_bytes() -> int:
+    """This machine's memory (the bound of a step that must fit in it)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def flax_weights_bytes(batch: int, heads: int, length: int) -> int:
+    """Bytes of one f32 ``[batch, heads, length, length]`` array of attention weights."""
+    return 4 * batch * heads * length * length
+
+
+def growth_targets(size: Size) -> list[Target]:
+    """The attention's fwd+bwd temporaries at two lengths (``bench_attention``)."""
+    out: list[Target] = []
+    short, long = size.growth
+    for dtype in common.DTYPES:
+        print(f"  attention memory growth, {dtype} {short} -> {long} tokens ...", flush=True)
+        ours = [bench_attention.attention_temp_bytes(n, dtype) for n in (short, long)]
+        note = f"{ours[0] / 2**20:.1f} MiB -> {ours[1] / 2**20:.1f} MiB"
+        if bench_attention.default_algorithm() is not None:
+            dense = [
+                bench_attention.attention_temp_bytes(n, dtype, algorithm="dense")
+                for n in (short, long)
+            ]
+            note += f"; algorithm='dense': {dense[1] / dense[0]:.1f}x"
+        out.append(
+            Target(
+                f"{dtype} attention fwd+bwd temporaries, [2, n, 8, 32], causal, dropout "
+                f"{bench_attention.RATE}: n = {long} / n = {short}",
+                1.25 * long / short,
+                True,
+                [ours[1] / ours[0]],
+                note=note,
+            )
+        )
+    return out
+
+
 def run(size: Size) -> list[Target]:
     """Measures every target at ``size``."""
-    return dropout_targets(size) + step_targets(size) + mc_targets(size)
+    return (
+        dropout_targets(size)
+        + step_targets(size)
+        + mc_targets(size)
+        + long_targets(size)
+        + growth_targets(size)
+    )
 
 
 def markdown(targets: list[Target], size: Size) -> str:
@@ -319,8 +436,8 @@ def markdown(targets: list[Target], size: Size) -> str:
         '"within noise": the quartiles lie on both sides of the bound. Dropout times are '
         "per pass (slope of a short and a long loop of passes in one jit); "
         "forward+backward keeps the passes apart as the layers between them in a network "
-        "do. Step times: each library's layer with dropout against the same layer at "
-        "rate 0, paired per repeat.",
+        "do. Step times: paired per repeat, each contestant's step timed back to back with "
+        "the one it is divided by.",
         "",
     ]
     if size.quick:

@@ -64,7 +64,12 @@ def test_sizes_match_the_issue(size: targets.Size) -> None:
         assert size.dropout_shape == (4096, 4096)
         assert size.step["batch"] == 16 and size.step["heads"] == 8
         assert size.step["mlp_dim"] == 1024
+        long = size.long
+        assert (long["batch"], long["length"], long["width"], long["heads"]) == (2, 4096, 256, 8)
+        assert size.longest == 16384
+        assert size.growth == (1024, 4096)
     assert size.flax_pairs >= 3 and size.limit_pairs >= 5
+    assert size.long["repeats"] >= 3
 
 
 def test_discarded_repeats_are_counted_not_judged() -> None:
@@ -73,7 +78,7 @@ def test_discarded_repeats_are_counted_not_judged() -> None:
     assert "3 pairs, 1 discarded" in row["measured"]
 
 
-@pytest.mark.slow  # about 35 s, mostly compiling; `make bench-test BENCH_TEST_FLAGS=`
+@pytest.mark.slow  # a few minutes, mostly compiling; `make bench-test BENCH_TEST_FLAGS=`
 def test_whole_suite_at_a_tiny_size_with_the_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     # Runs every measurement path, the GPU-only rows included (their bounds are not
     # judged here: the backend is really the CPU), at sizes that take seconds.
@@ -95,6 +100,9 @@ def test_whole_suite_at_a_tiny_size_with_the_gpu_rows(monkeypatch: pytest.Monkey
             "repeats": 3,
             "extra": 40,
         },
+        long={"batch": 1, "length": 64, "width": 16, "heads": 2, "mlp_dim": 32, "repeats": 3},
+        longest=128,
+        growth=(64, 128),
         quick=True,
     )
     measured = targets.run(tiny)
@@ -102,7 +110,9 @@ def test_whole_suite_at_a_tiny_size_with_the_gpu_rows(monkeypatch: pytest.Monkey
     assert sum("speedup over flax" in n for n in names) == 2
     assert sum(n.startswith("GPU ") for n in names) == 3  # fwd, fwd+bwd, train step
     assert sum("residual" in n for n in names) == 1
-    assert sum("Transformer step" in n for n in names) == 4
+    assert sum("Transformer step" in n for n in names) == 3  # time, memory, GPU
+    assert sum("causal, attention dropout" in n for n in names) == 3  # time, memory, 128
+    assert sum("fwd+bwd temporaries" in n for n in names) == 1
     for t in measured:
         row = t.row()
         assert row["status"].split()[0] in ("PASS", "FAIL", "n/a"), row
