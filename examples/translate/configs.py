@@ -28,6 +28,10 @@ def get_config() -> ml_collections.ConfigDict:
       emb_dim, num_heads, num_layers, qkv_dim, mlp_dim: the Transformer's shape.
       rate: dropout after embeddings, sublayers and both MLP Dense layers, and on
         attention weights.
+      attention_algorithm: ``dropmask.dot_product_attention``'s ``algorithm`` for
+        attention over whole rows: ``"blockwise"`` (tiles, memory linear in
+        ``max_len``), ``"dense"`` (the same function through ``[q, k]`` weights) or
+        ``"auto"``.
       learning_rate: Adam's peak step size (gradients clipped to global norm 1).
       warmup_steps: steps of linear warmup; a cosine decay to 0 at ``decay_steps``
         follows.
@@ -52,6 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.qkv_dim = 128
     config.mlp_dim = 512
     config.rate = 0.1
+    config.attention_algorithm = "blockwise"
     config.learning_rate = 2e-3
     config.warmup_steps = 500
     config.decay_steps = 0

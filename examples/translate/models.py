@@ -5,12 +5,16 @@ One frozen :class:`TransformerConfig` describes the model; training uses it as i
 decoding ``config.replace(deterministic=True, decode=True)``, where each decoder
 self-attention keeps a key/value cache and reads one token per call.
 
-Masks are boolean (True = may attend) and built with dropmask: segment masks keep
-the pairs packed into one row apart (padding has segment 0 and attends to nothing),
-the decoder adds a causal mask. Dropout comes in three places: after the embeddings
-and each sublayer, after both Dense layers of :class:`MlpBlock`, and on attention
-weights through :func:`dropmask.dot_product_attention`, one mask per batch row and
-head (``broadcast_dropout=False``).
+Attention runs on :func:`dropmask.dot_product_attention`'s blockwise path (the
+``attention_algorithm`` field; ``"dense"`` computes the same function). Its masks are
+structure, not arrays: segment ids keep the pairs packed into one row apart (padding
+has segment 0 and attends to nothing) and the decoder's self-attention is causal;
+both reach the attention function through ``functools.partial``, so no ``[q, k]``
+mask is built. Decoding reads one token per call against Flax's key/value cache,
+whose slots Flax masks with an array, on the dense path. Dropout comes in three
+places: after the embeddings and each sublayer, after both Dense layers of
+:class:`MlpBlock`, and on attention weights, one mask per batch row and head
+(``broadcast_dropout=False``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ class TransformerConfig:
       attention_dropout_rate: dropout on attention weights.
       deterministic: no dropout (evaluation and decoding).
       decode: one target token per call, with a key/value cache.
+      attention_algorithm: ``dot_product_attention``'s ``algorithm`` for attention
+        over whole rows (``"blockwise"``, ``"dense"`` or ``"auto"``).
+      attention_block: the blockwise path's tile size (``block_q`` and ``block_k``);
+        None: the library's default.
     """
 
     vocab_size: int
@@ -56,6 +64,8 @@ class TransformerConfig:
     attention_dropout_rate: float = 0.1
     deterministic: bool = False
     decode: bool = False
+    attention_algorithm: str = "blockwise"
+    attention_block: int | None = None
 
     def replace(self, **changes: object) -> TransformerConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -90,7 +100,21 @@ class MlpBlock(nn.Module):
         return dl.Dropout(c.dropout_rate, deterministic=c.deterministic)(y)
 
 
-def _attention(config: TransformerConfig, decode: bool = False) -> nn.MultiHeadDotProductAttention:
+def _attention(
+    config: TransformerConfig, decode: bool = False, **structure: object
+) -> nn.MultiHeadDotProductAttention:
+    """Flax's attention module on dropmask's function; ``structure``: its ``is_causal``
+    and segment-id arguments, bound with the algorithm (none while decoding)."""
+    attention_fn = dropmask.dot_product_attention
+    if structure:
+        block = config.attention_block
+        attention_fn = functools.partial(
+            attention_fn,
+            algorithm=config.attention_algorithm,
+            block_q=block,
+            block_k=block,
+            **structure,
+        )
     return nn.MultiHeadDotProductAttention(
         num_heads=config.num_heads,
         qkv_features=config.qkv_dim,
@@ -98,21 +122,22 @@ def _attention(config: TransformerConfig, decode: bool = False) -> nn.MultiHeadD
         broadcast_dropout=False,
         deterministic=config.deterministic,
         decode=decode,
-        attention_fn=dropmask.dot_product_attention,
+        attention_fn=attention_fn,
     )
 
 
 class EncoderLayer(nn.Module):
-    """Pre-norm self-attention and MLP, each added back after dropout."""
+    """Pre-norm self-attention within each packed segment, and MLP, each added back
+    after dropout."""
 
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, segments: jax.Array) -> jax.Array:
         c = self.config
         drop = functools.partial(dl.Dropout, c.dropout_rate, deterministic=c.deterministic)
-        y = _attention(c)(nn.LayerNorm()(x), mask=mask)
-        x = x + drop()(y)
+        attend = _attention(c, q_segment_ids=segments, kv_segment_ids=segments)
+        x = x + drop()(attend(nn.LayerNorm()(x)))
         return x + MlpBlock(c)(nn.LayerNorm()(x))
 
 
@@ -123,15 +148,24 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(
-        self, y: jax.Array, encoded: jax.Array, self_mask: jax.Array | None, cross_mask: jax.Array
+        self,
+        y: jax.Array,
+        encoded: jax.Array,
+        target_segments: jax.Array,
+        input_segments: jax.Array,
     ) -> jax.Array:
         c = self.config
         drop = functools.partial(dl.Dropout, c.dropout_rate, deterministic=c.deterministic)
-        # While decoding, Flax's attention masks the cache slots not yet written.
-        h = _attention(c, decode=c.decode)(nn.LayerNorm()(y), mask=self_mask)
-        y = y + drop()(h)
-        h = _attention(c)(nn.LayerNorm()(y), encoded, mask=cross_mask)
-        y = y + drop()(h)
+        if c.decode:
+            # One query against the cache, whose unwritten slots Flax masks itself.
+            self_attend = _attention(c, decode=True)
+        else:
+            self_attend = _attention(
+                c, is_causal=True, q_segment_ids=target_segments, kv_segment_ids=target_segments
+            )
+        y = y + drop()(self_attend(nn.LayerNorm()(y)))
+        cross = _attention(c, q_segment_ids=target_segments, kv_segment_ids=input_segments)
+        y = y + drop()(cross(nn.LayerNorm()(y), encoded))
         return y + MlpBlock(c)(nn.LayerNorm()(y))
 
 
@@ -161,10 +195,9 @@ class Transformer(nn.Module):
         self, inputs: jax.Array, inputs_position: jax.Array, inputs_segmentation: jax.Array
     ) -> jax.Array:
         """``int32[batch, src_len]`` tokens -> ``float32[batch, src_len, emb_dim]``."""
-        mask = dropmask.segment_mask(inputs_segmentation)
         x = self._embed(inputs, inputs_position)
         for layer in self.encoder_layers:
-            x = layer(x, mask)
+            x = layer(x, inputs_segmentation)
         return self.encoder_norm(x)
 
     def decode(
@@ -180,17 +213,9 @@ class Transformer(nn.Module):
         With ``config.decode``, ``targets_in`` is one token ``[batch, 1]`` at
         ``targets_position``, its segment ids 1, and self-attention reads the cache.
         """
-        cross_mask = dropmask.segment_mask(targets_segmentation, inputs_segmentation)
-        if self.config.decode:
-            self_mask = None
-        else:
-            length = targets_in.shape[1]
-            self_mask = dropmask.combine_masks(
-                dropmask.segment_mask(targets_segmentation), dropmask.causal_mask(length)
-            )
         y = self._embed(targets_in, targets_position)
         for layer in self.decoder_layers:
-            y = layer(y, encoded, self_mask, cross_mask)
+            y = layer(y, encoded, targets_segmentation, inputs_segmentation)
         y = self.decoder_norm(y)
         return self.embed.attend(y) / jnp.sqrt(jnp.float32(self.config.emb_dim))
 

@@ -43,6 +43,7 @@ def model_config(config: ml_collections.ConfigDict, data: input_pipeline.Data) -
         max_len=int(config.max_len),
         dropout_rate=float(config.rate),
         attention_dropout_rate=float(config.rate),
+        attention_algorithm=str(config.attention_algorithm),
     )
 
 

@@ -156,6 +156,23 @@ def test_train_step_changes_every_parameter_and_uses_the_dropout_key(config, dat
     assert_step_changes_every_parameter_and_uses_the_key(train.train_step, state, batch)
 
 
+def test_blockwise_attention_gives_the_dense_logits_with_dropout_on(config, data, state):
+    # Segments and causality as structure on the blockwise path, with small tiles so
+    # that rows span several, against the dense path: same function, same dropped
+    # weights (the same dropout key), to float tolerance.
+    batch = input_pipeline.train_batch(config, data, jax.random.key(1), 0)
+    model = train.model_config(config, data)
+    rngs = {"dropout": jax.random.key(2)}
+    assert batch["inputs"].shape[1] > 32
+    logits = {
+        name: train.Transformer(model.replace(attention_algorithm=name, attention_block=32)).apply(
+            {"params": state.params}, *train.model_inputs(batch), rngs=rngs
+        )
+        for name in ("dense", "blockwise")
+    }
+    np.testing.assert_allclose(logits["blockwise"], logits["dense"], rtol=1e-5, atol=1e-5)
+
+
 def test_eval_is_deterministic_and_beam_1_is_greedy(config, data, state):
     a = train.evaluate(state, config, data, "eval")
     b = train.evaluate(state, config, data, "eval")
