@@ -190,8 +190,8 @@ def dot_product_attention(
       offending entries replaced by any finite number; non-finite entries of ``k``
       and ``v``, and of ``q`` past its first feature, get a zero gradient. The
       check is a reduction over the key axis of the scores; nothing of size
-      ``[q_len, kv_len, depth]`` is built, and the backward pass keeps one array of
-      the weights' size (the weights).
+      ``[q_len, kv_len, depth]`` is built, and the dense path's backward pass keeps
+      one array of the weights' size (the weights).
 
     Raises:
       ValueError: mismatched q/k/v shapes, both ``key`` and ``dropout_rng``, custom
