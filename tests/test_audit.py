@@ -405,9 +405,10 @@ def test_command_exits_nonzero_on_findings(tmp_path, capsys):
     assert [f["code"] for f in data["findings"]] == ["eval-not-deterministic"]
 
 
-def test_command_names_a_missing_example():
-    with pytest.raises(dropmask.DropmaskValueError, match="no audit hook"):
-        _run("no_such_example")
+def test_command_names_a_missing_example_in_one_line(capsys):
+    assert _run("no_such_example") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no example 'no_such_example'" in err, err
 
 
 class ResidualBlock(nn.Module):

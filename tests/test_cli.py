@@ -7,9 +7,9 @@ import shlex
 
 import jax.numpy as jnp
 import pytest
-from examples.digits import configs
 
 from dropmask import cli
+from dropmask.examples.digits import configs
 
 
 def _tiny_flags(**changes) -> list[str]:
@@ -45,6 +45,7 @@ def _summary(workdir) -> dict:
 # Every flag `dropmask train --help` lists, and the test that exercises it.
 FLAG_TESTS = {
     "--help": "test_help_lists_every_flag",
+    "--list": "test_list_names_the_examples",
     "--workdir": "test_workdir_gets_every_output",
     "--steps": "test_steps_rate_seed",
     "--rate": "test_steps_rate_seed",
@@ -72,6 +73,14 @@ def test_help_lists_every_flag(capsys):
     for test in FLAG_TESTS.values():
         assert callable(globals()[test]), test
     # The two-process test runs the flags end to end (tests/training/test_multihost.py).
+
+
+def test_list_names_the_examples(capsys):
+    assert cli.main(["train", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("digits") and "sst2" in out and "package.module:attribute" in out
+    assert cli.main(["train"]) == 2
+    _one_line_error(capsys.readouterr().err, "give a TARGET", "--list")
 
 
 def test_top_level_help_names_the_commands(capsys):

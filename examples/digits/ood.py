@@ -29,9 +29,8 @@ import ml_collections
 import numpy as np
 
 from dropmask import uncertainty
+from dropmask.examples.digits import input_pipeline, train
 from dropmask.training import Checkpointer
-
-from . import input_pipeline, train
 
 SHIFT = 2  # pixels
 

@@ -189,6 +189,10 @@ example = Example(
     best_metric="exact_match",
     best_mode="max",
     data_position=position,
+    get_tiny_config=configs.get_tiny_config,
+    model_inputs=lambda batch: tuple(
+        jnp.asarray(batch[k]) for k in ("query", "query_length", "answer", "answer_length")
+    ),
 )
 
 

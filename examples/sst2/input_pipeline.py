@@ -8,8 +8,8 @@ positive, "not bad" positive), so that a bag of words cannot solve it. Its held-
 split holds sentences that never occur in training, built from pairings of words and
 constructions that training never shows (see :func:`generate`).
 
-The batch of step ``s`` depends only on the data, the data key and ``s``: epoch
-``s // steps_per_epoch`` is shuffled by ``fold_in(data_key, epoch)``. Each batch is
+The batch of step ``s`` depends only on the data, the data key and ``s``: epochs
+are shuffled by :func:`dropmask.training.epoch_batch`. Each batch is
 padded to the smallest of a few bucket lengths that fits it.
 """
 
@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 
 import dropmask
-from dropmask.training import DataError
+from dropmask.training import DataError, epoch_batch, epoch_position
 
 PAD, UNK = 0, 1
 GLUE_URL = "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip"
@@ -243,10 +243,6 @@ def load(config: ml_collections.ConfigDict) -> Data:
     return Data(train, dev, vocab, buckets)
 
 
-def steps_per_epoch(config: ml_collections.ConfigDict, data: Data) -> int:
-    return len(data.train) // config.batch_size
-
-
 def pad(split: Split, index: np.ndarray, buckets: tuple[int, ...]) -> dict[str, np.ndarray]:
     """``{'tokens': int32[b, bucket], 'length': int32[b], 'label': int32[b]}`` of ``index``."""
     tokens, length = dropmask.pad_to_bucket(
@@ -259,18 +255,10 @@ def train_batch(
     config: ml_collections.ConfigDict, data: Data, data_key: jax.Array, step: int
 ) -> dict[str, np.ndarray]:
     """The training batch of ``step`` (see :func:`pad`)."""
-    per_epoch = steps_per_epoch(config, data)
-    epoch, batch = divmod(int(step), per_epoch)
-    order = np.asarray(jax.random.permutation(jax.random.fold_in(data_key, epoch), len(data.train)))
-    index = order[batch * config.batch_size : (batch + 1) * config.batch_size]
+    index = epoch_batch(data_key, step, num_examples=len(data.train), batch_size=config.batch_size)
     return pad(data.train, index, data.buckets)
 
 
 def position(config: ml_collections.ConfigDict, data: Data, step: int) -> dict[str, int]:
     """The epoch and batch of ``step``."""
-    per_epoch = steps_per_epoch(config, data)
-    return {
-        "epoch": int(step) // per_epoch,
-        "batch": int(step) % per_epoch,
-        "train_size": len(data.train),
-    }
+    return epoch_position(step, num_examples=len(data.train), batch_size=config.batch_size)

@@ -142,6 +142,8 @@ example = Example(
     best_mode="max",
     data_position=input_pipeline.position,
     predict=predict,
+    get_tiny_config=configs.get_tiny_config,
+    model_inputs=lambda batch: (jnp.asarray(batch["tokens"]), jnp.asarray(batch["length"])),
 )
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import sentencepiece as spm
 
 import dropmask
-from dropmask.training import DataError
+from dropmask.training import DataError, epoch_batch, epoch_position
 
 from . import corpus
 
@@ -335,28 +335,20 @@ def load(config: ml_collections.ConfigDict) -> Data:
     )
 
 
-def steps_per_epoch(config: ml_collections.ConfigDict, data: Data) -> int:
-    return data.train["inputs"].shape[0] // int(config.batch_size)
-
-
 def train_batch(
     config: ml_collections.ConfigDict, data: Data, data_key: jax.Array, step: int
 ) -> dict[str, np.ndarray]:
     """The ``batch_size`` packed rows of ``step``: ``{name: int32[batch_size, max_len]}``."""
-    epoch, batch = divmod(int(step), steps_per_epoch(config, data))
     rows = data.train["inputs"].shape[0]
-    order = np.asarray(jax.random.permutation(jax.random.fold_in(data_key, epoch), rows))
-    index = order[batch * int(config.batch_size) : (batch + 1) * int(config.batch_size)]
+    index = epoch_batch(data_key, step, num_examples=rows, batch_size=int(config.batch_size))
     return {k: v[index] for k, v in data.train.items()}
 
 
 def position(config: ml_collections.ConfigDict, data: Data, step: int) -> dict[str, int]:
     """The epoch and batch of ``step``, and the sizes that fix the data."""
-    per_epoch = steps_per_epoch(config, data)
+    rows = int(data.train["inputs"].shape[0])
     return {
-        "epoch": int(step) // per_epoch,
-        "batch": int(step) % per_epoch,
+        **epoch_position(step, num_examples=rows, batch_size=int(config.batch_size)),
         "train_pairs": data.train_pairs,
-        "train_rows": int(data.train["inputs"].shape[0]),
         "vocab_size": data.tokenizer.vocab_size,
     }

@@ -205,6 +205,13 @@ example = Example(
     best_metric="exact_match",
     best_mode="max",
     data_position=input_pipeline.position,
+    get_tiny_config=configs.get_tiny_config,
+    model_inputs=model_inputs,
+    # The Transformer selects its mode by a frozen config field, as Flax's WMT example
+    # does: evaluation is the same module built with deterministic=True.
+    train_kwargs={},
+    eval_kwargs={},
+    eval_model=lambda model: Transformer(model.config.replace(deterministic=True)),
 )
 
 

@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "audit": (
         "dropmask.audit._command",
-        "find dropout bugs in a bundled example's model and train step",
+        "find dropout bugs in an example's model and train step",
     ),
     "why": (
         "dropmask._why_command",

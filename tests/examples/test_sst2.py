@@ -86,7 +86,12 @@ def test_batches_are_pure_padded_to_buckets(config, data):
     valid = np.arange(batch["tokens"].shape[1])[None] < batch["length"][:, None]
     assert np.all(batch["tokens"][~valid] == input_pipeline.PAD)
     assert np.all(batch["tokens"][valid] != input_pipeline.PAD)
-    assert input_pipeline.position(config, data, 13) == {"epoch": 1, "batch": 1, "train_size": 192}
+    assert input_pipeline.position(config, data, 13) == {
+        "epoch": 1,
+        "batch": 1,
+        "steps_per_epoch": 12,
+        "num_examples": 192,
+    }
 
 
 def test_train_step_changes_every_parameter_and_uses_the_dropout_key(config, data, state):

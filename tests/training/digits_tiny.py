@@ -12,7 +12,7 @@ if str(ROOT) not in sys.path:
 
 def tiny_config() -> ml_collections.ConfigDict:
     """Digits' tiny config, logging every step so that every step's loss is recorded."""
-    from examples.digits import configs
+    from dropmask.examples.digits import configs
 
     config = configs.get_tiny_config()
     config.log_every = 1
@@ -21,6 +21,6 @@ def tiny_config() -> ml_collections.ConfigDict:
 
 def digits_example():
     """The digits :class:`dropmask.training.Example`."""
-    from examples.digits.train import example
+    from dropmask.examples.digits.train import example
 
     return example

@@ -63,7 +63,7 @@ _KILLED_SAVE = textwrap.dedent(
     """
     import os, sys, time
     from orbax.checkpoint._src.path import atomicity
-    from examples.digits.train import example
+    from dropmask.examples.digits.train import example
     from dropmask.training import train
     sys.path.insert(0, {tests!r})
     from digits_tiny import tiny_config
@@ -153,7 +153,7 @@ def test_workdir_holds_metrics_events_plot_summary_and_checkpoints(reference):
         "epoch": 3,
         "batch": 0,
         "steps_per_epoch": 4,
-        "train_size": 96,
+        "num_examples": 96,
     }
     ckpt.close()
 

@@ -18,6 +18,7 @@ from ._report import Finding as Finding
 from ._report import Site as Site
 from ._target import AuditTarget as AuditTarget
 from ._target import audit_target as audit_target
+from ._target import target_from_example as target_from_example
 
 __all__ = [
     "CODES",
@@ -29,4 +30,5 @@ __all__ = [
     "audit_nnx",
     "audit_step",
     "audit_target",
+    "target_from_example",
 ]

@@ -1,27 +1,44 @@
-"""``dropmask audit EXAMPLE``: audits a bundled example's model and train step."""
+"""``dropmask audit TARGET``: audits an example's model and train step."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ._target import audit_target, load_target
+from .._errors import DropmaskError
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds ``EXAMPLE`` and ``--json`` to ``parser``."""
+    """Adds ``TARGET``, ``--list`` and ``--json`` to ``parser``."""
     parser.add_argument(
-        "example",
-        metavar="EXAMPLE",
-        help="a bundled example (e.g. digits), a dotted hook module, or a hook .py file",
+        "target",
+        metavar="TARGET",
+        nargs="?",
+        help="a bundled example (e.g. digits), a directory whose train.py defines `example`, "
+        "a .py file, or package.module:attribute",
     )
+    parser.add_argument("--list", action="store_true", help="list the examples and where each is")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Prints the report; returns 0 when it is clean and 1 when there are findings."""
-    report = audit_target(load_target(args.example))
+    """Prints the report; 0 when it is clean, 1 with findings, 2 for a bad target."""
+    from ..training._locate import listing
+    from ._target import audit_target, load_target
+
+    if args.list:
+        print(listing())
+        return 0
+    if args.target is None:
+        print("dropmask audit: error: give a TARGET, or --list to see them.", file=sys.stderr)
+        return 2
+    try:
+        target = load_target(args.target)
+    except DropmaskError as error:
+        print(f"dropmask audit: error: {str(error).rstrip('.')}.", file=sys.stderr)
+        return 2
+    report = audit_target(target)
     print(report.to_json() if args.json else str(report), file=sys.stdout)
     return 0 if report.ok else 1

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
-import pathlib
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,14 +10,14 @@ from .._errors import DropmaskTypeError, DropmaskValueError
 from ._linen import audit_model, audit_step
 from ._report import AuditReport
 
-__all__ = ["AuditTarget", "audit_target", "load_target"]
+__all__ = ["AuditTarget", "audit_target", "load_target", "target_from_example"]
 
 
 @dataclasses.dataclass(frozen=True)
 class AuditTarget:
     """Everything needed to audit a Linen model and its train step.
 
-    An example exposes ``audit_target() -> AuditTarget`` in ``examples/<name>/audit.py``.
+    :func:`target_from_example` builds one from a :class:`dropmask.training.Example`.
 
     Attributes:
       model: the ``flax.linen.Module``.
@@ -74,45 +70,97 @@ def audit_target(target: AuditTarget) -> AuditReport:
     return report
 
 
-def load_target(example: str) -> AuditTarget:
-    """Calls ``audit_target()`` of an example's hook module.
+def target_from_example(
+    example: Any, config: Any = None, *, steps: int = 3, fn: str = "target_from_example"
+) -> AuditTarget:
+    """The audit target of a :class:`dropmask.training.Example`: its model, step and batches.
+
+    The state and ``steps`` batches are built as the training loop builds them (the
+    same :func:`dropmask.training.run_keys` split), so the audit sees the masks a
+    real run draws.
 
     Args:
-      example: a bundled example's name (``'digits'`` imports ``examples.digits.audit``
-        from the current directory), a dotted module name, or a path to a ``.py`` file.
+      example: the example; it needs ``model_inputs`` and a Linen ``TrainState``
+        (``apply_fn=model.apply``).
+      config: the config to build with; ``None``: ``example.get_tiny_config()`` (or
+        ``get_config()`` when it has none).
+      steps: train batches for the step audit (at least 2).
+      fn: the caller's name, for messages.
+
+    Returns:
+      An :class:`AuditTarget`.
 
     Raises:
-      DropmaskValueError: the hook cannot be found or has no ``audit_target``.
+      DropmaskValueError: ``example`` has no ``model_inputs``, or ``steps < 2``.
+      DropmaskTypeError: ``example`` is not an ``Example``, or its state's
+        ``apply_fn`` is not a bound Linen ``apply``.
     """
-    path = pathlib.Path(example)
-    if example.endswith(".py"):
-        if not path.is_file():
-            raise DropmaskValueError(f"no audit hook file at {example!r}.")
-        spec = importlib.util.spec_from_file_location("_dropmask_audit_hook", path)
-        if spec is None or spec.loader is None:
-            raise DropmaskValueError(f"cannot import {example!r} as a Python module.")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        name = example if "." in example else f"examples.{example}.audit"
-        if "" not in sys.path and str(pathlib.Path.cwd()) not in sys.path:
-            sys.path.insert(0, str(pathlib.Path.cwd()))
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            raise DropmaskValueError(
-                f"no audit hook {name!r} for example {example!r} ({err}). Run from the "
-                "repository root, or pass the hook file's path, e.g. examples/digits/audit.py."
-            ) from err
-    hook = getattr(module, "audit_target", None)
-    if not callable(hook):
-        raise DropmaskValueError(
-            f"{module.__name__} has no audit_target() function returning an AuditTarget."
-        )
-    target = hook()
-    if not isinstance(target, AuditTarget):
+    from ..training._example import Example, run_keys
+
+    if not isinstance(example, Example):
         raise DropmaskTypeError(
-            f"{module.__name__}.audit_target() returned {type(target).__name__}; it must "
-            "return a dropmask.audit.AuditTarget(model=..., variables=..., args=...)."
+            f"{fn}: example must be a dropmask.training.Example, got {type(example).__name__}."
         )
-    return target
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise DropmaskValueError(
+            f"{fn}: steps must be an int >= 2 (masks are compared between steps), got {steps!r}."
+        )
+    if example.model_inputs is None:
+        raise DropmaskValueError(
+            f"{fn}: example {example.name!r} must set model_inputs to be audited, got None. "
+            "Pass Example(..., model_inputs=lambda batch: (batch['x'],))."
+        )
+    if config is None:
+        config = (example.get_tiny_config or example.get_config)()
+    data = example.load_data(config)
+    data_key, params_key, dropout_key = run_keys(config.seed)
+    state = example.create_state(config, data, params_key, dropout_key)
+    model = getattr(state.apply_fn, "__self__", None)
+    if model is None:
+        raise DropmaskTypeError(
+            f"{fn}: example {example.name!r} must build its state with apply_fn=model.apply "
+            f"of a Linen module, got {state.apply_fn!r}. Audit an NNX model with audit_nnx."
+        )
+    batches = [example.train_batch(config, data, data_key, step) for step in range(steps)]
+    return AuditTarget(
+        model=model,
+        variables={"params": state.params},
+        args=tuple(example.model_inputs(batches[0])),
+        train_kwargs=example.train_kwargs,
+        eval_kwargs=example.eval_kwargs,
+        train_step=example.train_step,
+        state=state,
+        batches=batches,
+        eval_model=None if example.eval_model is None else example.eval_model(model),
+    )
+
+
+def load_target(target: str) -> AuditTarget:
+    """The audit target that ``target`` names, found as ``dropmask train`` finds examples.
+
+    Args:
+      target: a bundled example's name, a directory whose ``train.py`` defines
+        ``example``, a ``.py`` file, or ``package.module:attribute``. What it names
+        is an ``Example`` (audited by :func:`target_from_example`), an
+        :class:`AuditTarget`, or a function returning one; a file may define
+        ``audit_target()`` instead of ``example``.
+
+    Raises:
+      DropmaskValueError: the target cannot be found or imported.
+      DropmaskTypeError: it names something else.
+    """
+    from ..training._example import Example
+    from ..training._locate import locate
+
+    found = locate(target, attributes=("example", "audit_target"))
+    value = found.value
+    if isinstance(value, Example):
+        return target_from_example(value, fn="dropmask audit")
+    if callable(value) and not isinstance(value, AuditTarget):
+        value = value()
+    if not isinstance(value, AuditTarget):
+        raise DropmaskTypeError(
+            f"{found.where} must be a dropmask.training.Example, an AuditTarget or a function "
+            f"returning one, got {type(value).__name__}. Define example = Example(...)."
+        )
+    return value

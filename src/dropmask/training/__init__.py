@@ -14,6 +14,8 @@ Every stream's per-step key is ``fold_in(fold_in(key, stream_id(name)), step)``.
 devices and processes; ``dropmask train NAME`` is the command over them.
 """
 
+from ._batches import epoch_batch as epoch_batch
+from ._batches import epoch_position as epoch_position
 from ._checkpoint import Checkpointer as Checkpointer
 from ._errors import CheckpointError as CheckpointError
 from ._errors import DamagedCheckpointError as DamagedCheckpointError
@@ -21,6 +23,7 @@ from ._errors import DataError as DataError
 from ._errors import NonFiniteLossError as NonFiniteLossError
 from ._example import Example as Example
 from ._example import base_config as base_config
+from ._example import run_keys as run_keys
 from ._keys import step_key as step_key
 from ._keys import step_rngs as step_rngs
 from ._keys import stream_id as stream_id
@@ -47,10 +50,13 @@ __all__ = [
     "TrainState",
     "base_config",
     "compare_rates",
+    "epoch_batch",
+    "epoch_position",
     "from_bytes",
     "initialize_distributed",
     "make_mesh",
     "replicate",
+    "run_keys",
     "shard_batch",
     "step_key",
     "step_rngs",

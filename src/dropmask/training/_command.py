@@ -1,14 +1,14 @@
-"""``dropmask train EXAMPLE``: flags to a config, then :func:`train` or :func:`compare_rates`.
+"""``dropmask train TARGET``: flags to a config, then :func:`train` or :func:`compare_rates`.
 
-The example is ``examples/EXAMPLE/train.py`` of the current directory (a dropmask
-source checkout), which defines ``example``, a :class:`dropmask.training.Example`.
+The target names a :class:`dropmask.training.Example`: a bundled example, a
+directory whose ``train.py`` defines ``example``, a ``.py`` file, or
+``package.module:attribute`` (:mod:`dropmask.training._locate`, which ``dropmask
+audit`` shares).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import pathlib
 import shlex
 import sys
@@ -22,9 +22,16 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds ``dropmask train``'s flags to ``parser``."""
-    parser.add_argument("example", help="the example to train: examples/EXAMPLE/ here")
     parser.add_argument(
-        "--workdir", help="directory for metrics, events, plots, checkpoints (runs/EXAMPLE)"
+        "example",
+        metavar="TARGET",
+        nargs="?",
+        help="a bundled example (e.g. digits), a directory whose train.py defines `example`, "
+        "a .py file, or package.module:attribute",
+    )
+    parser.add_argument("--list", action="store_true", help="list the examples and where each is")
+    parser.add_argument(
+        "--workdir", help="directory for metrics, events, plots, checkpoints (runs/NAME)"
     )
     parser.add_argument("--steps", type=int, help="train steps in total (config.steps)")
     parser.add_argument("--rate", type=float, help="dropout rate (config.rate)")
@@ -69,29 +76,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_example(name: str) -> Any:
-    """``examples.NAME.train.example`` from the current directory, or one line saying why not."""
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        module = importlib.import_module(f"examples.{name}.train")
-    except ModuleNotFoundError as error:
-        if error.name not in ("examples", f"examples.{name}", f"examples.{name}.train"):
-            raise
-        here = pathlib.Path(cwd, "examples")
-        found = sorted(p.parent.name for p in here.glob("*/train.py")) if here.is_dir() else []
-        hint = f"examples here: {', '.join(found)}" if found else "no examples/ here"
-        raise DropmaskValueError(
-            f"no example {name!r}: dropmask train imports examples/{name}/train.py from the "
-            f"current directory ({cwd}; {hint}). Run it from a dropmask source checkout"
-        ) from None
-    example = getattr(module, "example", None)
-    if example is None:
-        raise DropmaskValueError(f"examples/{name}/train.py defines no `example` to train")
-    return example
-
-
 def _rates(text: str) -> list[float]:
     try:
         rates = [float(part) for part in text.split(",") if part.strip()]
@@ -113,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
     saved checkpoint and the command that resumes from it. Anything else is a bug:
     its traceback, then one line asking to report it.
     """
+    if args.list:
+        from ._locate import listing
+
+        print(listing())
+        return 0
     try:
         example, config, rates = _parse(args)
     except DropmaskError as error:
@@ -147,7 +136,9 @@ def _fail(error: DropmaskError | str, status: int) -> int:
 
 
 def _workdir(args: argparse.Namespace) -> pathlib.Path:
-    return pathlib.Path(args.workdir or pathlib.Path("runs", args.example))
+    # runs/NAME: the example's name, whatever form the target took (a path, a module).
+    name = getattr(args, "example_name", None) or args.example
+    return pathlib.Path(args.workdir or pathlib.Path("runs", name))
 
 
 def _resume_note(args: argparse.Namespace, rates: list[float] | None) -> str:
@@ -211,7 +202,12 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
         raise DropmaskValueError(
             "--num-seeds applies to --compare-rates; for one run pick the seed with --seed"
         )
-    example = _load_example(args.example)
+    if args.example is None:
+        raise DropmaskValueError("give a TARGET to train, or --list to see them")
+    from ._locate import load_example
+
+    example = load_example(args.example)
+    args.example_name = example.name
     config = _config.apply_overrides(example.get_config(), overrides)
     if args.steps is not None:
         config.steps = int(args.steps)

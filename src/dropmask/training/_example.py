@@ -16,7 +16,7 @@ import jax
 import ml_collections
 import numpy as np
 
-__all__ = ["Example", "base_config"]
+__all__ = ["Example", "base_config", "run_keys"]
 
 Batch = Mapping[str, np.ndarray]
 # The batch as the jitted train step sees it: sharded over the mesh.
@@ -55,6 +55,21 @@ def base_config() -> ml_collections.ConfigDict:
     config.mc_samples = 0
     config.allow_nonfinite_loss = False
     return config
+
+
+def run_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The ``(data_key, params_key, dropout_key)`` of a run: one root key, split in three.
+
+    The training loop and ``dropmask audit`` both start from these, so an audit sees
+    the masks and batches a real run draws.
+
+    Example:
+      >>> data_key, params_key, dropout_key = run_keys(0)
+      >>> data_key.dtype
+      key<fry>
+    """
+    data_key, params_key, dropout_key = jax.random.split(jax.random.key(seed), 3)
+    return data_key, params_key, dropout_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +112,15 @@ class Example:
         ``dropmask.uncertainty.sample``); ``labels: int[n]``. With ``config.mc_samples
         > 0`` the loop scores both (accuracy, NLL, ECE); ``None``: no Monte Carlo
         evaluation.
+      get_tiny_config: a seconds-long config, which ``dropmask audit`` runs; ``None``
+        uses ``get_config``.
+      model_inputs: ``batch -> tuple``, the positional inputs of one model call taken
+        from a train batch; ``dropmask audit`` needs it to call the model alone.
+      train_kwargs: keyword arguments of a model call in training (audit).
+      eval_kwargs: keyword arguments of a model call in evaluation (audit).
+      eval_model: ``model -> model``, the evaluation module when a config field and
+        not a call argument selects the mode (e.g. ``config.replace(deterministic=
+        True)``); ``None``: the model itself with ``eval_kwargs``.
     """
 
     name: str
@@ -111,6 +135,11 @@ class Example:
     best_mode: str = "min"
     data_position: Callable[[ml_collections.ConfigDict, Any, int], dict[str, Any]] | None = None
     predict: Callable[..., tuple[Any, Any]] | None = None
+    get_tiny_config: Callable[[], ml_collections.ConfigDict] | None = None
+    model_inputs: Callable[[Batch], tuple[Any, ...]] | None = None
+    train_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": True})
+    eval_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": False})
+    eval_model: Callable[[Any], Any] | None = None
 
     def position(self, config: ml_collections.ConfigDict, data: Any, step: int) -> dict[str, Any]:
         """The data position recorded in a checkpoint at ``step``."""

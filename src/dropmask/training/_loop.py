@@ -24,7 +24,7 @@ from .._errors import DropmaskValueError
 from . import _report, _uncertainty
 from ._checkpoint import Checkpointer
 from ._errors import CheckpointError, DamagedCheckpointError, NonFiniteLossError
-from ._example import Example
+from ._example import Example, run_keys
 from ._logging import MetricsLog, require
 from ._parallel import make_mesh, replicate, shard_batch
 
@@ -325,7 +325,7 @@ def _start(
         data = example.load_data(config)
         # A new run creates its directories only once its data has loaded.
         checkpointer = checkpointer or open_checkpoints()
-        data_key, params_key, dropout_key = jax.random.split(jax.random.key(schedule.seed), 3)
+        data_key, params_key, dropout_key = run_keys(schedule.seed)
         state = replicate(example.create_state(config, data, params_key, dropout_key), mesh)
         if resume:
             state, start = _restore_complete(

@@ -1,7 +1,7 @@
 """Trains an MLP on digits with dropout, the Flax dropout guide's way, on the shared loop.
 
-Run ``dropmask train digits`` (or ``python -m examples.digits.train``, the same
-command). This module provides only what is specific to digits; the loop in
+Run ``dropmask train digits`` (or ``python -m dropmask.examples.digits.train``, the
+same command). This module provides only what is specific to digits; the loop in
 ``dropmask.training`` does devices, checkpoints, resume, logging and plots. The
 workflow is the guide's, with ``dropmask.linen.Dropout`` in place of
 ``flax.linen.Dropout``:
@@ -13,6 +13,9 @@ workflow is the guide's, with ``dropmask.linen.Dropout`` in place of
 4. ``apply(..., training=True, rngs=...)`` to train, plain ``apply(...,
    training=False)`` to evaluate.
 """
+
+# ConfigDict entries are typed as the union of every value type a config may hold.
+# pyright: reportArgumentType=false, reportOperatorIssue=false, reportAttributeAccessIssue=false
 
 from __future__ import annotations
 
@@ -153,6 +156,8 @@ example = Example(
     best_mode="max",
     data_position=input_pipeline.position,
     predict=predict,
+    get_tiny_config=configs.get_tiny_config,
+    model_inputs=lambda batch: (jnp.asarray(batch["image"]),),
 )
 
 

@@ -2,15 +2,16 @@
 
 scikit-learn ships the 1797 8x8 images, so nothing is downloaded; ``config.data_path``
 may name an ``.npz`` with the same arrays instead. The batch of step ``s`` depends only
-on the data, the data key and ``s``: epoch ``s // steps_per_epoch`` is shuffled by
-``fold_in(data_key, epoch)``, so a run resumed at any step sees the batches an
-uninterrupted run would.
+on the data, the data key and ``s`` (:func:`dropmask.training.epoch_batch`), so a run
+resumed at any step sees the batches an uninterrupted run would.
 """
+
+# ConfigDict entries are typed as the union of every value type a config may hold.
+# pyright: reportArgumentType=false, reportOperatorIssue=false, reportAttributeAccessIssue=false
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import pathlib
 import zipfile
 
@@ -19,7 +20,7 @@ import ml_collections
 import numpy as np
 
 from dropmask import DropmaskValueError
-from dropmask.training import DataError
+from dropmask.training import DataError, epoch_batch, epoch_position
 
 NUM_CLASSES = 10
 NUM_PIXELS = 64
@@ -142,39 +143,14 @@ def load(config: ml_collections.ConfigDict) -> Data:
     return Data(Split(x_train, y_train), Split(x_test, y_test))
 
 
-def steps_per_epoch(config: ml_collections.ConfigDict, data: Data) -> int:
-    """Full batches per epoch; the remainder is dropped so every step has one shape."""
-    return len(data.train) // config.batch_size
-
-
-@functools.lru_cache(maxsize=4)
-def _order(key_data: bytes, impl: str, epoch: int, n: int) -> np.ndarray:
-    key = jax.random.wrap_key_data(np.frombuffer(key_data, np.uint32), impl=impl)
-    return np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), n))
-
-
 def train_batch(
     config: ml_collections.ConfigDict, data: Data, data_key: jax.Array, step: int
 ) -> dict[str, np.ndarray]:
     """The batch of ``step``: ``{'image': f32[batch_size, 64], 'label': i32[batch_size]}``."""
-    epoch, index = divmod(step, steps_per_epoch(config, data))
-    order = _order(
-        np.asarray(jax.random.key_data(data_key)).tobytes(),
-        str(jax.random.key_impl(data_key)),
-        epoch,
-        len(data.train),
-    )
-    idx = order[index * config.batch_size : (index + 1) * config.batch_size]
+    idx = epoch_batch(data_key, step, num_examples=len(data.train), batch_size=config.batch_size)
     return {"image": data.train.image[idx], "label": data.train.label[idx]}
 
 
 def position(config: ml_collections.ConfigDict, data: Data, step: int) -> dict[str, int]:
     """Where the pipeline is at ``step``: epoch, batch within it, and the epoch's shape."""
-    per_epoch = steps_per_epoch(config, data)
-    epoch, index = divmod(step, per_epoch)
-    return {
-        "epoch": epoch,
-        "batch": index,
-        "steps_per_epoch": per_epoch,
-        "train_size": len(data.train),
-    }
+    return epoch_position(step, num_examples=len(data.train), batch_size=config.batch_size)

@@ -1,0 +1,305 @@
+"""The one way ``dropmask train`` and ``dropmask audit`` find what they run.
+
+A target is, in the order tried:
+
+1. the name of a bundled example: ``digits`` ships with the package
+   (``dropmask.examples.digits``); ``sst2``, ``seq2seq`` and ``translate`` live in
+   a dropmask source checkout's ``examples/`` and are found there when dropmask is
+   imported from that checkout;
+2. a path: a directory whose ``train.py`` defines ``example``, or a ``.py`` file
+   that defines it. A directory is imported as a package under a private name, so
+   its modules import each other relatively (``from . import models``) and never
+   collide with the user's other modules;
+3. ``package.module:attribute``, imported from ``sys.path`` (the current
+   directory is tried last), e.g. ``my_project.train:example``.
+
+Nothing is put in front of ``sys.path``: a user's own ``examples/`` folder, or any
+other package of that name, stays what it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import pathlib
+import re
+import sys
+import traceback
+import types
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .._errors import DropmaskTypeError, DropmaskValueError
+
+__all__ = ["Located", "available", "load_example", "locate"]
+
+# name -> (where it lives, what it trains). ``digits`` is a module of the package;
+# the others are directories of a source checkout's examples/.
+_BUNDLED = {"digits": "dropmask.examples.digits.train"}
+_SUMMARIES = {
+    "digits": "an MLP on scikit-learn's 8x8 digits (the Flax dropout guide's workflow)",
+    "sst2": "a GRU sentence classifier with word dropout",
+    "seq2seq": "an LSTM encoder-decoder that learns addition",
+    "translate": "a Transformer on generated English-German pairs",
+}
+_CHECKOUT_ONLY = ("sst2", "seq2seq", "translate")
+
+
+@dataclasses.dataclass(frozen=True)
+class Located:
+    """What a target resolved to.
+
+    Attributes:
+      value: the object found (e.g. a :class:`dropmask.training.Example`).
+      where: where it was found, for messages: a module attribute or a file.
+    """
+
+    value: Any
+    where: str
+
+
+def checkout_examples() -> pathlib.Path | None:
+    """``examples/`` of the source checkout dropmask is imported from, if any."""
+    root = pathlib.Path(__file__).resolve().parents[3]
+    examples = root / "examples"
+    if (root / "pyproject.toml").is_file() and (root / "src" / "dropmask").is_dir():
+        return examples if examples.is_dir() else None
+    return None
+
+
+def available() -> list[tuple[str, str, str]]:
+    """``(name, where, summary)`` of each example a name can run, bundled first.
+
+    ``where`` is a module for bundled examples, a directory for those of this
+    source checkout, and says "source checkout only" for those not found here.
+    """
+    rows = [(name, module, _SUMMARIES[name]) for name, module in _BUNDLED.items()]
+    examples = checkout_examples()
+    found = set()
+    if examples is not None:
+        for train in sorted(examples.glob("*/train.py")):
+            name = train.parent.name
+            if name not in _BUNDLED:
+                found.add(name)
+                rows.append((name, str(train.parent), _SUMMARIES.get(name, "")))
+    for name in _CHECKOUT_ONLY:
+        if name not in found:
+            rows.append((name, "source checkout only: examples/" + name, _SUMMARIES[name]))
+    return rows
+
+
+def listing() -> str:
+    """:func:`available` as the table that ``--list`` prints."""
+    rows = available()
+    width = max(len(name) for name, _, _ in rows)
+    lines = [f"{name:<{width}}  {where}\n{'':<{width}}  {summary}" for name, where, summary in rows]
+    lines.append(
+        "Or give a directory whose train.py defines `example`, a .py file defining it, "
+        "or package.module:attribute."
+    )
+    return "\n".join(lines)
+
+
+def locate(target: str, attributes: Sequence[str] = ("example",)) -> Located:
+    """Resolves ``target`` (see the module docstring) to the object it names.
+
+    Args:
+      target: a bundled example's name, a path to a directory or ``.py`` file, or
+        ``package.module:attribute``.
+      attributes: the names looked up, in order, in the module a name or a path
+        leads to (a directory's ``train.py``).
+
+    Returns:
+      A :class:`Located`.
+
+    Raises:
+      DropmaskValueError: nothing matches, or importing the target failed; the
+        message names what was tried (and the failing line of an import).
+    """
+    if not isinstance(target, str) or not target.strip():
+        raise DropmaskValueError(
+            f"locate: target must be a non-empty string, got {target!r}. Give an example's "
+            "name (see --list), a directory, a .py file or package.module:attribute."
+        )
+    path = pathlib.Path(target).expanduser()
+    if target in _BUNDLED:
+        module = _import(target, lambda: importlib.import_module(_BUNDLED[target]))
+        return _pick(module, attributes, target)
+    examples = checkout_examples()
+    if os.sep not in target and "/" not in target and ":" not in target and "." not in target:
+        if examples is not None and (examples / target / "train.py").is_file():
+            return _pick(_import_directory(examples / target, target), attributes, target)
+        if not path.exists():
+            raise DropmaskValueError(_unknown(target))
+    if path.is_dir():
+        if not (path / "train.py").is_file():
+            raise DropmaskValueError(
+                f"{target!r} is a directory without a train.py. A target directory's "
+                "train.py must define `example = dropmask.training.Example(...)`."
+            )
+        return _pick(_import_directory(path, target), attributes, target)
+    if path.suffix == ".py":
+        if not path.is_file():
+            raise DropmaskValueError(f"no file {str(path.resolve())!r} ({target!r}).")
+        return _pick(_import_file(path, target), attributes, target)
+    if ":" in target or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", target):
+        return _import_attribute(target, attributes)
+    raise DropmaskValueError(_unknown(target))
+
+
+def load_example(target: str) -> Any:
+    """The :class:`dropmask.training.Example` that ``target`` names (see :func:`locate`).
+
+    Raises:
+      DropmaskValueError: nothing matches, or the import failed.
+      DropmaskTypeError: the object found is not an ``Example``.
+    """
+    from ._example import Example
+
+    found = locate(target)
+    if not isinstance(found.value, Example):
+        raise DropmaskTypeError(
+            f"{found.where} must be a dropmask.training.Example, got "
+            f"{type(found.value).__name__}. Define example = Example(name=..., ...)."
+        )
+    return found.value
+
+
+def _unknown(target: str) -> str:
+    names = ", ".join(name for name, where, _ in available() if "only" not in where)
+    if target in _CHECKOUT_ONLY:
+        return (
+            f"example {target!r} lives in the dropmask source checkout (examples/{target}/), "
+            "not in the installed package. Clone the repository and give its directory, "
+            f"e.g. path/to/dropmask/examples/{target}"
+        )
+    return (
+        f"no example {target!r}: it is not a bundled example ({names}), not a path to a "
+        "directory or .py file, and not package.module:attribute. See --list"
+    )
+
+
+def _private_name(path: pathlib.Path) -> str:
+    """A module name that no user module has: one per resolved path."""
+    stem = re.sub(r"\W", "_", path.stem) or "target"
+    return f"_dropmask_target_{stem}_{zlib.crc32(str(path).encode()):08x}"
+
+
+def _failure(target: str, error: BaseException) -> DropmaskValueError:
+    """One line naming the target, the failing line of its import, and the error."""
+    frames = traceback.extract_tb(error.__traceback__)
+    line = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return DropmaskValueError(
+        f"importing {target!r} failed{line}: {type(error).__name__}: {error}. Fix that "
+        "module, or install what it needs (e.g. pip install 'dropmask[train]')"
+    )
+
+
+def _import(target: str, load: Callable[[], types.ModuleType]) -> types.ModuleType:
+    """Runs ``load()``; any failure becomes one line naming the target and the line."""
+    try:
+        return load()
+    except DropmaskValueError:
+        raise
+    except Exception as error:
+        raise _failure(target, error) from error
+
+
+def _import_directory(directory: pathlib.Path, target: str) -> types.ModuleType:
+    """``directory/train.py`` as a submodule of a privately named package."""
+    directory = directory.resolve()
+    package = _private_name(directory)
+
+    def load() -> types.ModuleType:
+        if package not in sys.modules:
+            init = directory / "__init__.py"
+            if init.is_file():
+                spec = importlib.util.spec_from_file_location(
+                    package, init, submodule_search_locations=[str(directory)]
+                )
+            else:
+                spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
+                spec.submodule_search_locations = [str(directory)]
+            if spec is None:
+                raise DropmaskValueError(f"cannot import {str(init)!r} as a Python module.")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[package] = module
+            try:
+                if spec.loader is not None:
+                    spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[package]
+                raise
+        return importlib.import_module(f"{package}.train")
+
+    return _import(target, load)
+
+
+def _import_file(path: pathlib.Path, target: str) -> types.ModuleType:
+    """A ``.py`` file as a privately named module."""
+    path = path.resolve()
+    name = _private_name(path)
+
+    def load() -> types.ModuleType:
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise DropmaskValueError(f"cannot import {str(path)!r} as a Python module.")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module
+
+    return _import(target, load)
+
+
+def _import_attribute(target: str, attributes: Sequence[str]) -> Located:
+    """``package.module[:attribute]``, the current directory tried after ``sys.path``."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or (":" in target and not attribute):
+        raise DropmaskValueError(
+            f"{target!r} must be package.module:attribute, e.g. my_project.train:example."
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is not None and (module_name + ".").startswith(error.name + "."):
+            raise DropmaskValueError(
+                f"no module {module_name!r} (for {target!r}) on sys.path or in {cwd}. "
+                "Install the package, or run from the directory that holds it"
+            ) from None
+        raise _failure(target, error) from error
+    except Exception as error:
+        raise _failure(target, error) from error
+    if not attribute:
+        return _pick(module, attributes, target)
+    value: Any = module
+    for part in attribute.split("."):
+        if not hasattr(value, part):
+            raise DropmaskValueError(f"{module_name} has no attribute {attribute!r} ({target!r}).")
+        value = getattr(value, part)
+    return Located(value, f"{module_name}:{attribute}")
+
+
+def _pick(module: types.ModuleType, attributes: Sequence[str], target: str) -> Located:
+    where = getattr(module, "__file__", None) or module.__name__
+    for name in attributes:
+        if hasattr(module, name):
+            return Located(getattr(module, name), f"{where}:{name}")
+    wanted = " or ".join(f"`{name}`" for name in attributes)
+    raise DropmaskValueError(
+        f"{where} (for {target!r}) defines no {wanted}. Define "
+        "example = dropmask.training.Example(name=..., ...) there."
+    )
