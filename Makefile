@@ -5,7 +5,7 @@ PYTHON3 ?= python3
 # 8 fake CPU devices for the sharding tests; must be set before JAX is imported.
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: venv demo test lint bench bench-full bench-test bench-native rngtest clean
+.PHONY: venv demo test test-slow wheel-test lint bench bench-full bench-test bench-native rngtest clean
 
 $(VENV)/.installed-dev: pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -26,8 +26,18 @@ demo: venv
 	rm -rf runs/demo
 	$(VENV)/bin/dropmask train digits --workdir runs/demo $(DEMO_FLAGS)
 
+# The fast inner loop: everything but the end-to-end runs marked slow (multi-process,
+# training runs); prints the ten slowest tests. `make test-slow` runs the rest; CI runs both.
 test: venv
-	$(PY) -m pytest -q -n 2 tests src/dropmask --doctest-modules
+	$(PY) -m pytest -q -n 2 -m "not slow" --durations=10 tests src/dropmask --doctest-modules
+
+test-slow: venv
+	$(PY) -m pytest -q -n 2 -m slow --durations=10 tests
+
+# The built wheel in a fresh virtualenv outside the checkout trains and audits a user's
+# example directory and the bundled digits (.ci/wheel_test; needs network to PyPI).
+wheel-test:
+	.ci/wheel_test
 
 lint: venv
 	$(PY) -m ruff format --check src tests examples benchmarks
@@ -58,10 +68,11 @@ bench-test: $(VENV)/.installed-dev
 bench-native: $(VENV)/.installed-dev
 	XLA_FLAGS= $(PY) -m benchmarks.bench_native $(NATIVE_FLAGS)
 
-# dieharder on dropmask's raw bit stream: about 5-6 min on 2 cores.
+# dieharder on dropmask's raw bit stream: about 5-6 min on 2 cores. Needs the dieharder
+# program (Debian/Ubuntu: apt-get install dieharder; macOS: brew install dieharder).
 # RNGTEST_FLAGS=--reference also runs the same battery on threefry (about 11 min).
 rngtest: $(VENV)/.installed-dev
-	command -v dieharder >/dev/null || { apt-get update && apt-get install -y dieharder; }
+	@command -v dieharder >/dev/null || { echo "make rngtest needs the dieharder program: apt-get install dieharder (or brew install dieharder)" >&2; exit 1; }
 	XLA_FLAGS= $(PY) -m benchmarks.rngtest $(RNGTEST_FLAGS)
 
 clean:

@@ -88,7 +88,7 @@ def test_a_run_killed_during_a_save_resumes_from_the_previous_checkpoint(
     script = _KILLED_SAVE.format(tests=str(ROOT / "tests" / "training"), workdir=str(tmp_path))
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
     }
     child = subprocess.Popen(

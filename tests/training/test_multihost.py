@@ -48,7 +48,7 @@ def test_two_processes_match_one(example, tmp_path):
     address = f"127.0.0.1:{_free_port()}"
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
     }
