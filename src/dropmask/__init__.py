@@ -5,6 +5,8 @@ Users import from ``dropmask`` (functional API), ``dropmask.linen`` and
 calibration). Everything here is a re-export.
 """
 
+from importlib import metadata as _metadata
+
 from ._attention import dot_product_attention as dot_product_attention
 from ._dropout import alpha_dropout as alpha_dropout
 from ._dropout import drop_path as drop_path
@@ -19,6 +21,7 @@ from ._errors import DtypeError as DtypeError
 from ._errors import MaskShapeError as MaskShapeError
 from ._errors import MissingKeyError as MissingKeyError
 from ._errors import RateError as RateError
+from ._fast_mask import MASK_NAME as DROPOUT_MASK_NAME
 from ._masks import attention_mask as attention_mask
 from ._masks import causal_mask as causal_mask
 from ._masks import combine_masks as combine_masks
@@ -55,9 +58,14 @@ from ._rnn import zoneout as zoneout
 from ._scan import flip_sequences as flip_sequences
 from ._scan import masked_scan as masked_scan
 
-__version__ = "0.1.0"
+try:
+    # The version lives in pyproject.toml alone; an installed package carries it.
+    __version__: str = _metadata.version("dropmask")
+except _metadata.PackageNotFoundError:  # sources on sys.path without an install
+    __version__ = "0+unknown"
 
 __all__ = [
+    "DROPOUT_MASK_NAME",
     "AxisError",
     "BucketBatch",
     "DropmaskError",

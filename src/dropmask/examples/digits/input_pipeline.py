@@ -6,9 +6,6 @@ on the data, the data key and ``s`` (:func:`dropmask.training.epoch_batch`), so 
 resumed at any step sees the batches an uninterrupted run would.
 """
 
-# ConfigDict entries are typed as the union of every value type a config may hold.
-# pyright: reportArgumentType=false, reportOperatorIssue=false, reportAttributeAccessIssue=false
-
 from __future__ import annotations
 
 import dataclasses

@@ -14,9 +14,6 @@ workflow is the guide's, with ``dropmask.linen.Dropout`` in place of
    training=False)`` to evaluate.
 """
 
-# ConfigDict entries are typed as the union of every value type a config may hold.
-# pyright: reportArgumentType=false, reportOperatorIssue=false, reportAttributeAccessIssue=false
-
 from __future__ import annotations
 
 import functools
