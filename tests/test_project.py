@@ -5,12 +5,11 @@ from __future__ import annotations
 import importlib.metadata
 import pathlib
 import re
-import tomllib
 
 import dropmask
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PYPROJECT = (ROOT / "pyproject.toml").read_text()
 
 
 def _make_recipe(target: str) -> list[str]:
@@ -21,14 +20,14 @@ def _make_recipe(target: str) -> list[str]:
 
 
 def test_the_license_file_is_the_license_pyproject_declares():
-    assert PYPROJECT["project"]["license"] == {"text": "Apache-2.0"}
+    assert 'license = { text = "Apache-2.0" }' in PYPROJECT
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text  # the full text, not a pointer
 
 
 def test_the_version_lives_in_pyproject_alone():
-    assert "version" not in PYPROJECT["project"].get("dynamic", [])
+    assert len(re.findall(r'^version = "\d+\.\d+\.\d+"$', PYPROJECT, re.M)) == 1
     assert dropmask.__version__ == importlib.metadata.version("dropmask")
     sources = "\n".join(p.read_text() for p in (ROOT / "src").rglob("*.py"))
     assert not re.search(r"__version__\s*=\s*['\"]\d+\.", sources)
@@ -40,7 +39,7 @@ def test_pre_commit_runs_what_make_lint_runs():
     )
     lint = [line.replace("$(PY) ", "") for line in _make_recipe("lint")]
     assert hooks == lint, (hooks, lint)
-    assert PYPROJECT["tool"]["pyright"]["include"] == ["src", "tests", "examples"]
+    assert 'include = ["src", "tests", "examples"]' in PYPROJECT
 
 
 def test_make_test_is_the_fast_loop_and_ci_runs_the_rest():
