@@ -14,7 +14,8 @@ import zipfile
 import pytest
 
 import dropmask
-from dropmask import _why_command, why
+from dropmask import why
+from dropmask.why import _command as _why_command
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VERDICTS = {why.HOLDS, why.NOT, why.DEPENDS}
@@ -96,11 +97,11 @@ def test_runs_from_an_installed_wheel(tmp_path):
     (wheel,) = tmp_path.glob("dropmask-*.whl")
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    assert (site / "dropmask" / "why.py").is_file()
+    assert (site / "dropmask" / "why" / "__init__.py").is_file()
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import dropmask, json; "
         "assert dropmask.__file__.startswith(sys.argv[1]), dropmask.__file__; "
-        "from dropmask import _why_command as c; import argparse; p = argparse.ArgumentParser(); "
+        "from dropmask.why import _command as c; import argparse; p = argparse.ArgumentParser(); "
         "c.add_arguments(p); sys.exit(c.run(p.parse_args(['--json', '--no-timing'])))"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "find dropout bugs in an example's model and train step",
     ),
     "why": (
-        "dropmask._why_command",
+        "dropmask.why._command",
         "measure, on this machine, why dropout ends in lax.select",
     ),
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .why import check_claims
+from ._check import check_claims
 
 __all__ = ["add_arguments", "run"]
 

@@ -246,7 +246,7 @@ def residual_bytes(n: int = 1 << 16, rate: float = 0.1) -> dict[str, float]:
     These are the residuals JAX hands to the backward pass before XLA optimises the
     whole step; inside one jitted train step XLA may fold some (e.g. a zeros array).
     """
-    from ._dropout import dropout
+    from .._dropout import dropout
 
     x = jnp.ones((n,), jnp.float32)
     key = jax.random.key(0)
@@ -314,7 +314,7 @@ def timings(n: int, repeats: int, rate: float = 1 - KEEP) -> dict[str, dict[str,
     The minimum over rounds is taken because background load on a shared machine only
     ever adds time; two copies of one program then differ only by what is left.
     """
-    from ._dropout import dropout
+    from .._dropout import dropout
 
     key = jax.random.key(0)
 

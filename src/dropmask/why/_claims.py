@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from . import _why_measure as m
+from . import _measure as m
 
 __all__ = ["HOLDS", "DEPENDS", "NOT", "Claim", "fact_claims", "timing_claims"]
 

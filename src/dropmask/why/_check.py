@@ -1,17 +1,4 @@
-"""``dropmask why``: why dropout ends in ``lax.select``, measured on this machine.
-
-Flax's dropout ends in ``lax.select(mask, x / keep_prob, zeros_like(x))``. Common
-explanations of that choice, set against ``jnp.where(mask, x / keep_prob, 0)`` and
-``mask * x / keep_prob``, make claims about dtype promotion, numerical stability,
-autodiff cost and speed. :func:`check_claims` measures each claim with the installed
-JAX on the default backend and returns a verdict with the number behind it.
-
-Example:
-  >>> from dropmask import why
-  >>> report = why.check_claims(timing=False)
-  >>> report.verdicts()["where-is-select"]
-  'holds'
-"""
+"""The report of ``dropmask why``: each claim measured, with its verdict."""
 
 from __future__ import annotations
 
@@ -23,9 +10,9 @@ from typing import Any
 
 import jax
 
-from ._errors import DropmaskValueError
-from ._why_claims import DEPENDS, HOLDS, NOT, Claim, fact_claims, timing_claims
-from ._why_measure import forms
+from .._errors import DropmaskValueError
+from ._claims import DEPENDS, HOLDS, NOT, Claim, fact_claims, timing_claims
+from ._measure import forms
 
 __all__ = ["DEPENDS", "HOLDS", "NOT", "Claim", "WhyReport", "check_claims", "forms"]
 
