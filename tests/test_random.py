@@ -15,7 +15,7 @@ from scipy import stats
 
 import dropmask
 import dropmask.linen
-from dropmask import _fast_mask
+from dropmask import _fast_mask, _sharding
 from dropmask._threefry import threefry4x32
 
 P_4SIGMA = 2 * stats.norm.sf(4.0)
@@ -87,7 +87,7 @@ def test_blocks_match_the_global_mask_at_any_offset(path):
     @functools.partial(jax.jit, static_argnums=2)
     def block(words, offset, shape):
         return _fast_mask.keep_from_words(
-            words, shape, thr, _fast_mask.Block(full_shape, tuple(offset)), path=path
+            words, shape, thr, _sharding.Block(full_shape, tuple(offset)), path=path
         )
 
     # Offsets along the packed (last) axis that are and are not multiples of 32 words,

@@ -52,13 +52,12 @@ from ._checks import (
 from ._errors import DropmaskValueError
 from ._fast_mask import (
     MASK_NAME,
-    Block,
     Threshold,
     keep_from_words,
     key_words,
-    local_block,
     threshold,
 )
+from ._sharding import Block, local_block
 
 __all__ = ["Impl", "Residual", "keep_mask"]
 
