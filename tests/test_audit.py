@@ -379,7 +379,14 @@ def test_command_audits_the_digits_example_clean(capsys):
 
 @pytest.mark.parametrize(
     ("example", "site"),
-    [("seq2seq", "dropout#2"), ("sst2", "WordDropout_0"), ("translate", "MlpBlock_0")],
+    [
+        pytest.param(name, site, marks=pytest.mark.slow)
+        for name, site in [
+            ("seq2seq", "dropout#2"),
+            ("sst2", "WordDropout_0"),
+            ("translate", "MlpBlock_0"),
+        ]
+    ],
 )
 def test_command_audits_the_examples_clean(example, site, capsys):
     # The MaskedRNNs of seq2seq and sst2 take per-step keys in evaluation too and use

@@ -90,6 +90,7 @@ def test_top_level_help_names_the_commands(capsys):
     assert "train" in out and "dropmask.training" not in out
 
 
+@pytest.mark.slow
 def test_workdir_gets_every_output(capsys, tmp_path):
     status, out, err = _train(capsys, "--no-progress", f"--workdir={tmp_path}")
     assert status == 0, err
@@ -104,6 +105,7 @@ def test_workdir_gets_every_output(capsys, tmp_path):
     assert re.search(r"^gap\s+[+-]\d\.\d{4}", out, re.M), out
 
 
+@pytest.mark.slow
 def test_steps_rate_seed(capsys, tmp_path):
     args = ("--no-progress", f"--workdir={tmp_path}", "--steps=3", "--rate=0.25", "--seed=5")
     status, _, err = _train(capsys, *args)
@@ -117,6 +119,7 @@ def test_steps_rate_seed(capsys, tmp_path):
     assert max(r["step"] for r in train_rows) == 3
 
 
+@pytest.mark.slow
 def test_resume(capsys, tmp_path):
     base = ("--no-progress", f"--workdir={tmp_path}")
     status, _, err = _train(capsys, *base, "--resume")
@@ -134,6 +137,7 @@ def test_resume(capsys, tmp_path):
     _one_line_error(err, "config.hidden=[32]", "config.hidden=[8]")
 
 
+@pytest.mark.slow
 def test_devices(capsys, tmp_path):
     status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path}", "--devices=4")
     assert status == 0, err
@@ -145,6 +149,7 @@ def test_devices(capsys, tmp_path):
     _one_line_error(err, "batch_size that is a multiple of 5")
 
 
+@pytest.mark.slow
 def test_compare_rates_with_num_seeds(capsys, tmp_path):
     args = ("--no-progress", f"--workdir={tmp_path}", "--compare-rates=0,0.5", "--num-seeds=2")
     status, out, err = _train(capsys, *args, steps=4, checkpoint_every=0)
@@ -212,6 +217,7 @@ def test_multi_process_flags_need_each_other(capsys):
     _one_line_error(err, "process_id must be in [0, num_processes)")
 
 
+@pytest.mark.slow
 def test_config_overrides(capsys, tmp_path):
     status, _, err = _train(
         capsys, "--no-progress", f"--workdir={tmp_path}", "--config.hidden", "(16, 8)"

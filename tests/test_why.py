@@ -78,6 +78,7 @@ def test_bad_sizes_raise():
         why.check_claims(size=0)
 
 
+@pytest.mark.slow
 def test_runs_from_an_installed_wheel(tmp_path):
     """Build a wheel, unpack it outside the checkout and run ``why`` with ``-I``."""
     # Built from a copy: setuptools writes build/ and *.egg-info next to the sources.

@@ -102,6 +102,7 @@ def test_eval_is_deterministic_and_sampling_uses_the_lstm_stream(config, data, s
         state.apply_fn(variables, *args, True, method=train.Seq2seq.generate)
 
 
+@pytest.mark.slow
 def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
     longer = config.copy_and_resolve_references()
     longer.steps, longer.log_every = 24, 1

@@ -105,6 +105,7 @@ def test_eval_is_deterministic(config, data, state):
     assert set(a) == {"loss", "accuracy"}
 
 
+@pytest.mark.slow
 def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
     longer = config.copy_and_resolve_references()
     longer.steps, longer.log_every = 48, 1

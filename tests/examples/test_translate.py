@@ -216,6 +216,7 @@ def test_cached_decoding_matches_the_full_decoder(config, data, state):
         np.testing.assert_array_equal(row[:end], out[:end])
 
 
+@pytest.mark.slow
 def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
     longer = config.copy_and_resolve_references()
     longer.steps, longer.log_every = 24, 1

@@ -42,6 +42,7 @@ def reference(example, tmp_path_factory):
     return train(example, tiny_config(), tmp_path_factory.mktemp("ref"), devices=1, progress=False)
 
 
+@pytest.mark.slow
 def test_resume_gives_bit_identical_losses(example, reference, tmp_path):
     config = tiny_config()
     config.steps = 8
@@ -82,6 +83,7 @@ _KILLED_SAVE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_run_killed_during_a_save_resumes_from_the_previous_checkpoint(
     example, reference, tmp_path
 ):
@@ -113,6 +115,7 @@ def test_a_run_killed_during_a_save_resumes_from_the_previous_checkpoint(
     assert not any("tmp" in p.name for p in (tmp_path / "checkpoints").iterdir())
 
 
+@pytest.mark.slow
 def test_eight_devices_match_one(example, reference, tmp_path):
     sharded = train(example, tiny_config(), tmp_path, devices=8, progress=False)
     np.testing.assert_allclose(sharded.losses, reference.losses, rtol=DEVICE_RTOL, atol=0)
@@ -124,6 +127,7 @@ def test_eight_devices_match_one(example, reference, tmp_path):
             )
 
 
+@pytest.mark.slow
 def test_workdir_holds_metrics_events_plot_summary_and_checkpoints(reference):
     workdir = reference.workdir
     rows = read_metrics(workdir / "metrics.jsonl")
@@ -158,6 +162,7 @@ def test_workdir_holds_metrics_events_plot_summary_and_checkpoints(reference):
     ckpt.close()
 
 
+@pytest.mark.slow
 def test_refuses_to_overwrite_checkpoints_or_resume_without_them(example, reference, tmp_path):
     with pytest.raises(CheckpointError, match="already holds checkpoints.*--resume"):
         train(example, tiny_config(), reference.workdir, devices=1, progress=False)
@@ -165,6 +170,7 @@ def test_refuses_to_overwrite_checkpoints_or_resume_without_them(example, refere
         train(example, tiny_config(), tmp_path, devices=1, progress=False, resume=True)
 
 
+@pytest.mark.slow
 def test_resume_with_another_config_names_the_entry(example, reference):
     config = tiny_config()
     config.hidden = (16,)
@@ -176,6 +182,7 @@ def test_resume_with_another_config_names_the_entry(example, reference):
         train(example, config, reference.workdir, devices=1, progress=False, resume=True)
 
 
+@pytest.mark.slow
 def test_compare_rates_reports_the_spread_over_seeds(example, tmp_path):
     config = tiny_config()
     config.steps, config.checkpoint_every = 8, 0

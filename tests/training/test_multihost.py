@@ -44,6 +44,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(example, tmp_path):
     address = f"127.0.0.1:{_free_port()}"
     env = {
