@@ -69,3 +69,49 @@ def test_the_readme_is_a_five_minute_read():
     assert not re.search(r"\bat [0-9a-f]{7,40}\b", text), "no commit hashes"
     for section in ("## Install", "## Quick start", "make demo", "make test"):
         assert section in text, section
+
+
+def _module_imports(path: pathlib.Path, name: str) -> set[str]:
+    """Modules of dropmask that ``path`` imports at module level (type-only imports too)."""
+    import ast
+
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    tree = ast.parse(path.read_text())
+    statements = list(tree.body)
+    for node in tree.body:
+        if isinstance(node, ast.If):  # `if TYPE_CHECKING:` blocks
+            statements += node.body
+    for node in statements:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            module = f"{base}.{node.module}" if node.module else base
+            for alias in node.names:
+                found.add(f"{module}.{alias.name}" if node.module is None else module)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dropmask"):
+            found.add(node.module or "")
+    return found
+
+
+def test_no_import_cycle_between_modules():
+    src = ROOT / "src"
+    modules = {}
+    for path in src.rglob("*.py"):
+        parts = path.relative_to(src).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph = {
+        name: {m for m in _module_imports(path, name) if m in modules and m != name}
+        for name, path in modules.items()
+        if path.name != "__init__.py"  # a package re-exports its modules
+    }
+    graph = {name: {m for m in deps if m in graph} for name, deps in graph.items()}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in graph[start]:
+            if nxt == goal or (nxt not in seen and (seen.add(nxt) or reaches(nxt, goal, seen))):
+                return True
+        return False
+
+    cycles = sorted(name for name in graph if reaches(name, name, set()))
+    assert not cycles, cycles

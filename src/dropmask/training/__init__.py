@@ -28,13 +28,13 @@ from ._keys import step_key as step_key
 from ._keys import step_rngs as step_rngs
 from ._keys import stream_id as stream_id
 from ._keys import stream_key as stream_key
-from ._loop import RunResult as RunResult
 from ._loop import compare_rates as compare_rates
 from ._loop import train as train
 from ._parallel import initialize_distributed as initialize_distributed
 from ._parallel import make_mesh as make_mesh
 from ._parallel import replicate as replicate
 from ._parallel import shard_batch as shard_batch
+from ._result import RunResult as RunResult
 from ._serialization import from_bytes as from_bytes
 from ._serialization import to_bytes as to_bytes
 from ._state import TrainState as TrainState

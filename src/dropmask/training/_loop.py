@@ -27,31 +27,9 @@ from ._errors import CheckpointError, DamagedCheckpointError, NonFiniteLossError
 from ._example import Example, run_keys
 from ._logging import MetricsLog, require
 from ._parallel import make_mesh, replicate, shard_batch
+from ._result import RunResult
 
 __all__ = ["RunResult", "compare_rates", "train"]
-
-
-@dataclasses.dataclass
-class RunResult:
-    """What one call of :func:`train` did.
-
-    Attributes:
-      workdir: the run directory.
-      start_step: the step training started from (0, or the restored checkpoint's).
-      steps: the step it ended at (``config.steps``).
-      losses: the train loss of every step run by this call, in order.
-      final: ``{split: {metric: value}}`` of the last evaluation.
-      wall_seconds: wall time of this call, compilation included.
-      config: the config as a plain dict.
-    """
-
-    workdir: pathlib.Path
-    start_step: int
-    steps: int
-    losses: list[float]
-    final: dict[str, dict[str, float]]
-    wall_seconds: float
-    config: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
