@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import DropmaskTypeError, DropmaskValueError
+from .._optional import EXTRAS, extra_for
 
 __all__ = ["Located", "available", "load_example", "locate"]
 
@@ -193,9 +194,14 @@ def _failure(target: str, error: BaseException) -> DropmaskValueError:
     """One line naming the target, the failing line of its import, and the error."""
     frames = traceback.extract_tb(error.__traceback__)
     line = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    missing = getattr(error, "name", None) if isinstance(error, ImportError) else None
+    fix = (
+        f"Install it: pip install 'dropmask[{extra_for(missing)}]'"
+        if missing in EXTRAS
+        else "Fix that module, or install what it needs"
+    )
     return DropmaskValueError(
-        f"importing {target!r} failed{line}: {type(error).__name__}: {error}. Fix that "
-        "module, or install what it needs (e.g. pip install 'dropmask[train]')"
+        f"importing {target!r} failed{line}: {type(error).__name__}: {error}. {fix}"
     )
 
 

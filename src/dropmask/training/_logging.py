@@ -7,23 +7,10 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from .._errors import DropmaskError
+from .._optional import require
 from ._errors import DataError
 
-__all__ = ["MetricsLog", "read_metrics"]
-
-
-def require(module: str) -> Any:
-    """Imports an optional dependency of the training workflow, or says how to get it."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise DropmaskError(
-            f"the training workflow needs the package {module!r}, which is not installed. "
-            f"Install the extras: pip install 'dropmask[train]'."
-        ) from None
+__all__ = ["MetricsLog", "read_metrics", "require"]
 
 
 class MetricsLog:
