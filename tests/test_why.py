@@ -119,3 +119,20 @@ def test_runs_from_an_installed_wheel(tmp_path):
     verdicts = {c["id"]: c["verdict"] for c in json.loads(done.stdout)["claims"]}
     assert verdicts["where-is-select"] == "holds"
     assert verdicts["tiny-nonzero"] == "does not hold"
+
+
+def test_a_verdict_that_differs_from_the_document_fails_the_command(monkeypatch, capsys):
+    changed = why.WhyReport(
+        "0", "cpu", "cpu", "x86_64", (why.Claim("where-is-select", "c", why.NOT, "e", []),), 0.0
+    )
+    assert changed.differences() == {"where-is-select": (why.HOLDS, why.NOT)}
+    assert "CHANGED: where-is-select" in str(changed)
+    monkeypatch.setattr(_why_command, "check_claims", lambda **kwargs: changed)
+    assert _run("--no-timing") == 1
+    assert "CHANGED: where-is-select" in capsys.readouterr().out
+    agreeing = why.WhyReport(
+        "0", "cpu", "cpu", "x86_64", (why.Claim("where-is-select", "c", why.HOLDS, "e", []),), 0.0
+    )
+    monkeypatch.setattr(_why_command, "check_claims", lambda **kwargs: agreeing)
+    assert _run("--no-timing") == 0
+    assert "CHANGED" not in capsys.readouterr().out

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 
 from .._errors import DropmaskValueError
-from ._claims import DEPENDS, HOLDS, NOT, Claim, fact_claims, timing_claims
+from ._claims import DEPENDS, HOLDS, NOT, Claim, documented, fact_claims, timing_claims
 from ._measure import forms
 
 __all__ = ["DEPENDS", "HOLDS", "NOT", "Claim", "WhyReport", "check_claims", "forms"]
@@ -41,6 +41,18 @@ class WhyReport:
         """``{claim id: verdict}``."""
         return {c.id: c.verdict for c in self.claims}
 
+    def differences(self) -> dict[str, tuple[str, str]]:
+        """``{claim id: (documented, measured)}`` where the verdict is not the documented one.
+
+        Empty when every measured claim agrees with docs/select_vs_where.md.
+        """
+        expected = documented(self.backend)
+        return {
+            c.id: (expected[c.id], c.verdict)
+            for c in self.claims
+            if c.id in expected and c.verdict != expected[c.id]
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict with every claim's raw data."""
         return dataclasses.asdict(self)
@@ -59,6 +71,11 @@ class WhyReport:
         for c in self.claims:
             lines.append(f"{c.verdict.ljust(width)}  {c.claim}  [{c.id}]")
             lines.append(f"{' ' * width}  -> {c.evidence}")
+        for claim_id, (expected, measured) in self.differences().items():
+            lines.append(
+                f"CHANGED: {claim_id} {measured!r}, documented {expected!r}: JAX or XLA changed;"
+                " update docs/select_vs_where.md and DOCUMENTED in dropmask/why/_claims.py"
+            )
         return "\n".join(lines)
 
 

@@ -8,9 +8,41 @@ from typing import Any
 
 from . import _measure as m
 
-__all__ = ["HOLDS", "DEPENDS", "NOT", "Claim", "fact_claims", "timing_claims"]
+__all__ = [
+    "DEPENDS",
+    "DOCUMENTED",
+    "HOLDS",
+    "NOT",
+    "Claim",
+    "documented",
+    "fact_claims",
+    "timing_claims",
+]
 
 HOLDS, NOT, DEPENDS = "holds", "does not hold", "depends"
+
+# The verdicts docs/select_vs_where.md states, by backend ("*": every backend). These
+# are facts about JAX and XLA, not about dropmask: an upgrade that changes one makes
+# `dropmask why` exit 1, so the document is corrected, instead of failing a unit test.
+DOCUMENTED: dict[str, dict[str, str]] = {
+    "*": {
+        "where-is-select": HOLDS,
+        "zero-promotes": NOT,
+        "select-is-strict": HOLDS,
+        "tiny-nonzero": NOT,
+        "select-backward-skips": NOT,
+        "select-guards-keep-zero": NOT,
+        "where-guards-log-zero": NOT,
+        "f16-overflow": HOLDS,
+        "residual-bytes": HOLDS,
+    },
+    "cpu": {"multiply-converts-mask": DEPENDS, "multiply-leaks-nan": DEPENDS},
+}
+
+
+def documented(backend: str) -> dict[str, str]:
+    """``{claim id: verdict}`` that the document states for ``backend``."""
+    return {**DOCUMENTED["*"], **DOCUMENTED.get(backend, {})}
 
 
 @dataclasses.dataclass(frozen=True)

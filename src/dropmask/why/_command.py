@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Prints the report; returns 0 (a verdict is a finding, not a failure)."""
+    """Prints the report; 1 when a verdict differs from the documented one, else 0."""
     report = check_claims(timing=not args.no_timing, size=args.size, repeats=args.repeats)
     print(report.to_json() if args.json else str(report))
-    return 0
+    return 1 if report.differences() else 0
