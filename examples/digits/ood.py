@@ -141,7 +141,7 @@ def plot(run: pathlib.Path, samples: int, path: pathlib.Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--workdir", required=True, help="a run, or a rate_R/ of seed_S/ runs")
     parser.add_argument("--samples", type=int, default=50, help="dropout samples K (50)")
     parser.add_argument("--json", help="write every run's AUROCs here")

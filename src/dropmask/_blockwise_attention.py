@@ -32,8 +32,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._dropout import _scale_and_fill
-from ._fast_mask import Block
 from ._random import draw, mask_shape
+from ._sharding import Block
 
 __all__ = [
     "DEFAULT_BLOCK",
