@@ -29,6 +29,7 @@ from .._checks import (
     check_static_int,
 )
 from .._errors import DropmaskValueError
+from .._optional import require
 from .._reductions import masked_mean, masked_sum
 from ._summaries import log_softmax
 
@@ -240,9 +241,9 @@ def reliability_diagram(
       The ``Axes`` drawn on (``ax.figure.savefig(path)`` writes it).
 
     Raises:
-      ModuleNotFoundError: matplotlib is not installed (``pip install dropmask[train]``).
+      DropmaskError: matplotlib is not installed (``pip install 'dropmask[train]'``).
     """
-    from matplotlib.figure import Figure
+    Figure = require("matplotlib.figure", fn="reliability_diagram").Figure
 
     r = reliability(logits, labels, mask=mask, num_bins=num_bins)
     ece = expected_calibration_error(logits, labels, mask=mask, num_bins=num_bins)
