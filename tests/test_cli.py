@@ -268,7 +268,7 @@ def test_usage_errors_are_one_line_with_status_2(capsys, argv, words):
 
 def _with_train_step(monkeypatch, change):
     """Makes `dropmask train digits` use a train step whose outputs pass through ``change``."""
-    from examples.digits import train as digits_train
+    from dropmask.examples.digits import train as digits_train
 
     example = digits_train.example
 

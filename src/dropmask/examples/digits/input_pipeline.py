@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import zipfile
+from typing import Any
 
 import jax
 import ml_collections
@@ -79,10 +80,11 @@ def _read(path: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _check_config(config: ml_collections.ConfigDict) -> None:
     """Refuses config entries this example cannot use, naming the entry and the fix."""
+    hidden: Any = config.hidden  # ConfigDict types an entry as any value a config holds
     checks = [
         ("data_seed", config.data_seed >= 0, "an int >= 0", "e.g. 0"),
         ("label_noise", 0.0 <= config.label_noise <= 1.0, "in [0, 1]", "e.g. 0.2"),
-        ("hidden", all(width >= 1 for width in config.hidden), "widths >= 1", "e.g. (256, 256)"),
+        ("hidden", all(width >= 1 for width in hidden), "widths >= 1", "e.g. (256, 256)"),
         ("learning_rate", config.learning_rate > 0, "> 0", "e.g. 0.001"),
     ]
     for name, ok, must, example in checks:
