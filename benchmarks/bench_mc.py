@@ -9,7 +9,7 @@ one jit, ``_common.Looped``), back to back in each repeat; the ratio is
 ``time(one call of K samples) / (K * time(one single pass))``.
 
 Usage: ``python -m benchmarks.bench_mc [--batch 512] [--width 512] [--layers 3]
-[--samples 32]``.
+[--samples 32] [--chunk 4]`` (``--chunk 0``: all samples in one ``vmap``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from benchmarks._common import RATE, Looped, paired_per_pass_ratios, quartiles
 from dropmask import uncertainty
 
 # (batch, width, layers, samples): make bench, and --quick.
-FULL = {"batch": 512, "width": 512, "layers": 3, "samples": 32}
-QUICK = {"batch": 64, "width": 128, "layers": 2, "samples": 8}
+FULL = {"batch": 512, "width": 512, "layers": 3, "samples": 32, "chunk": 4}
+QUICK = {"batch": 64, "width": 128, "layers": 2, "samples": 8, "chunk": 4}
 
 
 def forward(params: dict, layers: int) -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -58,8 +58,11 @@ def _loop(body: Callable[[jax.Array, jax.Array], jax.Array], passes: int) -> Any
     return jax.jit(run)
 
 
-def loops(batch: int, width: int, layers: int, samples: int, extra: int) -> dict[str, Looped]:
-    """The two contestants: ``'single'`` (one pass) and ``'sample'`` (K samples in one call)."""
+def loops(
+    batch: int, width: int, layers: int, samples: int, extra: int, chunk: int | None = None
+) -> dict[str, Looped]:
+    """The two contestants: ``'single'`` (one pass) and ``'sample'`` (K samples in one call,
+    ``chunk`` at a time)."""
     kx, kp = jax.random.split(jax.random.key(0))
     params = _mlp.params(kp, width, layers, jnp.float32)
     x = jax.random.normal(kx, (batch, width))
@@ -67,7 +70,7 @@ def loops(batch: int, width: int, layers: int, samples: int, extra: int) -> dict
     args = (x, jax.random.key(1))
 
     def k_samples(x: jax.Array, key: jax.Array) -> jax.Array:
-        return uncertainty.sample(f, x, key, samples)
+        return uncertainty.sample(f, x, key, samples, chunk_size=chunk)
 
     # A pass of 'sample' costs about K single passes: give 'single' K times the passes.
     return {
@@ -77,10 +80,21 @@ def loops(batch: int, width: int, layers: int, samples: int, extra: int) -> dict
 
 
 def run(
-    batch: int, width: int, layers: int, samples: int, repeats: int = 9, extra: int = 8
+    batch: int,
+    width: int,
+    layers: int,
+    samples: int,
+    repeats: int = 9,
+    extra: int = 8,
+    chunk: int | None = None,
 ) -> list[float]:
-    """Paired ratios ``time(K samples in one call) / (K * time(one pass))``, one per repeat."""
-    contestants = loops(batch, width, layers, samples, extra)
+    """Paired ratios ``time(K samples in one call) / (K * time(one pass))``, one per repeat.
+
+    ``chunk`` is the call's ``chunk_size``: all K samples in one ``vmap`` hold K copies
+    of every activation, which on a CPU fall out of cache (about 1.1-1.2x at the full
+    size); a few at a time keep the working set of a single pass.
+    """
+    contestants = loops(batch, width, layers, samples, extra, chunk)
     # Each 'single' pass above is already K passes long.
     return paired_per_pass_ratios(contestants["sample"], contestants["single"], repeats=repeats)
 
@@ -91,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--{name}", type=int, default=value)
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args(argv)
-    ratios = run(args.batch, args.width, args.layers, args.samples, args.repeats)
+    ratios = run(
+        args.batch, args.width, args.layers, args.samples, args.repeats, chunk=args.chunk or None
+    )
     q1, median, q3 = quartiles(ratios)
     print(
         f"K={args.samples} samples in one call / K single passes, MLP batch {args.batch} "

@@ -303,11 +303,16 @@ def mc_targets(size: Size) -> list[Target]:
     m = size.mc
     label = (
         f"MLP [{m['batch']}, {m['width']}] x {m['layers']} layers, K={m['samples']}, "
-        f"rate {common.RATE}"
+        f"chunk_size={m['chunk']}, rate {common.RATE}"
     )
     print(f"  uncertainty.sample / K single passes, {label} ...", flush=True)
     ratios = bench_mc.run(
-        m["batch"], m["width"], m["layers"], m["samples"], repeats=5 if size.quick else 11
+        m["batch"],
+        m["width"],
+        m["layers"],
+        m["samples"],
+        repeats=5 if size.quick else 11,
+        chunk=m["chunk"],
     )
     return [Target(f"f32 {label}: K samples in one call / K single passes", 1.15, True, ratios)]
 
