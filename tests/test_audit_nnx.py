@@ -85,3 +85,59 @@ def test_audit_nnx_rejects_linen_modules():
 
     with pytest.raises(dropmask.DropmaskTypeError, match="audit_model"):
         audit_nnx(nn.Dense(3), X)
+
+
+LAYERS = 3
+
+
+class Block(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.linear = nnx.Linear(8, 8, rngs=rngs)
+        self.dropout = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+        # Positive inputs: every element is valid, so whole masks are compared.
+        return self.dropout(jnp.tanh(self.linear(x)) + 2)
+
+
+class Stack(nnx.Module):
+    """``LAYERS`` blocks built with ``nnx.vmap`` and applied in turn with ``nnx.scan``.
+
+    ``split_dropout=False`` is the bug: only the 'params' stream is split over the
+    layers, so each layer's dropout forks the one broadcast 'dropout' stream and all
+    layers hold the same key.
+    """
+
+    def __init__(self, rngs: nnx.Rngs, split_dropout: bool = True):
+        only = ... if split_dropout else "params"
+        axes = 0 if split_dropout else nnx.StateAxes({"params": 0, ...: None})
+
+        @nnx.split_rngs(splits=LAYERS, only=only)
+        @nnx.vmap(in_axes=(axes,), out_axes=0)
+        def create(rngs: nnx.Rngs) -> Block:
+            return Block(rngs)
+
+        self.blocks = create(rngs)
+
+    def __call__(self, x):
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def forward(x, block):
+            return block(x)
+
+        return forward(x, self.blocks)
+
+
+@pytest.mark.parametrize(
+    ("split_dropout", "codes"), [(True, set()), (False, {"same-mask-across-iterations"})]
+)
+def test_nnx_scan_over_layers_with_one_dropout_key_is_caught(split_dropout, codes):
+    model = Stack(nnx.Rngs(params=0, dropout=1), split_dropout)
+    keys = jax.random.key_data(model.blocks.dropout.rngs.key[...])
+    assert (len(np.unique(np.asarray(keys), axis=0)) == LAYERS) is split_dropout
+    report = audit_nnx(model, X)
+    assert report.codes == codes, str(report)
+    assert all(f.path == "blocks/dropout" for f in report.findings)
+    (site,) = report.sites
+    assert site.path == "blocks/dropout" and site.kind == "dropout"
+    # 4 sigma over the fewest independent draws: 2 calls x 128 elements when shared.
+    assert abs(site.drop_fraction - 0.5) < 0.125

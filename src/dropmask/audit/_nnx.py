@@ -11,8 +11,11 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+import numpy as np
 from flax import nnx
 
+from .._checks import is_concrete
 from .._errors import DropmaskTypeError
 from ._linen import _model_report, _trees_equal
 from ._mode import nnx_mode
@@ -33,18 +36,32 @@ def _streams(module: nnx.Module) -> list[nnx.RngStream]:
     return found
 
 
-def _draws(module: nnx.Module) -> int:
-    return sum(int(stream.count[...]) for stream in _streams(module))
+def _counts(module: nnx.Module) -> list[jax.Array]:
+    """The draw counters of the module's own streams, as held now."""
+    return [stream.count[...] for stream in _streams(module)]
+
+
+def _drew(before: list[jax.Array], after: list[jax.Array]) -> bool:
+    """Whether a stream advanced between two snapshots of its counters.
+
+    Inside ``nnx.scan`` or ``nnx.vmap`` the counters are tracers whose values are not
+    known while the call is traced; a draw stores a new counter array, so there a
+    counter that is not the same object means a draw.
+    """
+    return len(before) != len(after) or any(
+        not np.array_equal(a, b) if is_concrete(a) and is_concrete(b) else a is not b
+        for a, b in zip(before, after, strict=True)
+    )
 
 
 @functools.cache
 def _recording_class(cls: type) -> type:
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         recorder, path = vars(self)["_dropmask_audit"]
-        before = _draws(self)
+        before = _counts(self)
         with watch_attention(self) as attention:
             out = cls.__call__(self, *args, **kwargs)
-        recorder.observe(self, path, args, kwargs, out, _draws(self) != before, attention)
+        recorder.observe(self, path, args, kwargs, out, _drew(before, _counts(self)), attention)
         return out
 
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
@@ -62,6 +79,9 @@ def audit_nnx(
     The clone is called twice after ``.eval()`` and twice after ``.train()``; its PRNG
     streams advance between the calls, so a site whose mask stays the same ignores
     its stream. ``model`` itself is not called and its PRNG counters do not move.
+    Layers stacked with ``nnx.vmap`` and applied with ``nnx.scan`` are recorded once
+    per iteration, so a stack whose layers share one dropout key is reported as
+    ``same-mask-across-iterations``.
 
     Args:
       model: an ``nnx.Module`` called as ``model(*args, **kwargs)``.
