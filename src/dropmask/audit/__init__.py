@@ -9,13 +9,13 @@ the site's module path and a fix phrased in the model's own mode switch (a call
 keyword, a config field or NNX's ``train()`` / ``eval()``).
 """
 
+from ._audit_report import CODES as CODES
+from ._audit_report import AuditReport as AuditReport
+from ._audit_report import Finding as Finding
+from ._audit_report import Site as Site
 from ._linen import audit_model as audit_model
 from ._linen import audit_step as audit_step
 from ._nnx import audit_nnx as audit_nnx
-from ._report import CODES as CODES
-from ._report import AuditReport as AuditReport
-from ._report import Finding as Finding
-from ._report import Site as Site
 from ._target import AuditTarget as AuditTarget
 from ._target import audit_target as audit_target
 from ._target import target_from_example as target_from_example

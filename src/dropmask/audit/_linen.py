@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._errors import DropmaskTypeError, DropmaskValueError
-from . import _checks, _mode
-from ._report import AuditReport, Finding
+from . import _findings, _mode
+from ._audit_report import AuditReport, Finding
 from ._sites import Recorder, watch_attention
 
 __all__ = ["audit_model", "audit_step"]
@@ -242,13 +242,13 @@ def _model_report(rec: Recorder, eval_equal: bool, mode: _mode.Mode) -> AuditRep
         return AuditReport((), (missing,))
     both = {n: train0.get(n, []) + train1.get(n, []) for n in trained}
     findings = [
-        *_checks.eval_findings(rec.sites, rec.drew, ["eval0", "eval1"], evals, eval_equal, mode),
-        *_checks.site_findings(trained, both, mode),
-        *_checks.across_sites(trained, train0),
-        *_checks.across_iterations(trained, [train0, train1]),
-        *_checks.ignores_key(trained, train0, train1),
+        *_findings.eval_findings(rec.sites, rec.drew, ["eval0", "eval1"], evals, eval_equal, mode),
+        *_findings.site_findings(trained, both, mode),
+        *_findings.across_sites(trained, train0),
+        *_findings.across_iterations(trained, [train0, train1]),
+        *_findings.ignores_key(trained, train0, train1),
     ]
-    sites = _checks.summarize(trained or rec.sites, both)
+    sites = _findings.summarize(trained or rec.sites, both)
     return AuditReport(tuple(sites), tuple(dict.fromkeys(findings)))
 
 
@@ -352,10 +352,10 @@ def _step_report(rec: Recorder, phases: list[str], mode: _mode.Mode) -> AuditRep
     for by_site in steps:
         for name, obs in by_site.items():
             merged.setdefault(name, []).extend(obs)
-    findings = _checks.site_findings(rec.sites, merged, mode)
+    findings = _findings.site_findings(rec.sites, merged, mode)
     for by_site in steps:
-        findings.extend(_checks.across_sites(rec.sites, by_site))
-    findings.extend(_checks.across_iterations(rec.sites, steps))
-    findings.extend(_checks.across_steps(rec.sites, steps))
-    sites = _checks.summarize(rec.sites, merged)
+        findings.extend(_findings.across_sites(rec.sites, by_site))
+    findings.extend(_findings.across_iterations(rec.sites, steps))
+    findings.extend(_findings.across_steps(rec.sites, steps))
+    sites = _findings.summarize(rec.sites, merged)
     return AuditReport(tuple(sites), tuple(dict.fromkeys(findings)))

@@ -14,9 +14,9 @@ from typing import Any
 from flax import nnx
 
 from .._errors import DropmaskTypeError
+from ._audit_report import AuditReport
 from ._linen import _model_report, _trees_equal
 from ._mode import nnx_mode
-from ._report import AuditReport
 from ._sites import Recorder, watch_attention
 
 __all__ = ["audit_nnx"]

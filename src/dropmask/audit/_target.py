@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._errors import DropmaskTypeError, DropmaskValueError
+from ._audit_report import AuditReport
 from ._linen import audit_model, audit_step
-from ._report import AuditReport
 
 __all__ = ["AuditTarget", "audit_target", "load_target", "target_from_example"]
 
