@@ -15,7 +15,7 @@ from flax import nnx
 
 from .._errors import DropmaskTypeError
 from ._audit_report import AuditReport
-from ._linen import _model_report, _trees_equal
+from ._core import model_report, trees_equal
 from ._mode import nnx_mode
 from ._sites import Recorder, watch_attention
 
@@ -110,7 +110,7 @@ def audit_nnx(
         getattr(clone, mode)()
         rec.begin(phase)
         outputs[phase] = clone(*args, **{**kwargs, **(extra or {})})
-    report = _model_report(rec, _trees_equal(outputs["eval0"], outputs["eval1"]), nnx_mode())
+    report = model_report(rec, trees_equal(outputs["eval0"], outputs["eval1"]), nnx_mode())
     # Between the two training calls the streams advanced: equal masks mean a fixed key.
     return AuditReport(
         report.sites,
