@@ -254,7 +254,7 @@ def test_report_prints_as_table_and_json():
 
 
 def test_bad_arguments_raise_dropmask_errors():
-    with pytest.raises(dropmask.DropmaskTypeError, match="audit_nnx"):
+    with pytest.raises(dropmask.DropmaskTypeError, match="audit_nnx_model"):
         audit_model(object(), {}, X)
     with pytest.raises(dropmask.DropmaskTypeError, match="rngs"):
         audit_model(FlaxMLP(), {}, X, rngs=[jax.random.key(0)])

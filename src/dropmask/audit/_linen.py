@@ -158,7 +158,7 @@ def audit_model(
             raise DropmaskTypeError(
                 f"audit_model: {name} must be a flax.linen.Module, got "
                 f"{type(module).__name__}. For an nnx.Module use "
-                "dropmask.audit.audit_nnx(model, *args)."
+                "dropmask.audit.audit_nnx_model(model, *args)."
             )
     modules = {"eval": model if eval_model is None else eval_model, "train": model}
     rngs_a = _check_rngs(rngs)

@@ -134,7 +134,7 @@ def target_from_example(
     if model is None:
         raise DropmaskTypeError(
             f"{caller}: example {example.name!r} must build its state with apply_fn=model.apply "
-            f"of a Linen module, got {state.apply_fn!r}. Audit an NNX model with audit_nnx."
+            f"of a Linen module, got {state.apply_fn!r}. Audit an NNX model with audit_nnx_model."
         )
     batches = [example.train_batch(config, data, data_key, step) for step in range(steps)]
     return AuditTarget(
