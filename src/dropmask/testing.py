@@ -17,7 +17,8 @@ What the ``"fast"`` mask is made of (see the README's "The fast generator"):
   as the CPU and CUDA paths compute them before unpacking;
 * :func:`path_keep_mask` and :func:`path_dropout`: the mask (and dropout) computed by
   one chosen path, where the library picks a path per backend;
-* :data:`MASK_NAME`: the name the packed words carry for ``jax.checkpoint`` policies;
+* :data:`MASK_NAME`: the name the packed words carry for ``jax.checkpoint`` policies
+  (an alias of :data:`dropmask.DROPOUT_MASK_NAME`);
 * :func:`random_bits`: the generator's raw bit stream.
 """
 
@@ -54,7 +55,8 @@ LANES = _fast_mask.LANES
 """Elements per packed word: bit ``l`` of a word is the keep-flag of its element ``l``."""
 
 MASK_NAME = _fast_mask.MASK_NAME
-"""The name of the packed words for ``jax.checkpoint`` policies (``"dropout_mask"``)."""
+"""Alias of :data:`dropmask.DROPOUT_MASK_NAME`: the name of the packed words for
+``jax.checkpoint`` policies (``"dropout_mask"``)."""
 
 PATHS = _fast_mask.PATHS
 """The ways of computing the ``"fast"`` mask: ``"packed"`` (words materialised inside a
