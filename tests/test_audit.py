@@ -254,7 +254,7 @@ def test_report_prints_as_table_and_json():
 
 
 def test_bad_arguments_raise_dropmask_errors():
-    with pytest.raises(dropmask.DropmaskTypeError, match="audit_nnx"):
+    with pytest.raises(dropmask.DropmaskTypeError, match="audit_nnx_model"):
         audit_model(object(), {}, X)
     with pytest.raises(dropmask.DropmaskTypeError, match="rngs"):
         audit_model(FlaxMLP(), {}, X, rngs=[jax.random.key(0)])
@@ -529,3 +529,11 @@ def test_a_loop_over_one_layer_with_one_key_is_caught(fixed, codes):
     assert report.codes == codes, str(report)
     drops = [s.path for s in report.sites if s.kind == "dropout"]
     assert drops == ["Dropout_0", "Dropout_0#1", "Dropout_0#2"]
+
+
+def test_target_from_example_names_its_caller_and_still_takes_the_deprecated_fn():
+    with pytest.raises(dropmask.DropmaskTypeError, match=r"^dropmask audit: example must be"):
+        dropmask.audit.target_from_example(object(), caller="dropmask audit")
+    with pytest.warns(DeprecationWarning, match="caller="):
+        with pytest.raises(dropmask.DropmaskTypeError, match=r"^old: example must be"):
+            dropmask.audit.target_from_example(object(), fn="old")

@@ -1,4 +1,4 @@
-"""dropmask.audit.audit_nnx: correct NNX models audit clean, seeded bugs are caught."""
+"""dropmask.audit.audit_nnx_model: correct NNX models audit clean, seeded bugs are caught."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 from flax import nnx
 
 import dropmask
+import dropmask.audit
 from dropmask import nnx as dnnx
-from dropmask.audit import audit_nnx
+from dropmask.audit import audit_nnx_model
 
 X = jnp.asarray(np.random.default_rng(0).uniform(0.5, 1.5, (16, 8)), jnp.float32)
 
@@ -47,7 +48,7 @@ class AlwaysOn(nnx.Module):
 @pytest.mark.parametrize("layer", [nnx.Dropout, dnnx.Dropout], ids=["flax", "dropmask"])
 def test_correct_nnx_models_have_no_finding(layer):
     model = MLP(nnx.Rngs(0, dropout=1), layer)
-    report = audit_nnx(model, X)
+    report = audit_nnx_model(model, X)
     assert report.ok, str(report)
     (site,) = report.sites
     assert site.path == "dropout" and site.rate == 0.5
@@ -58,7 +59,7 @@ def test_audit_leaves_the_model_and_its_streams_alone():
     model = MLP(nnx.Rngs(0, dropout=1))
     count = int(model.dropout.rngs.count[...])
     kernel = np.asarray(model.linear.kernel[...])
-    audit_nnx(model, X)
+    audit_nnx_model(model, X)
     assert int(model.dropout.rngs.count[...]) == count
     assert type(model.dropout) is nnx.Dropout
     np.testing.assert_array_equal(np.asarray(model.linear.kernel[...]), kernel)
@@ -70,21 +71,26 @@ def test_audit_leaves_the_model_and_its_streams_alone():
     [("fixed-key", "same-mask-across-steps"), ("batch-broadcast", "broadcast-batch-axis")],
 )
 def test_seeded_nnx_bugs_are_caught(bug, code):
-    report = audit_nnx(MLP(nnx.Rngs(0, dropout=1), dnnx.Dropout, bug), X)
+    report = audit_nnx_model(MLP(nnx.Rngs(0, dropout=1), dnnx.Dropout, bug), X)
     assert code in report.codes, str(report)
     assert next(f for f in report.findings if f.code == code).path == "dropout"
 
 
 def test_layer_that_ignores_eval_mode_is_caught():
-    report = audit_nnx(AlwaysOn(nnx.Rngs(dropout=0)), X)
+    report = audit_nnx_model(AlwaysOn(nnx.Rngs(dropout=0)), X)
     assert report.codes == {"eval-not-deterministic"}, str(report)
 
 
-def test_audit_nnx_rejects_linen_modules():
+def test_audit_nnx_model_rejects_linen_modules():
     import flax.linen as nn
 
     with pytest.raises(dropmask.DropmaskTypeError, match="audit_model"):
-        audit_nnx(nn.Dense(3), X)
+        audit_nnx_model(nn.Dense(3), X)
+
+
+def test_audit_nnx_is_the_deprecated_alias_of_audit_nnx_model():
+    assert dropmask.audit.audit_nnx is audit_nnx_model
+    assert {"audit_nnx", "audit_nnx_model"} <= set(dropmask.audit.__all__)
 
 
 LAYERS = 3
@@ -134,7 +140,7 @@ def test_nnx_scan_over_layers_with_one_dropout_key_is_caught(split_dropout, code
     model = Stack(nnx.Rngs(params=0, dropout=1), split_dropout)
     keys = jax.random.key_data(model.blocks.dropout.rngs.key[...])
     assert (len(np.unique(np.asarray(keys), axis=0)) == LAYERS) is split_dropout
-    report = audit_nnx(model, X)
+    report = audit_nnx_model(model, X)
     assert report.codes == codes, str(report)
     assert all(f.path == "blocks/dropout" for f in report.findings)
     (site,) = report.sites

@@ -376,12 +376,12 @@ def test_a_bug_shows_its_traceback_and_asks_for_a_report(capsys, tmp_path, monke
 
 
 def test_a_path_the_run_cannot_write_is_one_line(capsys, tmp_path, monkeypatch):
-    from dropmask.training import _report
+    from dropmask.training import _summary
 
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied", str(tmp_path / "summary.json"))
 
-    monkeypatch.setattr(_report, "write_run", denied)
+    monkeypatch.setattr(_summary, "write_run", denied)
     status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path}")
     assert status == 1
     _one_line_error(err, f"cannot use {tmp_path / 'summary.json'}: Permission denied")

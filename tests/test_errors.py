@@ -30,9 +30,9 @@ BAD_RATES = ["0.5", "1.5", [0.1, 0.2], None, 0.5j, np.array([0.1, 0.2]), jnp.one
 
 
 @pytest.mark.parametrize("rate", BAD_RATES, ids=repr)
-@pytest.mark.parametrize(("fn", "call", "x"), VARIANTS, ids=[v[0] for v in VARIANTS])
-def test_rate_that_is_not_a_real_scalar_is_a_type_error_naming_rate(fn, call, x, rate):
-    with pytest.raises(dropmask.DropmaskTypeError, match=rf"^{fn}: rate must be a real number"):
+@pytest.mark.parametrize(("caller", "call", "x"), VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_rate_that_is_not_a_real_scalar_is_a_type_error_naming_rate(caller, call, x, rate):
+    with pytest.raises(dropmask.DropmaskTypeError, match=rf"^{caller}: rate must be a real number"):
         call(x, rate, jax.random.key(0))
     with pytest.raises(TypeError, match=r"e\.g\. rate=0\.1"):
         call(x, rate, jax.random.key(0))
@@ -83,10 +83,10 @@ def test_keep_mask_accepts_numpy_ints_and_an_int():
     assert dropmask.keep_mask(key, 5, 0.5).shape == (5,)
 
 
-@pytest.mark.parametrize(("fn", "call", "x"), VARIANTS[:1] + VARIANTS[2:])
-def test_broadcast_dims_none_is_a_type_error_with_the_fix(fn, call, x):
+@pytest.mark.parametrize(("caller", "call", "x"), VARIANTS[:1] + VARIANTS[2:])
+def test_broadcast_dims_none_is_a_type_error_with_the_fix(caller, call, x):
     with pytest.raises(
-        dropmask.DropmaskTypeError, match=rf"{fn}: broadcast_dims.*broadcast_dims=\(\)"
+        dropmask.DropmaskTypeError, match=rf"{caller}: broadcast_dims.*broadcast_dims=\(\)"
     ):
         call(x, 0.5, jax.random.key(0), broadcast_dims=None)
 
@@ -100,10 +100,10 @@ def test_list_input_is_a_type_error_with_the_fix():
         dropmask.word_dropout([1, 2], 0.5, jax.random.key(0), unk_id=0)
 
 
-@pytest.mark.parametrize(("fn", "call", "x"), VARIANTS[:1] + VARIANTS[2:])
-def test_scalar_input_with_an_axis_says_it_has_no_axes(fn, call, x):
+@pytest.mark.parametrize(("caller", "call", "x"), VARIANTS[:1] + VARIANTS[2:])
+def test_scalar_input_with_an_axis_says_it_has_no_axes(caller, call, x):
     scalar = x[0, 0]
-    with pytest.raises(dropmask.AxisError, match=rf"{fn}: broadcast_dims names axis 0.*0-d"):
+    with pytest.raises(dropmask.AxisError, match=rf"{caller}: broadcast_dims names axis 0.*0-d"):
         call(scalar, 0.5, jax.random.key(0), broadcast_dims=(0,))
     # without an axis, a scalar is fine
     assert call(scalar, 0.5, jax.random.key(0)).shape == ()
@@ -168,8 +168,8 @@ def test_check_key_serves_train_state_callers():
     # One key check for every caller: a batch of keys, an int and None are refused.
     for bad in (jax.random.split(jax.random.key(0), 2), 3, jnp.zeros(3, jnp.float32)):
         with pytest.raises(dropmask.DropmaskTypeError, match="TrainState.create: key must be one"):
-            _checks.check_key(bad, fn="TrainState.create")
+            _checks.check_key(bad, caller="TrainState.create")
     with pytest.raises(dropmask.MissingKeyError):
-        _checks.check_key(None, fn="TrainState.create")
-    _checks.check_key(jax.random.key(0), fn="TrainState.create")
-    _checks.check_key(jax.random.PRNGKey(0), fn="TrainState.create")
+        _checks.check_key(None, caller="TrainState.create")
+    _checks.check_key(jax.random.key(0), caller="TrainState.create")
+    _checks.check_key(jax.random.PRNGKey(0), caller="TrainState.create")

@@ -16,7 +16,7 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "dropmask"
 def test_a_missing_dependency_is_one_line_naming_its_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "sentencepiece", None)
     with pytest.raises(DropmaskError, match=r"^translate: needs the package 'sentencepiece'"):
-        require("sentencepiece", fn="translate")
+        require("sentencepiece", caller="translate")
     with pytest.raises(DropmaskError, match=re.escape("pip install 'dropmask[examples]'")):
         require("sentencepiece")
     assert require("json").dumps([]) == "[]"

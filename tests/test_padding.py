@@ -241,7 +241,7 @@ def test_bucket_by_length_never_narrows_a_value():
         list(dm.bucket_by_length([[1], [300]], (4,), 2, dtype=np.int8))
 
 
-@pytest.mark.parametrize("fn", ["pad_sequences", "pad_to_bucket", "pack_sequences"])
+@pytest.mark.parametrize("caller", ["pad_sequences", "pad_to_bucket", "pack_sequences"])
 @pytest.mark.parametrize(
     ("seq", "dtype", "held"),
     [
@@ -253,34 +253,36 @@ def test_bucket_by_length_never_narrows_a_value():
         ([2], np.bool_, "2"),
     ],
 )
-def test_given_dtype_that_would_change_a_value_raises(fn, seq, dtype, held):
+def test_given_dtype_that_would_change_a_value_raises(caller, seq, dtype, held):
     call = {
         "pad_sequences": lambda s, **kw: dm.pad_sequences(s, **kw),
         "pad_to_bucket": lambda s, **kw: dm.pad_to_bucket(s, (4,), **kw),
         "pack_sequences": lambda s, **kw: dm.pack_sequences(s, 4, **kw),
-    }[fn]
+    }[caller]
     with pytest.raises(
-        dm.DropmaskValueError, match=f"{fn}: sequence 1 .*holds .*{held}.*Pass dtype="
+        dm.DropmaskValueError, match=f"{caller}: sequence 1 .*holds .*{held}.*Pass dtype="
     ):
         call([[0], seq], dtype=dtype)
     assert call([[0], [1]], dtype=dtype)[0].dtype == dtype  # values that fit pass
 
 
 @pytest.mark.parametrize(
-    "fn", ["pad_sequences", "pad_to_bucket", "pack_sequences", "bucket_by_length"]
+    "caller", ["pad_sequences", "pad_to_bucket", "pack_sequences", "bucket_by_length"]
 )
-def test_ragged_or_non_numeric_sequences_are_named(fn):
+def test_ragged_or_non_numeric_sequences_are_named(caller):
     call = {
         "pad_sequences": lambda s, **kw: dm.pad_sequences(s, **kw),
         "pad_to_bucket": lambda s, **kw: dm.pad_to_bucket(s, (4,), **kw),
         "pack_sequences": lambda s, **kw: dm.pack_sequences(s, 4, **kw),
         "bucket_by_length": lambda s, **kw: list(dm.bucket_by_length(s, (4,), 1, **kw)),
-    }[fn]
-    with pytest.raises(dm.DropmaskTypeError, match=f"{fn}: sequence 1 is not a rectangular array"):
+    }[caller]
+    with pytest.raises(
+        dm.DropmaskTypeError, match=f"{caller}: sequence 1 is not a rectangular array"
+    ):
         call([[[1, 2]], [[1, 2], [3]]])
     for mixed in ([1, "a"], [1, None]):
         with pytest.raises(
-            dm.DropmaskTypeError, match=f"{fn}: sequence 1 has dtype .*numbers or booleans"
+            dm.DropmaskTypeError, match=f"{caller}: sequence 1 has dtype .*numbers or booleans"
         ):
             call([[1], mixed])
     with pytest.raises(dm.DropmaskTypeError, match="pad_value must be a number"):

@@ -126,5 +126,6 @@ def test_path_dropout_keeps_what_its_residual_says(
 
 def test_mask_name_is_the_one_policies_use() -> None:
     assert testing.MASK_NAME == "dropout_mask"
+    assert testing.MASK_NAME is dropmask.DROPOUT_MASK_NAME
     with pytest.raises(dropmask.DropmaskValueError, match="residual"):
         testing.path_dropout(jnp.ones(4), 0.1, jax.random.key(0), path="packed", residual="x")

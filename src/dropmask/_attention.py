@@ -50,7 +50,7 @@ _ALGORITHMS = ("auto", "dense", "blockwise")
 # path's, with a fraction of the temporaries (at 256 x 256, slower and leaner).
 AUTO_BLOCKWISE_SCORES = 512 * 512
 
-_FN = "dot_product_attention"
+_CALLER = "dot_product_attention"
 _HINT = (
     "Attention masks and biases are [batch..., heads, q_len, kv_len] (heads may be 1); "
     "build masks with dropmask.attention_mask, causal_mask or segment_mask."
@@ -61,24 +61,24 @@ _PAD_HINT = "kv_lengths is [batch...]; kv_mask and segment ids are [batch..., le
 def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
     if not q.ndim == k.ndim == v.ndim or q.ndim < 3:
         raise DropmaskValueError(
-            f"{_FN}: q, k, v must have the same rank >= 3 ([batch..., length, heads, "
+            f"{_CALLER}: q, k, v must have the same rank >= 3 ([batch..., length, heads, "
             f"depth]), got shapes {q.shape}, {k.shape}, {v.shape}."
         )
     if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3]:
         raise DropmaskValueError(
-            f"{_FN}: q, k, v batch dims must match, got shapes {q.shape}, {k.shape}, {v.shape}."
+            f"{_CALLER}: q, k, v batch dims must match, got shapes {q.shape}, {k.shape}, {v.shape}."
         )
     if k.shape[-3] != v.shape[-3] or k.shape[-2] != v.shape[-2]:
         raise DropmaskValueError(
-            f"{_FN}: k and v must have the same length and heads, got {k.shape} and {v.shape}."
+            f"{_CALLER}: k and v must have the same length and heads, got {k.shape} and {v.shape}."
         )
     if q.shape[-1] != k.shape[-1]:
         raise DropmaskValueError(
-            f"{_FN}: q and k depths must match, got {q.shape[-1]} and {k.shape[-1]}."
+            f"{_CALLER}: q and k depths must match, got {q.shape[-1]} and {k.shape[-1]}."
         )
     if q.shape[-2] % k.shape[-2]:
         raise DropmaskValueError(
-            f"{_FN}: query heads ({q.shape[-2]}) must be a multiple of key/value heads "
+            f"{_CALLER}: query heads ({q.shape[-2]}) must be a multiple of key/value heads "
             f"({k.shape[-2]}) (grouped-query attention)."
         )
 
@@ -88,9 +88,9 @@ def _as_mask(mask: Any, logits_shape: tuple[int, ...]) -> jax.Array:
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_:
         if not (jnp.issubdtype(mask.dtype, jnp.number)):
-            raise DtypeError(f"{_FN}: mask must be boolean or numeric, got {mask.dtype}.")
+            raise DtypeError(f"{_CALLER}: mask must be boolean or numeric, got {mask.dtype}.")
         mask = mask != 0
-    check_broadcastable(mask.shape, logits_shape, fn=_FN, name="mask", hint=_HINT)
+    check_broadcastable(mask.shape, logits_shape, caller=_CALLER, name="mask", hint=_HINT)
     return mask.reshape((1,) * (len(logits_shape) - mask.ndim) + mask.shape)
 
 
@@ -214,42 +214,47 @@ def dot_product_attention(
     """
     if (qk_attn_weights_einsum is None) != (attn_weights_value_einsum is None):
         raise DropmaskValueError(
-            f"{_FN}: qk_attn_weights_einsum and attn_weights_value_einsum must be given together."
+            f"{_CALLER}: qk_attn_weights_einsum and attn_weights_value_einsum must be given "
+            "together."
         )
     if qk_attn_weights_einsum is not None and precision is not None:
-        raise DropmaskValueError(f"{_FN}: precision and custom einsums are mutually exclusive.")
+        raise DropmaskValueError(f"{_CALLER}: precision and custom einsums are mutually exclusive.")
     if key is not None and dropout_rng is not None:
-        raise DropmaskValueError(f"{_FN}: pass the dropout key as key= or dropout_rng=, not both.")
+        raise DropmaskValueError(
+            f"{_CALLER}: pass the dropout key as key= or dropout_rng=, not both."
+        )
     rng = key if key is not None else dropout_rng
-    rate = check_rate(dropout_rate, fn=_FN, name="dropout_rate")
-    check_impl(impl, fn=_FN)
+    rate = check_rate(dropout_rate, caller=_CALLER, name="dropout_rate")
+    check_impl(impl, caller=_CALLER)
     drops = not deterministic and rate != 0.0
     if drops:
-        check_key(rng, fn=_FN)
+        check_key(rng, caller=_CALLER)
 
     q, k, v = as_array(q), as_array(k), as_array(v)
     dtype = jnp.result_type(q, k, v) if dtype is None else jnp.dtype(dtype)
     if jnp.issubdtype(dtype, jnp.complexfloating):
         raise DtypeError(
-            f"{_FN}: q, k and v must be real, got dtype {dtype} (the softmax over scores "
+            f"{_CALLER}: q, k and v must be real, got dtype {dtype} (the softmax over scores "
             f"needs an order). Attend over real features, e.g. concatenate x.real and "
             f"x.imag on the depth axis."
         )
-    check_floating(jnp.zeros((), dtype), fn=f"{_FN} (q, k, v)")
+    check_floating(jnp.zeros((), dtype), caller=f"{_CALLER} (q, k, v)")
     _check_qkv(q, k, v)
     heads, kv_heads = q.shape[-2], k.shape[-2]
     groups = heads // kv_heads
     if groups > 1 and qk_attn_weights_einsum is not None:
-        raise DropmaskValueError(f"{_FN}: custom einsums do not support grouped-query attention.")
+        raise DropmaskValueError(
+            f"{_CALLER}: custom einsums do not support grouped-query attention."
+        )
     batch = q.shape[:-3]
     q_len, kv_len = q.shape[-3], k.shape[-3]
     logits_shape = (*batch, heads, q_len, kv_len)
     m = None if mask is None else _as_mask(mask, logits_shape)
     if bias is not None:
-        check_broadcastable(jnp.shape(bias), logits_shape, fn=_FN, name="bias", hint=_HINT)
+        check_broadcastable(jnp.shape(bias), logits_shape, caller=_CALLER, name="bias", hint=_HINT)
         if jnp.result_type(bias) == jnp.bool_:
             raise DtypeError(
-                f"{_FN}: bias is added to the scores, so a boolean bias would add 1 where "
+                f"{_CALLER}: bias is added to the scores, so a boolean bias would add 1 where "
                 f"True; got dtype bool. Pass a boolean array as mask= (True = attend)."
             )
     span = _window(window, is_causal)
@@ -271,7 +276,7 @@ def dot_product_attention(
         left, right = span
         # As in dropout: a Python number is a compile-time rate, a JAX scalar (even a
         # concrete one) a run-time value, so both paths draw with the same threshold.
-        keep = probability(dropout_rate, rate, keep=True, fn=_FN) if drops else None
+        keep = probability(dropout_rate, rate, keep=True, caller=_CALLER) if drops else None
         static_keep = keep if isinstance(keep, float) else None
         plan = bw.Plan(
             batch=batch,
@@ -353,14 +358,14 @@ def _window(window: Any, is_causal: bool) -> tuple[int | None, int | None]:
         if isinstance(window, tuple | list):
             if len(window) != 2:
                 raise DropmaskValueError(
-                    f"{_FN}: window must be an int or (left, right), got {window!r}. Pass "
+                    f"{_CALLER}: window must be an int or (left, right), got {window!r}. Pass "
                     f"e.g. window=(128, 0) for causal local attention."
                 )
             left, right = window
         else:
             left = right = window
-        left = check_static_int(left, name="window[0] (left)", fn=_FN)
-        right = check_static_int(right, name="window[1] (right)", fn=_FN)
+        left = check_static_int(left, name="window[0] (left)", caller=_CALLER)
+        right = check_static_int(right, name="window[1] (right)", caller=_CALLER)
     if is_causal:
         right = 0 if right is None else min(right, 0)
     return left, right
@@ -370,12 +375,14 @@ def _kv_valid(lengths: Any, kv_mask: Any, batch: tuple[int, ...], kv_len: int) -
     """``bool`` broadcastable to ``[*batch, kv_len]`` from ``kv_lengths`` and ``kv_mask``."""
     valid = None
     if lengths is not None:
-        arr = check_lengths(lengths, kv_len, fn=_FN)
-        check_broadcastable(arr.shape, batch, fn=_FN, name="kv_lengths", hint=_PAD_HINT)
+        arr = check_lengths(lengths, kv_len, caller=_CALLER)
+        check_broadcastable(arr.shape, batch, caller=_CALLER, name="kv_lengths", hint=_PAD_HINT)
         valid = sequence_mask(arr, kv_len)
     if kv_mask is not None:
-        km = check_bool_mask(kv_mask, fn=_FN, name="kv_mask")
-        check_broadcastable(km.shape, (*batch, kv_len), fn=_FN, name="kv_mask", hint=_PAD_HINT)
+        km = check_bool_mask(kv_mask, caller=_CALLER, name="kv_mask")
+        check_broadcastable(
+            km.shape, (*batch, kv_len), caller=_CALLER, name="kv_mask", hint=_PAD_HINT
+        )
         valid = km if valid is None else valid & km
     return valid
 
@@ -387,19 +394,19 @@ def _segments(
         return None, None
     if q_ids is None:
         raise DropmaskValueError(
-            f"{_FN}: kv_segment_ids needs q_segment_ids (the queries' segments). Pass both."
+            f"{_CALLER}: kv_segment_ids needs q_segment_ids (the queries' segments). Pass both."
         )
     if kv_ids is None:
         if q_len != kv_len:
             raise DropmaskValueError(
-                f"{_FN}: q_segment_ids alone serves keys only when q_len == kv_len, got "
+                f"{_CALLER}: q_segment_ids alone serves keys only when q_len == kv_len, got "
                 f"{q_len} and {kv_len}. Pass kv_segment_ids too."
             )
         kv_ids = q_ids
     q_ids, kv_ids = jnp.asarray(q_ids), jnp.asarray(kv_ids)
     for ids, name, length in ((q_ids, "q_segment_ids", q_len), (kv_ids, "kv_segment_ids", kv_len)):
-        check_integer(ids, fn=_FN, name=name)
-        check_broadcastable(ids.shape, (*batch, length), fn=_FN, name=name, hint=_PAD_HINT)
+        check_integer(ids, caller=_CALLER, name=name)
+        check_broadcastable(ids.shape, (*batch, length), caller=_CALLER, name=name, hint=_PAD_HINT)
     return q_ids, kv_ids
 
 
@@ -408,7 +415,7 @@ def _use_blockwise(
 ) -> bool:
     if algorithm not in _ALGORITHMS:
         raise DropmaskValueError(
-            f"{_FN}: algorithm must be one of {_ALGORITHMS}, got {algorithm!r}."
+            f"{_CALLER}: algorithm must be one of {_ALGORITHMS}, got {algorithm!r}."
         )
     dense_only = []
     if impl == "flax":
@@ -421,7 +428,7 @@ def _use_blockwise(
         dense_only.append("module= (sowing the weights needs them whole)")
     if algorithm == "blockwise" and dense_only:
         raise DropmaskValueError(
-            f"{_FN}: algorithm='blockwise' cannot take {dense_only[0]}. Use "
+            f"{_CALLER}: algorithm='blockwise' cannot take {dense_only[0]}. Use "
             f"algorithm='dense' (or 'auto'), or drop that argument."
         )
     if algorithm == "auto":
@@ -435,7 +442,7 @@ def _block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[i
         size = (
             bw.DEFAULT_BLOCK
             if size is None
-            else check_static_int(size, name=name, fn=_FN, minimum=1)
+            else check_static_int(size, name=name, caller=_CALLER, minimum=1)
         )
         sizes.append(max(min(size, length), 1))
     return sizes[0], sizes[1]

@@ -215,7 +215,7 @@ def _kept_scale(plan: Plan, dropout: Dropout, i: Any, j: Any) -> Any:
         _flags_and_realised,
         block=Block(whole, offset),
         residual="none",
-        fn="dot_product_attention",
+        caller="dot_product_attention",
     )
     lead = (1, 1, 1) if plan.broadcast_dropout else (-1, plan.kv_heads, plan.groups)
     flags = flags.reshape(*lead, plan.block_q, plan.block_k)

@@ -1,7 +1,7 @@
 """Boundary checks: every public function validates its arguments here, before any work.
 
-One message style: ``"{fn}: {name} must be <expected>, got <given>. <fix>"``, where
-``fn`` is the public function or module the user called. Each check runs on static
+One message style: ``"{caller}: {name} must be <expected>, got <given>. <fix>"``, where
+``caller`` is the public function or module the user called. Each check runs on static
 (trace-time) information only, so a bad call fails before anything is computed, also
 under ``jit``. The exception classes live in ``_errors``.
 """
@@ -48,8 +48,8 @@ __all__ = [
 ]
 
 
-def _prefix(fn: str | None) -> str:
-    return f"{fn}: " if fn else ""
+def _prefix(caller: str | None) -> str:
+    return f"{caller}: " if caller else ""
 
 
 def is_concrete(x: Any) -> bool:
@@ -68,7 +68,7 @@ def concrete_value(x: Any) -> float | None:
 
 
 def check_rate(
-    rate: Any, *, fn: str | None = None, name: str = "rate", allow_one: bool = True
+    rate: Any, *, caller: str | None = None, name: str = "rate", allow_one: bool = True
 ) -> float | None:
     """Validates a dropout rate; returns it as a float when known now, None when traced.
 
@@ -82,7 +82,7 @@ def check_rate(
       RateError: a known rate outside ``[0, 1]`` (``[0, 1)`` when ``allow_one`` is
         False) or NaN.
     """
-    pre = _prefix(fn)
+    pre = _prefix(caller)
     dtype = getattr(rate, "dtype", None)
     shape = tuple(getattr(rate, "shape", ()))
     is_real_number = isinstance(rate, int | float | np.integer | np.floating) and not isinstance(
@@ -115,7 +115,7 @@ def check_rate(
 def check_key(
     key: Any,
     *,
-    fn: str,
+    caller: str,
     stream: str | None = None,
     name: str = "key",
     streams: Sequence[str] | None = None,
@@ -124,7 +124,7 @@ def check_key(
 
     Serves every caller that takes a key: the dropout functions (``key``), attention
     (``dropout_rng``), the modules (``stream`` names the Flax PRNG stream), and
-    ``training.TrainState`` (``fn="TrainState.create"``). ``streams``: the PRNG streams
+    ``training.TrainState`` (``caller="TrainState.create"``). ``streams``: the PRNG streams
     the caller was given, named in the message so that a misspelt one stands out.
 
     Raises:
@@ -134,7 +134,7 @@ def check_key(
     if key is None:
         if stream is None:
             raise MissingKeyError(
-                f"{fn} is in training mode (deterministic=False) and needs a PRNG key, got "
+                f"{caller} is in training mode (deterministic=False) and needs a PRNG key, got "
                 f"{name}=None. Pass {name}=jax.random.key(0) (or a key split from yours), or "
                 f"set deterministic=True for evaluation."
             )
@@ -144,7 +144,7 @@ def check_key(
             given = f" The rngs given are {sorted(streams)!r}" if streams else " No rngs were given"
             given += f"; {close[0]!r} looks like a misspelling of {stream!r}." if close else "."
         raise MissingKeyError(
-            f"{fn} is in training mode (deterministic=False) and draws from the PRNG stream "
+            f"{caller} is in training mode (deterministic=False) and draws from the PRNG stream "
             f"{stream!r}, but no key was provided for it.{given} Pass one to apply, e.g. "
             f"model.apply(variables, x, rngs={{{stream!r}: jax.random.key(0)}}), or run in "
             f"evaluation mode with deterministic=True."
@@ -167,44 +167,44 @@ def check_key(
         got = f"{key!r} of type {type(key).__name__}"
         fix = f"Pass {name}=jax.random.key(0)"
     raise DropmaskTypeError(
-        f"{_prefix(fn)}{name} must be one PRNG key (jax.random.key(seed), or a raw uint32[2] "
+        f"{_prefix(caller)}{name} must be one PRNG key (jax.random.key(seed), or a raw uint32[2] "
         f"key), got {got}. {fix}, or a key split from yours: "
         f"main_key, dropout_key = jax.random.split(jax.random.key(0))."
     )
 
 
-def check_impl(impl: Any, *, fn: str | None = None) -> None:
+def check_impl(impl: Any, *, caller: str | None = None) -> None:
     """Raises DropmaskValueError unless ``impl`` names a mask generator."""
     impls = ("fast", "flax")
     if impl not in impls:
         raise DropmaskValueError(
-            f"{_prefix(fn)}impl must be one of {impls}, got {impl!r}. Use 'fast' (the "
+            f"{_prefix(caller)}impl must be one of {impls}, got {impl!r}. Use 'fast' (the "
             f"default) or 'flax' for masks bit-identical to Flax's."
         )
 
 
-def check_residual(residual: Any, *, fn: str | None = None) -> None:
+def check_residual(residual: Any, *, caller: str | None = None) -> None:
     """Raises DropmaskValueError unless ``residual`` names what the backward pass keeps."""
     residuals = ("mask", "none")
     if residual not in residuals:
         raise DropmaskValueError(
-            f"{_prefix(fn)}residual must be one of {residuals}, got {residual!r}. Use "
+            f"{_prefix(caller)}residual must be one of {residuals}, got {residual!r}. Use "
             f"'mask' (the default: keep 1 bit per element) or 'none' (keep only the key "
             f"and draw the mask again in the backward pass)."
         )
 
 
-def check_array(x: Any, *, fn: str, name: str = "x") -> jax.Array:
+def check_array(x: Any, *, caller: str, name: str = "x") -> jax.Array:
     """``x`` as a JAX array; rejects Python containers, which JAX's own functions reject."""
     if isinstance(x, list | tuple | dict | str | bytes) or x is None:
         raise DropmaskTypeError(
-            f"{fn}: {name} must be an array, got a {type(x).__name__}. Convert it first, "
+            f"{caller}: {name} must be an array, got a {type(x).__name__}. Convert it first, "
             f"e.g. {name}=jnp.asarray({name})."
         )
     return x if isinstance(x, jax.Array) else jnp.asarray(x)
 
 
-def check_floating(x: Any, *, fn: str, hint: str = "", allow_complex: bool = False) -> None:
+def check_floating(x: Any, *, caller: str, hint: str = "", allow_complex: bool = False) -> None:
     """Raises DtypeError unless ``x`` has a floating (or, if allowed, complex) dtype."""
     dtype = jnp.result_type(x)
     if jnp.issubdtype(dtype, jnp.floating):
@@ -213,12 +213,12 @@ def check_floating(x: Any, *, fn: str, hint: str = "", allow_complex: bool = Fal
         return
     kind = "floating-point or complex" if allow_complex else "floating-point"
     raise DtypeError(
-        f"{fn} expects a {kind} array, got dtype {dtype}. "
+        f"{caller} expects a {kind} array, got dtype {dtype}. "
         f"Cast it first, e.g. x.astype(jnp.float32){hint}."
     )
 
 
-def check_shape(shape: Any, *, fn: str, name: str = "shape") -> tuple[int, ...]:
+def check_shape(shape: Any, *, caller: str, name: str = "shape") -> tuple[int, ...]:
     """A static shape as a tuple of non-negative ints; no silent truncation of floats."""
     dims: tuple[Any, ...] | None = None
     if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
@@ -232,16 +232,16 @@ def check_shape(shape: Any, *, fn: str, name: str = "shape") -> tuple[int, ...]:
         isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0 for d in dims
     ):
         raise DropmaskTypeError(
-            f"{fn}: {name} must be a tuple of non-negative Python ints (a static array "
+            f"{caller}: {name} must be a tuple of non-negative Python ints (a static array "
             f"shape), got {shape!r}. Pass e.g. {name}=x.shape or {name}=(2, 3)."
         )
     return tuple(int(d) for d in dims)
 
 
-def as_dims(value: Any, *, fn: str | None, name: str = "broadcast_dims") -> tuple[int, ...]:
+def as_dims(value: Any, *, caller: str | None, name: str = "broadcast_dims") -> tuple[int, ...]:
     """An int or an iterable of ints (tuple, list, range, NumPy array) as a tuple of ints,
     as Flax accepts for ``broadcast_dims``; not yet checked against an input's rank."""
-    pre = _prefix(fn)
+    pre = _prefix(caller)
     if isinstance(value, int | np.integer) and not isinstance(value, bool):
         return (int(value),)
     dims: tuple[Any, ...] | None = None
@@ -266,15 +266,15 @@ def as_dims(value: Any, *, fn: str | None, name: str = "broadcast_dims") -> tupl
 
 
 def normalize_axes(
-    axes: Any, ndim: int, *, name: str, fn: str | None = None, allow_repeats: bool = False
+    axes: Any, ndim: int, *, name: str, caller: str | None = None, allow_repeats: bool = False
 ) -> tuple[int, ...]:
     """Maps possibly-negative axes into ``range(ndim)``; rejects out-of-range axes.
 
     ``axes`` is read by :func:`as_dims`. Repeats are an error unless ``allow_repeats``
     (then they are merged, as Flax does for ``broadcast_dims``).
     """
-    pre = _prefix(fn)
-    dims = as_dims(axes, fn=fn, name=name)
+    pre = _prefix(caller)
+    dims = as_dims(axes, caller=caller, name=name)
     out = []
     for axis in dims:
         if ndim == 0:
@@ -298,29 +298,31 @@ def normalize_axes(
     return tuple(out)
 
 
-def normalize_broadcast_dims(broadcast_dims: Any, ndim: int, *, fn: str) -> tuple[int, ...]:
+def normalize_broadcast_dims(broadcast_dims: Any, ndim: int, *, caller: str) -> tuple[int, ...]:
     """``broadcast_dims`` as Flax reads it: an int or ints, negative allowed, repeats merged."""
-    return normalize_axes(broadcast_dims, ndim, name="broadcast_dims", fn=fn, allow_repeats=True)
+    return normalize_axes(
+        broadcast_dims, ndim, name="broadcast_dims", caller=caller, allow_repeats=True
+    )
 
 
-def check_static_int(value: Any, *, name: str, fn: str, minimum: int = 0) -> int:
+def check_static_int(value: Any, *, name: str, caller: str, minimum: int = 0) -> int:
     """Validates a Python int that fixes a shape, e.g. ``max_len``."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise DropmaskTypeError(
-            f"{fn}: {name} must be a Python int (it fixes an array shape), got "
+            f"{caller}: {name} must be a Python int (it fixes an array shape), got "
             f"{type(value).__name__}. Pass a static value, e.g. {name}=128."
         )
     if value < minimum:
-        raise DropmaskValueError(f"{fn}: {name} must be >= {minimum}, got {value}.")
+        raise DropmaskValueError(f"{caller}: {name} must be >= {minimum}, got {value}.")
     return int(value)
 
 
-def check_bool_mask(mask: Any, *, fn: str, name: str = "mask") -> jax.Array:
+def check_bool_mask(mask: Any, *, caller: str, name: str = "mask") -> jax.Array:
     """Returns ``mask`` as a jax bool array; rejects other dtypes with the fix."""
     dtype = jnp.result_type(mask)
     if dtype != jnp.bool_:
         raise DtypeError(
-            f"{fn}: {name} must be boolean (True = valid), got dtype {dtype}. Convert it "
+            f"{caller}: {name} must be boolean (True = valid), got dtype {dtype}. Convert it "
             f"first: dropmask.from_flax_mask for 0/1 float masks, dropmask.from_bias for "
             f"additive biases, or `{name} != 0`."
         )
@@ -331,7 +333,12 @@ _TRAILING_HINT = "For x: [batch, time, features] and a [batch, time] mask, pass 
 
 
 def check_broadcastable(
-    shape: Sequence[int], target: Sequence[int], *, fn: str, name: str, hint: str = _TRAILING_HINT
+    shape: Sequence[int],
+    target: Sequence[int],
+    *,
+    caller: str,
+    name: str,
+    hint: str = _TRAILING_HINT,
 ) -> None:
     """Raises MaskShapeError unless ``shape`` broadcasts to exactly ``target``."""
     shape, target = tuple(shape), tuple(target)
@@ -341,30 +348,30 @@ def check_broadcastable(
             ok = ok and s in (1, t)
     if not ok:
         raise MaskShapeError(
-            f"{fn}: {name} of shape {shape} does not broadcast to shape {target} (NumPy "
+            f"{caller}: {name} of shape {shape} does not broadcast to shape {target} (NumPy "
             f"rules: trailing axes are aligned and must match or be 1). {hint}"
         )
 
 
-def check_integer(x: jax.Array, *, fn: str, name: str) -> None:
+def check_integer(x: jax.Array, *, caller: str, name: str) -> None:
     """Raises DtypeError unless ``x`` holds integers."""
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise DtypeError(
-            f"{fn}: {name} must be integers, got dtype {x.dtype}. Cast with "
+            f"{caller}: {name} must be integers, got dtype {x.dtype}. Cast with "
             f"{name}.astype(jnp.int32)."
         )
 
 
-def check_lengths(lengths: Any, max_len: int, *, fn: str) -> jax.Array:
+def check_lengths(lengths: Any, max_len: int, *, caller: str) -> jax.Array:
     """Validates integer ``lengths`` in ``[0, max_len]`` (values checked when concrete)."""
     arr = jnp.asarray(lengths)
-    check_integer(arr, fn=fn, name="lengths")
+    check_integer(arr, caller=caller, name="lengths")
     if is_concrete(lengths) and arr.size:
         host = np.asarray(lengths)
         lo, hi = int(host.min()), int(host.max())
         if lo < 0 or hi > max_len:
             raise DropmaskValueError(
-                f"{fn}: lengths must be in [0, {max_len}] (the padded length), got values "
+                f"{caller}: lengths must be in [0, {max_len}] (the padded length), got values "
                 f"in [{lo}, {hi}]. Pad to a longer max_len or truncate the sequences "
                 f"first (dropmask.pad_sequences(..., truncate='right'))."
             )

@@ -46,19 +46,19 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 _ALPHA_PRIME = -_SELU_SCALE * _SELU_ALPHA
 
 
-def needs_key(rate: Any, deterministic: bool, *, fn: str = "dropout") -> bool:
+def needs_key(rate: Any, deterministic: bool, *, caller: str = "dropout") -> bool:
     """Whether a call draws randomness: not in eval mode, and unless ``rate`` is 0 or 1.
 
     Modules use this to decide whether to fetch a key, so that (as in Flax) a layer
     with rate 0 or 1, given as a float or a concrete JAX scalar, consumes none. The
     rate is validated first, so a bad rate is reported before a missing key.
     """
-    check_rate(rate, fn=fn)
+    check_rate(rate, caller=caller)
     return not deterministic and concrete_value(rate) not in (0.0, 1.0)
 
 
 def layer_block(
-    x: Any, shard_spec: Any, global_shape: Any, offset: Any, deterministic: bool, *, fn: str
+    x: Any, shard_spec: Any, global_shape: Any, offset: Any, deterministic: bool, *, caller: str
 ) -> tuple[Any, Any]:
     """The ``(global_shape, offset)`` a layer hands to the core for this call.
 
@@ -69,7 +69,7 @@ def layer_block(
     """
     if shard_spec is None or deterministic or global_shape is not None or offset is not None:
         return global_shape, offset
-    block = block_from_spec(jnp.shape(x), shard_spec, fn=fn)
+    block = block_from_spec(jnp.shape(x), shard_spec, caller=caller)
     return block.global_shape, block.offset
 
 
@@ -83,7 +83,7 @@ class _Call(NamedTuple):
 
 
 def _validate(
-    fn: str,
+    caller: str,
     x: Any,
     rate: Any,
     key: Any,
@@ -101,28 +101,28 @@ def _validate(
     """The one validation path of every dropout variant, in one order: input, dtype,
     rate, impl, residual, axes, sharding block, key. Raises before any array work."""
     name = "tokens" if kind == "integer" else "x"
-    arr = check_array(x, fn=fn, name=name)
+    arr = check_array(x, caller=caller, name=name)
     if kind == "integer":
         if not jnp.issubdtype(arr.dtype, jnp.integer):
             raise DtypeError(
-                f"{fn} expects integer token ids, got dtype {arr.dtype}. For floating "
+                f"{caller} expects integer token ids, got dtype {arr.dtype}. For floating "
                 f"activations use dropout instead."
             )
     else:
-        hint = ", or use word_dropout for token ids" if fn == "dropout" else ""
-        check_floating(arr, fn=fn, hint=hint, allow_complex=kind == "inexact")
-    value = check_rate(rate, fn=fn, allow_one=allow_one)
+        hint = ", or use word_dropout for token ids" if caller == "dropout" else ""
+        check_floating(arr, caller=caller, hint=hint, allow_complex=kind == "inexact")
+    value = check_rate(rate, caller=caller, allow_one=allow_one)
     if impl is not None:
-        check_impl(impl, fn=fn)
-    check_residual(residual, fn=fn)
+        check_impl(impl, caller=caller)
+    check_residual(residual, caller=caller)
     if batch_axis is not None:
-        (axis,) = normalize_axes(batch_axis, arr.ndim, name="batch_axis", fn=fn)
+        (axis,) = normalize_axes(batch_axis, arr.ndim, name="batch_axis", caller=caller)
         axes = tuple(i for i in range(arr.ndim) if i != axis)
     else:
-        axes = normalize_broadcast_dims(broadcast_dims, arr.ndim, fn=fn)
-    block = local_block(arr.shape, global_shape, offset, axes, fn=fn)
+        axes = normalize_broadcast_dims(broadcast_dims, arr.ndim, caller=caller)
+    block = local_block(arr.shape, global_shape, offset, axes, caller=caller)
     if key is not None or (not deterministic and value not in (0.0, 1.0)):
-        check_key(key, fn=fn)
+        check_key(key, caller=caller)
     return _Call(arr, value, axes, block)
 
 
@@ -246,7 +246,7 @@ def dropout(
         global_shape=global_shape,
         offset=offset,
         residual=residual,
-        fn="dropout",
+        caller="dropout",
     )
 
 
@@ -262,11 +262,11 @@ def apply_dropout(
     global_shape: Any = None,
     offset: Any = None,
     residual: Any = DEFAULT_RESIDUAL,
-    fn: str,
+    caller: str,
 ) -> jax.Array:
-    """:func:`dropout` (or, with ``batch_axis``, :func:`drop_path`) for the caller ``fn``."""
+    """:func:`dropout` (or, with ``batch_axis``, :func:`drop_path`) on behalf of ``caller``."""
     call = _validate(
-        fn,
+        caller,
         x,
         rate,
         key,
@@ -283,10 +283,10 @@ def apply_dropout(
         return x
     if call.value == 1.0:
         return jnp.zeros_like(x)
-    p = probability(rate, call.value, keep=True, fn=fn)
+    p = probability(rate, call.value, keep=True, caller=caller)
     bshape = mask_shape(x.shape, call.axes)
     combine = _flax_select if impl == "flax" and isinstance(p, float) else _select_scaled
-    return draw(key, bshape, p, impl, combine, x, call.block, residual=residual, fn=fn)
+    return draw(key, bshape, p, impl, combine, x, call.block, residual=residual, caller=caller)
 
 
 def drop_path(
@@ -339,7 +339,7 @@ def drop_path(
         global_shape=global_shape,
         offset=offset,
         residual=residual,
-        fn="drop_path",
+        caller="drop_path",
     )
 
 
@@ -407,7 +407,7 @@ def word_dropout(
         impl=impl,
         global_shape=global_shape,
         offset=offset,
-        fn="word_dropout",
+        caller="word_dropout",
     )
 
 
@@ -422,11 +422,11 @@ def apply_word_dropout(
     impl: Any = DEFAULT_IMPL,
     global_shape: Any = None,
     offset: Any = None,
-    fn: str,
+    caller: str,
 ) -> jax.Array:
-    """:func:`word_dropout` for the caller ``fn``."""
+    """:func:`word_dropout` on behalf of ``caller``."""
     call = _validate(
-        fn,
+        caller,
         tokens,
         rate,
         key,
@@ -441,22 +441,22 @@ def apply_word_dropout(
     info = np.iinfo(tokens.dtype)
     if isinstance(unk_id, bool) or not isinstance(unk_id, int | np.integer):
         raise DropmaskTypeError(
-            f"{fn}: unk_id must be a Python int, got {type(unk_id).__name__}. Pass the id "
+            f"{caller}: unk_id must be a Python int, got {type(unk_id).__name__}. Pass the id "
             f"of the unknown-word token, e.g. unk_id=1."
         )
     if not info.min <= int(unk_id) <= info.max:
         raise DropmaskValueError(
-            f"{fn}: unk_id={unk_id} does not fit the token dtype {tokens.dtype} (range "
+            f"{caller}: unk_id={unk_id} does not fit the token dtype {tokens.dtype} (range "
             f"[{info.min}, {info.max}]). Use a wider dtype, e.g. tokens.astype(jnp.int32)."
         )
     if deterministic or call.value == 0.0:
         return tokens
     if call.value == 1.0:
         return jnp.full_like(tokens, unk_id)
-    p = probability(rate, call.value, keep=False, fn=fn)
+    p = probability(rate, call.value, keep=False, caller=caller)
     unk = jnp.asarray(unk_id, tokens.dtype)
     bshape = mask_shape(tokens.shape, call.axes)
-    return draw(key, bshape, p, impl, _replace_dropped, (tokens, unk), call.block, fn=fn)
+    return draw(key, bshape, p, impl, _replace_dropped, (tokens, unk), call.block, caller=caller)
 
 
 def gaussian_dropout(
@@ -489,7 +489,7 @@ def gaussian_dropout(
         key,
         broadcast_dims=broadcast_dims,
         deterministic=deterministic,
-        fn="gaussian_dropout",
+        caller="gaussian_dropout",
     )
 
 
@@ -500,16 +500,23 @@ def apply_gaussian_dropout(
     *,
     broadcast_dims: Any = (),
     deterministic: bool = False,
-    fn: str,
+    caller: str,
 ) -> jax.Array:
-    """:func:`gaussian_dropout` for the caller ``fn``."""
+    """:func:`gaussian_dropout` on behalf of ``caller``."""
     call = _validate(
-        fn, x, rate, key, deterministic, broadcast_dims=broadcast_dims, impl=None, allow_one=False
+        caller,
+        x,
+        rate,
+        key,
+        deterministic,
+        broadcast_dims=broadcast_dims,
+        impl=None,
+        allow_one=False,
     )
     x = call.x
     if deterministic or call.value == 0.0:
         return x
-    rate_arr = jnp.asarray(probability(rate, call.value, keep=False, fn=fn), jnp.float32)
+    rate_arr = jnp.asarray(probability(rate, call.value, keep=False, caller=caller), jnp.float32)
     std = jnp.sqrt(rate_arr / jnp.where(rate_arr < 1, 1.0 - rate_arr, 1.0))
     noise = 1.0 + std * jax.random.normal(key, mask_shape(x.shape, call.axes), dtype=jnp.float32)
     out = _per_part(lambda part: (part.astype(jnp.float32) * noise).astype(part.dtype), x)
@@ -581,7 +588,7 @@ def alpha_dropout(
         global_shape=global_shape,
         offset=offset,
         residual=residual,
-        fn="alpha_dropout",
+        caller="alpha_dropout",
     )
 
 
@@ -596,11 +603,11 @@ def apply_alpha_dropout(
     global_shape: Any = None,
     offset: Any = None,
     residual: Any = DEFAULT_RESIDUAL,
-    fn: str,
+    caller: str,
 ) -> jax.Array:
-    """:func:`alpha_dropout` for the caller ``fn``."""
+    """:func:`alpha_dropout` on behalf of ``caller``."""
     call = _validate(
-        fn,
+        caller,
         x,
         rate,
         key,
@@ -617,6 +624,8 @@ def apply_alpha_dropout(
         return x
     if call.value == 1.0:
         return jnp.zeros_like(x)
-    p = probability(rate, call.value, keep=True, fn=fn)
+    p = probability(rate, call.value, keep=True, caller=caller)
     bshape = mask_shape(x.shape, call.axes)
-    return draw(key, bshape, p, impl, _alpha_affine, x, call.block, residual=residual, fn=fn)
+    return draw(
+        key, bshape, p, impl, _alpha_affine, x, call.block, residual=residual, caller=caller
+    )

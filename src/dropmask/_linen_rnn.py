@@ -143,19 +143,19 @@ class MaskedRNN(nn.Module):
             ``deterministic``; ``weight_dropout`` on a cell without recurrent kernels.
           RateError: a ``zoneout`` or ``weight_dropout`` outside ``[0, 1]``.
         """
-        fn = "dropmask.linen.MaskedRNN"
+        caller = "dropmask.linen.MaskedRNN"
         reverse = self.reverse if reverse is None else reverse
         keep_order = self.keep_order if keep_order is None else keep_order
         return_carry = self.return_carry if return_carry is None else return_carry
-        check_rnn_args(inputs, mask, lengths, initial_carry, init_key, fn=fn)
-        mask_arr, lengths_arr, batch, _ = resolve_mask(inputs, mask, lengths, fn=fn)
-        zoneout_rates = carry_rates(self.zoneout, fn=fn)
-        check_rate(self.weight_dropout, fn=fn, name="weight_dropout")
+        check_rnn_args(inputs, mask, lengths, initial_carry, init_key, caller=caller)
+        mask_arr, lengths_arr, batch, _ = resolve_mask(inputs, mask, lengths, caller=caller)
+        zoneout_rates = carry_rates(self.zoneout, caller=caller)
+        check_rate(self.weight_dropout, caller=caller, name="weight_dropout")
         det = True
         if zoneout_rates or concrete_value(self.weight_dropout) != 0.0:
             if self.deterministic is None and deterministic is None:
                 raise DropmaskValueError(
-                    f"{fn}: deterministic must be True or False when zoneout or "
+                    f"{caller}: deterministic must be True or False when zoneout or "
                     "weight_dropout is on, got None. Pass MaskedRNN(..., deterministic=...) "
                     "or call it with deterministic=not training."
                 )
@@ -165,15 +165,15 @@ class MaskedRNN(nn.Module):
         if initial_carry is None:
             key = jax.random.key(0) if init_key is None else init_key
             initial_carry = self.cell.initialize_carry(key, step_shape)  # type: ignore[attr-defined]
-        check_carry(initial_carry, batch, fn=fn)
+        check_carry(initial_carry, batch, caller=caller)
         if self.is_initializing():
             self.cell(initial_carry, jnp.zeros(step_shape, x.dtype))
         cell, variables = self.cell.unbind()
         streams = [name for name in self.scope.rngs if name != "params"] if self.scope else []
         keys = {name: self.make_rng(name) for name in streams}
-        drops = _dropout.needs_key(self.weight_dropout, det, fn=fn)
+        drops = _dropout.needs_key(self.weight_dropout, det, caller=caller)
         if drops or (zoneout_rates and not det):
-            rng = self._regularizer_key(rng, fn=fn)
+            rng = self._regularizer_key(rng, caller=caller)
         zoneout_key, weight_key = regularizer_keys(rng)
         if drops:
             variables = dict(variables)
@@ -182,7 +182,7 @@ class MaskedRNN(nn.Module):
                 self.weight_dropout,
                 weight_key,
                 self.recurrent_kernels,
-                fn=fn,
+                caller=caller,
             )
 
         def cell_step(carry: Any, x_t: jax.Array, t: jax.Array) -> tuple[Any, Any]:
@@ -190,7 +190,7 @@ class MaskedRNN(nn.Module):
             return cell.apply(variables, carry, x_t, rngs=rngs)
 
         step = regularized_step(
-            cell_step, zoneout_rates, zoneout_key, initial_carry, deterministic=det, fn=fn
+            cell_step, zoneout_rates, zoneout_key, initial_carry, deterministic=det, caller=caller
         )
         carry, outputs = masked_rnn(
             step,
@@ -204,7 +204,7 @@ class MaskedRNN(nn.Module):
         )
         return (carry, outputs) if return_carry else outputs
 
-    def _regularizer_key(self, rng: Any, *, fn: str) -> jax.Array:
+    def _regularizer_key(self, rng: Any, *, caller: str) -> jax.Array:
         """This call's key: ``rng`` if given, else the next key of ``rng_collection``
         (falling back to ``'params'`` as Flax's ``make_rng`` does, so that ``init`` in
         training mode works)."""
@@ -213,13 +213,13 @@ class MaskedRNN(nn.Module):
             if not (self.has_rng(stream) or self.has_rng("params")):
                 given = list(self.scope.rngs) if self.scope is not None else []
                 raise MissingKeyError(
-                    f"{fn}: a key for stream {stream!r} must be given in training mode "
+                    f"{caller}: a key for stream {stream!r} must be given in training mode "
                     f"with zoneout or weight_dropout on, got streams {given}. Call "
                     f"apply(..., rngs={{{stream!r}: key}}), pass rng=key, or pass "
                     "deterministic=True."
                 )
             rng = self.make_rng(stream)
-        check_key(rng, fn=fn, name="rng")
+        check_key(rng, caller=caller, name="rng")
         return rng
 
 
@@ -282,7 +282,7 @@ class Bidirectional(nn.Module):
             lengths,
             initial_carry,
             init_key,
-            fn="dropmask.linen.Bidirectional",
+            caller="dropmask.linen.Bidirectional",
             pair=True,
         )
         forward_carry, backward_carry = initial_carry or (None, None)

@@ -58,7 +58,9 @@ def as_array(x: Any) -> jax.Array:
     return x if isinstance(x, jax.Array) else jnp.asarray(x)
 
 
-def broadcast_mask(mask: Any, shape: Sequence[int], *, fn: str, name: str = "mask") -> jax.Array:
+def broadcast_mask(
+    mask: Any, shape: Sequence[int], *, caller: str, name: str = "mask"
+) -> jax.Array:
     """Validates ``mask`` (bool, broadcastable) and broadcasts it to ``shape``.
 
     ``mask=None`` means every element is valid.
@@ -66,18 +68,20 @@ def broadcast_mask(mask: Any, shape: Sequence[int], *, fn: str, name: str = "mas
     shape = tuple(shape)
     if mask is None:
         return jnp.ones(shape, dtype=bool)
-    mask = check_bool_mask(mask, fn=fn, name=name)
-    check_broadcastable(mask.shape, shape, fn=fn, name=name)
+    mask = check_bool_mask(mask, caller=caller, name=name)
+    check_broadcastable(mask.shape, shape, caller=caller, name=name)
     return jnp.broadcast_to(mask, shape)
 
 
-def _broadcast_batch(*shapes: tuple[int, ...], fn: str, names: Sequence[str]) -> tuple[int, ...]:
+def _broadcast_batch(
+    *shapes: tuple[int, ...], caller: str, names: Sequence[str]
+) -> tuple[int, ...]:
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
         got = ", ".join(f"{n}: {s}" for n, s in zip(names, shapes, strict=True))
         raise MaskShapeError(
-            f"{fn}: the leading (batch) dimensions do not broadcast together ({got})."
+            f"{caller}: the leading (batch) dimensions do not broadcast together ({got})."
         ) from None
 
 
@@ -122,8 +126,8 @@ def sequence_mask(lengths: jax.typing.ArrayLike, max_len: int) -> jax.Array:
       >>> dropmask.sequence_mask([3, 0, 4], 4).astype(int).tolist()
       [[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
     """
-    max_len = check_static_int(max_len, name="max_len", fn="sequence_mask")
-    lengths_arr = check_lengths(lengths, max_len, fn="sequence_mask")
+    max_len = check_static_int(max_len, name="max_len", caller="sequence_mask")
+    lengths_arr = check_lengths(lengths, max_len, caller="sequence_mask")
     shape = lengths_arr.shape + (max_len,)
     steps = lax.broadcasted_iota(jnp.int32, shape, lengths_arr.ndim)
     return steps < widen_lengths(lengths_arr, max_len)[..., None]
@@ -151,17 +155,19 @@ def padding_mask(tokens: jax.typing.ArrayLike, pad_id: Any = 0) -> jax.Array:
     return jnp.asarray(tokens) != pad_id
 
 
-def _check_offset(offset: Any, fn: str) -> int:
+def _check_offset(offset: Any, caller: str) -> int:
     if isinstance(offset, bool) or not isinstance(offset, int | np.integer):
-        raise DropmaskTypeError(f"{fn}: offset must be a Python int, got {type(offset).__name__}.")
+        raise DropmaskTypeError(
+            f"{caller}: offset must be a Python int, got {type(offset).__name__}."
+        )
     return int(offset)
 
 
-def _relative_positions(q_len: int, kv_len: int | None, offset: int, fn: str) -> jax.Array:
+def _relative_positions(q_len: int, kv_len: int | None, offset: int, caller: str) -> jax.Array:
     """``k - (q + offset)`` as an int32 ``[q_len, kv_len]`` grid."""
-    q_len = check_static_int(q_len, name="q_len", fn=fn)
-    kv_len = q_len if kv_len is None else check_static_int(kv_len, name="kv_len", fn=fn)
-    offset = _check_offset(offset, fn)
+    q_len = check_static_int(q_len, name="q_len", caller=caller)
+    kv_len = q_len if kv_len is None else check_static_int(kv_len, name="kv_len", caller=caller)
+    offset = _check_offset(offset, caller)
     q = lax.broadcasted_iota(jnp.int32, (q_len, kv_len), 0)
     k = lax.broadcasted_iota(jnp.int32, (q_len, kv_len), 1)
     return k - (q + offset)
@@ -213,18 +219,18 @@ def sliding_window_mask(
       >>> dropmask.sliding_window_mask(4, (1, 0)).astype(int).tolist()
       [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
     """
-    fn = "sliding_window_mask"
+    caller = "sliding_window_mask"
     if isinstance(window, tuple | list):
         if len(window) != 2:
             raise DropmaskValueError(
-                f"{fn}: window must be an int or (left, right), got {window!r}."
+                f"{caller}: window must be an int or (left, right), got {window!r}."
             )
         left, right = window
     else:
         left = right = window
-    left = check_static_int(left, name="window[0] (left)", fn=fn)
-    right = check_static_int(right, name="window[1] (right)", fn=fn)
-    rel = _relative_positions(q_len, kv_len, offset, fn)
+    left = check_static_int(left, name="window[0] (left)", caller=caller)
+    right = check_static_int(right, name="window[1] (right)", caller=caller)
+    rel = _relative_positions(q_len, kv_len, offset, caller)
     return (rel >= -left) & (rel <= right)
 
 
@@ -250,19 +256,19 @@ def attention_mask(q_valid: jax.typing.ArrayLike, kv_valid: jax.typing.ArrayLike
       >>> dropmask.attention_mask(valid, valid).shape
       (1, 1, 3, 3)
     """
-    fn = "attention_mask"
-    q = check_bool_mask(q_valid, fn=fn, name="q_valid")
-    k = check_bool_mask(kv_valid, fn=fn, name="kv_valid")
-    return _pairwise(q, k, lambda a, b: a & b, fn, ("q_valid", "kv_valid"))
+    caller = "attention_mask"
+    q = check_bool_mask(q_valid, caller=caller, name="q_valid")
+    k = check_bool_mask(kv_valid, caller=caller, name="kv_valid")
+    return _pairwise(q, k, lambda a, b: a & b, caller, ("q_valid", "kv_valid"))
 
 
-def _pairwise(q: jax.Array, k: jax.Array, op: Any, fn: str, names: Sequence[str]) -> jax.Array:
+def _pairwise(q: jax.Array, k: jax.Array, op: Any, caller: str, names: Sequence[str]) -> jax.Array:
     if q.ndim == 0 or k.ndim == 0:
         raise MaskShapeError(
-            f"{fn}: {names[0]} and {names[1]} need a length axis, got shapes {q.shape} and "
+            f"{caller}: {names[0]} and {names[1]} need a length axis, got shapes {q.shape} and "
             f"{k.shape}."
         )
-    batch = _broadcast_batch(q.shape[:-1], k.shape[:-1], fn=fn, names=names)
+    batch = _broadcast_batch(q.shape[:-1], k.shape[:-1], caller=caller, names=names)
     q = jnp.broadcast_to(q, batch + q.shape[-1:])
     k = jnp.broadcast_to(k, batch + k.shape[-1:])
     return op(q[..., None, :, None], k[..., None, None, :])
@@ -290,13 +296,13 @@ def segment_mask(
       >>> m[0].astype(int).tolist()
       [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
     """
-    fn = "segment_mask"
+    caller = "segment_mask"
     q = jnp.asarray(q_segment_ids)
     k = q if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
-    _check_integer(q, fn=fn, name="q_segment_ids")
-    _check_integer(k, fn=fn, name="kv_segment_ids")
+    _check_integer(q, caller=caller, name="q_segment_ids")
+    _check_integer(k, caller=caller, name="kv_segment_ids")
     return _pairwise(
-        q, k, lambda a, b: (a == b) & (a != 0), fn, ("q_segment_ids", "kv_segment_ids")
+        q, k, lambda a, b: (a == b) & (a != 0), caller, ("q_segment_ids", "kv_segment_ids")
     )
 
 
@@ -321,7 +327,7 @@ def combine_masks(*masks: jax.typing.ArrayLike | None) -> jax.Array | None:
       [[1, 0, 0], [1, 1, 0], [0, 0, 0]]
     """
     arrays = [
-        check_bool_mask(m, fn="combine_masks", name=f"masks[{i}]")
+        check_bool_mask(m, caller="combine_masks", name=f"masks[{i}]")
         for i, m in enumerate(masks)
         if m is not None
     ]
@@ -329,7 +335,7 @@ def combine_masks(*masks: jax.typing.ArrayLike | None) -> jax.Array | None:
         return None
     shape = _broadcast_batch(
         *(a.shape for a in arrays),
-        fn="combine_masks",
+        caller="combine_masks",
         names=[f"masks[{i}]" for i, m in enumerate(masks) if m is not None],
     )
     out = jnp.broadcast_to(arrays[0], shape)
@@ -366,7 +372,7 @@ def to_flax_mask(mask: jax.typing.ArrayLike, dtype: Any = jnp.float32) -> jax.Ar
       >>> dropmask.to_flax_mask(jnp.array([True, False])).tolist()
       [1.0, 0.0]
     """
-    return check_bool_mask(mask, fn="to_flax_mask").astype(dtype)
+    return check_bool_mask(mask, caller="to_flax_mask").astype(dtype)
 
 
 def to_bias(
@@ -391,7 +397,7 @@ def to_bias(
       >>> dropmask.to_bias(jnp.array([True, False]), big_neg=-1e9).tolist()
       [0.0, -1000000000.0]
     """
-    mask = check_bool_mask(mask, fn="to_bias")
+    mask = check_bool_mask(mask, caller="to_bias")
     if not jnp.issubdtype(dtype, jnp.floating):
         raise DtypeError(f"to_bias: dtype must be floating, got {jnp.dtype(dtype)}.")
     if big_neg is None:
@@ -440,7 +446,7 @@ def to_numpy_ma(x: jax.typing.ArrayLike, mask: jax.typing.ArrayLike) -> np.ma.Ma
       1.5
     """
     data = np.asarray(x)
-    valid = np.asarray(broadcast_mask(mask, data.shape, fn="to_numpy_ma"))
+    valid = np.asarray(broadcast_mask(mask, data.shape, caller="to_numpy_ma"))
     return np.ma.MaskedArray(data, mask=~valid)
 
 

@@ -117,9 +117,9 @@ class MaskedRNN(nnx.Module):
         rng_collection: str = "dropout",
         rngs: nnx.Rngs | nnx.RngStream | None = None,
     ):
-        fn = "dropmask.nnx.MaskedRNN"
-        carry_rates(zoneout, fn=fn)
-        check_rate(weight_dropout, fn=fn, name="weight_dropout")
+        caller = "dropmask.nnx.MaskedRNN"
+        carry_rates(zoneout, caller=caller)
+        check_rate(weight_dropout, caller=caller, name="weight_dropout")
         self.cell = cell
         self.reverse = reverse
         self.keep_order = keep_order
@@ -138,7 +138,7 @@ class MaskedRNN(nnx.Module):
             self.rngs = nnx.data(None)
         else:
             raise DropmaskTypeError(
-                f"{fn}: rngs must be an nnx.Rngs, nnx.RngStream or None, got "
+                f"{caller}: rngs must be an nnx.Rngs, nnx.RngStream or None, got "
                 f"{type(rngs).__name__}. Pass e.g. rngs=nnx.Rngs({rng_collection}=0)."
             )
 
@@ -147,7 +147,7 @@ class MaskedRNN(nnx.Module):
         if deterministic is not None:
             self.deterministic = deterministic
 
-    def _regularizer_key(self, rngs: Any, *, fn: str) -> jax.Array:
+    def _regularizer_key(self, rngs: Any, *, caller: str) -> jax.Array:
         """This call's key: ``rngs`` if given (a key, stream or Rngs), else the next key
         of the module's own stream."""
         source = rngs if rngs is not None else self.rngs
@@ -157,12 +157,12 @@ class MaskedRNN(nnx.Module):
             return source()
         if source is None:
             raise MissingKeyError(
-                f"{fn}: rngs must be given in training mode with zoneout or weight_dropout "
+                f"{caller}: rngs must be given in training mode with zoneout or weight_dropout "
                 f"on, got none for stream {self.rng_collection!r}. Construct it with "
                 f"rngs=nnx.Rngs({self.rng_collection}=0), call it with rngs=..., or switch "
                 "to evaluation with model.eval()."
             )
-        check_key(source, fn=fn, name="rngs")
+        check_key(source, caller=caller, name="rngs")
         return source
 
     def __call__(
@@ -203,14 +203,14 @@ class MaskedRNN(nnx.Module):
             cell without recurrent kernels.
           MissingKeyError: a regularizer on in training mode without ``rngs``.
         """
-        fn = "dropmask.nnx.MaskedRNN"
+        caller = "dropmask.nnx.MaskedRNN"
         reverse = self.reverse if reverse is None else reverse
         keep_order = self.keep_order if keep_order is None else keep_order
         return_carry = self.return_carry if return_carry is None else return_carry
         det = bool(self.deterministic if deterministic is None else deterministic)
-        check_rnn_args(inputs, mask, lengths, initial_carry, None, fn=fn)
-        mask_arr, lengths_arr, batch, _ = resolve_mask(inputs, mask, lengths, fn=fn)
-        zoneout_rates = carry_rates(self.zoneout, fn=fn)
+        check_rnn_args(inputs, mask, lengths, initial_carry, None, caller=caller)
+        mask_arr, lengths_arr, batch, _ = resolve_mask(inputs, mask, lengths, caller=caller)
+        zoneout_rates = carry_rates(self.zoneout, caller=caller)
         x = jnp.asarray(inputs)
         if initial_carry is None:
             shape = (batch, *x.shape[2:])
@@ -219,17 +219,17 @@ class MaskedRNN(nnx.Module):
                 initial_carry = self.cell.initialize_carry(shape, rngs=nnx.Rngs(carry=0))
             else:
                 initial_carry = self.cell.initialize_carry(shape)  # type: ignore[attr-defined]
-        check_carry(initial_carry, batch, fn=fn)
+        check_carry(initial_carry, batch, caller=caller)
         keys = _stream_keys(self.cell)
         graphdef, state = nnx.split(self.cell)
-        drops = _dropout.needs_key(self.weight_dropout, det, fn=fn)
+        drops = _dropout.needs_key(self.weight_dropout, det, caller=caller)
         key = None
         if drops or (zoneout_rates and not det):
-            key = self._regularizer_key(rngs, fn=fn)
+            key = self._regularizer_key(rngs, caller=caller)
         zoneout_key, weight_key = regularizer_keys(key)
         if drops:
             state = drop_recurrent_kernels(
-                state, self.weight_dropout, weight_key, self.recurrent_kernels, fn=fn
+                state, self.weight_dropout, weight_key, self.recurrent_kernels, caller=caller
             )
 
         def cell_step(carry: Any, x_t: jax.Array, t: jax.Array) -> tuple[Any, Any]:
@@ -240,7 +240,7 @@ class MaskedRNN(nnx.Module):
             return cell(carry, x_t)  # type: ignore[operator]
 
         step = regularized_step(
-            cell_step, zoneout_rates, zoneout_key, initial_carry, deterministic=det, fn=fn
+            cell_step, zoneout_rates, zoneout_key, initial_carry, deterministic=det, caller=caller
         )
         carry, outputs = masked_rnn(
             step,
@@ -316,7 +316,13 @@ class Bidirectional(nnx.Module):
         """
         return_carry = self.return_carry if return_carry is None else return_carry
         check_rnn_args(
-            inputs, mask, lengths, initial_carry, None, fn="dropmask.nnx.Bidirectional", pair=True
+            inputs,
+            mask,
+            lengths,
+            initial_carry,
+            None,
+            caller="dropmask.nnx.Bidirectional",
+            pair=True,
         )
         forward_carry, backward_carry = initial_carry or (None, None)
         keys = (None, None) if rngs is None else tuple(jax.random.fold_in(rngs, i) for i in (0, 1))

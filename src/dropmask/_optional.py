@@ -30,12 +30,12 @@ def extra_for(module: str) -> str:
     return EXTRAS.get(module.partition(".")[0], "train")
 
 
-def require(module: str, *, fn: str = "dropmask") -> types.ModuleType:
+def require(module: str, *, caller: str = "dropmask") -> types.ModuleType:
     """Imports the optional dependency ``module``, or says how to install it.
 
     Args:
       module: a module name, e.g. ``'matplotlib.figure'``.
-      fn: the caller's name, for the message.
+      caller: the caller's name, for the message.
 
     Raises:
       DropmaskError: ``module`` is not installed.
@@ -45,6 +45,6 @@ def require(module: str, *, fn: str = "dropmask") -> types.ModuleType:
     except ImportError:
         top = module.partition(".")[0]
         raise DropmaskError(
-            f"{fn}: needs the package {top!r}, which is not installed. Install it with "
+            f"{caller}: needs the package {top!r}, which is not installed. Install it with "
             f"pip install 'dropmask[{extra_for(top)}]'."
         ) from None

@@ -39,10 +39,10 @@ Side = Literal["right", "left"]
 # ----------------------------------------------------------------- validation
 
 
-def _check_choice(value: Any, name: str, fn: str, *, allow_none: bool) -> None:
+def _check_choice(value: Any, name: str, caller: str, *, allow_none: bool) -> None:
     choices: tuple[Any, ...] = ("right", "left") + ((None,) if allow_none else ())
     if value not in choices:
-        raise DropmaskValueError(f"{fn}: {name} must be one of {choices}, got {value!r}.")
+        raise DropmaskValueError(f"{caller}: {name} must be one of {choices}, got {value!r}.")
 
 
 class _Layout:
@@ -51,16 +51,16 @@ class _Layout:
     An empty 1-D sequence (``[]``) fits any inner shape.
     """
 
-    def __init__(self, fn: str) -> None:
-        self.fn = fn
+    def __init__(self, caller: str) -> None:
+        self.caller = caller
         self.inner: tuple[int, ...] | None = None
         self.first = -1
 
     def add(self, index: int, seq: Any) -> np.ndarray:
-        a = _as_numeric(seq, index, self.fn)
+        a = _as_numeric(seq, index, self.caller)
         if a.ndim == 0:
             raise DropmaskValueError(
-                f"{self.fn}: sequence {index} is a scalar; each sequence must be an array "
+                f"{self.caller}: sequence {index} is a scalar; each sequence must be an array "
                 f"[length, ...]. Wrap single values in a list."
             )
         if a.shape == (0,):
@@ -69,7 +69,7 @@ class _Layout:
             self.inner, self.first = a.shape[1:], index
         elif a.shape[1:] != self.inner:
             raise DropmaskValueError(
-                f"{self.fn}: sequence {index} has inner shape {a.shape[1:]} but sequence "
+                f"{self.caller}: sequence {index} has inner shape {a.shape[1:]} but sequence "
                 f"{self.first} has {self.inner}; every sequence must be [length, *inner] "
                 f"with the same inner shape."
             )
@@ -82,19 +82,19 @@ class _Layout:
 _NUMERIC_KINDS = "biufc"
 
 
-def _as_numeric(seq: Any, index: int, fn: str) -> np.ndarray:
+def _as_numeric(seq: Any, index: int, caller: str) -> np.ndarray:
     """``seq`` as a NumPy array of booleans or numbers; names the sequence otherwise."""
     try:
         a = np.asarray(seq)
     except (ValueError, TypeError) as err:
         raise DropmaskTypeError(
-            f"{fn}: sequence {index} is not a rectangular array ({err}). Each sequence must "
+            f"{caller}: sequence {index} is not a rectangular array ({err}). Each sequence must "
             f"be [length, *inner] with one inner shape for all its steps; pad or split "
             f"ragged steps first."
         ) from None
     if a.dtype.kind not in _NUMERIC_KINDS:
         raise DropmaskTypeError(
-            f"{fn}: sequence {index} has dtype {a.dtype}; sequences must hold numbers or "
+            f"{caller}: sequence {index} has dtype {a.dtype}; sequences must hold numbers or "
             f"booleans (a list that mixes numbers with strings or None becomes such an "
             f"array). Convert it first, e.g. np.asarray(seq, dtype=np.int32)."
         )
@@ -124,36 +124,38 @@ def _changed_values(a: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndar
     return a[lost].ravel(), stored[lost].ravel()
 
 
-def _check_lossless(a: np.ndarray, dtype: np.dtype, index: int, fn: str) -> None:
+def _check_lossless(a: np.ndarray, dtype: np.dtype, index: int, caller: str) -> None:
     changed, stored = _changed_values(a, dtype)
     if changed.size:
         wider = np.result_type(a.dtype, dtype)
         wider = a.dtype if wider == dtype else wider  # int64 with uint64 gives float64
         raise DropmaskValueError(
-            f"{fn}: sequence {index} (dtype {a.dtype}) holds {changed[0].item()!r}, which "
+            f"{caller}: sequence {index} (dtype {a.dtype}) holds {changed[0].item()!r}, which "
             f"the batch dtype {dtype} cannot store (it would become {stored[0].item()!r}). "
             f"Pass dtype={wider.name} (or another dtype that holds it), or convert the "
             f"sequence first."
         )
 
 
-def _collect(seqs: Iterable[Any], fn: str, dtype: Any) -> tuple[list[np.ndarray], np.dtype, tuple]:
+def _collect(
+    seqs: Iterable[Any], caller: str, dtype: Any
+) -> tuple[list[np.ndarray], np.dtype, tuple]:
     """Validates a finite collection: ``(arrays, dtype, inner shape)``.
 
     Without ``dtype`` the batch takes the common dtype of the non-empty sequences;
     either way, a sequence whose values the batch dtype would change is an error.
     """
-    layout = _Layout(fn)
+    layout = _Layout(caller)
     arrays = [layout.add(i, s) for i, s in enumerate(seqs)]
     if not arrays:
         raise DropmaskValueError(
-            f"{fn}: got no sequences; pass a non-empty list of arrays [length, ...]."
+            f"{caller}: got no sequences; pass a non-empty list of arrays [length, ...]."
         )
     arrays = [layout.shaped(a) for a in arrays]
     # Even the common dtype can round: int64 with uint64 gives float64.
     out_dtype = _common_dtype(arrays) if dtype is None else np.dtype(dtype)
     for i, a in enumerate(arrays):
-        _check_lossless(a, out_dtype, i, fn)
+        _check_lossless(a, out_dtype, i, caller)
     return arrays, out_dtype, layout.inner or ()
 
 
@@ -162,29 +164,30 @@ def _common_dtype(arrays: Sequence[np.ndarray]) -> np.dtype:
     return np.result_type(*(nonempty or arrays))
 
 
-def _check_pad_value(pad_value: Any, dtype: np.dtype, fn: str) -> None:
+def _check_pad_value(pad_value: Any, dtype: np.dtype, caller: str) -> None:
     if np.ndim(pad_value) != 0:
         raise DropmaskValueError(
-            f"{fn}: pad_value must be a scalar, got shape {np.shape(pad_value)}."
+            f"{caller}: pad_value must be a scalar, got shape {np.shape(pad_value)}."
         )
     value = np.asarray(pad_value)
     if value.dtype.kind not in _NUMERIC_KINDS:
         raise DropmaskTypeError(
-            f"{fn}: pad_value must be a number or a bool, got {pad_value!r}. Pass e.g. pad_value=0."
+            f"{caller}: pad_value must be a number or a bool, got {pad_value!r}. Pass e.g. "
+            "pad_value=0."
         )
     if _changed_values(value.reshape(1), dtype)[0].size:
         raise DropmaskValueError(
-            f"{fn}: pad_value={pad_value!r} cannot be stored in dtype {dtype} without "
+            f"{caller}: pad_value={pad_value!r} cannot be stored in dtype {dtype} without "
             f"changing it. Pick another pad_value or pass dtype=."
         )
 
 
-def _too_long(lengths: np.ndarray, limit: int, fn: str, what: str) -> None:
+def _too_long(lengths: np.ndarray, limit: int, caller: str, what: str) -> None:
     over = np.flatnonzero(lengths > limit)
     if over.size:
         i = int(over[np.argmax(lengths[over])])
         raise DropmaskValueError(
-            f"{fn}: {over.size} sequence(s) are longer than {what}={limit} (the longest, "
+            f"{caller}: {over.size} sequence(s) are longer than {what}={limit} (the longest, "
             f"index {i}, has length {int(lengths[i])}). Pass truncate='right' (keep the "
             f"start) or truncate='left' (keep the end), or allow a longer {what}."
         )
@@ -241,20 +244,20 @@ def pad_sequences(
       >>> padded.tolist(), lengths.tolist()
       ([[1, 2, 3, 0], [4, 5, 0, 0], [6, 7, 8, 9]], [3, 2, 4])
     """
-    fn = "pad_sequences"
-    _check_choice(side, "side", fn, allow_none=False)
-    _check_choice(truncate, "truncate", fn, allow_none=True)
+    caller = "pad_sequences"
+    _check_choice(side, "side", caller, allow_none=False)
+    _check_choice(truncate, "truncate", caller, allow_none=True)
     if max_len is not None:
-        max_len = check_static_int(max_len, name="max_len", fn=fn)
+        max_len = check_static_int(max_len, name="max_len", caller=caller)
     if multiple_of is not None:
-        multiple_of = check_static_int(multiple_of, name="multiple_of", fn=fn, minimum=1)
+        multiple_of = check_static_int(multiple_of, name="multiple_of", caller=caller, minimum=1)
         if max_len is not None and max_len % multiple_of:
             raise DropmaskValueError(
-                f"{fn}: max_len={max_len} is not a multiple of multiple_of={multiple_of}; pass "
+                f"{caller}: max_len={max_len} is not a multiple of multiple_of={multiple_of}; pass "
                 f"max_len={math.ceil(max_len / multiple_of) * multiple_of} or drop one of them."
             )
-    arrays, out_dtype, inner = _collect(seqs, fn, dtype)
-    _check_pad_value(pad_value, out_dtype, fn)
+    arrays, out_dtype, inner = _collect(seqs, caller, dtype)
+    _check_pad_value(pad_value, out_dtype, caller)
     lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
     if max_len is None:
         length = int(lengths.max())
@@ -263,7 +266,7 @@ def pad_sequences(
     else:
         length = max_len
         if truncate is None:
-            _too_long(lengths, length, fn, "max_len")
+            _too_long(lengths, length, caller, "max_len")
     return _fill(arrays, length, inner, out_dtype, pad_value, side, truncate)
 
 
@@ -292,11 +295,11 @@ def _fill(
 # ----------------------------------------------------------------- bucketing
 
 
-def _check_buckets(buckets: Sequence[int], fn: str) -> tuple[int, ...]:
-    out = tuple(check_static_int(b, name="buckets[i]", fn=fn, minimum=1) for b in buckets)
+def _check_buckets(buckets: Sequence[int], caller: str) -> tuple[int, ...]:
+    out = tuple(check_static_int(b, name="buckets[i]", caller=caller, minimum=1) for b in buckets)
     if not out or any(a >= b for a, b in zip(out, out[1:], strict=False)):
         raise DropmaskValueError(
-            f"{fn}: buckets must be a non-empty, strictly increasing sequence of lengths, "
+            f"{caller}: buckets must be a non-empty, strictly increasing sequence of lengths, "
             f"got {tuple(buckets)!r}."
         )
     return out
@@ -320,16 +323,16 @@ def bucket_boundaries(
       >>> dropmask.bucket_boundaries([3, 5, 9, 17, 30, 31], 3, multiple_of=8)
       (16, 32)
     """
-    fn = "bucket_boundaries"
-    num_buckets = check_static_int(num_buckets, name="num_buckets", fn=fn, minimum=1)
-    multiple_of = check_static_int(multiple_of, name="multiple_of", fn=fn, minimum=1)
+    caller = "bucket_boundaries"
+    num_buckets = check_static_int(num_buckets, name="num_buckets", caller=caller, minimum=1)
+    multiple_of = check_static_int(multiple_of, name="multiple_of", caller=caller, minimum=1)
     arr = np.asarray(lengths)
     if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
         raise DropmaskValueError(
-            f"{fn}: lengths must be a non-empty 1-D list of ints, got {arr!r}."
+            f"{caller}: lengths must be a non-empty 1-D list of ints, got {arr!r}."
         )
     if arr.min() < 0:
-        raise DropmaskValueError(f"{fn}: lengths must be >= 0, got {int(arr.min())}.")
+        raise DropmaskValueError(f"{caller}: lengths must be >= 0, got {int(arr.min())}.")
     qs = np.quantile(arr, np.linspace(0, 1, num_buckets + 1)[1:], method="higher")
     rounded = {max(multiple_of, math.ceil(int(q) / multiple_of) * multiple_of) for q in qs}
     return tuple(sorted(rounded))
@@ -361,15 +364,15 @@ def pad_to_bucket(
       >>> dropmask.pad_to_bucket([[1, 2, 3], [4]], buckets=(2, 4, 8))[0].shape
       (2, 4)
     """
-    fn = "pad_to_bucket"
-    buckets = _check_buckets(buckets, fn)
-    _check_choice(side, "side", fn, allow_none=False)
-    _check_choice(truncate, "truncate", fn, allow_none=True)
-    arrays, out_dtype, inner = _collect(seqs, fn, dtype)
-    _check_pad_value(pad_value, out_dtype, fn)
+    caller = "pad_to_bucket"
+    buckets = _check_buckets(buckets, caller)
+    _check_choice(side, "side", caller, allow_none=False)
+    _check_choice(truncate, "truncate", caller, allow_none=True)
+    arrays, out_dtype, inner = _collect(seqs, caller, dtype)
+    _check_pad_value(pad_value, out_dtype, caller)
     lengths = np.array([a.shape[0] for a in arrays])
     if truncate is None:
-        _too_long(lengths, buckets[-1], fn, "the largest bucket")
+        _too_long(lengths, buckets[-1], caller, "the largest bucket")
     longest = int(lengths.max())
     target = next((b for b in buckets if b >= longest), buckets[-1])
     return _fill(arrays, target, inner, out_dtype, pad_value, side, truncate)
@@ -431,20 +434,20 @@ def bucket_by_length(
       >>> [b.padded.shape for b in dropmask.bucket_by_length(seqs, (2, 8), batch_size=2)]
       [(2, 2), (2, 8)]
     """
-    fn = "bucket_by_length"
-    buckets = _check_buckets(buckets, fn)
-    batch_size = check_static_int(batch_size, name="batch_size", fn=fn, minimum=1)
-    _check_choice(side, "side", fn, allow_none=False)
-    _check_choice(truncate, "truncate", fn, allow_none=True)
+    caller = "bucket_by_length"
+    buckets = _check_buckets(buckets, caller)
+    batch_size = check_static_int(batch_size, name="batch_size", caller=caller, minimum=1)
+    _check_choice(side, "side", caller, allow_none=False)
+    _check_choice(truncate, "truncate", caller, allow_none=True)
     if dtype is None and isinstance(seqs, Sequence) and not isinstance(seqs, str):
         # A list is known in full: its batches share the common dtype of all of its
         # sequences (as pad_sequences would choose), so no value is ever narrowed.
-        seqs = [_as_numeric(s, i, fn) for i, s in enumerate(seqs)]
+        seqs = [_as_numeric(s, i, caller) for i, s in enumerate(seqs)]
         nonempty = [a for a in seqs if a.ndim and a.shape[0]]
         if nonempty:
             dtype = _common_dtype(nonempty)
     if dtype is not None:
-        _check_pad_value(pad_value, np.dtype(dtype), fn)
+        _check_pad_value(pad_value, np.dtype(dtype), caller)
     return _bucket_batches(
         seqs, buckets, batch_size, pad_value, side, truncate, drop_remainder, dtype
     )
@@ -460,8 +463,8 @@ def _bucket_batches(
     drop_remainder: bool,
     dtype: Any,
 ) -> Iterator[BucketBatch]:
-    fn = "bucket_by_length"
-    layout = _Layout(fn)
+    caller = "bucket_by_length"
+    layout = _Layout(caller)
     pending: dict[int, list[tuple[int, np.ndarray]]] = {b: [] for b in buckets}
     out_dtype = None if dtype is None else np.dtype(dtype)
 
@@ -486,23 +489,25 @@ def _bucket_batches(
                 # A stream (an iterator) cannot be read ahead: its dtype is fixed by its
                 # first non-empty sequence, and a later one must fit it.
                 out_dtype = a.dtype
-                _check_pad_value(pad_value, out_dtype, fn)
+                _check_pad_value(pad_value, out_dtype, caller)
             elif dtype is None and not np.can_cast(a.dtype, out_dtype, casting="same_kind"):
                 raise DropmaskValueError(
-                    f"{fn}: sequence {index} has dtype {a.dtype}, which cannot be stored in "
+                    f"{caller}: sequence {index} has dtype {a.dtype}, which cannot be stored in "
                     f"the batch dtype {out_dtype} (fixed by the first non-empty sequence of "
                     f"the stream) without losing its kind. Pass dtype= or a list."
                 )
-            _check_lossless(a, out_dtype, index, fn)
+            _check_lossless(a, out_dtype, index, caller)
         if n > buckets[-1] and truncate is None:
-            _too_long(np.array([n]), buckets[-1], fn, "the largest bucket")
+            _too_long(np.array([n]), buckets[-1], caller, "the largest bucket")
         bucket = next((b for b in buckets if b >= n), buckets[-1])
         pending[bucket].append((index, a))
         if len(pending[bucket]) == batch_size and layout.inner is not None:
             yield emit(bucket, pending[bucket])
             pending[bucket] = []
     if count == 0:
-        raise DropmaskValueError(f"{fn}: got no sequences; pass a non-empty iterable of arrays.")
+        raise DropmaskValueError(
+            f"{caller}: got no sequences; pass a non-empty iterable of arrays."
+        )
     for bucket in buckets:
         items = pending[bucket]
         while items:
@@ -571,15 +576,15 @@ def pack_sequences(
       >>> p.segment_ids.tolist(), p.positions.tolist()
       ([[1, 1, 1, 2, 2], [1, 1, 0, 0, 0]], [[0, 1, 2, 0, 1], [0, 1, 0, 0, 0]])
     """
-    fn = "pack_sequences"
-    max_len = check_static_int(max_len, name="max_len", fn=fn, minimum=1)
+    caller = "pack_sequences"
+    max_len = check_static_int(max_len, name="max_len", caller=caller, minimum=1)
     if num_rows is not None:
-        num_rows = check_static_int(num_rows, name="num_rows", fn=fn)
-    _check_choice(truncate, "truncate", fn, allow_none=True)
-    arrays, out_dtype, inner = _collect(seqs, fn, dtype)
-    _check_pad_value(pad_value, out_dtype, fn)
+        num_rows = check_static_int(num_rows, name="num_rows", caller=caller)
+    _check_choice(truncate, "truncate", caller, allow_none=True)
+    arrays, out_dtype, inner = _collect(seqs, caller, dtype)
+    _check_pad_value(pad_value, out_dtype, caller)
     if truncate is None:
-        _too_long(np.array([a.shape[0] for a in arrays]), max_len, fn, "max_len")
+        _too_long(np.array([a.shape[0] for a in arrays]), max_len, caller, "max_len")
     arrays = [_cut(a, max_len, truncate) for a in arrays]
     lengths = np.array([a.shape[0] for a in arrays], dtype=np.int32)
     row = np.full(len(arrays), -1, dtype=np.int32)
@@ -597,7 +602,7 @@ def pack_sequences(
     rows = free.size if num_rows is None else num_rows
     if free.size > rows:
         raise DropmaskValueError(
-            f"{fn}: the sequences need {free.size} rows of max_len={max_len}, but "
+            f"{caller}: the sequences need {free.size} rows of max_len={max_len}, but "
             f"num_rows={rows}. Raise num_rows or max_len, or pack fewer sequences per call."
         )
     values = np.full((rows, max_len, *inner), pad_value, dtype=out_dtype)

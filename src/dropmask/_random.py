@@ -72,7 +72,7 @@ def mask_shape(shape: Sequence[int], axes: Sequence[int]) -> tuple[int, ...]:
     return tuple(1 if i in axes else d for i, d in enumerate(shape))
 
 
-def probability(rate: Any, value: float | None, *, keep: bool, fn: str) -> Any:
+def probability(rate: Any, value: float | None, *, keep: bool, caller: str) -> Any:
     """The probability that a drawn flag is True: ``1 - rate`` if ``keep``, else ``rate``.
 
     One encoding per rate type: a Python or NumPy number (``value``, already checked)
@@ -86,7 +86,7 @@ def probability(rate: Any, value: float | None, *, keep: bool, fn: str) -> Any:
     rate = jnp.asarray(rate, jnp.float32)
     if value is None:
         checkify.debug_check(
-            (rate >= 0) & (rate <= 1), f"{fn}: rate must be in [0, 1], got {{rate}}.", rate=rate
+            (rate >= 0) & (rate <= 1), f"{caller}: rate must be in [0, 1], got {{rate}}.", rate=rate
         )
     return 1.0 - rate if keep else rate
 
@@ -173,7 +173,7 @@ def draw(
     block: Block | None = None,
     *,
     residual: str = DEFAULT_RESIDUAL,
-    fn: str,
+    caller: str,
 ) -> Any:
     """``combine(x, flags, realised)``: ``flags: bool[shape]`` True with probability ``p``.
 
@@ -185,7 +185,7 @@ def draw(
     """
     if impl == "flax" and block is not None:
         raise DropmaskValueError(
-            f"{fn}: global_shape/offset need impl='fast', got impl='flax' (its masks are not "
+            f"{caller}: global_shape/offset need impl='fast', got impl='flax' (its masks are not "
             f"blockwise). Drop impl='flax', or draw the global mask outside shard_map."
         )
     save = residual == "mask" and _packs_words()
@@ -269,18 +269,18 @@ def keep_mask(
       >>> bool((m[0] == m[1]).all())
       True
     """
-    fn = "keep_mask"
-    shape = check_shape(shape, fn=fn)
-    value = check_rate(rate, fn=fn)
-    check_impl(impl, fn=fn)
-    axes = normalize_broadcast_dims(broadcast_dims, len(shape), fn=fn)
-    block = local_block(shape, global_shape, offset, axes, fn=fn)
+    caller = "keep_mask"
+    shape = check_shape(shape, caller=caller)
+    value = check_rate(rate, caller=caller)
+    check_impl(impl, caller=caller)
+    axes = normalize_broadcast_dims(broadcast_dims, len(shape), caller=caller)
+    block = local_block(shape, global_shape, offset, axes, caller=caller)
     if key is not None or value not in (0.0, 1.0):
-        check_key(key, fn=fn)
+        check_key(key, caller=caller)
     if value == 0.0:
         return jnp.ones(shape, dtype=bool)
     if value == 1.0:
         return jnp.zeros(shape, dtype=bool)
-    p = probability(rate, value, keep=True, fn=fn)
-    mask = draw(key, mask_shape(shape, axes), p, impl, flags_only, block=block, fn=fn)
+    p = probability(rate, value, keep=True, caller=caller)
+    mask = draw(key, mask_shape(shape, axes), p, impl, flags_only, block=block, caller=caller)
     return jnp.broadcast_to(mask, shape)

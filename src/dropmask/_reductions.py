@@ -48,31 +48,31 @@ Axis = int | Sequence[int] | None
 # ----------------------------------------------------------------- boundary checks
 
 
-def _check_dtype(x: jax.Array, fn: str, *, integers: bool) -> None:
+def _check_dtype(x: jax.Array, caller: str, *, integers: bool) -> None:
     floating = jnp.issubdtype(x.dtype, jnp.floating)
     integer = jnp.issubdtype(x.dtype, jnp.integer)
     if floating or (integers and integer):
         return
     kinds = "a floating or integer" if integers else "a floating-point"
     raise DtypeError(
-        f"{fn} expects {kinds} array, got dtype {x.dtype}. Cast it first, e.g. "
+        f"{caller} expects {kinds} array, got dtype {x.dtype}. Cast it first, e.g. "
         f"x.astype(jnp.float32)."
     )
 
 
-def _axes(axis: Axis, ndim: int, fn: str) -> tuple[int, ...]:
+def _axes(axis: Axis, ndim: int, caller: str) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
     axes = axis if isinstance(axis, Sequence) else (axis,)
     if ndim == 0 and len(axes):
         raise AxisError(
-            f"{fn}: x is 0-d (a scalar), so it has no axis {axis!r} to reduce. Pass "
+            f"{caller}: x is 0-d (a scalar), so it has no axis {axis!r} to reduce. Pass "
             f"axis=None (or axis=()) to reduce a scalar, or give x a dimension."
         )
-    return normalize_axes(axes, ndim, name=f"{fn}: axis")
+    return normalize_axes(axes, ndim, name=f"{caller}: axis")
 
 
-def _check_complex(x: jax.Array, fn: str, *, complex_ok: bool) -> bool:
+def _check_complex(x: jax.Array, caller: str, *, complex_ok: bool) -> bool:
     """True for a complex ``x`` the caller supports; raises for the others.
 
     The generic dtype message would suggest a cast to float32, which silently drops
@@ -83,7 +83,7 @@ def _check_complex(x: jax.Array, fn: str, *, complex_ok: bool) -> bool:
     if complex_ok:
         return True
     raise DtypeError(
-        f"{fn} needs real values, got dtype {x.dtype}. Reduce a real view explicitly, "
+        f"{caller} needs real values, got dtype {x.dtype}. Reduce a real view explicitly, "
         f"e.g. jnp.abs(x) or x.real (masked_sum and masked_mean accept complex x)."
     )
 
@@ -92,23 +92,23 @@ def _prepare(
     x: Any,
     mask: Any,
     axis: Axis,
-    fn: str,
+    caller: str,
     *,
     integers: bool = False,
     complex_ok: bool = False,
 ) -> tuple[jax.Array, jax.Array, tuple[int, ...]]:
     x = as_array(x)
-    if not _check_complex(x, fn, complex_ok=complex_ok):
-        _check_dtype(x, fn, integers=integers)
-    axes = _axes(axis, x.ndim, fn)
+    if not _check_complex(x, caller, complex_ok=complex_ok):
+        _check_dtype(x, caller, integers=integers)
+    axes = _axes(axis, x.ndim, caller)
     if isinstance(mask, list | tuple):  # like x, a nested list is read as an array
         mask = np.asarray(mask)
-    return x, broadcast_mask(mask, x.shape, fn=fn), axes
+    return x, broadcast_mask(mask, x.shape, caller=caller), axes
 
 
-def _check_fill(fill: Any, fn: str) -> None:
+def _check_fill(fill: Any, caller: str) -> None:
     if np.ndim(fill) != 0:
-        raise DropmaskTypeError(f"{fn}: fill must be a scalar, got shape {np.shape(fill)}.")
+        raise DropmaskTypeError(f"{caller}: fill must be a scalar, got shape {np.shape(fill)}.")
 
 
 def compute_dtype(dtype: Any) -> Any:
@@ -202,12 +202,12 @@ def masked_mean(
 
 
 def _masked_var(
-    x: Any, mask: Any, axis: Axis, keepdims: bool, ddof: Any, fn: str
+    x: Any, mask: Any, axis: Axis, keepdims: bool, ddof: Any, caller: str
 ) -> tuple[jax.Array, jax.Array, Any]:
     """Returns ``(var, defined, out_dtype)``, var in the compute dtype, 0 where undefined."""
-    x, m, axes = _prepare(x, mask, axis, fn, integers=True)
+    x, m, axes = _prepare(x, mask, axis, caller, integers=True)
     if isinstance(ddof, bool) or not isinstance(ddof, int | np.integer) or ddof < 0:
-        raise DropmaskValueError(f"{fn}: ddof must be a non-negative int, got {ddof!r}.")
+        raise DropmaskValueError(f"{caller}: ddof must be a non-negative int, got {ddof!r}.")
     out_dtype = _result_float(x.dtype)
     acc = compute_dtype(out_dtype)
     xs = jnp.where(m, x, 0).astype(acc)
@@ -297,19 +297,19 @@ def masked_std(
 
 
 def _masked_extreme(
-    x: Any, mask: Any, axis: Axis, keepdims: bool, fill: Any, fn: str, *, is_max: bool
+    x: Any, mask: Any, axis: Axis, keepdims: bool, fill: Any, caller: str, *, is_max: bool
 ) -> jax.Array:
-    x, m, axes = _prepare(x, mask, axis, fn, integers=True)
-    _check_fill(fill, fn)
+    x, m, axes = _prepare(x, mask, axis, caller, integers=True)
+    _check_fill(fill, caller)
     if jnp.issubdtype(x.dtype, jnp.integer):
         if not jnp.issubdtype(jnp.result_type(fill), jnp.integer):
             raise DtypeError(
-                f"{fn}: x has integer dtype {x.dtype}, so fill must be an int, got {fill!r}."
+                f"{caller}: x has integer dtype {x.dtype}, so fill must be an int, got {fill!r}."
             )
         info = np.iinfo(x.dtype)
         if not info.min <= int(np.asarray(fill)) <= info.max:
             raise DropmaskValueError(
-                f"{fn}: fill={fill!r} cannot be stored in x's dtype {x.dtype} (integers in "
+                f"{caller}: fill={fill!r} cannot be stored in x's dtype {x.dtype} (integers in "
                 f"[{info.min}, {info.max}]). Pick a fill in that range, or cast x first."
             )
         neutral = info.min if is_max else info.max
@@ -629,38 +629,40 @@ def masked_cross_entropy(
       ...                                     jnp.array([True, False])))  # log 2
       0.6931471824645996
     """
-    fn = "masked_cross_entropy"
+    caller = "masked_cross_entropy"
     logits = as_array(logits)
     labels = as_array(labels)
-    _check_complex(logits, fn, complex_ok=False)
-    _check_dtype(logits, fn, integers=False)
+    _check_complex(logits, caller, complex_ok=False)
+    _check_dtype(logits, caller, integers=False)
     if isinstance(mask, list | tuple):  # like labels, a nested list is read as an array
         mask = np.asarray(mask)
     if reduction not in ("mean", "sum", "none"):
         raise DropmaskValueError(
-            f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}."
+            f"{caller}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}."
         )
     if logits.ndim == 0:
-        raise MaskShapeError(f"{fn}: logits need a class axis [..., num_classes], got a scalar.")
+        raise MaskShapeError(
+            f"{caller}: logits need a class axis [..., num_classes], got a scalar."
+        )
     batch, classes = logits.shape[:-1], logits.shape[-1]
     sparse = jnp.issubdtype(labels.dtype, jnp.integer)
     expected = batch if sparse else logits.shape
     if not sparse and not jnp.issubdtype(labels.dtype, jnp.floating):
         raise DtypeError(
-            f"{fn}: labels must be integer ids or float probabilities, got {labels.dtype}."
+            f"{caller}: labels must be integer ids or float probabilities, got {labels.dtype}."
         )
     if labels.shape != expected:
         kind = "integer labels [...]" if sparse else "probability labels [..., num_classes]"
         raise MaskShapeError(
-            f"{fn}: {kind} must have shape {expected} for logits {logits.shape}, got "
+            f"{caller}: {kind} must have shape {expected} for logits {logits.shape}, got "
             f"{labels.shape}."
         )
-    tok = broadcast_mask(mask, batch, fn=fn)
+    tok = broadcast_mask(mask, batch, caller=caller)
     if sparse and is_concrete(labels) and (mask is None or is_concrete(mask)):
         host = np.asarray(labels)[np.asarray(tok)]
         if host.size and (host.min() < 0 or host.max() >= classes):
             raise DropmaskValueError(
-                f"{fn}: labels of valid tokens must be in [0, {classes}), got values in "
+                f"{caller}: labels of valid tokens must be in [0, {classes}), got values in "
                 f"[{host.min()}, {host.max()}]. Mask out ignored tokens (e.g. label -100) "
                 f"with mask=labels >= 0."
             )

@@ -54,7 +54,7 @@ StepFn = Callable[[Any, Any, jax.Array], tuple[Any, Any]]
 
 
 def resolve_mask(
-    inputs: Any, mask: Any, lengths: Any, *, fn: str
+    inputs: Any, mask: Any, lengths: Any, *, caller: str
 ) -> tuple[jax.Array, jax.Array, int, int]:
     """``(mask: bool[batch, time], lengths: int32[batch], batch, time)`` from either form.
 
@@ -65,34 +65,34 @@ def resolve_mask(
     if not leaves or any(jnp.ndim(leaf) < 2 for leaf in leaves):
         shapes = [tuple(jnp.shape(leaf)) for leaf in leaves]
         raise MaskShapeError(
-            f"{fn}: inputs must be [batch, time, ...] (every leaf), got shapes {shapes}. "
+            f"{caller}: inputs must be [batch, time, ...] (every leaf), got shapes {shapes}. "
             "Add a batch axis, e.g. x[None]."
         )
     batch, steps = (int(d) for d in jnp.shape(leaves[0])[:2])
     for leaf in leaves:
         if tuple(jnp.shape(leaf)[:2]) != (batch, steps):
             raise MaskShapeError(
-                f"{fn}: every inputs leaf must start with [batch, time] = {(batch, steps)}, "
+                f"{caller}: every inputs leaf must start with [batch, time] = {(batch, steps)}, "
                 f"got a leaf of shape {jnp.shape(leaf)}."
             )
     if mask is not None and lengths is not None:
         raise DropmaskValueError(
-            f"{fn}: pass mask or lengths, not both (got both). lengths=n is the same as "
+            f"{caller}: pass mask or lengths, not both (got both). lengths=n is the same as "
             "mask=dropmask.sequence_mask(n, time)."
         )
     if lengths is not None:
         if tuple(jnp.shape(lengths)) != (batch,):
             raise MaskShapeError(
-                f"{fn}: lengths must be [batch] = {(batch,)}, got shape {jnp.shape(lengths)}."
+                f"{caller}: lengths must be [batch] = {(batch,)}, got shape {jnp.shape(lengths)}."
             )
-        mask_arr = sequence_mask(check_lengths(lengths, steps, fn=fn), steps)
+        mask_arr = sequence_mask(check_lengths(lengths, steps, caller=caller), steps)
         return mask_arr, jnp.sum(mask_arr, axis=-1, dtype=jnp.int32), batch, steps
     if mask is None:
         return jnp.ones((batch, steps), bool), jnp.full((batch,), steps, jnp.int32), batch, steps
-    mask_arr = check_bool_mask(mask, fn=fn)
+    mask_arr = check_bool_mask(mask, caller=caller)
     if tuple(mask_arr.shape) != (batch, steps):
         raise MaskShapeError(
-            f"{fn}: mask must be bool[batch, time] = {(batch, steps)}, got shape "
+            f"{caller}: mask must be bool[batch, time] = {(batch, steps)}, got shape "
             f"{mask_arr.shape}. Build one from lengths with dropmask.sequence_mask."
         )
     return mask_arr, jnp.sum(mask_arr, axis=-1, dtype=jnp.int32), batch, steps
@@ -105,31 +105,31 @@ def check_rnn_args(
     initial_carry: Any,
     init_key: Any,
     *,
-    fn: str,
+    caller: str,
     pair: bool = False,
 ) -> None:
     """Validates a recurrent layer's call arguments, naming the layer the user called.
 
     ``pair``: ``initial_carry`` is a ``(forward, backward)`` pair (``Bidirectional``).
     """
-    resolve_mask(inputs, mask, lengths, fn=fn)
+    resolve_mask(inputs, mask, lengths, caller=caller)
     if init_key is not None:
-        check_key(init_key, fn=fn, name="init_key")
+        check_key(init_key, caller=caller, name="init_key")
     if pair and initial_carry is not None:
         if not isinstance(initial_carry, tuple | list) or len(initial_carry) != 2:
             raise DropmaskTypeError(
-                f"{fn}: initial_carry must be a (forward, backward) pair of carries, got "
+                f"{caller}: initial_carry must be a (forward, backward) pair of carries, got "
                 f"{type(initial_carry).__name__}. Pass (forward_carry, backward_carry), or "
                 f"None for the cells' initial carries."
             )
 
 
-def check_carry(carry: Any, batch: int, *, fn: str) -> None:
+def check_carry(carry: Any, batch: int, *, caller: str) -> None:
     """Raises unless every leaf of ``carry`` starts with the batch axis."""
     for leaf in jax.tree.leaves(carry):
         if jnp.ndim(leaf) < 1 or jnp.shape(leaf)[0] != batch:
             raise MaskShapeError(
-                f"{fn}: initial_carry leaves must be [batch, ...] with batch {batch}, got a "
+                f"{caller}: initial_carry leaves must be [batch, ...] with batch {batch}, got a "
                 f"leaf of shape {jnp.shape(leaf)}. inputs must be [batch, time, *features] "
                 f"(x[..., None] adds a feature axis), and a given initial_carry batched."
             )
@@ -191,19 +191,19 @@ def masked_rnn(
 FLAX_RECURRENT_KERNELS = ("h", "hi", "hf", "hg", "ho", "hr", "hz", "hn", "dense_h")
 
 
-def carry_rates(zoneout: Any, *, fn: str) -> tuple[float, ...]:
+def carry_rates(zoneout: Any, *, caller: str) -> tuple[float, ...]:
     """``zoneout`` (one rate, or one per carry leaf) as a validated tuple, empty when 0."""
     rates = tuple(zoneout) if isinstance(zoneout, tuple | list) else (zoneout,)
     if not rates:
         raise DropmaskValueError(
-            f"{fn}: zoneout must be a rate or a tuple of rates (one per carry leaf), got "
+            f"{caller}: zoneout must be a rate or a tuple of rates (one per carry leaf), got "
             "an empty tuple. Pass zoneout=0.0 to turn zoneout off."
         )
     try:
-        values = [check_rate(r, fn=fn, name="zoneout") for r in rates]
+        values = [check_rate(r, caller=caller, name="zoneout") for r in rates]
     except RateError:
         raise RateError(
-            f"{fn}: zoneout must be in [0, 1] (the probability that a unit keeps its "
+            f"{caller}: zoneout must be in [0, 1] (the probability that a unit keeps its "
             f"previous value), got {zoneout!r}. Pass e.g. zoneout=0.1."
         ) from None
     return () if all(v == 0.0 for v in values) else rates
@@ -252,26 +252,28 @@ def zoneout(
       >>> set(y.tolist()) <= {0.0, 1.0}
       True
     """
-    return apply_zoneout(prev, new, rate, key, deterministic=deterministic, fn="zoneout")
+    return apply_zoneout(prev, new, rate, key, deterministic=deterministic, caller="zoneout")
 
 
-def apply_zoneout(prev: Any, new: Any, rate: Any, key: Any, *, deterministic: bool, fn: str) -> Any:
-    """:func:`zoneout` for the caller ``fn`` (validated here, before any work)."""
-    rates = carry_rates(rate, fn=fn) or (0.0,)
+def apply_zoneout(
+    prev: Any, new: Any, rate: Any, key: Any, *, deterministic: bool, caller: str
+) -> Any:
+    """:func:`zoneout` on behalf of ``caller`` (validated here, before any work)."""
+    rates = carry_rates(rate, caller=caller) or (0.0,)
     prev_leaves, treedef = jax.tree.flatten(prev)
     new_leaves, new_treedef = jax.tree.flatten(new)
     if treedef != new_treedef or any(
         jnp.shape(a) != jnp.shape(b) for a, b in zip(prev_leaves, new_leaves, strict=True)
     ):
         raise MaskShapeError(
-            f"{fn}: prev and new must be carries of one structure and shapes, got "
+            f"{caller}: prev and new must be carries of one structure and shapes, got "
             f"{jax.tree.map(jnp.shape, prev)} and {jax.tree.map(jnp.shape, new)}. Pass the "
             "carry before and after one step of the same cell."
         )
-    rates = leaf_rates(rates, new, fn=fn)
+    rates = leaf_rates(rates, new, caller=caller)
     values = [concrete_value(r) for r in rates]
     if not deterministic and any(v not in (0.0, 1.0) for v in values):
-        check_key(key, fn=fn)
+        check_key(key, caller=caller)
     out = []
     for i, (a, b, r, v) in enumerate(zip(prev_leaves, new_leaves, rates, values, strict=True)):
         a, b = jnp.asarray(a), jnp.asarray(b)
@@ -289,19 +291,19 @@ def apply_zoneout(prev: Any, new: Any, rate: Any, key: Any, *, deterministic: bo
     return jax.tree.unflatten(treedef, out)
 
 
-def leaf_rates(rates: tuple, carry: Any, *, fn: str) -> tuple:
+def leaf_rates(rates: tuple, carry: Any, *, caller: str) -> tuple:
     """One zoneout rate per leaf of ``carry`` (floating leaves only), or raises."""
     leaves = jax.tree.leaves(carry)
     if len(rates) == 1:
         rates = rates * len(leaves)
     if len(rates) != len(leaves):
         raise DropmaskValueError(
-            f"{fn}: zoneout must be one rate or one per carry leaf ({len(leaves)} here), "
+            f"{caller}: zoneout must be one rate or one per carry leaf ({len(leaves)} here), "
             f"got {len(rates)} rates. For an LSTM's (c, h) carry pass (cell_rate, "
             "hidden_rate); a GRU's carry is one array: pass one rate."
         )
     for leaf in leaves:
-        check_floating(leaf, fn=fn, hint=" (zoneout mixes carries)")
+        check_floating(leaf, caller=caller, hint=" (zoneout mixes carries)")
     return rates
 
 
@@ -313,7 +315,7 @@ def _key_name(entry: Any) -> Any:
 
 
 def drop_recurrent_kernels(
-    params: Any, rate: Any, key: Any, names: Sequence[str], *, fn: str
+    params: Any, rate: Any, key: Any, names: Sequence[str], *, caller: str
 ) -> Any:
     """``params`` with every recurrent kernel passed through :func:`dropmask.dropout`.
 
@@ -336,7 +338,7 @@ def drop_recurrent_kernels(
     if not hits:
         found = sorted({str(_key_name(p[0])) for p, _ in paths if p})
         raise DropmaskValueError(
-            f"{fn}: weight_dropout needs the cell's recurrent kernels, named by "
+            f"{caller}: weight_dropout needs the cell's recurrent kernels, named by "
             f"recurrent_kernels={tuple(names)}, got a cell whose parameters are {found}. "
             "Pass recurrent_kernels=(names of the hidden-to-hidden layers,)."
         )
@@ -345,13 +347,19 @@ def drop_recurrent_kernels(
     def drop(path: tuple, leaf: Any) -> Any:
         if path not in index:
             return leaf
-        return apply_dropout(leaf, rate, jax.random.fold_in(key, index[path]), fn=fn)
+        return apply_dropout(leaf, rate, jax.random.fold_in(key, index[path]), caller=caller)
 
     return jax.tree_util.tree_map_with_path(drop, params)
 
 
 def regularized_step(
-    step: StepFn, zoneout_rates: tuple, key: Any, init_carry: Any, *, deterministic: bool, fn: str
+    step: StepFn,
+    zoneout_rates: tuple,
+    key: Any,
+    init_carry: Any,
+    *,
+    deterministic: bool,
+    caller: str,
 ) -> StepFn:
     """``step`` followed by zoneout of its carry, drawing ``fold_in(key, t)`` at step ``t``.
 
@@ -363,13 +371,13 @@ def regularized_step(
     """
     if not zoneout_rates:
         return step
-    zoneout_rates = leaf_rates(zoneout_rates, init_carry, fn=fn)
+    zoneout_rates = leaf_rates(zoneout_rates, init_carry, caller=caller)
 
     def wrapped(carry: Any, x_t: Any, t: jax.Array) -> tuple[Any, Any]:
         new_carry, y = step(carry, x_t, t)
         step_key = None if key is None else jax.random.fold_in(key, t)
         zoned = apply_zoneout(
-            carry, new_carry, zoneout_rates, step_key, deterministic=deterministic, fn=fn
+            carry, new_carry, zoneout_rates, step_key, deterministic=deterministic, caller=caller
         )
         pairs = list(zip(jax.tree.leaves(new_carry), jax.tree.leaves(zoned), strict=True))
 

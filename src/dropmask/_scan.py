@@ -111,7 +111,7 @@ def masked_scan(
     """
     if isinstance(mask, list | tuple):  # a nested list of bools, read as an array
         mask = np.asarray(mask)
-    mask = check_bool_mask(mask, fn="masked_scan")
+    mask = check_bool_mask(mask, caller="masked_scan")
     if mask.ndim == 0:
         raise MaskShapeError(
             "masked_scan: mask needs a leading time axis, got a scalar. Pass bool[time] "
@@ -222,7 +222,7 @@ def flip_sequences(
             f"{lengths_shape}, got x of shape {x.shape}."
         )
     steps = x.shape[time_axis]
-    lengths_arr = check_lengths(lengths, steps, fn="flip_sequences")
+    lengths_arr = check_lengths(lengths, steps, caller="flip_sequences")
     if time_major:
         x = jnp.moveaxis(x, 0, nb)
     t = lax.broadcasted_iota(jnp.int32, lengths_shape + (steps,), nb)

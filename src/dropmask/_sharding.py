@@ -41,7 +41,7 @@ def local_block(
     offset: Sequence[Any] | None,
     axes: Sequence[int] = (),
     *,
-    fn: str = "dropout",
+    caller: str = "dropout",
 ) -> Block | None:
     """Validates ``global_shape`` / ``offset`` against a local ``shape``; None if unset.
 
@@ -52,25 +52,25 @@ def local_block(
         return None
     if global_shape is None or offset is None:
         raise DropmaskValueError(
-            f"{fn}: global_shape and offset go together (the local block's place in the "
+            f"{caller}: global_shape and offset go together (the local block's place in the "
             f"global array), got global_shape={global_shape!r}, offset={offset!r}. Pass both."
         )
     dims = tuple(global_shape)
     if any(isinstance(d, bool) or not isinstance(d, int | np.integer) for d in dims):
         raise DropmaskTypeError(
-            f"{fn}: global_shape must be a tuple of Python ints, got {global_shape!r}. Pass "
+            f"{caller}: global_shape must be a tuple of Python ints, got {global_shape!r}. Pass "
             f"the unsharded shape, e.g. global_shape=(local[0] * n_devices, local[1])."
         )
     dims = tuple(int(d) for d in dims)
     offset = tuple(offset)
     if len(dims) != len(shape) or len(offset) != len(shape):
         raise DropmaskValueError(
-            f"{fn}: global_shape and offset need one entry per axis of the local shape "
+            f"{caller}: global_shape and offset need one entry per axis of the local shape "
             f"{shape}, got global_shape={dims} and {len(offset)} offsets."
         )
     if any(g < d for g, d in zip(dims, shape, strict=True)):
         raise DropmaskValueError(
-            f"{fn}: global_shape {dims} is smaller than the local shape {shape}; it is the "
+            f"{caller}: global_shape {dims} is smaller than the local shape {shape}; it is the "
             f"shape of the whole (unsharded) array."
         )
     return Block(
@@ -79,7 +79,7 @@ def local_block(
     )
 
 
-def _check_bound(names: Any, spec: Any, fn: str) -> None:
+def _check_bound(names: Any, spec: Any, caller: str) -> None:
     """Raises unless every mesh axis in one ``shard_spec`` entry is bound here.
 
     JAX's own error is a bare ``NameError: unbound axis name``; this one names the
@@ -88,7 +88,7 @@ def _check_bound(names: Any, spec: Any, fn: str) -> None:
     group = names if isinstance(names, tuple) else (names,)
     if not group or not all(isinstance(name, str) for name in group):
         raise DropmaskTypeError(
-            f"{fn}: shard_spec entries must be None, a mesh axis name or a tuple of names, "
+            f"{caller}: shard_spec entries must be None, a mesh axis name or a tuple of names, "
             f"got {names!r} in {spec!r}. Pass the input's PartitionSpec from shard_map's "
             f"in_specs."
         )
@@ -103,13 +103,13 @@ def _check_bound(names: Any, spec: Any, fn: str) -> None:
                 else "no mesh axis is in scope (this is not inside shard_map)"
             )
             raise DropmaskValueError(
-                f"{fn}: shard_spec {spec!r} names the mesh axis {name!r}, which is not bound "
+                f"{caller}: shard_spec {spec!r} names the mesh axis {name!r}, which is not bound "
                 f"here; {where}. Use shard_spec inside shard_map with the input's "
                 f"PartitionSpec from in_specs, or leave it None outside shard_map."
             ) from None
 
 
-def block_from_spec(shape: tuple[int, ...], spec: Any, *, fn: str) -> Block:
+def block_from_spec(shape: tuple[int, ...], spec: Any, *, caller: str) -> Block:
     """The block of a global array that this device holds inside ``shard_map``.
 
     ``spec`` is the input's ``PartitionSpec`` (as in ``shard_map``'s ``in_specs``): one
@@ -121,7 +121,7 @@ def block_from_spec(shape: tuple[int, ...], spec: Any, *, fn: str) -> Block:
     entries = tuple(spec)
     if len(entries) > len(shape):
         raise DropmaskValueError(
-            f"{fn}: shard_spec {spec!r} has {len(entries)} entries but the input has "
+            f"{caller}: shard_spec {spec!r} has {len(entries)} entries but the input has "
             f"{len(shape)} axes. Pass the PartitionSpec the input has inside shard_map."
         )
     entries = entries + (None,) * (len(shape) - len(entries))
@@ -131,7 +131,7 @@ def block_from_spec(shape: tuple[int, ...], spec: Any, *, fn: str) -> Block:
             global_shape.append(d)
             offset.append(0)
             continue
-        _check_bound(names, spec, fn)
+        _check_bound(names, spec, caller)
         size = lax.axis_size(names)
         global_shape.append(d * size)
         offset.append(lax.axis_index(names) * d)

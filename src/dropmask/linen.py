@@ -69,7 +69,7 @@ class _Stochastic(nn.Module):
     """
 
     @property
-    def _fn(self) -> str:
+    def _caller(self) -> str:
         return f"dropmask.linen.{type(self).__name__}"
 
     def _prepare(self, deterministic: bool | None, rng: Any) -> tuple[bool, Any]:
@@ -82,16 +82,16 @@ class _Stochastic(nn.Module):
         """
         fields: Any = self  # the fields are declared by each layer
         det = bool(nn.merge_param("deterministic", fields.deterministic, deterministic))
-        if not _dropout.needs_key(fields.rate, det, fn=self._fn):
+        if not _dropout.needs_key(fields.rate, det, caller=self._caller):
             return det, None
         if rng is not None:
-            check_key(rng, fn=self._fn, name="rng")
+            check_key(rng, caller=self._caller, name="rng")
             return det, rng
         stream = fields.rng_collection
         if not (self.has_rng(stream) or self.has_rng("params")):
             given = list(self.scope.rngs) if self.scope is not None else []
             try:
-                check_key(None, fn=self._fn, stream=stream, streams=given)
+                check_key(None, caller=self._caller, stream=stream, streams=given)
             except MissingKeyError as err:
                 raise MissingStreamError(f'{self.name} needs PRNG for "{stream}". {err}') from None
         return det, self.make_rng(stream)
@@ -150,7 +150,7 @@ class Dropout(_Stochastic):
         """
         det, key = self._prepare(deterministic, rng)
         global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, fn=self._fn
+            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
         )
         return _dropout.apply_dropout(
             inputs,
@@ -162,7 +162,7 @@ class Dropout(_Stochastic):
             global_shape=global_shape,
             offset=offset,
             residual=self.residual,
-            fn=self._fn,
+            caller=self._caller,
         )
 
 
@@ -202,7 +202,7 @@ class WordDropout(_Stochastic):
         """Applies word dropout to ``tokens: int[..., time]``."""
         det, key = self._prepare(deterministic, rng)
         global_shape, offset = _dropout.layer_block(
-            tokens, self.shard_spec, global_shape, offset, det, fn=self._fn
+            tokens, self.shard_spec, global_shape, offset, det, caller=self._caller
         )
         return _dropout.apply_word_dropout(
             tokens,
@@ -213,7 +213,7 @@ class WordDropout(_Stochastic):
             impl=self.impl,
             global_shape=global_shape,
             offset=offset,
-            fn=self._fn,
+            caller=self._caller,
         )
 
 
@@ -247,7 +247,7 @@ class DropPath(_Stochastic):
         """Applies drop-path to ``inputs: [batch, ...]``."""
         det, key = self._prepare(deterministic, rng)
         global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, fn=self._fn
+            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
         )
         return _dropout.apply_dropout(
             inputs,
@@ -259,7 +259,7 @@ class DropPath(_Stochastic):
             global_shape=global_shape,
             offset=offset,
             residual=self.residual,
-            fn=self._fn,
+            caller=self._caller,
         )
 
 
@@ -283,7 +283,7 @@ class GaussianDropout(_Stochastic):
             key,
             broadcast_dims=self.broadcast_dims,
             deterministic=det,
-            fn=self._fn,
+            caller=self._caller,
         )
 
 
@@ -316,7 +316,7 @@ class AlphaDropout(_Stochastic):
         """Applies alpha dropout to ``inputs: [...]``."""
         det, key = self._prepare(deterministic, rng)
         global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, fn=self._fn
+            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
         )
         return _dropout.apply_alpha_dropout(
             inputs,
@@ -328,5 +328,5 @@ class AlphaDropout(_Stochastic):
             global_shape=global_shape,
             offset=offset,
             residual=self.residual,
-            fn=self._fn,
+            caller=self._caller,
         )

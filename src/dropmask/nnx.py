@@ -76,7 +76,7 @@ class _Stochastic(nnx.Module):
         rng_collection: str = "dropout",
         rngs: nnx.Rngs | nnx.RngStream | None = None,
     ):
-        check_rate(rate, fn=self._fn)
+        check_rate(rate, caller=self._caller)
         self.rate = rate
         self.deterministic = deterministic
         self.rng_collection = rng_collection
@@ -88,12 +88,12 @@ class _Stochastic(nnx.Module):
             self.rngs = nnx.data(None)
         else:
             raise DropmaskTypeError(
-                f"{self._fn}: rngs must be an nnx.Rngs, nnx.RngStream or None, got "
+                f"{self._caller}: rngs must be an nnx.Rngs, nnx.RngStream or None, got "
                 f"{type(rngs).__name__}. Pass e.g. rngs=nnx.Rngs({rng_collection}=0)."
             )
 
     @property
-    def _fn(self) -> str:
+    def _caller(self) -> str:
         return f"dropmask.nnx.{type(self).__name__}"
 
     def _prepare(self, deterministic: bool | None, rngs: Any) -> tuple[bool, jax.Array | None]:
@@ -103,7 +103,7 @@ class _Stochastic(nnx.Module):
         if value is None:
             raise DropmaskValueError(_NO_DETERMINISTIC.format(name=type(self).__name__))
         det = bool(value)
-        if not _dropout.needs_key(self.rate, det, fn=self._fn):
+        if not _dropout.needs_key(self.rate, det, caller=self._caller):
             return det, None
         source = rngs if rngs is not None else self.rngs
         if source is None:
@@ -117,7 +117,7 @@ class _Stochastic(nnx.Module):
         if isinstance(source, jax.Array):
             return det, source
         raise DropmaskTypeError(
-            f"{self._fn}: rngs must be an nnx.Rngs, nnx.RngStream or jax.Array key, got "
+            f"{self._caller}: rngs must be an nnx.Rngs, nnx.RngStream or jax.Array key, got "
             f"{type(source).__name__}. Pass e.g. rngs=nnx.Rngs({self.rng_collection}=0)."
         )
 
@@ -170,7 +170,7 @@ class Dropout(_Stochastic):
         super().__init__(
             rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
         )
-        self.broadcast_dims = as_dims(broadcast_dims, fn=self._fn)
+        self.broadcast_dims = as_dims(broadcast_dims, caller=self._caller)
         self.impl = impl
         self.shard_spec = shard_spec
         self.residual = residual
@@ -191,7 +191,7 @@ class Dropout(_Stochastic):
         """
         det, key = self._prepare(deterministic, rngs)
         global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, fn=self._fn
+            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
         )
         return _dropout.apply_dropout(
             inputs,
@@ -203,7 +203,7 @@ class Dropout(_Stochastic):
             global_shape=global_shape,
             offset=offset,
             residual=self.residual,
-            fn=self._fn,
+            caller=self._caller,
         )
 
 
@@ -244,7 +244,7 @@ class WordDropout(_Stochastic):
         """Applies word dropout to ``tokens: int[..., time]``."""
         det, key = self._prepare(deterministic, rngs)
         global_shape, offset = _dropout.layer_block(
-            tokens, self.shard_spec, global_shape, offset, det, fn=self._fn
+            tokens, self.shard_spec, global_shape, offset, det, caller=self._caller
         )
         return _dropout.apply_word_dropout(
             tokens,
@@ -255,7 +255,7 @@ class WordDropout(_Stochastic):
             impl=self.impl,
             global_shape=global_shape,
             offset=offset,
-            fn=self._fn,
+            caller=self._caller,
         )
 
 
@@ -300,7 +300,7 @@ class DropPath(_Stochastic):
         """Applies drop-path to ``inputs: [batch, ...]``."""
         det, key = self._prepare(deterministic, rngs)
         global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, fn=self._fn
+            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
         )
         return _dropout.apply_dropout(
             inputs,
@@ -312,7 +312,7 @@ class DropPath(_Stochastic):
             global_shape=global_shape,
             offset=offset,
             residual=self.residual,
-            fn=self._fn,
+            caller=self._caller,
         )
 
 
@@ -331,7 +331,7 @@ class GaussianDropout(_Stochastic):
         super().__init__(
             rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
         )
-        self.broadcast_dims = as_dims(broadcast_dims, fn=self._fn)
+        self.broadcast_dims = as_dims(broadcast_dims, caller=self._caller)
 
     def __call__(
         self, inputs: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
@@ -344,7 +344,7 @@ class GaussianDropout(_Stochastic):
             key,
             broadcast_dims=self.broadcast_dims,
             deterministic=det,
-            fn=self._fn,
+            caller=self._caller,
         )
 
 
@@ -371,7 +371,7 @@ class AlphaDropout(_Stochastic):
         super().__init__(
             rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
         )
-        self.broadcast_dims = as_dims(broadcast_dims, fn=self._fn)
+        self.broadcast_dims = as_dims(broadcast_dims, caller=self._caller)
         self.impl = impl
         self.shard_spec = shard_spec
         self.residual = residual
@@ -388,7 +388,7 @@ class AlphaDropout(_Stochastic):
         """Applies alpha dropout to ``inputs: [...]``."""
         det, key = self._prepare(deterministic, rngs)
         global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, fn=self._fn
+            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
         )
         return _dropout.apply_alpha_dropout(
             inputs,
@@ -400,5 +400,5 @@ class AlphaDropout(_Stochastic):
             global_shape=global_shape,
             offset=offset,
             residual=self.residual,
-            fn=self._fn,
+            caller=self._caller,
         )

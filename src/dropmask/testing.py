@@ -17,7 +17,8 @@ What the ``"fast"`` mask is made of (see the README's "The fast generator"):
   as the CPU and CUDA paths compute them before unpacking;
 * :func:`path_keep_mask` and :func:`path_dropout`: the mask (and dropout) computed by
   one chosen path, where the library picks a path per backend;
-* :data:`MASK_NAME`: the name the packed words carry for ``jax.checkpoint`` policies;
+* :data:`MASK_NAME`: the name the packed words carry for ``jax.checkpoint`` policies
+  (an alias of :data:`dropmask.DROPOUT_MASK_NAME`);
 * :func:`random_bits`: the generator's raw bit stream.
 """
 
@@ -54,7 +55,8 @@ LANES = _fast_mask.LANES
 """Elements per packed word: bit ``l`` of a word is the keep-flag of its element ``l``."""
 
 MASK_NAME = _fast_mask.MASK_NAME
-"""The name of the packed words for ``jax.checkpoint`` policies (``"dropout_mask"``)."""
+"""Alias of :data:`dropmask.DROPOUT_MASK_NAME`: the name of the packed words for
+``jax.checkpoint`` policies (``"dropout_mask"``)."""
 
 PATHS = _fast_mask.PATHS
 """The ways of computing the ``"fast"`` mask: ``"packed"`` (words materialised inside a
@@ -99,11 +101,11 @@ def fields_per_call(nbits: int) -> int:
     return _fast_mask._Fields(nbits).per_call
 
 
-def _static_threshold(rate: float, fn: str) -> Threshold:
-    value = check_rate(rate, fn=fn, allow_one=False)
+def _static_threshold(rate: float, caller: str) -> Threshold:
+    value = check_rate(rate, caller=caller, allow_one=False)
     if value is None or value == 0.0:
         raise DropmaskValueError(
-            f"{fn}: rate must be a Python float in (0, 1), got {rate!r}; a rate of 0 has "
+            f"{caller}: rate must be a Python float in (0, 1), got {rate!r}; a rate of 0 has "
             f"no mask to draw, and a traced rate has no static field width."
         )
     return _fast_mask.threshold(1.0 - value)
@@ -140,9 +142,9 @@ def packed_mask_words(key: Any, shape: Sequence[int], rate: float) -> jax.Array:
       >>> bool((bits.reshape(2, 64).astype(bool) == keep).all())
       True
     """
-    fn = "packed_mask_words"
-    shape = check_shape(shape, fn=fn)
-    thr = _static_threshold(rate, fn)
+    caller = "packed_mask_words"
+    shape = check_shape(shape, caller=caller)
+    thr = _static_threshold(rate, caller)
     return _fast_mask.packed_keep_words(_fast_mask.key_words(key), shape, thr)
 
 
@@ -162,9 +164,9 @@ def path_keep_mask(key: Any, shape: Sequence[int], rate: float, *, path: str) ->
       DropmaskValueError: ``path`` is not one of :data:`PATHS`, or ``rate`` is 0.
       RateError: ``rate`` outside ``[0, 1)``.
     """
-    fn = "path_keep_mask"
-    shape = check_shape(shape, fn=fn)
-    thr = _static_threshold(rate, fn)
+    caller = "path_keep_mask"
+    shape = check_shape(shape, caller=caller)
+    thr = _static_threshold(rate, caller)
     return _fast_mask.keep_from_words(_fast_mask.key_words(key), shape, thr, path=path)
 
 
@@ -193,11 +195,11 @@ def path_dropout(
         choice, or ``rate`` is 0.
       RateError: ``rate`` outside ``[0, 1)``.
     """
-    fn = "path_dropout"
-    thr = _static_threshold(rate, fn)
+    caller = "path_dropout"
+    thr = _static_threshold(rate, caller)
     if path not in PATHS:
-        raise DropmaskValueError(f"{fn}: path must be one of {PATHS}, got {path!r}.")
-    check_residual(residual, fn=fn)
+        raise DropmaskValueError(f"{caller}: path must be one of {PATHS}, got {path!r}.")
+    check_residual(residual, caller=caller)
 
     def body(x: jax.Array, words: jax.Array) -> jax.Array:
         keep = _fast_mask.keep_from_words(words, x.shape, thr, path=path)
@@ -227,4 +229,4 @@ def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
       >>> bool((testing.random_bits(k, (4, 8))[1] == testing.random_bits(k, (32,))[8:16]).all())
       True
     """
-    return _fast_mask.random_bits(key, tuple(check_shape(shape, fn="random_bits")))
+    return _fast_mask.random_bits(key, tuple(check_shape(shape, caller="random_bits")))

@@ -208,7 +208,7 @@ def test_compare_rates_reports_the_spread_over_seeds(example, tmp_path):
 
 
 def test_comparison_curves_match_seeds_by_step():
-    from dropmask.training._report import seed_curves
+    from dropmask.training._summary import seed_curves
 
     # Seed 0 also evaluated at 750; seed 1 evaluated 1000 twice (a resumed run).
     curves = [

@@ -15,11 +15,11 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .._errors import DropmaskTypeError, DropmaskValueError
-from . import _checks, _mode
-from ._report import AuditReport, Finding
+from . import _findings, _mode
+from ._audit_report import AuditReport, Finding
+from ._core import model_report, trees_equal
 from ._sites import Recorder, watch_attention
 
 __all__ = ["audit_model", "audit_step"]
@@ -84,14 +84,6 @@ def _recording(
 
 def _other_rngs(rngs: Mapping[str, Any]) -> dict[str, Any]:
     return {name: jax.random.fold_in(key, 1) for name, key in rngs.items()}
-
-
-def _trees_equal(a: Any, b: Any) -> bool:
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(
-        np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
-        for x, y in zip(la, lb, strict=True)
-    )
 
 
 def _check_rngs(rngs: Any) -> dict[str, Any]:
@@ -166,7 +158,7 @@ def audit_model(
             raise DropmaskTypeError(
                 f"audit_model: {name} must be a flax.linen.Module, got "
                 f"{type(module).__name__}. For an nnx.Module use "
-                "dropmask.audit.audit_nnx(model, *args)."
+                "dropmask.audit.audit_nnx_model(model, *args)."
             )
     modules = {"eval": model if eval_model is None else eval_model, "train": model}
     rngs_a = _check_rngs(rngs)
@@ -183,7 +175,7 @@ def audit_model(
             outputs[phase] = module.apply(variables, *args, rngs=keys, method=method, **call)
             jax.block_until_ready(outputs[phase])
             jax.effects_barrier()
-    return _model_report(rec, _trees_equal(outputs["eval0"], outputs["eval1"]), mode)
+    return model_report(rec, trees_equal(outputs["eval0"], outputs["eval1"]), mode)
 
 
 def _modes(
@@ -225,31 +217,6 @@ def _values(
     mode: _mode.Mode, train: Mapping[str, Any], evaluate: Mapping[str, Any]
 ) -> tuple[Any, Any]:
     return train.get(mode.name, mode.train), evaluate.get(mode.name, mode.eval)
-
-
-def _model_report(rec: Recorder, eval_equal: bool, mode: _mode.Mode) -> AuditReport:
-    rec.compact()
-    evals = [rec.by_phase("eval0"), rec.by_phase("eval1")]
-    train0, train1 = rec.by_phase("train0"), rec.by_phase("train1")
-    trained = {n: s for n, s in rec.sites.items() if n in train0 or n in train1}
-    if not rec.sites:
-        missing = Finding(
-            "no-dropout-sites",
-            "",
-            "no dropout layer and no module drawing from a PRNG stream was called. Add "
-            "dropout, or check that the model is the one you train.",
-        )
-        return AuditReport((), (missing,))
-    both = {n: train0.get(n, []) + train1.get(n, []) for n in trained}
-    findings = [
-        *_checks.eval_findings(rec.sites, rec.drew, ["eval0", "eval1"], evals, eval_equal, mode),
-        *_checks.site_findings(trained, both, mode),
-        *_checks.across_sites(trained, train0),
-        *_checks.across_iterations(trained, [train0, train1]),
-        *_checks.ignores_key(trained, train0, train1),
-    ]
-    sites = _checks.summarize(trained or rec.sites, both)
-    return AuditReport(tuple(sites), tuple(dict.fromkeys(findings)))
 
 
 def _state_of(result: Any) -> Any:
@@ -352,10 +319,10 @@ def _step_report(rec: Recorder, phases: list[str], mode: _mode.Mode) -> AuditRep
     for by_site in steps:
         for name, obs in by_site.items():
             merged.setdefault(name, []).extend(obs)
-    findings = _checks.site_findings(rec.sites, merged, mode)
+    findings = _findings.site_findings(rec.sites, merged, mode)
     for by_site in steps:
-        findings.extend(_checks.across_sites(rec.sites, by_site))
-    findings.extend(_checks.across_iterations(rec.sites, steps))
-    findings.extend(_checks.across_steps(rec.sites, steps))
-    sites = _checks.summarize(rec.sites, merged)
+        findings.extend(_findings.across_sites(rec.sites, by_site))
+    findings.extend(_findings.across_iterations(rec.sites, steps))
+    findings.extend(_findings.across_steps(rec.sites, steps))
+    sites = _findings.summarize(rec.sites, merged)
     return AuditReport(tuple(sites), tuple(dict.fromkeys(findings)))

@@ -152,7 +152,7 @@ def _differing(a: Any, b: Any, prefix: str, depth: int) -> list[tuple[str, tuple
 
 
 def from_signature(
-    fn: Callable[..., Any], fn_name: str
+    fn: Callable[..., Any], caller: str
 ) -> tuple[dict[str, Any], dict[str, Any], Mode]:
     """Train and eval keyword arguments for a call whose signature has a mode keyword.
 
@@ -169,7 +169,7 @@ def from_signature(
             return {name: train}, {name: not train}, Mode("keyword", name, train, not train)
     shown = ", ".join(params) or "..."
     raise DropmaskValueError(
-        f"{fn_name}: the model's call must take a training, train or deterministic "
+        f"{caller}: the model's call must take a training, train or deterministic "
         f"argument, got ({shown}). Pass train_kwargs=... and eval_kwargs=... naming its "
         "mode argument, or eval_model=... when a config field selects the mode."
     )

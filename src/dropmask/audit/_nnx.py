@@ -17,12 +17,12 @@ from flax import nnx
 
 from .._checks import is_concrete
 from .._errors import DropmaskTypeError
-from ._linen import _model_report, _trees_equal
+from ._audit_report import AuditReport
+from ._core import model_report, trees_equal
 from ._mode import nnx_mode
-from ._report import AuditReport
 from ._sites import Recorder, watch_attention
 
-__all__ = ["audit_nnx"]
+__all__ = ["audit_nnx", "audit_nnx_model"]
 
 
 def _streams(module: nnx.Module) -> list[nnx.RngStream]:
@@ -67,7 +67,7 @@ def _recording_class(cls: type) -> type:
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
 
 
-def audit_nnx(
+def audit_nnx_model(
     model: nnx.Module,
     *args: Any,
     train_kwargs: Mapping[str, Any] | None = None,
@@ -99,19 +99,19 @@ def audit_nnx(
     Example:
       >>> import jax.numpy as jnp
       >>> from flax import nnx
-      >>> from dropmask.audit import audit_nnx
+      >>> from dropmask.audit import audit_nnx_model
       >>> class MLP(nnx.Module):
       ...     def __init__(self, rngs):
       ...         self.linear = nnx.Linear(4, 64, rngs=rngs)
       ...         self.dropout = nnx.Dropout(0.5, rngs=rngs)
       ...     def __call__(self, x):
       ...         return self.dropout(self.linear(x))
-      >>> audit_nnx(MLP(nnx.Rngs(0, dropout=1)), jnp.ones((8, 4))).ok
+      >>> audit_nnx_model(MLP(nnx.Rngs(0, dropout=1)), jnp.ones((8, 4))).ok
       True
     """
     if not isinstance(model, nnx.Module):
         raise DropmaskTypeError(
-            f"audit_nnx expects an nnx.Module, got {type(model).__name__}. For a Linen "
+            f"audit_nnx_model expects an nnx.Module, got {type(model).__name__}. For a Linen "
             "module use dropmask.audit.audit_model(model, variables, *args)."
         )
     clone = nnx.clone(model)
@@ -130,7 +130,7 @@ def audit_nnx(
         getattr(clone, mode)()
         rec.begin(phase)
         outputs[phase] = clone(*args, **{**kwargs, **(extra or {})})
-    report = _model_report(rec, _trees_equal(outputs["eval0"], outputs["eval1"]), nnx_mode())
+    report = model_report(rec, trees_equal(outputs["eval0"], outputs["eval1"]), nnx_mode())
     # Between the two training calls the streams advanced: equal masks mean a fixed key.
     return AuditReport(
         report.sites,
@@ -147,3 +147,7 @@ def audit_nnx(
             for f in report.findings
         ),
     )
+
+
+audit_nnx = audit_nnx_model
+"""Deprecated alias of :func:`audit_nnx_model` (the same function); use ``audit_nnx_model``."""

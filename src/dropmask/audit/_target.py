@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._errors import DropmaskTypeError, DropmaskValueError
+from ._audit_report import AuditReport
 from ._linen import audit_model, audit_step
-from ._report import AuditReport
 
 __all__ = ["AuditTarget", "audit_target", "load_target", "target_from_example"]
 
@@ -71,7 +72,12 @@ def audit_target(target: AuditTarget) -> AuditReport:
 
 
 def target_from_example(
-    example: Any, config: Any = None, *, steps: int = 3, fn: str = "target_from_example"
+    example: Any,
+    config: Any = None,
+    *,
+    steps: int = 3,
+    caller: str = "target_from_example",
+    fn: str | None = None,
 ) -> AuditTarget:
     """The audit target of a :class:`dropmask.training.Example`: its model, step and batches.
 
@@ -85,7 +91,8 @@ def target_from_example(
       config: the config to build with; ``None``: ``example.get_tiny_config()`` (or
         ``get_config()`` when it has none).
       steps: train batches for the step audit (at least 2).
-      fn: the caller's name, for messages.
+      caller: the caller's name, for messages.
+      fn: deprecated alias of ``caller``; passing it warns.
 
     Returns:
       An :class:`AuditTarget`.
@@ -97,17 +104,25 @@ def target_from_example(
     """
     from ..training._example import Example, run_keys
 
+    if fn is not None:
+        warnings.warn(
+            "target_from_example: fn= is deprecated, pass caller= instead.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        caller = fn
     if not isinstance(example, Example):
         raise DropmaskTypeError(
-            f"{fn}: example must be a dropmask.training.Example, got {type(example).__name__}."
+            f"{caller}: example must be a dropmask.training.Example, got {type(example).__name__}."
         )
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise DropmaskValueError(
-            f"{fn}: steps must be an int >= 2 (masks are compared between steps), got {steps!r}."
+            f"{caller}: steps must be an int >= 2 (masks are compared between steps), "
+            f"got {steps!r}."
         )
     if example.model_inputs is None:
         raise DropmaskValueError(
-            f"{fn}: example {example.name!r} must set model_inputs to be audited, got None. "
+            f"{caller}: example {example.name!r} must set model_inputs to be audited, got None. "
             "Pass Example(..., model_inputs=lambda batch: (batch['x'],))."
         )
     if config is None:
@@ -118,8 +133,8 @@ def target_from_example(
     model = getattr(state.apply_fn, "__self__", None)
     if model is None:
         raise DropmaskTypeError(
-            f"{fn}: example {example.name!r} must build its state with apply_fn=model.apply "
-            f"of a Linen module, got {state.apply_fn!r}. Audit an NNX model with audit_nnx."
+            f"{caller}: example {example.name!r} must build its state with apply_fn=model.apply "
+            f"of a Linen module, got {state.apply_fn!r}. Audit an NNX model with audit_nnx_model."
         )
     batches = [example.train_batch(config, data, data_key, step) for step in range(steps)]
     return AuditTarget(
@@ -155,7 +170,7 @@ def load_target(target: str) -> AuditTarget:
     found = locate(target, attributes=("example", "audit_target"))
     value = found.value
     if isinstance(value, Example):
-        return target_from_example(value, fn="dropmask audit")
+        return target_from_example(value, caller="dropmask audit")
     if callable(value) and not isinstance(value, AuditTarget):
         value = value()
     if not isinstance(value, AuditTarget):

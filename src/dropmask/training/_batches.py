@@ -19,7 +19,7 @@ from .._errors import DropmaskValueError
 __all__ = ["epoch_batch", "epoch_position", "steps_per_epoch"]
 
 
-def steps_per_epoch(*, num_examples: int, batch_size: int, fn: str = "steps_per_epoch") -> int:
+def steps_per_epoch(*, num_examples: int, batch_size: int, caller: str = "steps_per_epoch") -> int:
     """Full batches per epoch, ``num_examples // batch_size``.
 
     Raises:
@@ -27,10 +27,10 @@ def steps_per_epoch(*, num_examples: int, batch_size: int, fn: str = "steps_per_
     """
     for name, value in (("num_examples", num_examples), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-            raise DropmaskValueError(f"{fn}: {name} must be an int >= 1, got {value!r}.")
+            raise DropmaskValueError(f"{caller}: {name} must be an int >= 1, got {value!r}.")
     if batch_size > num_examples:
         raise DropmaskValueError(
-            f"{fn}: batch_size must be <= num_examples={num_examples}, got {batch_size}. "
+            f"{caller}: batch_size must be <= num_examples={num_examples}, got {batch_size}. "
             "Lower config.batch_size or use more data."
         )
     return int(num_examples) // int(batch_size)
@@ -67,7 +67,9 @@ def epoch_batch(
       >>> first.shape, len(set(first) | set(second))
       ((4,), 8)
     """
-    per_epoch = steps_per_epoch(num_examples=num_examples, batch_size=batch_size, fn="epoch_batch")
+    per_epoch = steps_per_epoch(
+        num_examples=num_examples, batch_size=batch_size, caller="epoch_batch"
+    )
     if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
         raise DropmaskValueError(f"epoch_batch: step must be an int >= 0, got {step!r}.")
     epoch, index = divmod(int(step), per_epoch)
@@ -92,7 +94,7 @@ def epoch_position(step: int, *, num_examples: int, batch_size: int) -> dict[str
       {'epoch': 4, 'batch': 1, 'steps_per_epoch': 2, 'num_examples': 10}
     """
     per_epoch = steps_per_epoch(
-        num_examples=num_examples, batch_size=batch_size, fn="epoch_position"
+        num_examples=num_examples, batch_size=batch_size, caller="epoch_position"
     )
     epoch, index = divmod(int(step), per_epoch)
     return {

@@ -232,7 +232,7 @@ def _execute(args: argparse.Namespace, example: Any, config: Any, rates: list[fl
 
     import jax
 
-    from . import _report
+    from . import _summary
     from ._loop import compare_rates, train
 
     workdir = _workdir(args)
@@ -241,7 +241,7 @@ def _execute(args: argparse.Namespace, example: Any, config: Any, rates: list[fl
         result = train(
             example, config, workdir, resume=args.resume, devices=args.devices, progress=progress
         )
-        table = _report.run_table(result.final)
+        table = _summary.run_table(result.final)
         written = "metrics.jsonl, tensorboard/, curves.png, summary.json, checkpoints/"
         wall = result.wall_seconds
     else:
@@ -256,7 +256,7 @@ def _execute(args: argparse.Namespace, example: Any, config: Any, rates: list[fl
             devices=args.devices,
             progress=progress,
         )
-        table = _report.comparison_table(summary)
+        table = _summary.comparison_table(summary)
         written = "summary.json, curves.png, and rate_R/seed_S/ per run"
         wall = summary["wall_seconds"]
     if jax.process_index() == 0:

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 
 from .._errors import DropmaskValueError
-from . import _report, _uncertainty
+from . import _summary, _uncertainty
 from ._checkpoint import Checkpointer
 from ._errors import CheckpointError, DamagedCheckpointError, NonFiniteLossError
 from ._example import Example, run_keys
@@ -259,7 +259,7 @@ def train(
         config=config.to_dict(),
     )
     if primary:
-        _report.write_run(result, example)
+        _summary.write_run(result, example)
     return result
 
 
@@ -503,10 +503,10 @@ def compare_rates(
                 label=f"rate {rate:g} seed {seed}",
             )
             runs.append((rate, seed, result))
-    summary = _report.summarize_comparison(example, config, runs)
+    summary = _summary.summarize_comparison(example, config, runs)
     summary["wall_seconds"] = time.perf_counter() - started
     if jax.process_index() == 0:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        _report.plot_comparison(example, summary, runs, workdir / "curves.png")
+        _summary.plot_comparison(example, summary, runs, workdir / "curves.png")
     return summary

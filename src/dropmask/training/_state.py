@@ -79,7 +79,7 @@ class TrainState(train_state.TrainState):
                 "TrainState.create needs key=..., the PRNG key for dropout, e.g. "
                 "TrainState.create(apply_fn=..., params=..., tx=..., key=dropout_key)."
             )
-        check_key(kwargs["key"], fn="TrainState.create")
+        check_key(kwargs["key"], caller="TrainState.create")
         state = super().create(apply_fn=apply_fn, params=params, tx=tx, **kwargs)
         return state.replace(step=jnp.zeros((), jnp.int32))
 

@@ -44,23 +44,23 @@ __all__ = [
 
 
 def _inputs(
-    logits: Any, labels: Any, mask: Any, fn: str
+    logits: Any, labels: Any, mask: Any, caller: str
 ) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
     """``(log_p, labels, mask, dtype)``: checked, ``log_p`` in float32 or wider."""
-    x = check_array(logits, fn=fn, name="logits")
-    check_floating(x, fn=fn)
-    y = check_array(labels, fn=fn, name="labels")
-    check_integer(y, fn=fn, name="labels")
+    x = check_array(logits, caller=caller, name="logits")
+    check_floating(x, caller=caller)
+    y = check_array(labels, caller=caller, name="labels")
+    check_integer(y, caller=caller, name="labels")
     if x.ndim < 1 or x.shape[:-1] != y.shape:
         raise DropmaskValueError(
-            f"{fn}: logits must be labels.shape + (classes,), got logits {x.shape} and "
+            f"{caller}: logits must be labels.shape + (classes,), got logits {x.shape} and "
             f"labels {y.shape}. For K samples pass uncertainty.predictive_log_probs(samples)."
         )
     if mask is None:
         m = jnp.ones(y.shape, bool)
     else:
-        m = check_bool_mask(mask, fn=fn)
-        check_broadcastable(m.shape, y.shape, fn=fn, name="mask", hint="")
+        m = check_bool_mask(mask, caller=caller)
+        check_broadcastable(m.shape, y.shape, caller=caller, name="mask", hint="")
         m = jnp.broadcast_to(m, y.shape)
     return log_softmax(x), y, m, x.dtype
 
@@ -145,11 +145,11 @@ class Reliability(NamedTuple):
 
 
 def _bin_sums(
-    logits: Any, labels: Any, mask: Any, num_bins: Any, fn: str
+    logits: Any, labels: Any, mask: Any, num_bins: Any, caller: str
 ) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
     """Per bin: count, summed confidence and summed correctness of the valid examples."""
-    num_bins = check_static_int(num_bins, name="num_bins", fn=fn, minimum=1)
-    log_p, y, m, dtype = _inputs(logits, labels, mask, fn)
+    num_bins = check_static_int(num_bins, name="num_bins", caller=caller, minimum=1)
+    log_p, y, m, dtype = _inputs(logits, labels, mask, caller)
     confidence = jnp.exp(jnp.max(log_p, axis=-1))
     correct = (jnp.argmax(log_p, axis=-1) == y).astype(confidence.dtype)
     index = jnp.clip(jnp.ceil(confidence * num_bins).astype(jnp.int32) - 1, 0, num_bins - 1)
@@ -188,8 +188,8 @@ def expected_calibration_error(
       >>> round(float(uncertainty.expected_calibration_error(logits, jnp.array([0, 1]))), 4)
       0.4
     """
-    fn = "uncertainty.expected_calibration_error"
-    count, conf_sum, correct_sum, dtype = _bin_sums(logits, labels, mask, num_bins, fn)
+    caller = "uncertainty.expected_calibration_error"
+    count, conf_sum, correct_sum, dtype = _bin_sums(logits, labels, mask, num_bins, caller)
     total = jnp.maximum(jnp.sum(count), 1.0)
     return (jnp.sum(jnp.abs(correct_sum - conf_sum)) / total).astype(dtype)
 
@@ -211,8 +211,8 @@ def reliability(
       >>> r.counts.tolist(), r.accuracy.tolist()
       ([0.0, 0.0, 1.0, 0.0, 2.0], [0.0, 0.0, 1.0, 0.0, 0.5])
     """
-    fn = "uncertainty.reliability"
-    count, conf_sum, correct_sum, _ = _bin_sums(logits, labels, mask, num_bins, fn)
+    caller = "uncertainty.reliability"
+    count, conf_sum, correct_sum, _ = _bin_sums(logits, labels, mask, num_bins, caller)
     safe = jnp.maximum(count, 1.0)
     edges = jnp.linspace(0.0, 1.0, count.shape[0] + 1, dtype=count.dtype)
     return Reliability(edges, conf_sum / safe, correct_sum / safe, count)
@@ -243,7 +243,7 @@ def reliability_diagram(
     Raises:
       DropmaskError: matplotlib is not installed (``pip install 'dropmask[train]'``).
     """
-    Figure = require("matplotlib.figure", fn="reliability_diagram").Figure
+    Figure = require("matplotlib.figure", caller="reliability_diagram").Figure
 
     r = reliability(logits, labels, mask=mask, num_bins=num_bins)
     ece = expected_calibration_error(logits, labels, mask=mask, num_bins=num_bins)

@@ -61,25 +61,25 @@ def sample_keys(key: jax.Array, num_samples: int) -> jax.Array:
       >>> bool(keys[2] == jax.random.fold_in(jax.random.key(0), 2))
       True
     """
-    fn = "uncertainty.sample_keys"
-    check_key(key, fn=fn)
-    num_samples = check_static_int(num_samples, name="num_samples", fn=fn, minimum=1)
+    caller = "uncertainty.sample_keys"
+    check_key(key, caller=caller)
+    num_samples = check_static_int(num_samples, name="num_samples", caller=caller, minimum=1)
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_samples))
 
 
-def _check_chunk(chunk_size: Any, fn: str) -> int | None:
+def _check_chunk(chunk_size: Any, caller: str) -> int | None:
     if chunk_size is None:
         return None
-    return check_static_int(chunk_size, name="chunk_size", fn=fn, minimum=1)
+    return check_static_int(chunk_size, name="chunk_size", caller=caller, minimum=1)
 
 
 def _over_keys(
-    one: Callable[[jax.Array], Any], key: jax.Array, num_samples: int, chunk_size: Any, fn: str
+    one: Callable[[jax.Array], Any], key: jax.Array, num_samples: int, chunk_size: Any, caller: str
 ) -> Any:
     """``one(fold_in(key, i))`` for every sample ``i``, stacked on a leading axis."""
-    check_key(key, fn=fn)
-    num_samples = check_static_int(num_samples, name="num_samples", fn=fn, minimum=1)
-    chunk = _check_chunk(chunk_size, fn)
+    check_key(key, caller=caller)
+    num_samples = check_static_int(num_samples, name="num_samples", caller=caller, minimum=1)
+    chunk = _check_chunk(chunk_size, caller)
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_samples))
     if chunk is None or chunk >= num_samples:
         return jax.vmap(one)(keys)
@@ -121,13 +121,13 @@ def sample(
       >>> bool((samples[5] == f(jnp.ones(4), jax.random.fold_in(jax.random.key(0), 5))).all())
       True
     """
-    fn = "uncertainty.sample"
+    caller = "uncertainty.sample"
     if not callable(f):
         raise DropmaskTypeError(
-            f"{fn}: f must be callable as f(x, key), got {type(f).__name__}. Pass the "
+            f"{caller}: f must be callable as f(x, key), got {type(f).__name__}. Pass the "
             "prediction, e.g. lambda x, key: model.apply(variables, x, rngs={'dropout': key})."
         )
-    return _over_keys(lambda k: f(x, k), key, num_samples, chunk_size, fn)
+    return _over_keys(lambda k: f(x, k), key, num_samples, chunk_size, caller)
 
 
 def sample_linen(
@@ -191,10 +191,10 @@ def sample_linen(
       >>> logits.shape
       (10, 5, 3)
     """
-    fn = "uncertainty.sample_linen"
+    caller = "uncertainty.sample_linen"
     if not isinstance(model, nn.Module):
         raise DropmaskTypeError(
-            f"{fn}: model must be a flax.linen.Module, got {type(model).__name__}. For an "
+            f"{caller}: model must be a flax.linen.Module, got {type(model).__name__}. For an "
             "nnx.Module use uncertainty.sample_nnx(model, *args, key=..., num_samples=...)."
         )
     call = {**kwargs, **(train_kwargs if train_kwargs is not None else {"training": True})}
@@ -203,10 +203,10 @@ def sample_linen(
         return model.apply(variables, *args, rngs={rng_collection: k}, method=method, **call)
 
     try:
-        return _over_keys(one, key, num_samples, chunk_size, fn)
+        return _over_keys(one, key, num_samples, chunk_size, caller)
     except flax.errors.ModifyScopeVariableError as error:
         raise DropmaskValueError(
-            f"{fn}: in the mode {call!r} the model updates a variable ({error}). That "
+            f"{caller}: in the mode {call!r} the model updates a variable ({error}). That "
             "layer (typically BatchNorm) would use statistics of the other samples "
             "instead of its running averages. Give it its own flag, e.g. "
             "BatchNorm(use_running_average=True) while sampling, and pass only the flag "
@@ -214,7 +214,7 @@ def sample_linen(
         ) from None
     except flax.errors.InvalidRngError as error:
         raise DropmaskValueError(
-            f"{fn}: in the mode {call!r} the model draws from a PRNG stream other than "
+            f"{caller}: in the mode {call!r} the model draws from a PRNG stream other than "
             f"{rng_collection!r} ({error}). Only dropout may be random while sampling: "
             "switch that layer off, or pass rng_collection= if dropout draws from "
             "another stream."
@@ -292,10 +292,10 @@ def sample_nnx(
       >>> logits.shape, bool(jnp.std(logits, axis=0).max() > 0)
       ((10, 5, 3), True)
     """
-    fn = "uncertainty.sample_nnx"
+    caller = "uncertainty.sample_nnx"
     if not isinstance(model, nnx.Module):
         raise DropmaskTypeError(
-            f"{fn}: model must be an nnx.Module, got {type(model).__name__}. For a Linen "
+            f"{caller}: model must be an nnx.Module, got {type(model).__name__}. For a Linen "
             "module use uncertainty.sample_linen(model, variables, *args, key=..., "
             "num_samples=...)."
         )
@@ -305,4 +305,4 @@ def sample_nnx(
         copy = nnx.merge(graphdef, *_rekeyed(keys, counts, k), rest)
         return _sampling_mode(copy)(*args, **kwargs)
 
-    return _over_keys(one, key, num_samples, chunk_size, fn)
+    return _over_keys(one, key, num_samples, chunk_size, caller)

@@ -39,12 +39,12 @@ __all__ = [
 ]
 
 
-def _samples(logits: Any, fn: str, *, min_ndim: int = 2) -> jax.Array:
-    x = check_array(logits, fn=fn, name="logits")
-    check_floating(x, fn=fn)
+def _samples(logits: Any, caller: str, *, min_ndim: int = 2) -> jax.Array:
+    x = check_array(logits, caller=caller, name="logits")
+    check_floating(x, caller=caller)
     if x.ndim < min_ndim:
         raise DropmaskValueError(
-            f"{fn}: logits must be [samples, ..., classes], got shape {x.shape}. Stack the "
+            f"{caller}: logits must be [samples, ..., classes], got shape {x.shape}. Stack the "
             "samples on axis 0, e.g. with uncertainty.sample_linen."
         )
     return x

@@ -54,7 +54,7 @@ class Data:
 def _read(path: str) -> tuple[np.ndarray, np.ndarray]:
     """The ``(pixels, classes)`` of ``path``, or of the bundled digits when empty."""
     if not path:
-        digits = require("sklearn.datasets", fn="digits").load_digits()
+        digits = require("sklearn.datasets", caller="digits").load_digits()
         return digits.data, digits.target
     file = pathlib.Path(path)
     expected = "an .npz with arrays 'data' [n, 64] (pixels in [0, 16]) and 'target' [n]"
@@ -109,7 +109,7 @@ def load(config: ml_collections.ConfigDict) -> Data:
         ``[0, 1]``, a width in ``hidden`` below 1 or a ``learning_rate`` <= 0
         (checked here, the first thing a run does with its config).
     """
-    train_test_split = require("sklearn.model_selection", fn="digits").train_test_split
+    train_test_split = require("sklearn.model_selection", caller="digits").train_test_split
     _check_config(config)
 
     pixels, classes = _read(config.data_path)

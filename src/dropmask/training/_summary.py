@@ -1,4 +1,4 @@
-"""Reports of runs: ``summary.json``, ``curves.png`` and the tables printed at the end."""
+"""Summaries of runs: ``summary.json``, ``curves.png`` and the tables printed at the end."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ._audit_report import Finding, Site
 from ._mode import Mode
-from ._report import Finding, Site
 from ._sites import Observation, SiteInfo
 
 __all__ = [
