@@ -30,7 +30,7 @@ from ._rnn import (
     resolve_mask,
 )
 
-__all__ = ["Bidirectional", "MaskedRNN"]
+__all__ = ["Bidirectional", "MaskedRNN", "own_stream"]
 
 
 def _concat(a: Any, b: Any) -> Any:
@@ -44,6 +44,21 @@ def _stream_keys(cell: nnx.Module) -> dict[str, jax.Array]:
         if isinstance(node, nnx.RngStream) and node.key.tag not in keys:
             keys[node.key.tag] = node()
     return keys
+
+
+def own_stream(rngs: Any, rng_collection: str, *, caller: str) -> Any:
+    """The layer's own fork of ``rngs``' ``rng_collection`` stream (``nnx.data(None)`` for
+    None), shared by every dropmask NNX layer that draws masks."""
+    if isinstance(rngs, nnx.Rngs):
+        return rngs[rng_collection].fork()
+    if isinstance(rngs, nnx.RngStream):
+        return rngs.fork()
+    if rngs is None:
+        return nnx.data(None)
+    raise DropmaskTypeError(
+        f"{caller}: rngs must be an nnx.Rngs, nnx.RngStream or None, got "
+        f"{type(rngs).__name__}. Pass e.g. rngs=nnx.Rngs({rng_collection}=0)."
+    )
 
 
 class MaskedRNN(nnx.Module):
@@ -130,17 +145,7 @@ class MaskedRNN(nnx.Module):
         self.recurrent_kernels = tuple(recurrent_kernels)
         self.deterministic = deterministic
         self.rng_collection = rng_collection
-        if isinstance(rngs, nnx.Rngs):
-            self.rngs = rngs[rng_collection].fork()
-        elif isinstance(rngs, nnx.RngStream):
-            self.rngs = rngs.fork()
-        elif rngs is None:
-            self.rngs = nnx.data(None)
-        else:
-            raise DropmaskTypeError(
-                f"{caller}: rngs must be an nnx.Rngs, nnx.RngStream or None, got "
-                f"{type(rngs).__name__}. Pass e.g. rngs=nnx.Rngs({rng_collection}=0)."
-            )
+        self.rngs = own_stream(rngs, rng_collection, caller=caller)
 
     def set_view(self, deterministic: bool | None = None) -> None:
         """Used by ``nnx.view``: sets ``deterministic`` when given."""

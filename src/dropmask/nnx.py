@@ -35,6 +35,7 @@ from ._checks import as_dims, check_rate
 from ._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
 from ._nnx_rnn import Bidirectional as Bidirectional
 from ._nnx_rnn import MaskedRNN as MaskedRNN
+from ._nnx_rnn import own_stream
 from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
 
 __all__ = [
@@ -80,17 +81,7 @@ class _Stochastic(nnx.Module):
         self.rate = rate
         self.deterministic = deterministic
         self.rng_collection = rng_collection
-        if isinstance(rngs, nnx.Rngs):
-            self.rngs = rngs[rng_collection].fork()
-        elif isinstance(rngs, nnx.RngStream):
-            self.rngs = rngs.fork()
-        elif rngs is None:
-            self.rngs = nnx.data(None)
-        else:
-            raise DropmaskTypeError(
-                f"{self._caller}: rngs must be an nnx.Rngs, nnx.RngStream or None, got "
-                f"{type(rngs).__name__}. Pass e.g. rngs=nnx.Rngs({rng_collection}=0)."
-            )
+        self.rngs = own_stream(rngs, rng_collection, caller=self._caller)
 
     @property
     def _caller(self) -> str:
