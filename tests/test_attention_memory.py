@@ -46,11 +46,42 @@ def test_backward_keeps_only_the_weights(kwargs):
     assert _weights_sized_residuals(jnp.float32, **kwargs) == [("float32", (B, H, T, T))]
 
 
-def test_backward_in_bf16_keeps_the_f32_weights_and_their_bf16_copy():
-    # The softmax's backward reads the f32 weights; the values einsum's reads the
-    # bf16 ones it multiplied.
-    got = sorted(_weights_sized_residuals(jnp.bfloat16))
-    assert got == [("bfloat16", (B, H, T, T)), ("float32", (B, H, T, T))]
+def test_backward_in_bf16_keeps_only_the_bf16_weights():
+    # The softmax is computed in f32, but its backward pass widens the bf16 weights
+    # the values einsum multiplied instead of keeping an f32 copy beside them.
+    assert _weights_sized_residuals(jnp.bfloat16) == [("bfloat16", (B, H, T, T))]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "per_head"])
+def test_dropout_keeps_no_dropped_copy_of_the_weights(dtype, broadcast):
+    # The dropped weights are recomputed in the backward pass from the weights and
+    # the 1-bit mask words; only those two are kept.
+    kwargs = {"dropout_rate": 0.1, "dropout_rng": jax.random.key(0), "deterministic": False}
+    got = _weights_sized_residuals(dtype, broadcast_dropout=broadcast, **kwargs)
+    assert got == [(jnp.dtype(dtype).name, (B, H, T, T))]
+
+
+def test_dropout_gradient_is_unchanged_by_the_recomputation():
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.normal(size=(B, T, H, D)), jnp.float32) for _ in range(3))
+    key = jax.random.key(3)
+
+    def loss(q, k, v, attention):
+        out = attention(q, k, v, dropout_rate=0.2, dropout_rng=key, deterministic=False)
+        return jnp.sum(jnp.sin(out))
+
+    # The same computation written out: plain softmax, dropmask.dropout on the
+    # weights (the key and broadcast dims attention uses), its dropped copy kept.
+    def reference(q, k, v, **_):
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q / jnp.sqrt(D).astype(q.dtype), k)
+        w = dm.dropout(jax.nn.softmax(logits), 0.2, key, broadcast_dims=(0, 1))
+        return jnp.einsum("bhqk,bkhd->bqhd", w, v)
+
+    got = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, dm.dot_product_attention)
+    want = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, reference)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
 def _plain_attention(q, k, v):

@@ -38,7 +38,7 @@ from ._masks import (
     sequence_mask,
     sliding_window_mask,
 )
-from ._random import DEFAULT_IMPL, Impl, probability
+from ._random import DEFAULT_IMPL, SAVE_MASK_WORDS, Impl, probability
 from ._reductions import compute_dtype, softmax_flagging_nonfinite
 
 __all__ = ["Algorithm", "dot_product_attention"]
@@ -329,22 +329,28 @@ def dot_product_attention(
         allowed = not_neg_inf if allowed is None else allowed & not_neg_inf
     valid = jnp.ones((1,) * len(logits_shape), bool) if allowed is None else allowed
     weights, tainted = softmax_flagging_nonfinite(
-        logits, valid, (len(logits_shape) - 1,), _taint(bad_q, bad_k | bad_v, groups)
+        logits, valid, (len(logits_shape) - 1,), _taint(bad_q, bad_k | bad_v, groups), dtype
     )
-    weights = weights.astype(dtype)
     if module is not None:
         _sow(module, weights)
-    if drops:
-        dims = tuple(range(weights.ndim - 2)) if broadcast_dropout else ()
-        weights = dropout(weights, dropout_rate, rng, broadcast_dims=dims, impl=impl)
 
-    if groups > 1:
-        wg = weights.reshape(weights.shape[:-3] + (kv_heads, groups) + weights.shape[-2:])
-        out = jnp.einsum("...hgqk,...khd->...qhgd", wg, v, precision=precision)
-        out = out.reshape(out.shape[:-3] + (heads, out.shape[-1]))
-    else:
-        out = values_einsum("...hqk,...khd->...qhd", weights, v)
-    return _poison(out, q, tainted)
+    def weigh(weights: jax.Array, v: jax.Array) -> jax.Array:
+        if drops:
+            dims = tuple(range(weights.ndim - 2)) if broadcast_dropout else ()
+            weights = dropout(weights, dropout_rate, rng, broadcast_dims=dims, impl=impl)
+        if groups > 1:
+            wg = weights.reshape(weights.shape[:-3] + (kv_heads, groups) + weights.shape[-2:])
+            out = jnp.einsum("...hgqk,...khd->...qhgd", wg, v, precision=precision)
+            return out.reshape(out.shape[:-3] + (heads, out.shape[-1]))
+        return values_einsum("...hqk,...khd->...qhd", weights, v)
+
+    if drops and impl == "fast":
+        # The backward pass of `dropped weights @ v` needs the dropped weights; kept,
+        # they would be a second [b, h, q, k] array beside the softmax's. Recomputed
+        # from the weights (kept anyway) and the saved 1-bit mask words, they cost one
+        # elementwise pass in the backward pass and no memory.
+        weigh = jax.checkpoint(weigh, policy=SAVE_MASK_WORDS)
+    return _poison(weigh(weights, v), q, tainted)
 
 
 def _rank(x: jax.Array, ndim: int) -> jax.Array:

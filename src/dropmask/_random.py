@@ -135,7 +135,7 @@ def _draw_and_combine(
     return combine(x, flags, realised)
 
 
-_SAVE_WORDS = jax.checkpoint_policies.save_only_these_names(MASK_NAME)
+SAVE_MASK_WORDS = jax.checkpoint_policies.save_only_these_names(MASK_NAME)
 _SAVE_NOTHING = jax.checkpoint_policies.nothing_saveable
 
 
@@ -146,7 +146,7 @@ def _checkpointed(
     only what ``spec.save_words`` asks for (the packed words, or just the key words) and
     recomputes the rest, never a per-element array of flags or scaled values; ``jvp``
     still works."""
-    policy = _SAVE_WORDS if spec.save_words else _SAVE_NOTHING
+    policy = SAVE_MASK_WORDS if spec.save_words else _SAVE_NOTHING
     body = jax.checkpoint(_draw_and_combine, policy=policy, static_argnums=(0, 1))
     return body(spec, combine, x, source, dynamic, offset)
 

@@ -451,7 +451,7 @@ _TAINT = 2.0**64
 
 
 def softmax_flagging_nonfinite(
-    x: jax.Array, m: jax.Array, axes: tuple[int, ...], taint: jax.Array
+    x: jax.Array, m: jax.Array, axes: tuple[int, ...], taint: jax.Array, dtype: Any = None
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`softmax_core`, except that a row with a non-finite valid element is 0.
 
@@ -466,13 +466,20 @@ def softmax_flagging_nonfinite(
     pass over ``x``), and to empty them so that ``0 * NaN`` in the backward pass
     cannot reach the other rows; it then writes NaN into their outputs itself. The
     backward pass keeps the weights only: one array the size of ``x``.
+
+    ``dtype`` (default: the compute dtype) is the weights' output dtype. The softmax is
+    computed in f32+ either way; a narrower ``dtype`` (bf16 attention) is also the
+    array the backward pass keeps, so it holds half the bytes of the f32 weights; the
+    tangent is then computed in f32+ from those rounded weights, as a softmax run in
+    bf16 (Flax's default) differentiates from its bf16 output.
     """
-    return _softmax_flagged(x, m, taint, axes)
+    out = compute_dtype(x.dtype) if dtype is None else jnp.dtype(dtype)
+    return _softmax_flagged(x, m, taint, axes, out)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _softmax_flagged(
-    x: jax.Array, m: jax.Array, taint: jax.Array, axes: tuple[int, ...]
+    x: jax.Array, m: jax.Array, taint: jax.Array, axes: tuple[int, ...], dtype: Any
 ) -> tuple[jax.Array, jax.Array]:
     # A NaN or +inf valid element makes the shift 0 and the sum NaN or inf; a
     # tainted one makes it at least _TAINT.
@@ -480,17 +487,34 @@ def _softmax_flagged(
     extra = jnp.where(taint, jnp.asarray(_TAINT, xz.dtype), jnp.zeros((), xz.dtype))
     _, e, s, _ = _shifted(xz, m, axes, extra)
     clean = s < _TAINT  # False for NaN too
-    return jnp.where(clean, e / _safe_denominator(s), 0), ~clean
+    return jnp.where(clean, e / _safe_denominator(s), 0).astype(dtype), ~clean
 
 
 @_softmax_flagged.defjvp
 def _softmax_flagged_jvp(
-    axes: tuple[int, ...], primals: tuple[jax.Array, ...], tangents: tuple[Any, ...]
+    axes: tuple[int, ...],
+    dtype: Any,
+    primals: tuple[jax.Array, ...],
+    tangents: tuple[Any, ...],
 ) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, Any]]:
     x, m, taint = primals
-    y, nonfinite = _softmax_flagged(x, m, taint, axes)
+    y, nonfinite = _softmax_flagged(x, m, taint, axes, dtype)
     flag_tangent = np.zeros(nonfinite.shape, dtype=jax.dtypes.float0)
-    return (y, nonfinite), (_softmax_tangent(y, tangents[0], axes), flag_tangent)
+    return (y, nonfinite), (_narrow_tangent(y, tangents[0], axes), flag_tangent)
+
+
+def _narrow_tangent(y: jax.Array, t: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """:func:`_softmax_tangent` in f32+ from weights ``y`` stored in a narrower dtype.
+
+    Inside ``jax.checkpoint`` the widening of ``y`` belongs to the tangent's own
+    computation, so the backward pass keeps ``y`` as given (bf16) and widens it
+    again, instead of keeping a widened f32 copy.
+    """
+    acc = compute_dtype(y.dtype)
+    if acc == y.dtype:
+        return _softmax_tangent(y, t, axes)
+    widened = jax.checkpoint(lambda y, t: _softmax_tangent(y.astype(acc), t.astype(acc), axes))
+    return widened(y, t).astype(y.dtype)
 
 
 def masked_logsumexp(

@@ -205,7 +205,7 @@ def path_dropout(
         keep = _fast_mask.keep_from_words(words, x.shape, thr, path=path)
         return _dropout._select_scaled(x, keep, thr.realised)
 
-    policy = _random._SAVE_WORDS if residual == "mask" else _random._SAVE_NOTHING
+    policy = _random.SAVE_MASK_WORDS if residual == "mask" else _random._SAVE_NOTHING
     return jax.checkpoint(body, policy=policy)(x, _fast_mask.key_words(key))
 
 
