@@ -16,6 +16,22 @@ settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True
 settings.load_profile("ci")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Keeps XLA's compiled programs in pytest's cache directory between runs.
+
+    Most of the suite's time is XLA compiling small programs on the CPU; a later run
+    (the edit-test loop) loads them instead. JAX keys each entry by the program, the
+    JAX and XLA versions and the compile options, so a changed source compiles afresh.
+    ``-p no:cacheprovider`` runs with no cache, as a fresh clone does.
+    """
+    cache = getattr(config, "cache", None)
+    if cache is None:
+        return
+    jax.config.update("jax_compilation_cache_dir", str(cache.mkdir("jax-compilation")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
 @pytest.fixture
 def key() -> jax.Array:
     return jax.random.key(0)

@@ -29,7 +29,14 @@ def test_the_guide_and_the_readme_have_python_blocks():
     assert {"guide.md", "masking.md", "README.md"} <= names
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+# The docs pages run whole workflows (training loops, attention at length, Monte
+# Carlo sampling): end to end, so under the slow marker; the README's blocks stay in
+# the inner loop.
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=() if p.name == "README.md" else pytest.mark.slow) for p in FILES],
+    ids=[p.name for p in FILES],
+)
 def test_every_python_block_runs(path):
     namespace: dict[str, object] = {"__name__": f"docs_{path.stem}"}
     parser = doctest.DocTestParser()

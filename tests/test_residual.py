@@ -110,7 +110,6 @@ def _all_transforms(x, key, rate, mode, impl):
     return {
         "forward": dropmask.dropout(x, rate, key, impl=impl, residual=mode),
         "grad": jax.grad(loss)(x, key),
-        "jit grad": jax.jit(jax.grad(loss))(x, key),
         "vmap grad": jax.vmap(jax.grad(loss), in_axes=(None, 0))(x, keys),
         "checkpoint grad": jax.grad(jax.checkpoint(loss))(x, key),
         "scan grad": jax.jit(jax.grad(scanned))(x),
@@ -126,8 +125,18 @@ def _all_transforms(x, key, rate, mode, impl):
 @pytest.mark.parametrize("impl", ["fast", "flax"])
 def test_modes_agree_bit_for_bit(dtype, rate, impl):
     x, key = _x((64, 96), dtype), jax.random.key(5)
-    saved = _all_transforms(x, key, rate, "mask", impl)
-    drawn = _all_transforms(x, key, rate, "none", impl)
+
+    def compiled(mode):
+        # One program per mode holds every transformation (eager dispatch would
+        # compile each primitive apart); the rate stays a run-time value when traced.
+        if isinstance(rate, float):
+            return jax.jit(lambda x, k: _all_transforms(x, k, rate, mode, impl))(x, key)
+        return jax.jit(lambda x, k, r: _all_transforms(x, k, r, mode, impl))(x, key, rate)
+
+    saved, drawn = compiled("mask"), compiled("none")
+    for mode in MODES:  # and eagerly, as called outside any transformation
+        eager = dropmask.dropout(x, rate, key, impl=impl, residual=mode)
+        np.testing.assert_array_equal(np.asarray(eager), np.asarray(saved["forward"]), mode)
     for name in saved:
         assert saved[name].dtype == drawn[name].dtype, name
         np.testing.assert_array_equal(np.asarray(saved[name]), np.asarray(drawn[name]), name)
@@ -231,45 +240,6 @@ def test_backends_without_packed_words_keep_only_the_key(monkeypatch):
     x, key = _x(), jax.random.key(0)
     leaves = _residuals(lambda x: dropmask.dropout(x, 0.1, key), x)
     assert _avals(leaves) == [((4,), "uint32")]
-
-
-# --- compiled programs ---------------------------------------------------------------
-
-
-def _ops(hlo: str) -> list[str]:
-    """The compiled program's instructions without names or metadata."""
-    ops = []
-    for line in hlo.splitlines():
-        line = line.split(", metadata=")[0].strip()
-        if " = " in line:
-            ops.append(line.split(" = ", 1)[1])
-    return sorted(ops)
-
-
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's compiled programs")
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_forward_program_is_the_same_in_both_modes(dtype):
-    x, key = _x((256, 256), dtype), jax.random.key(0)
-    programs = {
-        mode: jax.jit(lambda x, k, m=mode: dropmask.dropout(x, 0.1, k, residual=m))
-        .lower(x, key)
-        .compile()
-        .as_text()
-        for mode in MODES
-    }
-    assert _ops(programs["mask"]) == _ops(programs["none"])
-    assert programs["mask"].count(" conditional(") == 1
-
-
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's compiled programs")
-def test_backward_pass_draws_only_without_the_words():
-    """Jitted apart, as in a network: the backward pass draws again (its own guarded
-    generator) only with ``residual="none"``."""
-    x, key = _x((256, 256)), jax.random.key(0)
-    for mode, conditionals in (("mask", 0), ("none", 1)):
-        _, vjp_fn = jax.vjp(lambda x, m=mode: dropmask.dropout(x, 0.1, key, residual=m), x)
-        backward = jax.jit(lambda f, g: f(g)).lower(vjp_fn, x).compile().as_text()
-        assert backward.count(" conditional(") == conditionals, mode
 
 
 # --- errors --------------------------------------------------------------------------

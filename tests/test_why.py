@@ -28,7 +28,7 @@ def timed() -> why.WhyReport:
 
 def test_every_claim_has_a_verdict_and_evidence(timed):
     ids = [c.id for c in timed.claims]
-    assert len(ids) == len(set(ids)) == 15
+    assert len(ids) == len(set(ids)) == 16
     for claim in timed.claims:
         assert claim.verdict in VERDICTS
         assert claim.evidence and claim.claim

@@ -119,6 +119,7 @@ def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
     assert part.losses + rest.losses == full.losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "entries",
     [{"zoneout_cell": 0.5, "zoneout_hidden": 0.05}, {"weight_dropout": 0.3}],

@@ -36,7 +36,11 @@ DOCUMENTED: dict[str, dict[str, str]] = {
         "f16-overflow": HOLDS,
         "residual-bytes": HOLDS,
     },
-    "cpu": {"multiply-converts-mask": DEPENDS, "multiply-leaks-nan": DEPENDS},
+    "cpu": {
+        "multiply-converts-mask": DEPENDS,
+        "multiply-leaks-nan": DEPENDS,
+        "generator-apart": HOLDS,
+    },
 }
 
 
@@ -210,6 +214,24 @@ def _residuals() -> Claim:
     )
 
 
+def _generator_apart() -> Claim:
+    facts = m.generator_programs()
+    fwd = [facts[f"forward conditionals, residual={r!r}"] for r in ("mask", "none")]
+    bwd = [facts[f"backward conditionals, residual={r!r}"] for r in ("mask", "none")]
+    holds = fwd == [1, 1] and bwd == [0, 1] and facts["forward programs equal"]
+    return Claim(
+        "generator-apart",
+        "XLA keeps dropmask's generator in its own computation (fused into the consumer it "
+        "would run once per element its words serve); both residual modes compile to one "
+        "forward program, and only residual='none' draws again in the backward pass",
+        HOLDS if holds else NOT,
+        f"conditionals: forward {fwd[0]} (residual='mask'), {fwd[1]} ('none'); backward "
+        f"jitted apart {bwd[0]}, {bwd[1]}; forward programs equal: "
+        f"{facts['forward programs equal']}",
+        facts,
+    )
+
+
 def fact_claims() -> list[Claim]:
     """The claims decided by compiled programs, dtypes and values (no timing)."""
     study, edges = m.hlo_study(), m.gradient_edges()
@@ -235,6 +257,7 @@ def fact_claims() -> list[Claim]:
         ),
         _f16_overflow,
         _residuals,
+        _generator_apart,
     ]
     return [build() for build in builders]
 

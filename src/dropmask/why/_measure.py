@@ -270,6 +270,30 @@ def residual_bytes(n: int = 1 << 16, rate: float = 0.1) -> dict[str, float]:
     return out
 
 
+def generator_programs(shape: tuple[int, int] = (256, 256), rate: float = 0.1) -> dict[str, Any]:
+    """How XLA compiles dropmask's packed generator around its consumer on this backend.
+
+    Counts the ``conditional`` instructions (the generator's own computation) in the
+    forward program of each residual mode, and in the backward pass jitted apart, as
+    the passes of a network's layers are.
+    """
+    from .._dropout import dropout
+
+    x, key = jnp.ones(shape, jnp.float32), jax.random.key(0)
+    out: dict[str, Any] = {}
+    forward = {}
+    for mode in ("mask", "none"):
+        forward[mode] = compiled_hlo(lambda x, k, m=mode: dropout(x, rate, k, residual=m), x, key)
+        out[f"forward conditionals, residual={mode!r}"] = forward[mode].count(" conditional(")
+        _, vjp_fn = jax.vjp(lambda x, m=mode: dropout(x, rate, key, residual=m), x)
+        backward = compiled_hlo(lambda f, g: f(g), vjp_fn, x)
+        out[f"backward conditionals, residual={mode!r}"] = backward.count(" conditional(")
+    out["forward programs equal"] = normalized_hlo(forward["mask"]) == normalized_hlo(
+        forward["none"]
+    )
+    return out
+
+
 def _sized(leaf: Any) -> bool:
     dtype = getattr(leaf, "dtype", None)
     return dtype is not None and not jnp.issubdtype(dtype, jax.dtypes.prng_key)
