@@ -22,6 +22,7 @@ from ._rnn import (
     carry_rates,
     check_carry,
     check_rnn_args,
+    concat_features,
     drop_recurrent_kernels,
     masked_rnn,
     regularized_step,
@@ -30,10 +31,6 @@ from ._rnn import (
 )
 
 __all__ = ["Bidirectional", "MaskedRNN"]
-
-
-def _concat(a: Any, b: Any) -> Any:
-    return jax.tree.map(lambda x, y: jnp.concatenate([x, y], axis=-1), a, b)
 
 
 class MaskedRNN(nn.Module):
@@ -249,7 +246,7 @@ class Bidirectional(nn.Module):
 
     forward_rnn: MaskedRNN
     backward_rnn: MaskedRNN
-    merge_fn: Callable[[Any, Any], Any] = _concat
+    merge_fn: Callable[[Any, Any], Any] = concat_features
     return_carry: bool = False
 
     @nn.compact

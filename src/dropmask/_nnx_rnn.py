@@ -23,6 +23,7 @@ from ._rnn import (
     carry_rates,
     check_carry,
     check_rnn_args,
+    concat_features,
     drop_recurrent_kernels,
     masked_rnn,
     regularized_step,
@@ -31,10 +32,6 @@ from ._rnn import (
 )
 
 __all__ = ["Bidirectional", "MaskedRNN", "own_stream"]
-
-
-def _concat(a: Any, b: Any) -> Any:
-    return jax.tree.map(lambda x, y: jnp.concatenate([x, y], axis=-1), a, b)
 
 
 def _stream_keys(cell: nnx.Module) -> dict[str, jax.Array]:
@@ -290,7 +287,7 @@ class Bidirectional(nnx.Module):
         forward_rnn: MaskedRNN,
         backward_rnn: MaskedRNN,
         *,
-        merge_fn: Callable[[Any, Any], Any] = _concat,
+        merge_fn: Callable[[Any, Any], Any] = concat_features,
         return_carry: bool = False,
     ):
         self.forward_rnn = forward_rnn

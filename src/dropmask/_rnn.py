@@ -40,6 +40,7 @@ __all__ = [
     "carry_rates",
     "check_carry",
     "check_rnn_args",
+    "concat_features",
     "drop_recurrent_kernels",
     "leaf_rates",
     "masked_rnn",
@@ -48,6 +49,12 @@ __all__ = [
     "resolve_mask",
     "zoneout",
 ]
+
+
+def concat_features(a: Any, b: Any) -> Any:
+    """Two directions' outputs joined on the feature axis: Bidirectional's default merge."""
+    return jax.tree.map(lambda x, y: jnp.concatenate([x, y], axis=-1), a, b)
+
 
 # (carry, x_t, t) -> (carry, y_t); ``t`` is the int32 scalar index of the time step.
 StepFn = Callable[[Any, Any, jax.Array], tuple[Any, Any]]
