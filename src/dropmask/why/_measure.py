@@ -9,6 +9,7 @@ The three spellings are ``lax.select(mask, x / keep, zeros_like(x))`` (Flax's),
 from __future__ import annotations
 
 import collections
+import functools
 import re
 import statistics
 import time
@@ -278,14 +279,17 @@ def generator_programs(shape: tuple[int, int] = (256, 256), rate: float = 0.1) -
     the passes of a network's layers are.
     """
     from .._dropout import dropout
+    from .._random import Residual
 
     x, key = jnp.ones(shape, jnp.float32), jax.random.key(0)
     out: dict[str, Any] = {}
     forward = {}
-    for mode in ("mask", "none"):
-        forward[mode] = compiled_hlo(lambda x, k, m=mode: dropout(x, rate, k, residual=m), x, key)
+    modes: tuple[Residual, ...] = ("mask", "none")
+    for mode in modes:
+        layer = functools.partial(dropout, rate=rate, residual=mode)
+        forward[mode] = compiled_hlo(lambda x, k, f=layer: f(x, key=k), x, key)
         out[f"forward conditionals, residual={mode!r}"] = forward[mode].count(" conditional(")
-        _, vjp_fn = jax.vjp(lambda x, m=mode: dropout(x, rate, key, residual=m), x)
+        _, vjp_fn = jax.vjp(functools.partial(layer, key=key), x)
         backward = compiled_hlo(lambda f, g: f(g), vjp_fn, x)
         out[f"backward conditionals, residual={mode!r}"] = backward.count(" conditional(")
     out["forward programs equal"] = normalized_hlo(forward["mask"]) == normalized_hlo(
