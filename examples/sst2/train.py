@@ -22,15 +22,6 @@ from . import configs, input_pipeline
 from .models import TextClassifier
 
 
-@functools.lru_cache(maxsize=16)
-def _model_and_optimizer(
-    vocab_size: int, embed_dim: int, hidden: int, rate: float, word_rate: float, lr: float
-) -> tuple[TextClassifier, optax.GradientTransformation]:
-    # Static parts of the jitted state: runs with equal settings share a compilation.
-    model = TextClassifier(vocab_size, embed_dim, hidden, rate, word_rate)
-    return model, optax.adam(lr)
-
-
 def create_state(
     config: ml_collections.ConfigDict,
     data: input_pipeline.Data,
@@ -38,14 +29,10 @@ def create_state(
     dropout_key: jax.Array,
 ) -> TrainState:
     """Initialises the classifier on two padded training sentences (``training=False``)."""
-    model, tx = _model_and_optimizer(
-        len(data.vocab),
-        int(config.embed_dim),
-        int(config.hidden),
-        float(config.rate),
-        float(config.word_rate),
-        float(config.learning_rate),
+    model = TextClassifier(
+        len(data.vocab), config.embed_dim, config.hidden, config.rate, config.word_rate
     )
+    tx = optax.adam(config.learning_rate)
     batch = input_pipeline.pad(data.train, np.arange(2), data.buckets)
     variables = model.init(params_key, batch["tokens"], batch["length"], False)
     return TrainState.create(

@@ -87,6 +87,12 @@ class Example:
         ``dropmask.training.DataError`` for a missing or unreadable path.
       create_state: ``(config, data, params_key, dropout_key) -> TrainState``: the
         model initialised (``training=False``), the optimizer, ``key=dropout_key``.
+        Its ``apply_fn``, ``tx`` and other non-array fields must depend only on the
+        config, never on ``seed`` or the loop's other per-run entries (logging,
+        evaluation and checkpoint intervals, ``mc_samples``): the loop gives every
+        run of one config the first run's ``apply_fn`` and ``tx``, so that the
+        seeds of a rate comparison, or a resumed run, share one compilation of
+        each jitted step. Build them afresh each call; no caching is needed.
       train_batch: ``(config, data, data_key, step) -> {name: array[batch, ...]}``,
         the global batch of ``step``. It must depend on nothing else (e.g. the epoch
         ``step // steps_per_epoch`` shuffled by ``fold_in(data_key, epoch)``), which

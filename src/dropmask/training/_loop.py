@@ -23,6 +23,7 @@ import numpy as np
 from .._errors import DropmaskValueError
 from . import _summary, _uncertainty
 from ._checkpoint import Checkpointer
+from ._compile_cache import share_static_fields
 from ._errors import CheckpointError, DamagedCheckpointError, NonFiniteLossError
 from ._example import Example, run_keys
 from ._logging import MetricsLog, require
@@ -304,7 +305,9 @@ def _start(
         # A new run creates its directories only once its data has loaded.
         checkpointer = checkpointer or open_checkpoints()
         data_key, params_key, dropout_key = run_keys(schedule.seed)
-        state = replicate(example.create_state(config, data, params_key, dropout_key), mesh)
+        state = example.create_state(config, data, params_key, dropout_key)
+        state = share_static_fields(example.create_state, config, state, example.name)
+        state = replicate(state, mesh)
         if resume:
             state, start = _restore_complete(
                 checkpointer, example, config, data, state, start, damaged, workdir

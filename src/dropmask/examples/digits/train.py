@@ -32,15 +32,6 @@ from . import configs, input_pipeline
 from .models import MLP
 
 
-@functools.lru_cache(maxsize=16)
-def _model_and_optimizer(
-    hidden: tuple[int, ...], rate: float, input_rate: float, learning_rate: float
-) -> tuple[MLP, optax.GradientTransformation]:
-    # ``apply_fn`` and ``tx`` are static parts of the jitted state: runs that share
-    # the same instances (e.g. the seeds of one rate) share one compilation.
-    return MLP(hidden=hidden, rate=rate, input_rate=input_rate), optax.adam(learning_rate)
-
-
 def create_state(
     config: ml_collections.ConfigDict,
     data: input_pipeline.Data,
@@ -52,12 +43,8 @@ def create_state(
     ``init`` runs with ``training=False``: it only needs parameter shapes, so no
     dropout key is involved and ``params_key`` feeds the ``'params'`` stream alone.
     """
-    model, tx = _model_and_optimizer(
-        tuple(config.hidden),
-        float(config.rate),
-        float(config.input_rate),
-        float(config.learning_rate),
-    )
+    model = MLP(hidden=tuple(config.hidden), rate=config.rate, input_rate=config.input_rate)
+    tx = optax.adam(config.learning_rate)
     variables = model.init(params_key, jnp.asarray(data.train.image[:1]), training=False)
     return TrainState.create(
         apply_fn=model.apply, params=variables["params"], tx=tx, key=dropout_key
