@@ -5,9 +5,10 @@ A jitted ``train_step(state, batch)`` compiles once per distinct *static* part o
 equality. Two calls of ``optax.adam(1e-3)`` return transformations made of different
 closures, and two Linen modules built alike give bound ``apply`` methods that compare
 unequal, so two runs that each build their model and optimizer compile the same
-program twice. The loop therefore keeps, per process, the static part of the first
-state built for each config (its per-run entries left out) and gives it to every
-later state of that config: a second seed, or a resumed run, reuses the compilation.
+program twice. :meth:`Example.build_state`, which the loop builds every state with,
+therefore keeps, per process, the static part of the first state built for each
+config (its per-run entries left out) and gives it to every later state of that
+config: a second seed, or a resumed run, reuses the compilation.
 
 This relies on the :class:`~dropmask.training.Example` contract that ``create_state``
 builds its ``apply_fn``, ``tx`` and any other static field from the config alone,
