@@ -116,3 +116,5 @@ def test_samples_without_a_key_or_a_negative_count_are_refused():
         _HOOKS.logits(state, inputs, None, 2)
     with pytest.raises(DropmaskValueError, match=r"ClassifierEval\.logits: num_samples must be"):
         _HOOKS.logits(state, inputs, None, -1)
+    with pytest.raises(MissingKeyError, match=r"ClassifierEval\.predict .*key=None"):
+        _HOOKS.predict(state, None, _DATA, "eval", None, 3)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -26,44 +26,51 @@ from .._checks import check_key, check_static_int
 __all__ = ["ClassifierEval"]
 
 Batch = Mapping[str, Any]
-# Mode keyword arguments as a static jit argument: a tuple of (name, value) pairs.
-_Kwargs = tuple[tuple[str, Any], ...]
 
 
-def _call(state: Any, inputs: tuple[Any, ...], kwargs: _Kwargs, **extra: Any) -> jax.Array:
-    return state.apply_fn({"params": state.params}, *inputs, **dict(kwargs), **extra)
+class _Call(NamedTuple):
+    """How the model is called: a static jit argument (hashable, compared by value)."""
+
+    model_inputs: Callable[[Batch], tuple[Any, ...]]
+    label: str
+    train_kwargs: tuple[tuple[str, Any], ...]
+    eval_kwargs: tuple[tuple[str, Any], ...]
+    stream: str
 
 
-@functools.partial(jax.jit, static_argnames=("eval_kwargs",))
-def _scores(
-    state: Any, inputs: tuple[Any, ...], labels: jax.Array, eval_kwargs: _Kwargs
-) -> dict[str, jax.Array]:
-    logits = _call(state, inputs, eval_kwargs)
+def _apply(
+    state: Any, inputs: tuple[Any, ...], key: jax.Array | None, num_samples: int, call: _Call
+) -> jax.Array:
+    variables = {"params": state.params}
+    if num_samples == 0:
+        return state.apply_fn(variables, *inputs, **dict(call.eval_kwargs))
+
+    def one(x: tuple[Any, ...], k: jax.Array) -> jax.Array:
+        return state.apply_fn(variables, *x, **dict(call.train_kwargs), rngs={call.stream: k})
+
+    return uncertainty.sample(one, inputs, cast(jax.Array, key), num_samples)
+
+
+_logits = jax.jit(_apply, static_argnames=("num_samples", "call"))
+
+
+# A split's batch goes into the jitted functions whole: ``model_inputs`` then runs on
+# tracers, and the host arrays are transferred without a conversion compiled per shape.
+@functools.partial(jax.jit, static_argnames=("num_samples", "call"))
+def _batch_logits(
+    state: Any, batch: Batch, key: jax.Array | None, num_samples: int, call: _Call
+) -> jax.Array:
+    return _apply(state, tuple(call.model_inputs(batch)), key, num_samples, call)
+
+
+@functools.partial(jax.jit, static_argnames=("call",))
+def _scores(state: Any, batch: Batch, call: _Call) -> dict[str, jax.Array]:
+    logits = _apply(state, tuple(call.model_inputs(batch)), None, 0, call)
+    labels = batch[call.label]
     return {
         "loss": optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(),
         "accuracy": jnp.mean(jnp.argmax(logits, -1) == labels),
     }
-
-
-@functools.partial(
-    jax.jit, static_argnames=("num_samples", "train_kwargs", "eval_kwargs", "stream")
-)
-def _logits(
-    state: Any,
-    inputs: tuple[Any, ...],
-    key: jax.Array | None,
-    num_samples: int,
-    train_kwargs: _Kwargs,
-    eval_kwargs: _Kwargs,
-    stream: str,
-) -> jax.Array:
-    if num_samples == 0:
-        return _call(state, inputs, eval_kwargs)
-
-    def one(x: tuple[Any, ...], k: jax.Array) -> jax.Array:
-        return _call(state, x, train_kwargs, rngs={stream: k})
-
-    return uncertainty.sample(one, inputs, cast(jax.Array, key), num_samples)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,19 +139,8 @@ class ClassifierEval:
             PRNG key when ``num_samples > 0``.
           DropmaskValueError: ``num_samples < 0``, or no key for ``num_samples > 0``.
         """
-        caller = "ClassifierEval.logits"
-        num_samples = check_static_int(num_samples, name="num_samples", caller=caller, minimum=0)
-        if num_samples:
-            check_key(key, caller=caller)
-        return _logits(
-            state,
-            tuple(inputs),
-            key,
-            num_samples,
-            tuple(self.train_kwargs.items()),
-            tuple(self.eval_kwargs.items()),
-            self.stream,
-        )
+        _check_samples(key, num_samples, "ClassifierEval.logits")
+        return _logits(state, tuple(inputs), key, num_samples, self._call)
 
     def evaluate(
         self, state: Any, config: ml_collections.ConfigDict, data: Any, split: str
@@ -153,10 +149,7 @@ class ClassifierEval:
 
         ``loss`` is the mean cross-entropy of the integer labels.
         """
-        batch = self.split_batch(config, data, split)
-        labels = jnp.asarray(batch[self.label])
-        inputs = tuple(self.model_inputs(batch))
-        scores = _scores(state, inputs, labels, tuple(self.eval_kwargs.items()))
+        scores = _scores(state, self.split_batch(config, data, split), self._call)
         return {name: float(value) for name, value in scores.items()}
 
     def predict(
@@ -169,6 +162,23 @@ class ClassifierEval:
         num_samples: int,
     ) -> tuple[jax.Array, np.ndarray]:
         """``(logits, labels)`` of the whole split (see :meth:`logits`): the ``predict`` hook."""
+        _check_samples(key, num_samples, "ClassifierEval.predict")
         batch = self.split_batch(config, data, split)
-        logits = self.logits(state, tuple(self.model_inputs(batch)), key, num_samples)
+        logits = _batch_logits(state, batch, key, num_samples, self._call)
         return logits, np.asarray(batch[self.label])
+
+    @property
+    def _call(self) -> _Call:
+        return _Call(
+            self.model_inputs,
+            self.label,
+            tuple(self.train_kwargs.items()),
+            tuple(self.eval_kwargs.items()),
+            self.stream,
+        )
+
+
+def _check_samples(key: jax.Array | None, num_samples: int, caller: str) -> None:
+    check_static_int(num_samples, name="num_samples", caller=caller, minimum=0)
+    if num_samples:
+        check_key(key, caller=caller)
