@@ -53,7 +53,8 @@ def restore(run: pathlib.Path) -> tuple[Any, ml_collections.ConfigDict, input_pi
     config = ml_collections.ConfigDict(json.loads((run / "summary.json").read_text())["config"])
     data = input_pipeline.load(config)
     _, params_key, dropout_key = jax.random.split(jax.random.key(config.seed), 3)
-    state = train.create_state(config, data, params_key, dropout_key)
+    # The runs of one config share one compilation of the prediction.
+    state = train.example.build_state(config, data, params_key, dropout_key)
     checkpointer = Checkpointer(run / "checkpoints", keep=config.keep_checkpoints)
     try:
         state, _ = checkpointer.restore(state, config=config.to_dict())
@@ -64,8 +65,8 @@ def restore(run: pathlib.Path) -> tuple[Any, ml_collections.ConfigDict, input_pi
 
 def scores(state: Any, images: np.ndarray, key: jax.Array, samples: int) -> dict[str, np.ndarray]:
     """Per image: the uncertainty scores compared (higher: less sure)."""
-    logits = train.predict_logits(state, jnp.asarray(images), None, 0)
-    sampled = train.predict_logits(state, jnp.asarray(images), key, samples)
+    logits = train.classifier.logits(state, (jnp.asarray(images),), None, 0)
+    sampled = train.classifier.logits(state, (jnp.asarray(images),), key, samples)
     single = logits[None]
     return {
         "entropy": np.asarray(uncertainty.predictive_entropy(single)),
@@ -118,8 +119,8 @@ def plot(run: pathlib.Path, samples: int, path: pathlib.Path) -> None:
     state, config, data = restore(run)
     key = jax.random.fold_in(jax.random.key(config.seed), 0x00D)
     images, labels = jnp.asarray(data.test.image), jnp.asarray(data.test.label)
-    logits = train.predict_logits(state, images, None, 0)
-    sampled = train.predict_logits(state, images, key, samples)
+    logits = train.classifier.logits(state, (images,), None, 0)
+    sampled = train.classifier.logits(state, (images,), key, samples)
     fig = Figure(figsize=(12.6, 3.8), layout="constrained")
     det_ax, mc_ax, mi_ax = fig.subplots(1, 3)
     uncertainty.reliability_diagram(logits, labels, ax=det_ax, label="dropout off")
@@ -131,7 +132,7 @@ def plot(run: pathlib.Path, samples: int, path: pathlib.Path) -> None:
     bins = np.linspace(0.0, np.log(10.0), 40)
     for name, x in sets.items():
         mi = uncertainty.mutual_information(
-            train.predict_logits(state, jnp.asarray(x), key, samples)
+            train.classifier.logits(state, (jnp.asarray(x),), key, samples)
         )
         mi_ax.hist(np.asarray(mi), bins=bins, histtype="step", density=True, label=name)
     mi_ax.set(xlabel="mutual information (nats)", ylabel="density", xlim=(0, 1.2))

@@ -16,7 +16,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from dropmask.training import DataError
+from dropmask.training import DataError, check_config
 
 PAD, EOS, GO = 0, 1, 2
 _CHARS = "0123456789+"
@@ -105,27 +105,25 @@ def load(config: ml_collections.ConfigDict) -> Data:
     """The held-out set and a training sample, drawn from ``config.data_seed``.
 
     Raises:
-      DataError: an ``embed_dim`` or ``hidden`` below 1, ``max_digits`` outside
-        ``[1, 6]``, or more held-out problems than
-        half of all problems.
+      DropmaskValueError: a width or ``batch_size`` below 1, ``max_digits`` outside
+        ``[1, 6]``, a negative ``warmup_steps`` or ``decay_steps``, or a
+        ``learning_rate`` <= 0 (checked before any data or model).
+      DataError: more held-out problems than half of all problems.
     """
-    for name in ("embed_dim", "hidden"):
-        # Checked before any data or model: a width of 0 fails deep inside Flax.
-        if config[name] < 1:
-            raise DataError(
-                f"config.{name} must be a width >= 1, got {config[name]}. Set --config.{name}."
-            )
+    check_config(
+        config,
+        widths=["embed_dim", "hidden"],
+        at_least={"batch_size": 1, "warmup_steps": 0, "decay_steps": 0},
+        in_range={"max_digits": (1, 6)},
+        positive=["learning_rate"],
+    )
     max_digits = int(config.max_digits)
-    if not 1 <= max_digits <= 6:
-        raise DataError(f"max_digits must be in [1, 6], got {max_digits}. Set --config.max_digits.")
     total = 10 ** (2 * max_digits)
     if not 0 < config.eval_size <= total // 2:
         raise DataError(
             f"eval_size must be in [1, {total // 2}] for max_digits={max_digits}, got "
             f"{config.eval_size}. Set --config.eval_size."
         )
-    if config.batch_size < 1:
-        raise DataError(f"batch_size must be positive, got {config.batch_size}.")
     rng = np.random.default_rng([config.data_seed, 0])
     held_out: set[int] = set()
     a_parts, b_parts = [], []

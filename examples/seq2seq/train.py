@@ -9,7 +9,6 @@ stream, so the streams never change each other's keys.
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import jax
@@ -24,34 +23,6 @@ from . import configs, input_pipeline
 from .models import Seq2seq
 
 
-@functools.lru_cache(maxsize=16)
-def _model_and_optimizer(
-    embed_dim: int,
-    hidden: int,
-    rate: float,
-    zoneout: tuple[float, float],
-    weight_dropout: float,
-    learning_rate: float,
-    warmup: int,
-    steps: int,
-) -> tuple[Seq2seq, optax.GradientTransformation]:
-    # ``apply_fn`` and ``tx`` are static parts of the jitted state: runs that share
-    # the same instances share one compilation.
-    model = Seq2seq(
-        len(input_pipeline.VOCAB),
-        embed_dim=embed_dim,
-        hidden=hidden,
-        rate=rate,
-        zoneout=zoneout,
-        weight_dropout=weight_dropout,
-    )
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, learning_rate, warmup_steps=min(warmup, steps - 1), decay_steps=max(steps, 1)
-    )
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule))
-    return model, tx
-
-
 def create_state(
     config: ml_collections.ConfigDict,
     data: input_pipeline.Data,
@@ -64,16 +35,22 @@ def create_state(
     ``decay_steps`` (0: by ``steps``); the late small steps settle the last, rare
     carries of long sums.
     """
-    model, tx = _model_and_optimizer(
-        int(config.embed_dim),
-        int(config.hidden),
-        float(config.rate),
-        (float(config.zoneout_cell), float(config.zoneout_hidden)),
-        float(config.weight_dropout),
-        float(config.learning_rate),
-        int(config.warmup_steps),
-        int(config.decay_steps or config.steps),
+    model = Seq2seq(
+        len(input_pipeline.VOCAB),
+        embed_dim=config.embed_dim,
+        hidden=config.hidden,
+        rate=config.rate,
+        zoneout=(config.zoneout_cell, config.zoneout_hidden),
+        weight_dropout=config.weight_dropout,
     )
+    steps = config.decay_steps or config.steps
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0,
+        config.learning_rate,
+        warmup_steps=min(config.warmup_steps, steps - 1),
+        decay_steps=max(steps, 1),
+    )
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule))
     p = data.eval
     variables = model.init(
         params_key, p.query[:2], p.query_length[:2], p.answer[:2], p.answer_length[:2], False

@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 
 import dropmask
-from dropmask.training import DataError, epoch_batch, epoch_position
+from dropmask.training import DataError, check_config, epoch_batch, epoch_position
 
 PAD, UNK = 0, 1
 GLUE_URL = "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip"
@@ -208,16 +208,13 @@ def load(config: ml_collections.ConfigDict) -> Data:
     """The two splits as token ids, with the vocabulary of the training split.
 
     Raises:
-      DataError: an ``embed_dim`` or ``hidden`` below 1, a ``data_dir`` that is not
-        a directory or lacks a file (one line says what is expected and where to get
-        it), bad rows, or a ``batch_size`` larger than the training split.
+      DropmaskValueError: an ``embed_dim`` or ``hidden`` below 1, or a
+        ``learning_rate`` <= 0 (checked before any data or model).
+      DataError: a ``data_dir`` that is not a directory or lacks a file (one line
+        says what is expected and where to get it), bad rows, or a ``batch_size``
+        larger than the training split.
     """
-    for name in ("embed_dim", "hidden"):
-        # Checked before any data or model: a width of 0 fails deep inside Flax.
-        if config[name] < 1:
-            raise DataError(
-                f"config.{name} must be a width >= 1, got {config[name]}. Set --config.{name}."
-            )
+    check_config(config, widths=["embed_dim", "hidden"], positive=["learning_rate"])
     if config.data_dir:
         root = pathlib.Path(config.data_dir)
         if not root.is_dir():
@@ -262,3 +259,13 @@ def train_batch(
 def position(config: ml_collections.ConfigDict, data: Data, step: int) -> dict[str, int]:
     """The epoch and batch of ``step``."""
     return epoch_position(step, num_examples=len(data.train), batch_size=config.batch_size)
+
+
+def split_batch(config: ml_collections.ConfigDict, data: Data, split: str) -> dict[str, np.ndarray]:
+    """The held-out split (``'eval'``) or the training split as one batch, padded to the
+    smallest bucket that holds its longest sentence."""
+    del config
+    part = data.dev if split == "eval" else data.train
+    longest = max(len(t) for t in part.tokens)
+    buckets = tuple(b for b in data.buckets if b >= longest) or (longest,)
+    return pad(part, np.arange(len(part)), buckets[:1])

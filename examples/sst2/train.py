@@ -6,7 +6,6 @@ checkpoints, resume, logging and plots.
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import jax
@@ -15,20 +14,10 @@ import ml_collections
 import numpy as np
 import optax
 
-from dropmask import uncertainty
-from dropmask.training import Example, TrainState
+from dropmask.training import ClassifierEval, Example, TrainState
 
 from . import configs, input_pipeline
 from .models import TextClassifier
-
-
-@functools.lru_cache(maxsize=16)
-def _model_and_optimizer(
-    vocab_size: int, embed_dim: int, hidden: int, rate: float, word_rate: float, lr: float
-) -> tuple[TextClassifier, optax.GradientTransformation]:
-    # Static parts of the jitted state: runs with equal settings share a compilation.
-    model = TextClassifier(vocab_size, embed_dim, hidden, rate, word_rate)
-    return model, optax.adam(lr)
 
 
 def create_state(
@@ -38,14 +27,10 @@ def create_state(
     dropout_key: jax.Array,
 ) -> TrainState:
     """Initialises the classifier on two padded training sentences (``training=False``)."""
-    model, tx = _model_and_optimizer(
-        len(data.vocab),
-        int(config.embed_dim),
-        int(config.hidden),
-        float(config.rate),
-        float(config.word_rate),
-        float(config.learning_rate),
+    model = TextClassifier(
+        len(data.vocab), config.embed_dim, config.hidden, config.rate, config.word_rate
     )
+    tx = optax.adam(config.learning_rate)
     batch = input_pipeline.pad(data.train, np.arange(2), data.buckets)
     variables = model.init(params_key, batch["tokens"], batch["length"], False)
     return TrainState.create(
@@ -72,61 +57,14 @@ def train_step(
     return state.apply_gradients(grads=grads), {"loss": loss, "accuracy": accuracy}
 
 
-@jax.jit
-def eval_step(state: TrainState, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """Deterministic loss and accuracy (no dropout, no key)."""
-    logits = state.apply_fn({"params": state.params}, batch["tokens"], batch["length"], False)
-    return {
-        "loss": optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean(),
-        "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"]),
-    }
+def model_inputs(batch: dict[str, np.ndarray]) -> tuple[jax.Array, jax.Array]:
+    """The classifier's positional inputs: ``tokens: int32[b, t]``, ``length: int32[b]``."""
+    return jnp.asarray(batch["tokens"]), jnp.asarray(batch["length"])
 
 
-def _whole_split(data: input_pipeline.Data, split: str) -> dict[str, np.ndarray]:
-    """The held-out split (``'eval'``) or the training split as one padded batch."""
-    part = data.dev if split == "eval" else data.train
-    longest = max(len(t) for t in part.tokens)
-    buckets = tuple(b for b in data.buckets if b >= longest) or (longest,)
-    return input_pipeline.pad(part, np.arange(len(part)), buckets[:1])
-
-
-def evaluate(
-    state: TrainState, config: ml_collections.ConfigDict, data: input_pipeline.Data, split: str
-) -> dict[str, float]:
-    """Loss and accuracy on the held-out split (``'eval'``) or the training split."""
-    del config
-    return {k: float(v) for k, v in eval_step(state, _whole_split(data, split)).items()}
-
-
-@functools.partial(jax.jit, static_argnames="num_samples")
-def predict_logits(
-    state: TrainState, batch: dict[str, jax.Array], key: jax.Array | None, num_samples: int
-) -> jax.Array:
-    """Logits ``f32[n, 2]`` with dropout off (``num_samples=0``), else ``f32[K, n, 2]``
-    with word and feature dropout on, sample ``i`` keyed by ``fold_in(key, i)``."""
-    variables = {"params": state.params}
-    args = (batch["tokens"], batch["length"])
-    if num_samples == 0:
-        return state.apply_fn(variables, *args, False)
-
-    def one(args: tuple[jax.Array, jax.Array], k: jax.Array) -> jax.Array:
-        return state.apply_fn(variables, *args, True, rngs={"dropout": k})
-
-    return uncertainty.sample(one, args, key, num_samples)
-
-
-def predict(
-    state: TrainState,
-    config: ml_collections.ConfigDict,
-    data: input_pipeline.Data,
-    split: str,
-    key: jax.Array | None,
-    num_samples: int,
-) -> tuple[jax.Array, np.ndarray]:
-    """The logits and labels of a split, for the Monte Carlo evaluation (``--mc-samples``)."""
-    del config
-    batch = _whole_split(data, split)
-    return predict_logits(state, batch, key, num_samples), batch["label"]
+# Evaluation: the whole split padded to one bucket, word and feature dropout off; and
+# for ``--mc-samples``, K draws with both on.
+classifier = ClassifierEval(split_batch=input_pipeline.split_batch, model_inputs=model_inputs)
 
 
 example = Example(
@@ -136,14 +74,14 @@ example = Example(
     create_state=create_state,
     train_batch=input_pipeline.train_batch,
     train_step=train_step,
-    evaluate=evaluate,
+    evaluate=classifier.evaluate,
     eval_splits=("train_eval", "eval"),
     best_metric="accuracy",
     best_mode="max",
     data_position=input_pipeline.position,
-    predict=predict,
+    predict=classifier.predict,
     get_tiny_config=configs.get_tiny_config,
-    model_inputs=lambda batch: (jnp.asarray(batch["tokens"]), jnp.asarray(batch["length"])),
+    model_inputs=model_inputs,
 )
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import sentencepiece as spm
 
 import dropmask
-from dropmask.training import DataError, epoch_batch, epoch_position
+from dropmask.training import DataError, check_config, epoch_batch, epoch_position
 
 from . import corpus
 
@@ -276,10 +276,19 @@ def load(config: ml_collections.ConfigDict) -> Data:
     """Reads or generates the pairs, holds out ``eval_size``, tokenizes and packs.
 
     Raises:
+      DropmaskValueError: a width, size or count below 1, a negative seed or
+        schedule length, or a ``learning_rate`` <= 0 (checked before any data).
       DataError: bad parallel files (see :func:`read_parallel`), a held-out set as
         large as the data, a pair longer than ``max_len``, or fewer packed rows than
         ``batch_size``.
     """
+    check_config(
+        config,
+        widths=["emb_dim", "num_heads", "num_layers", "qkv_dim", "mlp_dim"],
+        at_least={"data_seed": 0, "warmup_steps": 0, "decay_steps": 0, "max_len": 1}
+        | {"eval_size": 1, "batch_size": 1, "beam_size": 1, "eval_batch_size": 1},
+        positive=["learning_rate"],
+    )
     pairs, where = _pairs(config)
     eval_size = int(config.eval_size)
     order = np.random.default_rng(int(config.data_seed)).permutation(len(pairs))

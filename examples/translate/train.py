@@ -47,19 +47,6 @@ def model_config(config: ml_collections.ConfigDict, data: input_pipeline.Data) -
     )
 
 
-@functools.lru_cache(maxsize=16)
-def _model_and_optimizer(
-    model: TransformerConfig, learning_rate: float, warmup: int, steps: int
-) -> tuple[Transformer, optax.GradientTransformation]:
-    # ``apply_fn`` and ``tx`` are static parts of the jitted state: runs that share
-    # the same instances share one compilation.
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, learning_rate, warmup_steps=min(warmup, steps - 1), decay_steps=max(steps, 1)
-    )
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule, b2=0.98))
-    return Transformer(model), tx
-
-
 def model_inputs(batch: dict[str, jax.Array]) -> tuple[jax.Array, ...]:
     """The positional arguments of ``Transformer.__call__`` taken from a packed batch."""
     keys = ("inputs", "targets_in", "inputs_segmentation", "targets_segmentation")
@@ -73,12 +60,15 @@ def create_state(
     dropout_key: jax.Array,
 ) -> TrainState:
     """Initialises the model on two packed rows (deterministic) with Adam."""
-    model, tx = _model_and_optimizer(
-        model_config(config, data),
-        float(config.learning_rate),
-        int(config.warmup_steps),
-        int(config.decay_steps or config.steps),
+    model = Transformer(model_config(config, data))
+    steps = config.decay_steps or config.steps
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0,
+        config.learning_rate,
+        warmup_steps=min(config.warmup_steps, steps - 1),
+        decay_steps=max(steps, 1),
     )
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule, b2=0.98))
     rows = {k: v[:2] for k, v in data.train.items()}
     init = Transformer(model.config.replace(deterministic=True))
     variables = init.init(params_key, *model_inputs(rows))

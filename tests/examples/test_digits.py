@@ -128,10 +128,10 @@ def test_rate_zero_ignores_the_dropout_key(config, data):
 
 
 def test_eval_is_deterministic_and_needs_no_key(config, data, state):
-    a = train.evaluate(state, config, data, "eval")
-    b = train.evaluate(state.replace(key=jax.random.key(9)), config, data, "eval")
+    a = train.example.evaluate(state, config, data, "eval")
+    b = train.example.evaluate(state.replace(key=jax.random.key(9)), config, data, "eval")
     assert a == b and set(a) == {"loss", "accuracy"}
-    assert train.evaluate(state, config, data, "train_eval") != a
+    assert train.example.evaluate(state, config, data, "train_eval") != a
 
 
 def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
@@ -151,14 +151,14 @@ def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
 
 
 def test_predict_gives_deterministic_logits_and_keyed_samples(config, data, state):
-    logits, labels = train.predict(state, config, data, "eval", None, 0)
+    logits, labels = train.classifier.predict(state, config, data, "eval", None, 0)
     assert logits.shape == (len(data.test), 10) and labels.shape == (len(data.test),)
-    loss = train.evaluate(state, config, data, "eval")["loss"]
+    loss = train.example.evaluate(state, config, data, "eval")["loss"]
     nll = float(-jax.nn.log_softmax(logits)[np.arange(len(labels)), labels].mean())
     assert nll == pytest.approx(loss, rel=1e-5)
     key = jax.random.key(1)
-    three, _ = train.predict(state, config, data, "eval", key, 3)
-    five, _ = train.predict(state, config, data, "eval", key, 5)
+    three, _ = train.classifier.predict(state, config, data, "eval", key, 3)
+    five, _ = train.classifier.predict(state, config, data, "eval", key, 5)
     assert three.shape == (3, len(data.test), 10)
     np.testing.assert_allclose(five[:3], three, rtol=1e-6, atol=1e-6)
     assert not np.allclose(three[0], three[1])

@@ -6,6 +6,7 @@ import pytest
 from examples.seq2seq import configs, input_pipeline, train
 from tests.examples.checks import assert_step_changes_every_parameter_and_uses_the_key
 
+from dropmask import DropmaskValueError
 from dropmask.training import DataError
 from dropmask.training import train as run_training
 
@@ -69,7 +70,7 @@ def test_batches_are_pure_and_never_hold_out_problems(config, data):
 def test_config_errors_name_the_entry(config):
     bad = config.copy_and_resolve_references()
     bad.max_digits = 9
-    with pytest.raises(DataError, match="max_digits"):
+    with pytest.raises(DropmaskValueError, match=r"config\.max_digits must be in \[1, 6\], got 9"):
         input_pipeline.load(bad)
     bad = config.copy_and_resolve_references()
     bad.eval_size = 10**6
@@ -142,5 +143,7 @@ def test_tiny_run_trains_with_each_recurrent_regularizer(config, data, tmp_path,
 def test_a_width_below_one_is_named_before_any_model(config, name):
     bad = config.copy_and_resolve_references()
     bad[name] = 0
-    with pytest.raises(DataError, match=rf"config\.{name} must be a width >= 1.*--config\.{name}"):
+    with pytest.raises(
+        DropmaskValueError, match=rf"config\.{name} must be a width >= 1.*--config\.{name}"
+    ):
         input_pipeline.load(bad)

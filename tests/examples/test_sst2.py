@@ -6,6 +6,7 @@ import pytest
 from examples.sst2 import configs, input_pipeline, train
 from tests.examples.checks import assert_step_changes_every_parameter_and_uses_the_key
 
+from dropmask import DropmaskValueError
 from dropmask.training import DataError
 from dropmask.training import train as run_training
 
@@ -100,8 +101,8 @@ def test_train_step_changes_every_parameter_and_uses_the_dropout_key(config, dat
 
 
 def test_eval_is_deterministic(config, data, state):
-    a = train.evaluate(state, config, data, "eval")
-    assert a == train.evaluate(state.replace(key=jax.random.key(9)), config, data, "eval")
+    a = train.example.evaluate(state, config, data, "eval")
+    assert a == train.example.evaluate(state.replace(key=jax.random.key(9)), config, data, "eval")
     assert set(a) == {"loss", "accuracy"}
 
 
@@ -124,11 +125,11 @@ def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
 
 
 def test_predict_gives_deterministic_logits_and_keyed_samples(config, data, state):
-    logits, labels = train.predict(state, config, data, "eval", None, 0)
+    logits, labels = train.classifier.predict(state, config, data, "eval", None, 0)
     assert logits.shape == (len(data.dev), 2) and labels.shape == (len(data.dev),)
     key = jax.random.key(1)
-    three, _ = train.predict(state, config, data, "eval", key, 3)
-    two, _ = train.predict(state, config, data, "eval", key, 2)
+    three, _ = train.classifier.predict(state, config, data, "eval", key, 3)
+    two, _ = train.classifier.predict(state, config, data, "eval", key, 2)
     assert three.shape == (3, len(data.dev), 2)
     np.testing.assert_allclose(two, three[:2], rtol=1e-6, atol=1e-6)
     assert not np.allclose(three[0], three[1])
@@ -138,5 +139,7 @@ def test_predict_gives_deterministic_logits_and_keyed_samples(config, data, stat
 def test_a_width_below_one_is_named_before_any_model(config, name):
     bad = config.copy_and_resolve_references()
     bad[name] = 0
-    with pytest.raises(DataError, match=rf"config\.{name} must be a width >= 1.*--config\.{name}"):
+    with pytest.raises(
+        DropmaskValueError, match=rf"config\.{name} must be a width >= 1.*--config\.{name}"
+    ):
         input_pipeline.load(bad)

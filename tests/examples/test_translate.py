@@ -6,6 +6,7 @@ import pytest
 from examples.translate import configs, corpus, decode, input_pipeline, train
 from tests.examples.checks import assert_step_changes_every_parameter_and_uses_the_key
 
+from dropmask import DropmaskValueError
 from dropmask.training import DataError
 from dropmask.training import train as run_training
 
@@ -231,3 +232,19 @@ def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
         train.example, longer, tmp_path / "part", devices=1, progress=False, resume=True
     )
     assert part.losses + rest.losses == full.losses
+
+
+@pytest.mark.parametrize(
+    ("entry", "value", "message"),
+    [
+        ("num_heads", 0, "config.num_heads must be a width >= 1, got 0"),
+        ("beam_size", 0, "config.beam_size must be an int >= 1, got 0"),
+        ("learning_rate", -1.0, "config.learning_rate must be > 0, got -1.0"),
+    ],
+)
+def test_a_bad_entry_is_named_before_any_data(config, entry, value, message, monkeypatch):
+    bad = config.copy_and_resolve_references()
+    bad[entry] = value
+    monkeypatch.setattr(input_pipeline, "_pairs", lambda _: pytest.fail("data was read"))
+    with pytest.raises(DropmaskValueError, match=rf"{message}\. Set it with --config\.{entry}="):
+        input_pipeline.load(bad)

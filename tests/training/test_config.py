@@ -1,10 +1,11 @@
-"""--config.NAME=VALUE overrides: typed by the current value, unknown entries refused."""
+"""--config.NAME=VALUE overrides (typed by the current value, unknown entries refused), and
+the bounds an example checks its entries against."""
 
 import ml_collections
 import pytest
 
-from dropmask import DropmaskError
-from dropmask.training import base_config
+from dropmask import DropmaskError, DropmaskValueError
+from dropmask.training import base_config, check_config
 from dropmask.training._config import apply_overrides, parse_overrides
 
 
@@ -50,3 +51,52 @@ def test_parse_refuses_other_arguments_and_missing_values():
         parse_overrides(["--fast"])
     with pytest.raises(DropmaskError, match="needs a value"):
         parse_overrides(["--config.steps"])
+
+
+_RULES = {
+    "widths": ["hidden", "width"],
+    "at_least": {"steps": 1, "warmup": 0},
+    "in_range": {"rate": (0.0, 1.0), "digits": (1, 6)},
+    "positive": ["learning_rate"],
+}
+
+
+def _entries(**changes):
+    entries = {"hidden": (8, 8), "width": 4, "steps": 3, "warmup": 0, "rate": 0.0, "digits": 6}
+    return ml_collections.ConfigDict(entries | {"learning_rate": 1e-3} | changes)
+
+
+def test_entries_within_their_bounds_pass():
+    check_config(_entries(), **_RULES)
+    check_config(_entries(rate=1.0, digits=1, hidden=[1]), **_RULES)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"hidden": (8, 0)},
+            "config.hidden must be widths >= 1, got (8, 0). Set it with --config.hidden=(N, ...).",
+        ),
+        ({"width": 0}, "config.width must be a width >= 1, got 0. Set it with --config.width=N."),
+        ({"width": 2.0}, "config.width must be a width >= 1, got 2.0"),
+        ({"steps": 0}, "config.steps must be an int >= 1, got 0. Set it with --config.steps=N."),
+        ({"warmup": True}, "config.warmup must be an int >= 0, got True"),
+        ({"rate": 1.5}, "config.rate must be in [0, 1], got 1.5. Set it with --config.rate=VALUE."),
+        ({"rate": float("nan")}, "config.rate must be in [0, 1], got nan"),
+        ({"digits": 7}, "config.digits must be in [1, 6], got 7"),
+        ({"learning_rate": 0.0}, "config.learning_rate must be > 0, got 0.0. Set it with "),
+        ({"learning_rate": "fast"}, "config.learning_rate must be > 0, got 'fast'"),
+    ],
+)
+def test_an_entry_out_of_bounds_is_named_with_the_flag_that_sets_it(changes, message):
+    with pytest.raises(DropmaskValueError) as error:
+        check_config(_entries(**changes), **_RULES)
+    assert str(error.value).startswith(message)
+
+
+def test_a_missing_entry_is_named():
+    config = _entries()
+    del config["steps"]
+    with pytest.raises(DropmaskValueError, match=r"config\.steps must be an int >= 1, got None"):
+        check_config(config, **_RULES)

@@ -17,6 +17,8 @@ devices and processes; ``dropmask train NAME`` is the command over them.
 from ._batches import epoch_batch as epoch_batch
 from ._batches import epoch_position as epoch_position
 from ._checkpoint import Checkpointer as Checkpointer
+from ._classifier import ClassifierEval as ClassifierEval
+from ._config import check_config as check_config
 from ._errors import CheckpointError as CheckpointError
 from ._errors import DamagedCheckpointError as DamagedCheckpointError
 from ._errors import DataError as DataError
@@ -42,6 +44,7 @@ from ._state import TrainState as TrainState
 __all__ = [
     "CheckpointError",
     "Checkpointer",
+    "ClassifierEval",
     "DamagedCheckpointError",
     "DataError",
     "Example",
@@ -49,6 +52,7 @@ __all__ = [
     "RunResult",
     "TrainState",
     "base_config",
+    "check_config",
     "compare_rates",
     "epoch_batch",
     "epoch_position",

@@ -1,17 +1,17 @@
-"""``--config.key=value`` overrides on an ``ml_collections.ConfigDict``, as in Flax's examples."""
+"""Config entries: ``--config.key=value`` overrides, as in Flax's examples, and checks."""
 
 from __future__ import annotations
 
 import ast
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
 
 from .._errors import DropmaskValueError
 
-__all__ = ["apply_overrides", "parse_overrides"]
+__all__ = ["apply_overrides", "check_config", "parse_overrides"]
 
 PREFIX = "--config."
 
@@ -111,3 +111,76 @@ def apply_overrides(
         with node.unlocked():
             node[leaf] = _convert(path, node[leaf], text)
     return config
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _bound(value: float) -> str:
+    return str(value) if _is_int(value) else f"{value:g}"
+
+
+def check_config(
+    config: ml_collections.ConfigDict,
+    *,
+    widths: Sequence[str] = (),
+    at_least: Mapping[str, int] | None = None,
+    in_range: Mapping[str, tuple[float, float]] | None = None,
+    positive: Sequence[str] = (),
+) -> None:
+    """Refuses config entries outside their bounds, naming the entry and the flag that sets it.
+
+    An example calls it first thing in ``load_data``, so that a bad entry fails in one
+    line before any data or model is built (a width of 0 would otherwise fail deep
+    inside Flax). Entries that depend on the data (``batch_size`` against the
+    number of examples) are the example's own checks.
+
+    Args:
+      config: the run's config.
+      widths: entries that are an int ``>= 1``, or a tuple or list of them (layer widths).
+      at_least: ``{entry: bound}``: an int ``>= bound``.
+      in_range: ``{entry: (low, high)}``: a real number in ``[low, high]`` (NaN is not).
+      positive: entries that are a real number ``> 0``.
+
+    Raises:
+      DropmaskValueError: the first entry out of bounds, of the wrong type or missing, as
+        ``config.NAME must be ..., got VALUE. Set it with --config.NAME=...``.
+
+    Example:
+      >>> import ml_collections
+      >>> config = ml_collections.ConfigDict({"hidden": (64, 0), "learning_rate": 0.1})
+      >>> check_config(config, positive=["learning_rate"])
+      >>> check_config(config, widths=["hidden"])
+      Traceback (most recent call last):
+      ...
+      dropmask._errors.DropmaskValueError: config.hidden must be widths >= 1, got (64, 0). Set it with --config.hidden=(N, ...).
+    """  # noqa: E501
+    rules: list[tuple[str, bool, str, str]] = []
+    for name in widths:
+        value: Any = config.get(name)
+        if isinstance(value, tuple | list):
+            ok = all(_is_int(v) and v >= 1 for v in value)
+            rules.append((name, ok, "widths >= 1", "(N, ...)"))
+        else:
+            rules.append((name, _is_int(value) and value >= 1, "a width >= 1", "N"))
+    for name, low in (at_least or {}).items():
+        value: Any = config.get(name)
+        rules.append((name, _is_int(value) and value >= low, f"an int >= {low}", "N"))
+    for name, (low, high) in (in_range or {}).items():
+        value: Any = config.get(name)
+        ok = _is_real(value) and low <= value <= high
+        rules.append((name, ok, f"in [{_bound(low)}, {_bound(high)}]", "VALUE"))
+    for name in positive:
+        value: Any = config.get(name)
+        rules.append((name, _is_real(value) and value > 0, "> 0", "VALUE"))
+    for name, ok, must, form in rules:
+        if not ok:
+            raise DropmaskValueError(
+                f"config.{name} must be {must}, got {config.get(name)!r}. Set it with "
+                f"--config.{name}={form}."
+            )

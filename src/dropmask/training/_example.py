@@ -16,6 +16,8 @@ import jax
 import ml_collections
 import numpy as np
 
+from ._compile_cache import share_static_fields
+
 __all__ = ["Example", "base_config", "run_keys"]
 
 Batch = Mapping[str, np.ndarray]
@@ -87,6 +89,12 @@ class Example:
         ``dropmask.training.DataError`` for a missing or unreadable path.
       create_state: ``(config, data, params_key, dropout_key) -> TrainState``: the
         model initialised (``training=False``), the optimizer, ``key=dropout_key``.
+        Its ``apply_fn``, ``tx`` and other non-array fields must depend only on the
+        config, never on ``seed`` or the loop's other per-run entries (logging,
+        evaluation and checkpoint intervals, ``mc_samples``): the loop gives every
+        run of one config the first run's ``apply_fn`` and ``tx``, so that the
+        seeds of a rate comparison, or a resumed run, share one compilation of
+        each jitted step. Build them afresh each call; no caching is needed.
       train_batch: ``(config, data, data_key, step) -> {name: array[batch, ...]}``,
         the global batch of ``step``. It must depend on nothing else (e.g. the epoch
         ``step // steps_per_epoch`` shuffled by ``fold_in(data_key, epoch)``), which
@@ -140,6 +148,29 @@ class Example:
     train_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": True})
     eval_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": False})
     eval_model: Callable[[Any], Any] | None = None
+
+    def build_state(
+        self,
+        config: ml_collections.ConfigDict,
+        data: Any,
+        params_key: jax.Array,
+        dropout_key: jax.Array,
+    ) -> Any:
+        """``create_state``'s state, sharing compilation with earlier runs of the config.
+
+        The arrays are this call's; ``apply_fn``, ``tx`` and the other static fields
+        are those of the first state this process built for the same config, its
+        per-run entries (``seed`` among them) left out, so that jitted functions of
+        the state reuse that state's compilation. The training loop builds every
+        state this way; so should code that restores runs side by side.
+
+        Raises:
+          DropmaskValueError: the state's structure or array shapes differ from the
+            first state of the config (``create_state`` read a per-run entry or a
+            global).
+        """
+        state = self.create_state(config, data, params_key, dropout_key)
+        return share_static_fields(self.create_state, config, state, self.name)
 
     def position(self, config: ml_collections.ConfigDict, data: Any, step: int) -> dict[str, Any]:
         """The data position recorded in a checkpoint at ``step``."""

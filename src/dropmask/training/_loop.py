@@ -23,6 +23,7 @@ import numpy as np
 from .._errors import DropmaskValueError
 from . import _summary, _uncertainty
 from ._checkpoint import Checkpointer
+from ._config import check_config
 from ._errors import CheckpointError, DamagedCheckpointError, NonFiniteLossError
 from ._example import Example, run_keys
 from ._logging import MetricsLog, require
@@ -52,29 +53,21 @@ class Schedule:
           DropmaskValueError: an entry is missing, not an int, or below its minimum,
             or ``allow_nonfinite_loss`` (optional, False when absent) is not a bool.
         """
-        values: dict[str, Any] = {}
         allow = config.get("allow_nonfinite_loss", False)
         if not isinstance(allow, bool):
             raise DropmaskValueError(
                 f"config.allow_nonfinite_loss must be a bool, got {allow!r}. Set it with "
                 f"--config.allow_nonfinite_loss=True or False."
             )
-        values["allow_nonfinite_loss"] = allow
-        for field in dataclasses.fields(cls)[:-1]:
-            value = config.get(field.name)
-            least = {"seed": None, "checkpoint_every": 0}.get(field.name, 1)
-            if (
-                not isinstance(value, int)
-                or isinstance(value, bool)
-                or (least is not None and value < least)
-            ):
-                bound = "an int" if least is None else f"an int >= {least}"
-                raise DropmaskValueError(
-                    f"config.{field.name} must be {bound}, got {value!r}. "
-                    f"Set it with --config.{field.name}=N."
-                )
-            values[field.name] = value
-        return cls(**values)
+        seed = config.get("seed")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise DropmaskValueError(
+                f"config.seed must be an int, got {seed!r}. Set it with --config.seed=N."
+            )
+        least = dict(steps=1, log_every=1, eval_every=1, checkpoint_every=0, keep_checkpoints=1)
+        check_config(config, at_least=least)
+        values: dict[str, Any] = {name: config.get(name) for name in least}
+        return cls(seed=seed, allow_nonfinite_loss=allow, **values)
 
     def saves(self, done: int) -> bool:
         """Whether a checkpoint is written after step ``done`` (always after the last)."""
@@ -304,7 +297,7 @@ def _start(
         # A new run creates its directories only once its data has loaded.
         checkpointer = checkpointer or open_checkpoints()
         data_key, params_key, dropout_key = run_keys(schedule.seed)
-        state = replicate(example.create_state(config, data, params_key, dropout_key), mesh)
+        state = replicate(example.build_state(config, data, params_key, dropout_key), mesh)
         if resume:
             state, start = _restore_complete(
                 checkpointer, example, config, data, state, start, damaged, workdir

@@ -11,15 +11,13 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import zipfile
-from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
-from dropmask import DropmaskValueError
 from dropmask._optional import require
-from dropmask.training import DataError, epoch_batch, epoch_position
+from dropmask.training import DataError, check_config, epoch_batch, epoch_position
 
 NUM_CLASSES = 10
 NUM_PIXELS = 64
@@ -78,23 +76,6 @@ def _read(path: str) -> tuple[np.ndarray, np.ndarray]:
     return data, target
 
 
-def _check_config(config: ml_collections.ConfigDict) -> None:
-    """Refuses config entries this example cannot use, naming the entry and the fix."""
-    hidden: Any = config.hidden  # ConfigDict types an entry as any value a config holds
-    checks = [
-        ("data_seed", config.data_seed >= 0, "an int >= 0", "e.g. 0"),
-        ("label_noise", 0.0 <= config.label_noise <= 1.0, "in [0, 1]", "e.g. 0.2"),
-        ("hidden", all(width >= 1 for width in hidden), "widths >= 1", "e.g. (256, 256)"),
-        ("learning_rate", config.learning_rate > 0, "> 0", "e.g. 0.001"),
-    ]
-    for name, ok, must, example in checks:
-        if not ok:
-            raise DropmaskValueError(
-                f"config.{name} must be {must}, got {config[name]!r}. Set it with "
-                f"--config.{name}=VALUE, {example}."
-            )
-
-
 def load(config: ml_collections.ConfigDict) -> Data:
     """Loads the digits and splits them into stratified train and test sets.
 
@@ -110,7 +91,13 @@ def load(config: ml_collections.ConfigDict) -> Data:
         (checked here, the first thing a run does with its config).
     """
     train_test_split = require("sklearn.model_selection", caller="digits").train_test_split
-    _check_config(config)
+    check_config(
+        config,
+        widths=["hidden"],
+        at_least={"data_seed": 0},
+        in_range={"label_noise": (0.0, 1.0)},
+        positive=["learning_rate"],
+    )
 
     pixels, classes = _read(config.data_path)
     images = (np.asarray(pixels) / _MAX_PIXEL).astype(np.float32)
@@ -151,3 +138,10 @@ def train_batch(
 def position(config: ml_collections.ConfigDict, data: Data, step: int) -> dict[str, int]:
     """Where the pipeline is at ``step``: epoch, batch within it, and the epoch's shape."""
     return epoch_position(step, num_examples=len(data.train), batch_size=config.batch_size)
+
+
+def split_batch(config: ml_collections.ConfigDict, data: Data, split: str) -> dict[str, np.ndarray]:
+    """The test split (``'eval'``) or the training split (``'train_eval'``) as one batch."""
+    del config
+    part = data.test if split == "eval" else data.train
+    return {"image": part.image, "label": part.label}

@@ -11,12 +11,11 @@ workflow is the guide's, with ``dropmask.linen.Dropout`` in place of
 3. the dropout key lives in a ``TrainState``; inside the jitted ``train_step``
    ``state.rngs('dropout')`` folds in the step, so every step draws fresh masks;
 4. ``apply(..., training=True, rngs=...)`` to train, plain ``apply(...,
-   training=False)`` to evaluate.
+   training=False)`` to evaluate (``dropmask.training.ClassifierEval``).
 """
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import jax
@@ -25,20 +24,10 @@ import ml_collections
 import numpy as np
 import optax
 
-from dropmask import uncertainty
-from dropmask.training import Example, TrainState
+from dropmask.training import ClassifierEval, Example, TrainState
 
 from . import configs, input_pipeline
 from .models import MLP
-
-
-@functools.lru_cache(maxsize=16)
-def _model_and_optimizer(
-    hidden: tuple[int, ...], rate: float, input_rate: float, learning_rate: float
-) -> tuple[MLP, optax.GradientTransformation]:
-    # ``apply_fn`` and ``tx`` are static parts of the jitted state: runs that share
-    # the same instances (e.g. the seeds of one rate) share one compilation.
-    return MLP(hidden=hidden, rate=rate, input_rate=input_rate), optax.adam(learning_rate)
 
 
 def create_state(
@@ -52,12 +41,8 @@ def create_state(
     ``init`` runs with ``training=False``: it only needs parameter shapes, so no
     dropout key is involved and ``params_key`` feeds the ``'params'`` stream alone.
     """
-    model, tx = _model_and_optimizer(
-        tuple(config.hidden),
-        float(config.rate),
-        float(config.input_rate),
-        float(config.learning_rate),
-    )
+    model = MLP(hidden=tuple(config.hidden), rate=config.rate, input_rate=config.input_rate)
+    tx = optax.adam(config.learning_rate)
     variables = model.init(params_key, jnp.asarray(data.train.image[:1]), training=False)
     return TrainState.create(
         apply_fn=model.apply, params=variables["params"], tx=tx, key=dropout_key
@@ -88,56 +73,14 @@ def train_step(
     return state.apply_gradients(grads=grads), {"loss": loss, "accuracy": accuracy}
 
 
-@jax.jit
-def eval_step(state: TrainState, image: jax.Array, label: jax.Array) -> dict[str, jax.Array]:
-    """Deterministic loss and accuracy on ``image: f32[n, 64]``, ``label: i32[n]``.
-
-    ``training=False`` turns every dropout layer off, so no ``rngs`` are passed.
-    """
-    logits = state.apply_fn({"params": state.params}, image, training=False)
-    return {
-        "loss": optax.softmax_cross_entropy_with_integer_labels(logits, label).mean(),
-        "accuracy": jnp.mean(jnp.argmax(logits, axis=-1) == label),
-    }
+def model_inputs(batch: dict[str, np.ndarray]) -> tuple[jax.Array]:
+    """The MLP's one positional input, ``image: f32[b, 64]``."""
+    return (jnp.asarray(batch["image"]),)
 
 
-def evaluate(
-    state: TrainState, config: ml_collections.ConfigDict, data: input_pipeline.Data, split: str
-) -> dict[str, float]:
-    """Loss and accuracy on the whole test split (``'eval'``) or train split (``'train_eval'``)."""
-    del config
-    part = data.test if split == "eval" else data.train
-    return {k: float(v) for k, v in eval_step(state, part.image, part.label).items()}
-
-
-@functools.partial(jax.jit, static_argnames="num_samples")
-def predict_logits(
-    state: TrainState, image: jax.Array, key: jax.Array | None, num_samples: int
-) -> jax.Array:
-    """Logits ``f32[n, 10]`` with dropout off (``num_samples=0``), else ``f32[K, n, 10]``
-    of ``K`` predictions with dropout on, sample ``i`` keyed by ``fold_in(key, i)``."""
-    variables = {"params": state.params}
-    if num_samples == 0:
-        return state.apply_fn(variables, image, training=False)
-
-    def one(x: jax.Array, k: jax.Array) -> jax.Array:
-        return state.apply_fn(variables, x, training=True, rngs={"dropout": k})
-
-    return uncertainty.sample(one, image, key, num_samples)
-
-
-def predict(
-    state: TrainState,
-    config: ml_collections.ConfigDict,
-    data: input_pipeline.Data,
-    split: str,
-    key: jax.Array | None,
-    num_samples: int,
-) -> tuple[jax.Array, np.ndarray]:
-    """The logits and labels of a split, for the Monte Carlo evaluation (``--mc-samples``)."""
-    del config
-    part = data.test if split == "eval" else data.train
-    return predict_logits(state, part.image, key, num_samples), part.label
+# Evaluation: the whole split with ``training=False`` (no dropout, no key): loss and
+# accuracy; and for ``--mc-samples``, the logits with dropout off or K draws with it on.
+classifier = ClassifierEval(split_batch=input_pipeline.split_batch, model_inputs=model_inputs)
 
 
 example = Example(
@@ -147,14 +90,14 @@ example = Example(
     create_state=create_state,
     train_batch=input_pipeline.train_batch,
     train_step=train_step,
-    evaluate=evaluate,
+    evaluate=classifier.evaluate,
     eval_splits=("train_eval", "eval"),
     best_metric="accuracy",
     best_mode="max",
     data_position=input_pipeline.position,
-    predict=predict,
+    predict=classifier.predict,
     get_tiny_config=configs.get_tiny_config,
-    model_inputs=lambda batch: (jnp.asarray(batch["image"]),),
+    model_inputs=model_inputs,
 )
 
 
