@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _blockwise_attention as bw
+from . import _pallas_attention as pa
 from ._checks import (
     check_bool_mask,
     check_floating,
@@ -43,8 +44,8 @@ from ._reductions import compute_dtype, softmax_flagging_nonfinite
 
 __all__ = ["Algorithm", "dot_product_attention"]
 
-Algorithm = Literal["auto", "dense", "blockwise"]
-_ALGORITHMS = ("auto", "dense", "blockwise")
+Algorithm = Literal["auto", "dense", "blockwise", "pallas"]
+_ALGORITHMS = ("auto", "dense", "blockwise", "pallas")
 # "auto" takes the blockwise path from this many scores per (batch, head) on: from
 # 512 x 512 its forward and backward pass measured faster on CPU than the dense
 # path's, with a fraction of the temporaries (at 256 x 256, slower and leaner).
@@ -260,10 +261,20 @@ def dot_product_attention(
     span = _window(window, is_causal)
     kv_valid = _kv_valid(kv_lengths, kv_mask, batch, kv_len)
     q_seg, kv_seg = _segments(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
-    blockwise = _use_blockwise(
-        algorithm, impl, module, qk_attn_weights_einsum is not None, q_len * kv_len
+    path = _choose_path(
+        algorithm,
+        impl,
+        module,
+        qk_attn_weights_einsum is not None,
+        q_len * kv_len,
+        mask=m is not None,
+        bias=bias is not None,
+        traced_rate=drops and isinstance(dropout_rate, jax.Array),
     )
-    sizes = _block_sizes(block_q, block_k, q_len, kv_len)
+    if path == "pallas":
+        sizes = _pallas_block_sizes(block_q, block_k, q_len, kv_len)
+    else:
+        sizes = _block_sizes(block_q, block_k, q_len, kv_len)
 
     # Non-finite entries are zeroed before the einsums (whose backward multiplies by
     # every key and query, masked or not) and recorded per position instead.
@@ -272,10 +283,9 @@ def dot_product_attention(
     v, bad_v = _finite_part(v, dtype)
     q = q / jnp.sqrt(q.shape[-1]).astype(dtype)
 
-    if blockwise:
-        left, right = span
+    if path != "dense":
         # As in dropout: a Python number is a compile-time rate, a JAX scalar (even a
-        # concrete one) a run-time value, so both paths draw with the same threshold.
+        # concrete one) a run-time value, so every path draws with the same threshold.
         keep = probability(dropout_rate, rate, keep=True, caller=_CALLER) if drops else None
         static_keep = keep if isinstance(keep, float) else None
         plan = bw.Plan(
@@ -286,14 +296,32 @@ def dot_product_attention(
             kv_len=kv_len,
             block_q=sizes[0],
             block_k=sizes[1],
-            left=left,
-            right=right,
+            left=span[0],
+            right=span[1],
             keep=static_keep,
             dropout=drops,
             broadcast_dropout=broadcast_dropout,
             precision=precision,
             accumulate=compute_dtype(dtype),
         )
+        if path == "pallas":
+            kernel = pa.Kernel(
+                plan, segments=q_seg is not None, interpret=jax.default_backend() != "gpu"
+            )
+            out, tainted = pa.pallas_attention(
+                kernel,
+                q,
+                k,
+                v,
+                kv_valid=kv_valid,
+                q_segments=q_seg,
+                kv_segments=kv_seg,
+                bad_q=bad_q,
+                bad_kv=bad_k | bad_v,
+                key=rng,
+            )
+            return _poison(out, q, tainted)
+
         side = bw.make_side(
             plan,
             kv_valid=kv_valid,
@@ -416,9 +444,18 @@ def _segments(
     return q_ids, kv_ids
 
 
-def _use_blockwise(
-    algorithm: Any, impl: str, module: Any, custom_einsums: bool, scores: int
-) -> bool:
+def _choose_path(
+    algorithm: Any,
+    impl: str,
+    module: Any,
+    custom_einsums: bool,
+    scores: int,
+    *,
+    mask: bool,
+    bias: bool,
+    traced_rate: bool,
+) -> str:
+    """``"dense"``, ``"blockwise"`` or ``"pallas"``; raises if ``algorithm`` cannot serve."""
     if algorithm not in _ALGORITHMS:
         raise DropmaskValueError(
             f"{_CALLER}: algorithm must be one of {_ALGORITHMS}, got {algorithm!r}."
@@ -432,14 +469,57 @@ def _use_blockwise(
         dense_only.append("custom einsums")
     if module is not None:
         dense_only.append("module= (sowing the weights needs them whole)")
-    if algorithm == "blockwise" and dense_only:
+    if algorithm in ("blockwise", "pallas") and dense_only:
         raise DropmaskValueError(
-            f"{_CALLER}: algorithm='blockwise' cannot take {dense_only[0]}. Use "
+            f"{_CALLER}: algorithm={algorithm!r} cannot take {dense_only[0]}. Use "
             f"algorithm='dense' (or 'auto'), or drop that argument."
         )
+    if algorithm == "pallas":
+        _check_pallas(mask=mask, bias=bias, traced_rate=traced_rate)
     if algorithm == "auto":
-        return not dense_only and scores >= AUTO_BLOCKWISE_SCORES
-    return algorithm == "blockwise"
+        return "blockwise" if not dense_only and scores >= AUTO_BLOCKWISE_SCORES else "dense"
+    return algorithm
+
+
+_PALLAS_LACKS = {
+    "mask": "a dense mask= (pass the structure instead: is_causal, window, kv_lengths, "
+    "kv_mask, segment ids)",
+    "bias": "bias=",
+    "traced_rate": "a dropout_rate given as a JAX array (the kernels compile its threshold "
+    "in; pass a Python float)",
+}
+
+
+def _check_pallas(**given: bool) -> None:
+    for name, present in given.items():
+        if present:
+            raise DropmaskValueError(
+                f"{_CALLER}: algorithm='pallas' does not take {_PALLAS_LACKS[name]}. Use "
+                f"algorithm='blockwise', which computes the same function with it."
+            )
+
+
+def _pallas_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:
+    """Power-of-two tiles of at least 16 (Triton's), at most the padded lengths."""
+    sizes = []
+    for size, name, length, default in (
+        (block_q, "block_q", q_len, pa.DEFAULT_BLOCK_Q),
+        (block_k, "block_k", kv_len, pa.DEFAULT_BLOCK_K),
+    ):
+        if size is None:
+            size = default
+        size = check_static_int(size, name=name, caller=_CALLER, minimum=1)
+        if size < 16 or size & (size - 1):
+            raise DropmaskValueError(
+                f"{_CALLER}: {name} must be a power of two >= 16 for algorithm='pallas' "
+                f"(Triton's tile sizes), got {size}. Pass e.g. {name}={default}."
+            )
+        sizes.append(min(size, max(16, _next_power_of_two(length))))
+    return sizes[0], sizes[1]
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 if n <= 1 else 2 ** (n - 1).bit_length()
 
 
 def _block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:

@@ -1,0 +1,623 @@
+"""FlashAttention-2 as Pallas kernels, with the dense path's dropout mask drawn inside.
+
+Three kernels, tied with a ``jax.custom_vjp``:
+
+* forward: a program per (query tile, batch, head) loops over the key tiles the
+  window structure leaves (causal attention stops at the diagonal), keeps a running
+  maximum, sum and unnormalised output per row, and writes the output, one
+  log-sum-exp per row and the row's taint (it saw a non-finite input or score);
+* backward, ``dk``/``dv``: a program per (key tile, batch, head) loops over the query
+  tiles that may see it;
+* backward, ``dq``: a program per (query tile, batch, head) loops over key tiles.
+
+The backward kernels recompute each tile's scores and dropout flags; nothing of size
+``[q_len, kv_len]`` is stored. The tile geometry, masks and taint rules are those of
+``_blockwise_attention`` (a :class:`~dropmask._blockwise_attention.Plan` describes
+the call), so both paths compute the same function.
+
+Dropout. The ``"fast"`` mask is counter-based: the flag of the weight at global
+position ``(*batch, head, query, key)`` of the dense path's mask (batch and head
+positions 0 with ``broadcast_dropout``) is a Threefry-4x32 output field chosen by the
+element's 32-element word and lane (``_fast_mask``). Each kernel computes its tile's
+flags from the four key words and the tile's global positions, with the generator's
+own block function, field layout and integer threshold, so they are the dense path's
+flags element by element. With ``block_k`` a multiple of 32, a tile row holds whole
+words: one Threefry call serves the ``128 / nbits`` weights it covers and each weight
+selects its field; otherwise each weight computes its own call.
+
+Inputs are padded to whole tiles (and depths to a power of two of at least 16, as
+Triton's matrix units need); padding keys are invalid and padding queries discarded.
+Off a GPU the kernels run in Pallas's interpreter (``interpret=True``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from . import _blockwise_attention as bw
+from ._fast_mask import (
+    LANES,
+    Threshold,
+    _check_word_count,
+    _compare,
+    _Fields,
+    _packing_axis,
+    key_words,
+    threshold,
+)
+from ._random import mask_shape
+from ._threefry import threefry4x32
+
+__all__ = ["DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "Kernel", "pallas_attention"]
+
+# Tile sizes until measured on a GPU: a key tile of 32 is one mask word per row, the
+# cheapest flags; JAX's own Pallas kernel takes 32 x 32 for its backward pass.
+DEFAULT_BLOCK_Q = 64
+DEFAULT_BLOCK_K = 32
+
+_U32 = jnp.uint32
+_VALID, _NONFINITE = 1, 2  # key states; 0 is a padding (invalid) key
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """Everything static about one call of the kernels.
+
+    Attributes:
+      tiles: the call's geometry, structure and dropout (as for the blockwise path);
+        ``tiles.keep`` is the static keep probability when ``tiles.dropout``.
+      segments: whether segment ids are given.
+      interpret: run the kernels in Pallas's interpreter (off a GPU).
+      num_warps, num_stages: Triton's launch parameters (GPU only).
+    """
+
+    tiles: bw.Plan
+    segments: bool
+    interpret: bool
+    num_warps: int = 4
+    num_stages: int = 2
+
+    @property
+    def threshold(self) -> Threshold | None:
+        if not self.tiles.dropout or self.tiles.keep is None:
+            return None
+        return threshold(self.tiles.keep)
+
+
+class _Inputs(NamedTuple):
+    """The kernels' side inputs, each padded to whole tiles; None where absent.
+
+    ``q_state: int32[B, H, Lq]`` (1 where the query holds a non-finite entry),
+    ``kv_state: int32[B, Hk, Lk]`` (0 padding, ``_VALID``, or ``_NONFINITE`` for a
+    valid key whose key or value holds one), segment ids ``int32[B, L]`` and the
+    four Threefry key words ``uint32[4]``.
+    """
+
+    q_state: jax.Array
+    kv_state: jax.Array
+    q_segments: jax.Array | None
+    kv_segments: jax.Array | None
+    words: jax.Array | None
+
+
+def _query_tiles(plan: bw.Plan, j: Any) -> tuple[Any, Any]:
+    """Query tiles ``[lo, hi)`` that may see key tile ``j``: the key bounds transposed."""
+    transposed = dataclasses.replace(
+        plan,
+        q_len=plan.kv_len,
+        kv_len=plan.q_len,
+        block_q=plan.block_k,
+        block_k=plan.block_q,
+        left=plan.right,
+        right=plan.left,
+    )
+    return bw.key_block_bounds(transposed, j)
+
+
+# --- dropout flags -------------------------------------------------------------------
+
+
+def _mask_layout(plan: bw.Plan) -> tuple[int, int]:
+    """``(packing axis from the end, its size)`` of the dense path's global mask.
+
+    1 is the key axis; 2 the query axis (one key); 3 a batch or head axis (one query
+    and one key, no ``broadcast_dropout``).
+    """
+    nb = len(plan.batch)
+    axes = tuple(range(nb + 1)) if plan.broadcast_dropout else ()
+    shape = mask_shape((*plan.batch, plan.heads, plan.q_len, plan.kv_len), axes)
+    axis = _packing_axis(shape)
+    word_shape = tuple(-(-d // LANES) if a == axis else d for a, d in enumerate(shape))
+    _check_word_count(word_shape)
+    return min(len(shape) - axis, 3), shape[axis]
+
+
+def _select_output(outputs: list[jax.Array], which: jax.Array) -> jax.Array:
+    chosen = outputs[0]
+    for k in range(1, len(outputs)):
+        chosen = jnp.where(which == _U32(k), outputs[k], chosen)
+    return chosen
+
+
+def _keep_flags(kernel: Kernel, words: list[jax.Array], bh: Any, rows: Any, col0: Any):
+    """``bool[bq, bk]`` keep-flags of the weights at global ``rows`` x ``col0 + [0, bk)``
+    of (batch-head) ``bh``: the dense path's mask, element by element."""
+    plan, thr = kernel.tiles, kernel.threshold
+    assert thr is not None
+    fields = _Fields(thr.nbits)
+    bq, bk = plan.block_q, plan.block_k
+    shape = (bq, bk)
+    from_end, size = _mask_layout(plan)
+    words_per_row = -(-size // LANES)
+    bh = jnp.asarray(bh).astype(_U32)
+    head_row = _U32(0) if plan.broadcast_dropout else bh * _U32(plan.q_len)
+    rows = rows.astype(_U32)[:, None]
+    col0 = jnp.asarray(col0).astype(_U32)
+    cols = col0 + lax.broadcasted_iota(_U32, (1, bk), 1)
+    zero = jnp.zeros(shape, _U32)
+
+    if from_end == 1 and bk % LANES == 0:
+        # Each row of the tile holds whole words: one call per (row, word, j).
+        prefix = (head_row + rows) * _U32(words_per_row)  # [bq, 1]
+        local = lax.broadcasted_iota(_U32, (1, bk), 1)
+        lane = local % _U32(LANES)
+        pick = (local // _U32(LANES)) * _U32(fields.calls * 4) + lane // _U32(fields.per_output)
+        bit = (lane % _U32(fields.per_output)) * _U32(fields.nbits)
+        first_word = col0 // _U32(LANES)
+        chosen = zero
+        for g in range(bk // LANES):
+            counter = jnp.broadcast_to(prefix + first_word + _U32(g), (bq, 1))
+            zeros = jnp.zeros((bq, 1), _U32)
+            for j in range(fields.calls):
+                outs = threefry4x32((counter, zeros + _U32(j), zeros, zeros), words)
+                used = -(-min(fields.per_call, LANES - j * fields.per_call) // fields.per_output)
+                for o in range(used):
+                    index = g * fields.calls * 4 + j * 4 + o
+                    chosen = jnp.where(pick == _U32(index), outs[o], chosen)
+        return _compare(fields.extract(chosen, bit), thr)
+
+    if from_end == 1:
+        prefix, coord = head_row + rows, cols
+    elif from_end == 2:
+        prefix, coord = _U32(0) if plan.broadcast_dropout else bh, rows
+    else:
+        prefix, coord = bh // _U32(size), bh % _U32(size)
+    counter = zero + prefix * _U32(words_per_row) + coord // _U32(LANES)
+    j, o, bit = fields.locate(zero + coord % _U32(LANES))
+    outs = threefry4x32((counter, j, zero, zero), words)
+    return _compare(fields.extract(_select_output(outs, o), bit), thr)
+
+
+def _kept_scale(kernel: Kernel, words: Any, bh: Any, rows: Any, col0: Any) -> Any:
+    """``1/realised`` where kept, 0 where dropped (``[bq, bk]``), or None without dropout."""
+    thr = kernel.threshold
+    if thr is None:
+        return None
+    flags = _keep_flags(kernel, words, bh, rows, col0)
+    acc = kernel.tiles.accumulate
+    return jnp.where(flags, jnp.asarray(1.0 / thr.realised, acc), jnp.zeros((), acc))
+
+
+# --- the tile computations ------------------------------------------------------------
+
+
+def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int], plan: bw.Plan) -> jax.Array:
+    return lax.dot_general(
+        a,
+        b,
+        (((contract[0],), (contract[1],)), ((), ())),
+        precision=plan.precision,
+        preferred_element_type=plan.accumulate,
+    )
+
+
+def _allowed(plan: bw.Plan, rows, cols, state, q_seg, kv_seg) -> jax.Array:
+    """``bool[bq, bk]``: where the tile's queries may attend (structure and padding)."""
+    ok = (state != 0)[None, :]
+    if plan.left is not None:
+        ok = ok & (cols[None, :] >= rows[:, None] - plan.left)
+    if plan.right is not None:
+        ok = ok & (cols[None, :] <= rows[:, None] + plan.right)
+    if q_seg is not None:
+        ok = ok & (q_seg[:, None] == kv_seg[None, :]) & (q_seg != 0)[:, None]
+    return jnp.broadcast_to(ok, (plan.block_q, plan.block_k))
+
+
+def _nonfinite(s: jax.Array) -> jax.Array:
+    return jnp.isnan(s) | (s == jnp.inf)
+
+
+def _row_max(x: jax.Array) -> jax.Array:
+    """``any`` along the last axis of a boolean ``x``, as an int32 max (Triton reduces it)."""
+    return jnp.max(x.astype(jnp.int32), axis=-1)
+
+
+def _words(words_ref: Any) -> list[jax.Array] | None:
+    return None if words_ref is None else [words_ref[t] for t in range(4)]
+
+
+def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
+    plan = kernel.tiles
+    q_ref, k_ref, v_ref, q_state_ref, kv_state_ref, *rest = refs
+    q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if kernel.segments else (None, None)
+    words_ref = rest.pop(0) if kernel.threshold is not None else None
+    out_ref, lse_ref, taint_ref = rest
+    i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bq, bk, acc_dtype = plan.block_q, plan.block_k, plan.accumulate
+    words = _words(words_ref)
+    q = q_ref[...]
+    rows = i * bq + lax.iota(jnp.int32, bq)
+    q_seg = None if q_seg_ref is None else q_seg_ref[...]
+
+    def body(j, carry):
+        m, total, acc, taint = carry
+        start = j * bk
+        k = k_ref[pl.ds(start, bk), :]
+        v = v_ref[pl.ds(start, bk), :]
+        cols = start + lax.iota(jnp.int32, bk)
+        state = kv_state_ref[pl.ds(start, bk)]
+        kv_seg = None if kv_seg_ref is None else kv_seg_ref[pl.ds(start, bk)]
+        s = _dot(q, k, (1, 1), plan)
+        ok = _allowed(plan, rows, cols, state, q_seg, kv_seg)
+        bad = _nonfinite(s) | (state == _NONFINITE)[None, :]
+        taint = jnp.maximum(taint, _row_max(ok & bad))
+        s = jnp.where(ok & ~bad, s, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        alpha = jnp.exp(jnp.where(m == -jnp.inf, -jnp.inf, m - shift))
+        p = jnp.exp(s - shift[:, None])
+        total = alpha * total + jnp.sum(p, axis=-1)
+        scale = _kept_scale(kernel, words, b * plan.heads + h, rows, start)
+        if scale is not None:
+            p = p * scale
+        acc = alpha[:, None] * acc + _dot(p.astype(v.dtype), v, (1, 0), plan)
+        return m_new, total, acc, taint
+
+    init = (
+        jnp.full((bq,), -jnp.inf, acc_dtype),
+        jnp.zeros((bq,), acc_dtype),
+        jnp.zeros((bq, v_ref.shape[-1]), acc_dtype),
+        q_state_ref[...],
+    )
+    lo, hi = bw.key_block_bounds(plan, i)
+    m, total, acc, taint = lax.fori_loop(lo, hi, body, init)
+    empty = (total == 0) | (taint != 0)
+    safe = jnp.where(empty, 1.0, total)
+    out_ref[...] = jnp.where(empty[:, None], 0.0, acc / safe[:, None]).astype(out_ref.dtype)
+    lse_ref[...] = jnp.where(empty, 0.0, m + jnp.log(safe))
+    taint_ref[...] = taint
+
+
+def _probabilities(kernel: Kernel, words, bh, q, k, rows, col0, state, q_seg, kv_seg, lse, taint):
+    """A tile's softmax probabilities ``p`` (0 where dead or tainted) and dropout scale."""
+    plan = kernel.tiles
+    cols = col0 + lax.iota(jnp.int32, plan.block_k)
+    s = _dot(q, k, (1, 1), plan)
+    ok = _allowed(plan, rows, cols, state, q_seg, kv_seg)
+    live = ok & (taint == 0)[:, None] & ~_nonfinite(s)
+    p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - lse[:, None]), 0.0)
+    return p, _kept_scale(kernel, words, bh, rows, col0)
+
+
+def _backward_refs(kernel: Kernel, refs: tuple[Any, ...]):
+    (q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref, *rest) = refs
+    q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if kernel.segments else (None, None)
+    words_ref = rest.pop(0) if kernel.threshold is not None else None
+    ins = (q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref)
+    return ins, q_seg_ref, kv_seg_ref, words_ref, rest
+
+
+def _dkdv_kernel(kernel: Kernel, *refs: Any) -> None:
+    plan = kernel.tiles
+    ins, q_seg_ref, kv_seg_ref, words_ref, (dk_ref, dv_ref) = _backward_refs(kernel, refs)
+    q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref = ins
+    j, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bq, bk = plan.block_q, plan.block_k
+    words = _words(words_ref)
+    k, v = k_ref[...], v_ref[...]
+    state = kv_state_ref[...]
+    kv_seg = None if kv_seg_ref is None else kv_seg_ref[...]
+
+    def body(i, carry):
+        dk, dv = carry
+        rows_slice = pl.ds(i * bq, bq)
+        q = q_ref[rows_slice, :]
+        d_out = d_out_ref[rows_slice, :]
+        rows = i * bq + lax.iota(jnp.int32, bq)
+        q_seg = None if q_seg_ref is None else q_seg_ref[rows_slice]
+        p, scale = _probabilities(
+            kernel,
+            words,
+            b * plan.heads + h,
+            q,
+            k,
+            rows,
+            j * bk,
+            state,
+            q_seg,
+            kv_seg,
+            lse_ref[rows_slice],
+            taint_ref[rows_slice],
+        )
+        kept = p if scale is None else p * scale
+        dv = dv + _dot(kept.astype(v.dtype), d_out, (0, 0), plan)
+        d_p = _dot(d_out, v, (1, 1), plan)
+        if scale is not None:
+            d_p = d_p * scale
+        d_s = p * (d_p - delta_ref[rows_slice][:, None])
+        dk = dk + _dot(d_s.astype(q.dtype), q, (0, 0), plan)
+        return dk, dv
+
+    init = (
+        jnp.zeros((bk, k_ref.shape[-1]), plan.accumulate),
+        jnp.zeros((bk, v_ref.shape[-1]), plan.accumulate),
+    )
+    lo, hi = _query_tiles(plan, j)
+    dk, dv = lax.fori_loop(lo, hi, body, init)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _dq_kernel(kernel: Kernel, *refs: Any) -> None:
+    plan = kernel.tiles
+    ins, q_seg_ref, kv_seg_ref, words_ref, (dq_ref,) = _backward_refs(kernel, refs)
+    q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref = ins
+    i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bq, bk = plan.block_q, plan.block_k
+    words = _words(words_ref)
+    q, d_out = q_ref[...], d_out_ref[...]
+    lse, delta, taint = lse_ref[...], delta_ref[...], taint_ref[...]
+    rows = i * bq + lax.iota(jnp.int32, bq)
+    q_seg = None if q_seg_ref is None else q_seg_ref[...]
+
+    def body(j, dq):
+        cols_slice = pl.ds(j * bk, bk)
+        k = k_ref[cols_slice, :]
+        v = v_ref[cols_slice, :]
+        kv_seg = None if kv_seg_ref is None else kv_seg_ref[cols_slice]
+        state = kv_state_ref[cols_slice]
+        p, scale = _probabilities(
+            kernel, words, b * plan.heads + h, q, k, rows, j * bk, state, q_seg, kv_seg, lse, taint
+        )
+        d_p = _dot(d_out, v, (1, 1), plan)
+        if scale is not None:
+            d_p = d_p * scale
+        d_s = p * (d_p - delta[:, None])
+        return dq + _dot(d_s.astype(k.dtype), k, (1, 0), plan)
+
+    lo, hi = bw.key_block_bounds(plan, i)
+    dq = lax.fori_loop(lo, hi, body, jnp.zeros((bq, q_ref.shape[-1]), plan.accumulate))
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+
+
+# --- pallas_call plumbing -------------------------------------------------------------
+
+
+def _call(kernel: Kernel, body: Any, grid: tuple[int, ...], in_specs, out_specs, out_shape, name):
+    compiler_params = None
+    if not kernel.interpret:
+        from jax.experimental.pallas import triton as plgpu
+
+        compiler_params = plgpu.CompilerParams(
+            num_warps=kernel.num_warps, num_stages=kernel.num_stages
+        )
+    return pl.pallas_call(
+        functools.partial(body, kernel),
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        interpret=kernel.interpret,
+        compiler_params=compiler_params,
+        name=name,
+    )
+
+
+def _side_specs(kernel: Kernel, side: _Inputs, q_block: int, k_block: int, tile_axis: str):
+    """Specs of the segment ids and key words, for a grid ``(tile, batch, head)``."""
+    specs, args = [], []
+    if kernel.segments:
+        assert side.q_segments is not None and side.kv_segments is not None
+        q_index = (lambda t, b, h: (b, t)) if tile_axis == "q" else (lambda t, b, h: (b, 0))
+        k_index = (lambda t, b, h: (b, t)) if tile_axis == "k" else (lambda t, b, h: (b, 0))
+        specs += [pl.BlockSpec((None, q_block), q_index), pl.BlockSpec((None, k_block), k_index)]
+        args += [side.q_segments, side.kv_segments]
+    if kernel.threshold is not None:
+        specs.append(pl.BlockSpec((4,), lambda t, b, h: (0,)))
+        args.append(side.words)
+    return specs, args
+
+
+def _forward(kernel: Kernel, q, k, v, side: _Inputs):
+    plan = kernel.tiles
+    bsz, lq, heads, depth = q.shape
+    lk, dv = k.shape[1], v.shape[-1]
+    g = plan.groups
+    bq = plan.block_q
+    extra_specs, extra = _side_specs(kernel, side, bq, lk, "q")
+    in_specs = [
+        pl.BlockSpec((None, bq, None, depth), lambda i, b, h: (b, i, h, 0)),
+        pl.BlockSpec((None, lk, None, depth), lambda i, b, h: (b, 0, h // g, 0)),
+        pl.BlockSpec((None, lk, None, dv), lambda i, b, h: (b, 0, h // g, 0)),
+        pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i)),
+        pl.BlockSpec((None, None, lk), lambda i, b, h: (b, h // g, 0)),
+        *extra_specs,
+    ]
+    row_spec = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))
+    out_specs = [pl.BlockSpec((None, bq, None, dv), lambda i, b, h: (b, i, h, 0)), row_spec, row_spec]
+    out_shape = [
+        jax.ShapeDtypeStruct((bsz, lq, heads, dv), q.dtype),
+        jax.ShapeDtypeStruct((bsz, heads, lq), plan.accumulate),
+        jax.ShapeDtypeStruct((bsz, heads, lq), jnp.int32),
+    ]
+    call = _call(
+        kernel, _forward_kernel, (plan.n_q, bsz, heads), in_specs, out_specs, out_shape,
+        "dropmask_attention_forward",
+    )
+    out, lse, taint = call(q, k, v, side.q_state, side.kv_state, *extra)
+    return out, lse, taint
+
+
+def _backward(kernel: Kernel, q, k, v, side: _Inputs, out, lse, taint, d_out):
+    plan = kernel.tiles
+    bsz, lq, heads, depth = q.shape
+    lk, dv = k.shape[1], v.shape[-1]
+    g, bq, bk = plan.groups, plan.block_q, plan.block_k
+    d_out = jnp.where((taint != 0).transpose(0, 2, 1)[..., None], 0, d_out).astype(q.dtype)
+    delta = jnp.sum(d_out.astype(plan.accumulate) * out.astype(plan.accumulate), axis=-1)
+    delta = delta.transpose(0, 2, 1)  # [B, H, Lq], rowsum(dO * O) = rowsum(P * dP)
+    args = (q, k, v, d_out, lse, delta, taint, side.kv_state)
+
+    # dk, dv: a program per key tile; the query side whole.
+    extra_specs, extra = _side_specs(kernel, side, lq, bk, "k")
+    whole_rows = pl.BlockSpec((None, None, lq), lambda j, b, h: (b, h, 0))
+    in_specs = [
+        pl.BlockSpec((None, lq, None, depth), lambda j, b, h: (b, 0, h, 0)),
+        pl.BlockSpec((None, bk, None, depth), lambda j, b, h: (b, j, h // g, 0)),
+        pl.BlockSpec((None, bk, None, dv), lambda j, b, h: (b, j, h // g, 0)),
+        pl.BlockSpec((None, lq, None, dv), lambda j, b, h: (b, 0, h, 0)),
+        whole_rows,
+        whole_rows,
+        whole_rows,
+        pl.BlockSpec((None, None, bk), lambda j, b, h: (b, h // g, j)),
+        *extra_specs,
+    ]
+    # One dk, dv per query head, summed over each key/value head's group below.
+    out_specs = [
+        pl.BlockSpec((None, bk, None, depth), lambda j, b, h: (b, j, h, 0)),
+        pl.BlockSpec((None, bk, None, dv), lambda j, b, h: (b, j, h, 0)),
+    ]
+    grad_dtype = plan.accumulate if g > 1 else k.dtype
+    out_shape = [
+        jax.ShapeDtypeStruct((bsz, lk, heads, depth), grad_dtype),
+        jax.ShapeDtypeStruct((bsz, lk, heads, dv), grad_dtype),
+    ]
+    d_k, d_v = _call(
+        kernel, _dkdv_kernel, (plan.n_k, bsz, heads), in_specs, out_specs, out_shape,
+        "dropmask_attention_dkdv",
+    )(*args, *extra)
+    if g > 1:
+        d_k = d_k.reshape(bsz, lk, plan.kv_heads, g, depth).sum(axis=3).astype(k.dtype)
+        d_v = d_v.reshape(bsz, lk, plan.kv_heads, g, dv).sum(axis=3).astype(v.dtype)
+
+    # dq: a program per query tile; the key side whole.
+    extra_specs, extra = _side_specs(kernel, side, bq, lk, "q")
+    tile_rows = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))
+    in_specs = [
+        pl.BlockSpec((None, bq, None, depth), lambda i, b, h: (b, i, h, 0)),
+        pl.BlockSpec((None, lk, None, depth), lambda i, b, h: (b, 0, h // g, 0)),
+        pl.BlockSpec((None, lk, None, dv), lambda i, b, h: (b, 0, h // g, 0)),
+        pl.BlockSpec((None, bq, None, dv), lambda i, b, h: (b, i, h, 0)),
+        tile_rows,
+        tile_rows,
+        tile_rows,
+        pl.BlockSpec((None, None, lk), lambda i, b, h: (b, h // g, 0)),
+        *extra_specs,
+    ]
+    out_specs = [pl.BlockSpec((None, bq, None, depth), lambda i, b, h: (b, i, h, 0))]
+    (d_q,) = _call(
+        kernel, _dq_kernel, (plan.n_q, bsz, heads), in_specs, out_specs,
+        [jax.ShapeDtypeStruct(q.shape, q.dtype)], "dropmask_attention_dq",
+    )(*args, *extra)
+    return d_q, d_k, d_v
+
+
+def _attend_impl(kernel: Kernel, q, k, v, side: _Inputs):
+    out, _, taint = _forward(kernel, q, k, v, side)
+    return out, taint
+
+
+def _attend_fwd(kernel: Kernel, q, k, v, side: _Inputs):
+    out, lse, taint = _forward(kernel, q, k, v, side)
+    return (out, taint), (q, k, v, side, out, lse, taint)
+
+
+def _attend_bwd(kernel: Kernel, residuals, cotangents):
+    q, k, v, side, out, lse, taint = residuals
+    d_out, _ = cotangents
+    d_q, d_k, d_v = _backward(kernel, q, k, v, side, out, lse, taint, d_out)
+    return d_q, d_k, d_v, jax.tree.map(lambda _: None, side)
+
+
+_attend = jax.custom_vjp(_attend_impl, nondiff_argnums=(0,))
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+# --- the entry point ------------------------------------------------------------------
+
+
+def _padded_depth(depth: int) -> int:
+    return max(16, pl.next_power_of_2(depth))
+
+
+def _pad_to(x: jax.Array, sizes: dict[int, int], value: Any = 0) -> jax.Array:
+    widths = [(0, sizes.get(a, d) - d) for a, d in enumerate(x.shape)]
+    if not any(w for _, w in widths):
+        return x
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def pallas_attention(
+    kernel: Kernel,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    kv_valid: jax.Array | None,
+    q_segments: jax.Array | None,
+    kv_segments: jax.Array | None,
+    bad_q: jax.Array,
+    bad_kv: jax.Array,
+    key: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """Attention of ``q: [*batch, Lq, H, D]`` over ``k``, ``v``: ``[*batch, Lk, Hk, D]``.
+
+    As :func:`dropmask._blockwise_attention.blockwise_attention`: ``q`` is already
+    scaled by ``1/sqrt(D)`` and every input is finite (non-finite entries zeroed and
+    recorded in ``bad_q: bool[*batch, Lq, H]`` and ``bad_kv: bool[*batch, Lk, Hk]``).
+    ``kv_valid`` broadcasts to ``[*batch, Lk]``; segment ids to ``[*batch, L]``.
+
+    Returns:
+      The output ``[*batch, Lq, H, Dv]`` with tainted rows 0, and the taint
+      ``bool[*batch, H, Lq, 1]`` (the dense path's layout).
+    """
+    plan = kernel.tiles
+    bsz = math.prod(plan.batch)
+    lq, lk = plan.n_q * plan.block_q, plan.n_k * plan.block_k
+    depth, v_depth = q.shape[-1], v.shape[-1]
+    heads, hk = plan.heads, plan.kv_heads
+    q4 = _pad_to(q.reshape(bsz, plan.q_len, heads, depth), {1: lq, 3: _padded_depth(depth)})
+    k4 = _pad_to(k.reshape(bsz, plan.kv_len, hk, depth), {1: lk, 3: _padded_depth(depth)})
+    v4 = _pad_to(v.reshape(bsz, plan.kv_len, hk, v_depth), {1: lk, 3: _padded_depth(v_depth)})
+
+    valid = jnp.ones((), bool) if kv_valid is None else kv_valid
+    valid = jnp.broadcast_to(valid, (*plan.batch, plan.kv_len)).reshape(bsz, 1, plan.kv_len)
+    bad_kv3 = bad_kv.reshape(bsz, plan.kv_len, hk).transpose(0, 2, 1)
+    kv_state = jnp.where(valid, jnp.where(bad_kv3, _NONFINITE, _VALID), 0).astype(jnp.int32)
+    q_state = bad_q.reshape(bsz, plan.q_len, heads).transpose(0, 2, 1).astype(jnp.int32)
+
+    def segments(ids: jax.Array | None, length: int, padded: int) -> jax.Array | None:
+        if ids is None:
+            return None
+        ids = jnp.broadcast_to(ids, (*plan.batch, length)).reshape(bsz, length)
+        return _pad_to(ids.astype(jnp.int32), {1: padded})
+
+    side = _Inputs(
+        q_state=_pad_to(q_state, {2: lq}),
+        kv_state=_pad_to(kv_state, {2: lk}),
+        q_segments=segments(q_segments, plan.q_len, lq),
+        kv_segments=segments(kv_segments, plan.kv_len, lk),
+        words=None if kernel.threshold is None else key_words(key),
+    )
+    out, taint = _attend(kernel, q4, k4, v4, side)
+    out = out[:, : plan.q_len, :, :v_depth].reshape(*plan.batch, plan.q_len, heads, v_depth)
+    taint = (taint[..., : plan.q_len] != 0).reshape(*plan.batch, heads, plan.q_len, 1)
+    return out, taint
