@@ -118,9 +118,7 @@ def looped_passes(attend: Attention, passes: int) -> Callable[..., Any]:
         return q + step * dq, k + step * dk, v + step * dv, ct
 
     def run(q: jax.Array, k: jax.Array, v: jax.Array, ct: jax.Array, key: jax.Array, zero):
-        return lax.fori_loop(
-            0, passes, lambda i, c: one(i, c, key, zero), (q, k, v, ct)
-        )[:3]
+        return lax.fori_loop(0, passes, lambda i, c: one(i, c, key, zero), (q, k, v, ct))[:3]
 
     return jax.jit(run)
 
@@ -150,7 +148,11 @@ def rows(seconds: Mapping[str, Sequence[float]], baseline: str) -> list[dict[str
     out = []
     for name, values in seconds.items():
         q1, med, q3 = quartiles(values)
-        row: dict[str, Any] = {"name": name, "ms": med * 1e3, "iqr": f"{q1 * 1e3:.3f}-{q3 * 1e3:.3f}"}
+        row: dict[str, Any] = {
+            "name": name,
+            "ms": med * 1e3,
+            "iqr": f"{q1 * 1e3:.3f}-{q3 * 1e3:.3f}",
+        }
         if baseline in seconds:
             ratios = finite([a / b for a, b in zip(values, seconds[baseline], strict=True)])
             r1, rmed, r3 = quartiles(ratios)
@@ -162,7 +164,9 @@ def rows(seconds: Mapping[str, Sequence[float]], baseline: str) -> list[dict[str
 
 def target_line(seconds: Mapping[str, Sequence[float]]) -> str:
     """The target and whether the run met it."""
-    goal = f"target: dropout costs at most {TARGET - 1:.0%} over JAX's Pallas kernel without dropout"
+    goal = (
+        f"target: dropout costs at most {TARGET - 1:.0%} over JAX's Pallas kernel without dropout"
+    )
     if JAX_MHA not in seconds:
         return f"{goal}: not measured ({JAX_MHA} not available)"
     ratio = quartiles(
@@ -201,7 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if refusal is not None:
         print(refusal)
         return 0
-    env = environment("python -m benchmarks.bench_pallas_attention " + " ".join(argv or sys.argv[1:]))
+    env = environment(
+        "python -m benchmarks.bench_pallas_attention " + " ".join(argv or sys.argv[1:])
+    )
     attend = contestants(args.causal, args.depth)
     data = inputs(args.batch, args.length, args.heads, args.depth, DTYPES[args.dtype])
     for name, diff in check(attend, data, args.causal).items():

@@ -136,6 +136,8 @@ def dot_product_attention(
     tiles in the backward pass, so memory grows linearly with the lengths; tiles that
     ``is_causal``, ``window``, key padding or segments mask entirely are skipped.
     Both drop exactly the same weights for the same key (``impl="fast"``).
+    ``"pallas"`` runs the blockwise algorithm as Pallas kernels (Triton on a GPU,
+    Pallas's interpreter elsewhere) that draw the same dropout flags inside.
 
     Args:
       q: ``[batch..., q_len, heads, depth]``.
@@ -160,14 +162,16 @@ def dot_product_attention(
         :func:`segment_mask`: a query sees keys of its own segment only.
       kv_segment_ids: ``int[batch..., kv_len]``; defaults to ``q_segment_ids`` when
         ``q_len == kv_len``.
-      algorithm: ``"dense"``, ``"blockwise"`` or ``"auto"``: blockwise from
+      algorithm: ``"dense"``, ``"blockwise"``, ``"pallas"`` or ``"auto"``: blockwise from
         ``q_len * kv_len >= 2**18`` (512 x 512) on, dense below it, and dense whenever the
         blockwise path cannot serve the call (``impl="flax"``, custom einsums,
         ``module`` to sow the weights into). The blockwise path is a
         ``custom_vjp``: ``jvp``, and second derivatives with ``is_causal`` or
-        ``window``, need ``"dense"``.
+        ``window``, need ``"dense"``. ``"pallas"`` (never chosen by ``"auto"``) takes
+        no ``mask``, ``bias`` or run-time ``dropout_rate``; see ``docs/attention.md``.
       block_q, block_k: blockwise tile sizes (default 128, at most the lengths); any
         size gives the same result, sizes that do not divide the lengths included.
+        For ``"pallas"``: powers of two >= 16 (default 64 and 32).
       dropout_rng: alias of ``key``; pass one or the other.
       dtype: computation dtype; default: promote ``q``, ``k``, ``v``.
       precision: passed to the einsums.
@@ -197,8 +201,10 @@ def dot_product_attention(
     Raises:
       ValueError: mismatched q/k/v shapes, both ``key`` and ``dropout_rng``, custom
         einsums given without their partner or with ``precision``, an unknown
-        ``algorithm``, or ``algorithm="blockwise"`` with what only the dense path
-        does (``impl="flax"``, custom einsums, ``module``).
+        ``algorithm``, ``algorithm="blockwise"`` or ``"pallas"`` with what only the
+        dense path does (``impl="flax"``, custom einsums, ``module``), or
+        ``algorithm="pallas"`` with what it does not take, or tiles that are not
+        powers of two >= 16.
       MaskShapeError: ``mask``, ``bias``, ``kv_lengths``, ``kv_mask`` or segment ids
         do not broadcast to their shapes.
       RateError, MissingKeyError: as for :func:`dropmask.dropout`.

@@ -452,14 +452,23 @@ def _forward(kernel: Kernel, q, k, v, side: _Inputs):
         *extra_specs,
     ]
     row_spec = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))
-    out_specs = [pl.BlockSpec((None, bq, None, dv), lambda i, b, h: (b, i, h, 0)), row_spec, row_spec]
+    out_specs = [
+        pl.BlockSpec((None, bq, None, dv), lambda i, b, h: (b, i, h, 0)),
+        row_spec,
+        row_spec,
+    ]
     out_shape = [
         jax.ShapeDtypeStruct((bsz, lq, heads, dv), q.dtype),
         jax.ShapeDtypeStruct((bsz, heads, lq), plan.accumulate),
         jax.ShapeDtypeStruct((bsz, heads, lq), jnp.int32),
     ]
     call = _call(
-        kernel, _forward_kernel, (plan.n_q, bsz, heads), in_specs, out_specs, out_shape,
+        kernel,
+        _forward_kernel,
+        (plan.n_q, bsz, heads),
+        in_specs,
+        out_specs,
+        out_shape,
         "dropmask_attention_forward",
     )
     out, lse, taint = call(q, k, v, side.q_state, side.kv_state, *extra)
@@ -501,7 +510,12 @@ def _backward(kernel: Kernel, q, k, v, side: _Inputs, out, lse, taint, d_out):
         jax.ShapeDtypeStruct((bsz, lk, heads, dv), grad_dtype),
     ]
     d_k, d_v = _call(
-        kernel, _dkdv_kernel, (plan.n_k, bsz, heads), in_specs, out_specs, out_shape,
+        kernel,
+        _dkdv_kernel,
+        (plan.n_k, bsz, heads),
+        in_specs,
+        out_specs,
+        out_shape,
         "dropmask_attention_dkdv",
     )(*args, *extra)
     if g > 1:
@@ -524,8 +538,13 @@ def _backward(kernel: Kernel, q, k, v, side: _Inputs, out, lse, taint, d_out):
     ]
     out_specs = [pl.BlockSpec((None, bq, None, depth), lambda i, b, h: (b, i, h, 0))]
     (d_q,) = _call(
-        kernel, _dq_kernel, (plan.n_q, bsz, heads), in_specs, out_specs,
-        [jax.ShapeDtypeStruct(q.shape, q.dtype)], "dropmask_attention_dq",
+        kernel,
+        _dq_kernel,
+        (plan.n_q, bsz, heads),
+        in_specs,
+        out_specs,
+        [jax.ShapeDtypeStruct(q.shape, q.dtype)],
+        "dropmask_attention_dq",
     )(*args, *extra)
     return d_q, d_k, d_v
 
