@@ -16,6 +16,7 @@ from dropmask import _blockwise_attention as bw
 from dropmask import _pallas_attention as pa
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
+SLOW = pytest.mark.slow
 B, LQ, LK, H, D = 2, 13, 70, 2, 4  # 70 keys: two whole mask words and part of a third
 
 
@@ -112,7 +113,10 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize(
+    "name",
+    [n if n in ("causal_lengths", "no_dropout") else pytest.param(n, marks=SLOW) for n in CASES],
+)
 def test_values_and_gradients_match_dense(name):
     _compare(*_qkv(0), **CASES[name])
 
@@ -127,9 +131,12 @@ def test_bf16_inputs_accumulate_in_float32():
     blockwise path's bf16 result (the same tile arithmetic) to bf16 round-off."""
     q, k, v = _qkv(3)
     half = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]
-    out = _attend("pallas", *half, is_causal=True, **DROP)
+    attend = jax.jit(
+        _attend, static_argnums=0, static_argnames=("is_causal", "deterministic", "dropout_rate")
+    )
+    out = attend("pallas", *half, is_causal=True, **DROP)
     assert out.dtype == jnp.bfloat16
-    want = _attend("dense", q, k, v, is_causal=True, **DROP)
+    want = attend("dense", q, k, v, is_causal=True, **DROP)
     np.testing.assert_allclose(np.asarray(out, np.float32), want, rtol=2e-2, atol=2e-2)
     tol = {"rtol": 1e-2, "atol": 1e-2}
     _, grads = _compare(*half, tol=tol, reference="blockwise", is_causal=True, **DROP)
@@ -140,6 +147,7 @@ def test_vmap_over_keys_equals_a_loop():
     q, k, v = _qkv(7)
     keys = jax.random.split(jax.random.key(8), 3)
 
+    @jax.jit
     def attend(key):
         return _attend("pallas", q, k, v, dropout_rate=0.2, deterministic=False, key=key)
 
@@ -153,12 +161,15 @@ def test_non_finite_inputs_reach_only_the_queries_that_may_see_them():
     k[0, 5, 1, 2] = np.nan  # key 5: causal queries 5.. of batch 0, head 1 see it
     q[1, 2, 0, 0] = np.inf
     kw = {"is_causal": True, **DROP}
-    got = np.asarray(_attend("pallas", q, k, v, **kw))
-    want = np.asarray(_attend("dense", q, k, v, **kw))
+    attend = jax.jit(
+        _attend, static_argnums=0, static_argnames=("is_causal", "deterministic", "dropout_rate")
+    )
+    got = np.asarray(attend("pallas", q, k, v, **kw))
+    want = np.asarray(attend("dense", q, k, v, **kw))
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     assert np.isnan(got[0, 5:, 1]).all() and not np.isnan(got[0, :5]).any()
     np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], **TOL)
-    grads = jax.grad(lambda k: jnp.nansum(_attend("pallas", q, k, v, **kw)))(k)
+    grads = jax.jit(jax.grad(lambda k: jnp.nansum(_attend("pallas", q, k, v, **kw))))(k)
     assert np.isfinite(np.asarray(grads)).all()
 
 

@@ -15,15 +15,10 @@ The backward kernels recompute each tile's scores and dropout flags; nothing of 
 ``_blockwise_attention`` (a :class:`~dropmask._blockwise_attention.Plan` describes
 the call), so both paths compute the same function.
 
-Dropout. The ``"fast"`` mask is counter-based: the flag of the weight at global
-position ``(*batch, head, query, key)`` of the dense path's mask (batch and head
-positions 0 with ``broadcast_dropout``) is a Threefry-4x32 output field chosen by the
-element's 32-element word and lane (``_fast_mask``). Each kernel computes its tile's
-flags from the four key words and the tile's global positions, with the generator's
-own block function, field layout and integer threshold, so they are the dense path's
-flags element by element. With ``block_k`` a multiple of 32, a tile row holds whole
-words: one Threefry call serves the ``128 / nbits`` weights it covers and each weight
-selects its field; otherwise each weight computes its own call.
+Dropout. Each kernel computes its tile's keep-flags from the four key words and the
+tile's global position (``_tile_mask``): they are the dense path's flags element by
+element, drawn again in the backward pass, never stored. The keep probability is
+static, compiled into the kernels.
 
 Inputs are padded to whole tiles (and depths to a power of two of at least 16, as
 Triton's matrix units need); padding keys are invalid and padding queries discarded.
@@ -43,18 +38,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from . import _blockwise_attention as bw
-from ._fast_mask import (
-    LANES,
-    Threshold,
-    _check_word_count,
-    _compare,
-    _Fields,
-    _packing_axis,
-    key_words,
-    threshold,
-)
-from ._random import mask_shape
-from ._threefry import threefry4x32
+from ._fast_mask import Threshold, key_words, threshold
+from ._tile_mask import tile_keep_flags
 
 __all__ = ["DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "Kernel", "pallas_attention"]
 
@@ -63,7 +48,6 @@ __all__ = ["DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "Kernel", "pallas_attention"]
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_K = 32
 
-_U32 = jnp.uint32
 _VALID, _NONFINITE = 1, 2  # key states; 0 is a padding (invalid) key
 
 
@@ -122,86 +106,12 @@ def _query_tiles(plan: bw.Plan, j: Any) -> tuple[Any, Any]:
     return bw.key_block_bounds(transposed, j)
 
 
-# --- dropout flags -------------------------------------------------------------------
-
-
-def _mask_layout(plan: bw.Plan) -> tuple[int, int]:
-    """``(packing axis from the end, its size)`` of the dense path's global mask.
-
-    1 is the key axis; 2 the query axis (one key); 3 a batch or head axis (one query
-    and one key, no ``broadcast_dropout``).
-    """
-    nb = len(plan.batch)
-    axes = tuple(range(nb + 1)) if plan.broadcast_dropout else ()
-    shape = mask_shape((*plan.batch, plan.heads, plan.q_len, plan.kv_len), axes)
-    axis = _packing_axis(shape)
-    word_shape = tuple(-(-d // LANES) if a == axis else d for a, d in enumerate(shape))
-    _check_word_count(word_shape)
-    return min(len(shape) - axis, 3), shape[axis]
-
-
-def _select_output(outputs: list[jax.Array], which: jax.Array) -> jax.Array:
-    chosen = outputs[0]
-    for k in range(1, len(outputs)):
-        chosen = jnp.where(which == _U32(k), outputs[k], chosen)
-    return chosen
-
-
-def _keep_flags(kernel: Kernel, words: list[jax.Array], bh: Any, rows: Any, col0: Any):
-    """``bool[bq, bk]`` keep-flags of the weights at global ``rows`` x ``col0 + [0, bk)``
-    of (batch-head) ``bh``: the dense path's mask, element by element."""
-    plan, thr = kernel.tiles, kernel.threshold
-    assert thr is not None
-    fields = _Fields(thr.nbits)
-    bq, bk = plan.block_q, plan.block_k
-    shape = (bq, bk)
-    from_end, size = _mask_layout(plan)
-    words_per_row = -(-size // LANES)
-    bh = jnp.asarray(bh).astype(_U32)
-    head_row = _U32(0) if plan.broadcast_dropout else bh * _U32(plan.q_len)
-    rows = rows.astype(_U32)[:, None]
-    col0 = jnp.asarray(col0).astype(_U32)
-    cols = col0 + lax.broadcasted_iota(_U32, (1, bk), 1)
-    zero = jnp.zeros(shape, _U32)
-
-    if from_end == 1 and bk % LANES == 0:
-        # Each row of the tile holds whole words: one call per (row, word, j).
-        prefix = (head_row + rows) * _U32(words_per_row)  # [bq, 1]
-        local = lax.broadcasted_iota(_U32, (1, bk), 1)
-        lane = local % _U32(LANES)
-        pick = (local // _U32(LANES)) * _U32(fields.calls * 4) + lane // _U32(fields.per_output)
-        bit = (lane % _U32(fields.per_output)) * _U32(fields.nbits)
-        first_word = col0 // _U32(LANES)
-        chosen = zero
-        for g in range(bk // LANES):
-            counter = jnp.broadcast_to(prefix + first_word + _U32(g), (bq, 1))
-            zeros = jnp.zeros((bq, 1), _U32)
-            for j in range(fields.calls):
-                outs = threefry4x32((counter, zeros + _U32(j), zeros, zeros), words)
-                used = -(-min(fields.per_call, LANES - j * fields.per_call) // fields.per_output)
-                for o in range(used):
-                    index = g * fields.calls * 4 + j * 4 + o
-                    chosen = jnp.where(pick == _U32(index), outs[o], chosen)
-        return _compare(fields.extract(chosen, bit), thr)
-
-    if from_end == 1:
-        prefix, coord = head_row + rows, cols
-    elif from_end == 2:
-        prefix, coord = _U32(0) if plan.broadcast_dropout else bh, rows
-    else:
-        prefix, coord = bh // _U32(size), bh % _U32(size)
-    counter = zero + prefix * _U32(words_per_row) + coord // _U32(LANES)
-    j, o, bit = fields.locate(zero + coord % _U32(LANES))
-    outs = threefry4x32((counter, j, zero, zero), words)
-    return _compare(fields.extract(_select_output(outs, o), bit), thr)
-
-
 def _kept_scale(kernel: Kernel, words: Any, bh: Any, rows: Any, col0: Any) -> Any:
     """``1/realised`` where kept, 0 where dropped (``[bq, bk]``), or None without dropout."""
     thr = kernel.threshold
     if thr is None:
         return None
-    flags = _keep_flags(kernel, words, bh, rows, col0)
+    flags = tile_keep_flags(kernel.tiles, thr, words, bh, rows, col0)
     acc = kernel.tiles.accumulate
     return jnp.where(flags, jnp.asarray(1.0 / thr.realised, acc), jnp.zeros((), acc))
 
