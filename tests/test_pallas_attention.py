@@ -173,6 +173,16 @@ def test_non_finite_inputs_reach_only_the_queries_that_may_see_them():
     assert np.isfinite(np.asarray(grads)).all()
 
 
+def test_rates_zero_and_one_and_deterministic():
+    q, k, v = _qkv(11)
+    attend = jax.jit(_attend, static_argnums=0, static_argnames=("deterministic", "dropout_rate"))
+    for rate, det in ((0.0, False), (0.5, True), (1.0, False)):
+        kw = {"dropout_rate": rate, "deterministic": det, "key": jax.random.key(0)}
+        np.testing.assert_allclose(
+            attend("pallas", q, k, v, **kw), attend("dense", q, k, v, **kw), **TOL
+        )
+
+
 def test_queries_without_keys_output_zeros():
     q, k, v = _qkv(10)
     out = _attend("pallas", q, k, v, kv_lengths=np.array([0, 4]), **DROP)

@@ -113,7 +113,8 @@ def _kept_scale(kernel: Kernel, words: Any, bh: Any, rows: Any, col0: Any) -> An
         return None
     flags = tile_keep_flags(kernel.tiles, thr, words, bh, rows, col0)
     acc = kernel.tiles.accumulate
-    return jnp.where(flags, jnp.asarray(1.0 / thr.realised, acc), jnp.zeros((), acc))
+    scale = 1.0 / thr.realised if thr.realised > 0 else 0.0  # rate 1 keeps nothing
+    return jnp.where(flags, jnp.asarray(scale, acc), jnp.zeros((), acc))
 
 
 # --- the tile computations ------------------------------------------------------------
