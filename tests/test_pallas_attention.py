@@ -183,6 +183,24 @@ def test_rates_zero_and_one_and_deterministic():
         )
 
 
+def test_run_time_rate_one_compilation_for_every_rate():
+    q, k, v = _qkv(12)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def attend(algorithm, rate):
+        return _attend(algorithm, q, k, v, dropout_rate=rate, deterministic=False, key=DROP["key"])
+
+    rates = jnp.array([0.1, 0.3, 0.7], jnp.float32)
+    got = jax.vmap(functools.partial(attend, "pallas"))(rates)
+    want = jax.vmap(functools.partial(attend, "dense"))(rates)
+    np.testing.assert_array_equal(got != 0, want != 0)
+    np.testing.assert_allclose(got, want, **TOL)
+    _compare(q, k, v, dropout_rate=jnp.float32(0.3), deterministic=False, key=DROP["key"])
+    invalid = attend("pallas", jnp.float32(1.5))  # outside [0, 1]: NaN, as on the dense path
+    np.testing.assert_array_equal(np.isnan(invalid), np.isnan(attend("dense", jnp.float32(1.5))))
+    assert np.isnan(invalid).all()
+
+
 def test_queries_without_keys_output_zeros():
     q, k, v = _qkv(10)
     out = _attend("pallas", q, k, v, kv_lengths=np.array([0, 4]), **DROP)
@@ -194,7 +212,6 @@ def test_queries_without_keys_output_zeros():
     [
         ({"mask": np.ones((LQ, LK), bool)}, "dense mask="),
         ({"bias": np.zeros((LQ, LK), np.float32)}, "bias="),
-        ({**DROP, "dropout_rate": jnp.float32(0.3)}, "dropout_rate given as a JAX array"),
         ({"impl": "flax"}, "impl='flax'"),
         ({"block_k": 24}, "block_k must be a power of two >= 16"),
         ({"block_q": 8}, "block_q must be a power of two >= 16"),
@@ -214,14 +231,18 @@ def test_auto_never_picks_pallas():
         assert ("pallas_call" in str(jaxpr)) == expected, algorithm
 
 
-def test_kernels_lower_to_triton_for_a_gpu():
-    """The forward and both backward kernels lower (Pallas to Triton IR) for CUDA."""
+@pytest.mark.parametrize("keep", [0.9, None])
+def test_kernels_lower_to_triton_for_a_gpu(keep):
+    """The forward and both backward kernels lower (Pallas to Triton IR) for CUDA, with
+    a static keep probability and a run-time one."""
     plan = bw.Plan(
         batch=(2,), kv_heads=1, groups=2, q_len=40, kv_len=70, block_q=16, block_k=32,
-        left=None, right=0, keep=0.9, dropout=True, broadcast_dropout=False,
+        left=None, right=0, keep=keep, dropout=True, broadcast_dropout=False,
         precision=None, accumulate=jnp.float32,
     )  # fmt: skip
-    kernel = pa.Kernel(plan, segments=True, interpret=False)
+    bits = None if keep is not None else pa.run_time_bits()
+    kernel = pa.Kernel(plan, segments=True, interpret=False, run_time_bits=bits)
+    run_time_keep = None if keep is not None else jnp.float32(0.9)
 
     def loss(q, k, v):
         out, _ = pa.pallas_attention(
@@ -229,6 +250,7 @@ def test_kernels_lower_to_triton_for_a_gpu():
             kv_valid=None, q_segments=jnp.ones((2, 40), jnp.int32),
             kv_segments=jnp.ones((2, 70), jnp.int32), bad_q=jnp.zeros((2, 40, 2), bool),
             bad_kv=jnp.zeros((2, 70, 1), bool), key=jax.random.key(0),
+            run_time_keep=run_time_keep,
         )  # fmt: skip
         return out.astype(jnp.float32).sum()
 

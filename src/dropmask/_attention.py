@@ -168,7 +168,7 @@ def dot_product_attention(
         ``module`` to sow the weights into). The blockwise path is a
         ``custom_vjp``: ``jvp``, and second derivatives with ``is_causal`` or
         ``window``, need ``"dense"``. ``"pallas"`` (never chosen by ``"auto"``) takes
-        no ``mask``, ``bias`` or run-time ``dropout_rate``; see ``docs/attention.md``.
+        no ``mask`` or ``bias``; see ``docs/attention.md``.
       block_q, block_k: blockwise tile sizes (default 128, at most the lengths); any
         size gives the same result, sizes that do not divide the lengths included.
         For ``"pallas"``: powers of two >= 16 (default 64 and 32).
@@ -275,7 +275,6 @@ def dot_product_attention(
         q_len * kv_len,
         mask=m is not None,
         bias=bias is not None,
-        traced_rate=drops and isinstance(dropout_rate, jax.Array),
     )
     if path == "pallas":
         sizes = _pallas_block_sizes(block_q, block_k, q_len, kv_len)
@@ -312,7 +311,10 @@ def dot_product_attention(
         )
         if path == "pallas":
             kernel = pa.Kernel(
-                plan, segments=q_seg is not None, interpret=jax.default_backend() != "gpu"
+                plan,
+                segments=q_seg is not None,
+                interpret=jax.default_backend() != "gpu",
+                run_time_bits=pa.run_time_bits() if drops and static_keep is None else None,
             )
             out, tainted = pa.pallas_attention(
                 kernel,
@@ -325,6 +327,7 @@ def dot_product_attention(
                 bad_q=bad_q,
                 bad_kv=bad_k | bad_v,
                 key=rng,
+                run_time_keep=None if static_keep is not None else keep,
             )
             return _poison(out, q, tainted)
 
@@ -459,7 +462,6 @@ def _choose_path(
     *,
     mask: bool,
     bias: bool,
-    traced_rate: bool,
 ) -> str:
     """``"dense"``, ``"blockwise"`` or ``"pallas"``; raises if ``algorithm`` cannot serve."""
     if algorithm not in _ALGORITHMS:
@@ -481,7 +483,7 @@ def _choose_path(
             f"algorithm='dense' (or 'auto'), or drop that argument."
         )
     if algorithm == "pallas":
-        _check_pallas(mask=mask, bias=bias, traced_rate=traced_rate)
+        _check_pallas(mask=mask, bias=bias)
     if algorithm == "auto":
         return "blockwise" if not dense_only and scores >= AUTO_BLOCKWISE_SCORES else "dense"
     return algorithm
@@ -491,8 +493,6 @@ _PALLAS_LACKS = {
     "mask": "a dense mask= (pass the structure instead: is_causal, window, kv_lengths, "
     "kv_mask, segment ids)",
     "bias": "bias=",
-    "traced_rate": "a dropout_rate given as a JAX array (the kernels compile its threshold "
-    "in; pass a Python float)",
 }
 
 

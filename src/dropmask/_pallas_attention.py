@@ -41,7 +41,7 @@ from . import _blockwise_attention as bw
 from ._fast_mask import Threshold, key_words, threshold
 from ._tile_mask import tile_keep_flags
 
-__all__ = ["DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "Kernel", "pallas_attention"]
+__all__ = ["DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "Kernel", "pallas_attention", "run_time_bits"]
 
 # Tile sizes until measured on a GPU: a key tile of 32 is one mask word per row, the
 # cheapest flags; JAX's own Pallas kernel takes 32 x 32 for its backward pass.
@@ -60,20 +60,32 @@ class Kernel:
         ``tiles.keep`` is the static keep probability when ``tiles.dropout``.
       segments: whether segment ids are given.
       interpret: run the kernels in Pallas's interpreter (off a GPU).
+      run_time_bits: ``(nbits, shift)`` of a run-time threshold (a traced rate, whose
+        value and realised probability arrive as an input); None for a static rate.
       num_warps, num_stages: Triton's launch parameters (GPU only).
     """
 
     tiles: bw.Plan
     segments: bool
     interpret: bool
+    run_time_bits: tuple[int, int] | None = None
     num_warps: int = 4
     num_stages: int = 2
 
     @property
-    def threshold(self) -> Threshold | None:
-        if not self.tiles.dropout or self.tiles.keep is None:
-            return None
-        return threshold(self.tiles.keep)
+    def dropout(self) -> bool:
+        return self.tiles.dropout
+
+    @property
+    def run_time_rate(self) -> bool:
+        return self.tiles.dropout and self.tiles.keep is None
+
+
+class _Dropout(NamedTuple):
+    """Inside a kernel: the four key words (``uint32`` scalars) and the threshold."""
+
+    words: list[jax.Array]
+    threshold: Threshold
 
 
 class _Inputs(NamedTuple):
@@ -81,8 +93,9 @@ class _Inputs(NamedTuple):
 
     ``q_state: int32[B, H, Lq]`` (1 where the query holds a non-finite entry),
     ``kv_state: int32[B, Hk, Lk]`` (0 padding, ``_VALID``, or ``_NONFINITE`` for a
-    valid key whose key or value holds one), segment ids ``int32[B, L]`` and the
-    four Threefry key words ``uint32[4]``.
+    valid key whose key or value holds one), segment ids ``int32[B, L]``, the four
+    Threefry key words ``uint32[4]`` and, for a run-time rate, ``float32[2]``: the
+    threshold's value and the probability it realises.
     """
 
     q_state: jax.Array
@@ -90,6 +103,7 @@ class _Inputs(NamedTuple):
     q_segments: jax.Array | None
     kv_segments: jax.Array | None
     words: jax.Array | None
+    rate: jax.Array | None
 
 
 def _query_tiles(plan: bw.Plan, j: Any) -> tuple[Any, Any]:
@@ -106,15 +120,36 @@ def _query_tiles(plan: bw.Plan, j: Any) -> tuple[Any, Any]:
     return bw.key_block_bounds(transposed, j)
 
 
-def _kept_scale(kernel: Kernel, words: Any, bh: Any, rows: Any, col0: Any) -> Any:
-    """``1/realised`` where kept, 0 where dropped (``[bq, bk]``), or None without dropout."""
-    thr = kernel.threshold
-    if thr is None:
+def _dropout(kernel: Kernel, words_ref: Any, rate_ref: Any) -> _Dropout | None:
+    if words_ref is None:
         return None
-    flags = tile_keep_flags(kernel.tiles, thr, words, bh, rows, col0)
+    words = [words_ref[t] for t in range(4)]
+    if rate_ref is None:
+        assert kernel.tiles.keep is not None
+        return _Dropout(words, threshold(kernel.tiles.keep))
+    assert kernel.run_time_bits is not None
+    nbits, shift = kernel.run_time_bits
+    return _Dropout(words, Threshold(nbits, shift, rate_ref[0].astype(jnp.uint32), rate_ref[1]))
+
+
+def _kept_scale(kernel: Kernel, dropout: _Dropout | None, bh: Any, rows: Any, col0: Any) -> Any:
+    """``1/realised`` where kept, 0 where dropped (``[bq, bk]``), or None without dropout;
+    NaN everywhere for a run-time rate outside [0, 1], as on the dense path."""
+    if dropout is None:
+        return None
+    thr = dropout.threshold
+    flags = tile_keep_flags(kernel.tiles, thr, dropout.words, bh, rows, col0)
     acc = kernel.tiles.accumulate
-    scale = 1.0 / thr.realised if thr.realised > 0 else 0.0  # rate 1 keeps nothing
-    return jnp.where(flags, jnp.asarray(scale, acc), jnp.zeros((), acc))
+    if isinstance(thr.realised, float):
+        scale = 1.0 / thr.realised if thr.realised > 0 else 0.0  # rate 1 keeps nothing
+        return jnp.where(flags, jnp.asarray(scale, acc), jnp.zeros((), acc))
+    # _dropout's scale and fill, NaN for an invalid rate through ``realised * 0``:
+    # Triton's lowering takes no NaN literal.
+    realised = thr.realised.astype(acc)
+    nan_or_zero = realised * 0
+    positive = realised > 0
+    scale = jnp.where(positive, 1 / jnp.where(positive, realised, 1), 0) + nan_or_zero
+    return jnp.where(flags, scale, nan_or_zero)
 
 
 # --- the tile computations ------------------------------------------------------------
@@ -151,19 +186,16 @@ def _row_max(x: jax.Array) -> jax.Array:
     return jnp.max(x.astype(jnp.int32), axis=-1)
 
 
-def _words(words_ref: Any) -> list[jax.Array] | None:
-    return None if words_ref is None else [words_ref[t] for t in range(4)]
-
-
 def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
     plan = kernel.tiles
     q_ref, k_ref, v_ref, q_state_ref, kv_state_ref, *rest = refs
     q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if kernel.segments else (None, None)
-    words_ref = rest.pop(0) if kernel.threshold is not None else None
+    words_ref = rest.pop(0) if kernel.dropout else None
+    rate_ref = rest.pop(0) if kernel.run_time_rate else None
     out_ref, lse_ref, taint_ref = rest
     i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk, acc_dtype = plan.block_q, plan.block_k, plan.accumulate
-    words = _words(words_ref)
+    dropout = _dropout(kernel, words_ref, rate_ref)
     q = q_ref[...]
     rows = i * bq + lax.iota(jnp.int32, bq)
     q_seg = None if q_seg_ref is None else q_seg_ref[...]
@@ -186,7 +218,7 @@ def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
         alpha = jnp.exp(jnp.where(m == -jnp.inf, -jnp.inf, m - shift))
         p = jnp.exp(s - shift[:, None])
         total = alpha * total + jnp.sum(p, axis=-1)
-        scale = _kept_scale(kernel, words, b * plan.heads + h, rows, start)
+        scale = _kept_scale(kernel, dropout, b * plan.heads + h, rows, start)
         if scale is not None:
             p = p * scale
         acc = alpha[:, None] * acc + _dot(p.astype(v.dtype), v, (1, 0), plan)
@@ -207,7 +239,7 @@ def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
     taint_ref[...] = taint
 
 
-def _probabilities(kernel: Kernel, words, bh, q, k, rows, col0, state, q_seg, kv_seg, lse, taint):
+def _probabilities(kernel: Kernel, dropout, bh, q, k, rows, col0, state, q_seg, kv_seg, lse, taint):
     """A tile's softmax probabilities ``p`` (0 where dead or tainted) and dropout scale."""
     plan = kernel.tiles
     cols = col0 + lax.iota(jnp.int32, plan.block_k)
@@ -215,24 +247,24 @@ def _probabilities(kernel: Kernel, words, bh, q, k, rows, col0, state, q_seg, kv
     ok = _allowed(plan, rows, cols, state, q_seg, kv_seg)
     live = ok & (taint == 0)[:, None] & ~_nonfinite(s)
     p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - lse[:, None]), 0.0)
-    return p, _kept_scale(kernel, words, bh, rows, col0)
+    return p, _kept_scale(kernel, dropout, bh, rows, col0)
 
 
 def _backward_refs(kernel: Kernel, refs: tuple[Any, ...]):
     (q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref, *rest) = refs
     q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if kernel.segments else (None, None)
-    words_ref = rest.pop(0) if kernel.threshold is not None else None
+    words_ref = rest.pop(0) if kernel.dropout else None
+    rate_ref = rest.pop(0) if kernel.run_time_rate else None
     ins = (q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref)
-    return ins, q_seg_ref, kv_seg_ref, words_ref, rest
+    return ins, q_seg_ref, kv_seg_ref, _dropout(kernel, words_ref, rate_ref), rest
 
 
 def _dkdv_kernel(kernel: Kernel, *refs: Any) -> None:
     plan = kernel.tiles
-    ins, q_seg_ref, kv_seg_ref, words_ref, (dk_ref, dv_ref) = _backward_refs(kernel, refs)
+    ins, q_seg_ref, kv_seg_ref, dropout, (dk_ref, dv_ref) = _backward_refs(kernel, refs)
     q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref = ins
     j, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk = plan.block_q, plan.block_k
-    words = _words(words_ref)
     k, v = k_ref[...], v_ref[...]
     state = kv_state_ref[...]
     kv_seg = None if kv_seg_ref is None else kv_seg_ref[...]
@@ -246,7 +278,7 @@ def _dkdv_kernel(kernel: Kernel, *refs: Any) -> None:
         q_seg = None if q_seg_ref is None else q_seg_ref[rows_slice]
         p, scale = _probabilities(
             kernel,
-            words,
+            dropout,
             b * plan.heads + h,
             q,
             k,
@@ -279,11 +311,10 @@ def _dkdv_kernel(kernel: Kernel, *refs: Any) -> None:
 
 def _dq_kernel(kernel: Kernel, *refs: Any) -> None:
     plan = kernel.tiles
-    ins, q_seg_ref, kv_seg_ref, words_ref, (dq_ref,) = _backward_refs(kernel, refs)
+    ins, q_seg_ref, kv_seg_ref, dropout, (dq_ref,) = _backward_refs(kernel, refs)
     q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref = ins
     i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk = plan.block_q, plan.block_k
-    words = _words(words_ref)
     q, d_out = q_ref[...], d_out_ref[...]
     lse, delta, taint = lse_ref[...], delta_ref[...], taint_ref[...]
     rows = i * bq + lax.iota(jnp.int32, bq)
@@ -296,7 +327,18 @@ def _dq_kernel(kernel: Kernel, *refs: Any) -> None:
         kv_seg = None if kv_seg_ref is None else kv_seg_ref[cols_slice]
         state = kv_state_ref[cols_slice]
         p, scale = _probabilities(
-            kernel, words, b * plan.heads + h, q, k, rows, j * bk, state, q_seg, kv_seg, lse, taint
+            kernel,
+            dropout,
+            b * plan.heads + h,
+            q,
+            k,
+            rows,
+            j * bk,
+            state,
+            q_seg,
+            kv_seg,
+            lse,
+            taint,
         )
         d_p = _dot(d_out, v, (1, 1), plan)
         if scale is not None:
@@ -341,9 +383,12 @@ def _side_specs(kernel: Kernel, side: _Inputs, q_block: int, k_block: int, tile_
         k_index = (lambda t, b, h: (b, t)) if tile_axis == "k" else (lambda t, b, h: (b, 0))
         specs += [pl.BlockSpec((None, q_block), q_index), pl.BlockSpec((None, k_block), k_index)]
         args += [side.q_segments, side.kv_segments]
-    if kernel.threshold is not None:
+    if kernel.dropout:
         specs.append(pl.BlockSpec((4,), lambda t, b, h: (0,)))
         args.append(side.words)
+    if kernel.run_time_rate:
+        specs.append(pl.BlockSpec((2,), lambda t, b, h: (0,)))
+        args.append(side.rate)
     return specs, args
 
 
@@ -484,6 +529,19 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 # --- the entry point ------------------------------------------------------------------
 
 
+def run_time_bits() -> tuple[int, int]:
+    """``(nbits, shift)`` of every run-time threshold (they depend on no value)."""
+    thr = threshold(jnp.float32(0.5))
+    return thr.nbits, thr.shift
+
+
+def _run_time_threshold(keep: Any) -> jax.Array:
+    """``float32[2]``: a run-time threshold's value (an integer below 2**24, exact in
+    float32) and the probability it realises (NaN for a keep probability outside [0, 1])."""
+    thr = threshold(keep)
+    return jnp.stack([jnp.asarray(thr.value).astype(jnp.float32), thr.realised])
+
+
 def _padded_depth(depth: int) -> int:
     return max(16, pl.next_power_of_2(depth))
 
@@ -507,6 +565,7 @@ def pallas_attention(
     bad_q: jax.Array,
     bad_kv: jax.Array,
     key: Any,
+    run_time_keep: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Attention of ``q: [*batch, Lq, H, D]`` over ``k``, ``v``: ``[*batch, Lk, Hk, D]``.
 
@@ -514,6 +573,8 @@ def pallas_attention(
     scaled by ``1/sqrt(D)`` and every input is finite (non-finite entries zeroed and
     recorded in ``bad_q: bool[*batch, Lq, H]`` and ``bad_kv: bool[*batch, Lk, Hk]``).
     ``kv_valid`` broadcasts to ``[*batch, Lk]``; segment ids to ``[*batch, L]``.
+    ``run_time_keep``: the keep probability as a ``float32`` scalar when the rate is a
+    run-time value (``kernel.run_time_bits`` set), else None.
 
     Returns:
       The output ``[*batch, Lq, H, Dv]`` with tainted rows 0, and the taint
@@ -545,7 +606,8 @@ def pallas_attention(
         kv_state=_pad_to(kv_state, {2: lk}),
         q_segments=segments(q_segments, plan.q_len, lq),
         kv_segments=segments(kv_segments, plan.kv_len, lk),
-        words=None if kernel.threshold is None else key_words(key),
+        words=key_words(key) if kernel.dropout else None,
+        rate=None if run_time_keep is None else _run_time_threshold(run_time_keep),
     )
     out, taint = _attend(kernel, q4, k4, v4, side)
     out = out[:, : plan.q_len, :, :v_depth].reshape(*plan.batch, plan.q_len, heads, v_depth)
