@@ -121,6 +121,15 @@ def test_values_and_gradients_match_dense(name):
     _compare(*_qkv(0), **CASES[name])
 
 
+@pytest.mark.parametrize("shape", [(B, 1, LQ, LK), (LQ, LK), (1, H, 1, LK)])
+def test_dense_masks_broadcast_on_any_axis(shape):
+    q, k, v = _qkv(13)
+    mask = np.random.default_rng(14).random(shape) < 0.7
+    if shape[-2] == LQ:
+        mask[..., 3, :] = False  # a query with no valid key
+    _compare(q, k, v, mask=mask, is_causal=True, broadcast_dropout=False, **DROP)
+
+
 def test_grouped_query_heads():
     q, k, v = _qkv(2, h=4, kv_heads=2)
     _compare(q, k, v, is_causal=True, broadcast_dropout=False, **DROP)
@@ -210,7 +219,6 @@ def test_queries_without_keys_output_zeros():
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        ({"mask": np.ones((LQ, LK), bool)}, "dense mask="),
         ({"bias": np.zeros((LQ, LK), np.float32)}, "bias="),
         ({"impl": "flax"}, "impl='flax'"),
         ({"block_k": 24}, "block_k must be a power of two >= 16"),
@@ -234,14 +242,16 @@ def test_auto_never_picks_pallas():
 @pytest.mark.parametrize("keep", [0.9, None])
 def test_kernels_lower_to_triton_for_a_gpu(keep):
     """The forward and both backward kernels lower (Pallas to Triton IR) for CUDA, with
-    a static keep probability and a run-time one."""
+    a static keep probability, and with a run-time one and a dense mask."""
     plan = bw.Plan(
         batch=(2,), kv_heads=1, groups=2, q_len=40, kv_len=70, block_q=16, block_k=32,
         left=None, right=0, keep=keep, dropout=True, broadcast_dropout=False,
         precision=None, accumulate=jnp.float32,
     )  # fmt: skip
     bits = None if keep is not None else pa.run_time_bits()
-    kernel = pa.Kernel(plan, segments=True, interpret=False, run_time_bits=bits)
+    mask = None if keep is not None else jnp.ones((2, 1, 40, 70), bool)  # with a dense mask
+    dims = None if mask is None else pa.mask_dims(mask, plan.batch)
+    kernel = pa.Kernel(plan, segments=True, interpret=False, run_time_bits=bits, mask_dims=dims)
     run_time_keep = None if keep is not None else jnp.float32(0.9)
 
     def loss(q, k, v):
@@ -250,7 +260,7 @@ def test_kernels_lower_to_triton_for_a_gpu(keep):
             kv_valid=None, q_segments=jnp.ones((2, 40), jnp.int32),
             kv_segments=jnp.ones((2, 70), jnp.int32), bad_q=jnp.zeros((2, 40, 2), bool),
             bad_kv=jnp.zeros((2, 70, 1), bool), key=jax.random.key(0),
-            run_time_keep=run_time_keep,
+            run_time_keep=run_time_keep, mask=mask,
         )  # fmt: skip
         return out.astype(jnp.float32).sum()
 

@@ -168,7 +168,7 @@ def dot_product_attention(
         ``module`` to sow the weights into). The blockwise path is a
         ``custom_vjp``: ``jvp``, and second derivatives with ``is_causal`` or
         ``window``, need ``"dense"``. ``"pallas"`` (never chosen by ``"auto"``) takes
-        no ``mask`` or ``bias``; see ``docs/attention.md``.
+        no ``bias``; see ``docs/attention.md``.
       block_q, block_k: blockwise tile sizes (default 128, at most the lengths); any
         size gives the same result, sizes that do not divide the lengths included.
         For ``"pallas"``: powers of two >= 16 (default 64 and 32).
@@ -273,7 +273,6 @@ def dot_product_attention(
         module,
         qk_attn_weights_einsum is not None,
         q_len * kv_len,
-        mask=m is not None,
         bias=bias is not None,
     )
     if path == "pallas":
@@ -315,6 +314,7 @@ def dot_product_attention(
                 segments=q_seg is not None,
                 interpret=jax.default_backend() != "gpu",
                 run_time_bits=pa.run_time_bits() if drops and static_keep is None else None,
+                mask_dims=None if m is None else pa.mask_dims(m, batch),
             )
             out, tainted = pa.pallas_attention(
                 kernel,
@@ -328,6 +328,7 @@ def dot_product_attention(
                 bad_kv=bad_k | bad_v,
                 key=rng,
                 run_time_keep=None if static_keep is not None else keep,
+                mask=m,
             )
             return _poison(out, q, tainted)
 
@@ -460,7 +461,6 @@ def _choose_path(
     custom_einsums: bool,
     scores: int,
     *,
-    mask: bool,
     bias: bool,
 ) -> str:
     """``"dense"``, ``"blockwise"`` or ``"pallas"``; raises if ``algorithm`` cannot serve."""
@@ -483,17 +483,13 @@ def _choose_path(
             f"algorithm='dense' (or 'auto'), or drop that argument."
         )
     if algorithm == "pallas":
-        _check_pallas(mask=mask, bias=bias)
+        _check_pallas(bias=bias)
     if algorithm == "auto":
         return "blockwise" if not dense_only and scores >= AUTO_BLOCKWISE_SCORES else "dense"
     return algorithm
 
 
-_PALLAS_LACKS = {
-    "mask": "a dense mask= (pass the structure instead: is_causal, window, kv_lengths, "
-    "kv_mask, segment ids)",
-    "bias": "bias=",
-}
+_PALLAS_LACKS = {"bias": "bias= (its gradient is a [q_len, kv_len] array per batch and head)"}
 
 
 def _check_pallas(**given: bool) -> None:

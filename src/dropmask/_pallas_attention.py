@@ -41,7 +41,14 @@ from . import _blockwise_attention as bw
 from ._fast_mask import Threshold, key_words, threshold
 from ._tile_mask import tile_keep_flags
 
-__all__ = ["DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "Kernel", "pallas_attention", "run_time_bits"]
+__all__ = [
+    "DEFAULT_BLOCK_K",
+    "DEFAULT_BLOCK_Q",
+    "Kernel",
+    "mask_dims",
+    "pallas_attention",
+    "run_time_bits",
+]
 
 # Tile sizes until measured on a GPU: a key tile of 32 is one mask word per row, the
 # cheapest flags; JAX's own Pallas kernel takes 32 x 32 for its backward pass.
@@ -62,6 +69,8 @@ class Kernel:
       interpret: run the kernels in Pallas's interpreter (off a GPU).
       run_time_bits: ``(nbits, shift)`` of a run-time threshold (a traced rate, whose
         value and realised probability arrive as an input); None for a static rate.
+      mask_dims: for a dense ``mask``, which of its (batch, head, query, key) axes are
+        whole (the others broadcast); None without one.
       num_warps, num_stages: Triton's launch parameters (GPU only).
     """
 
@@ -69,6 +78,7 @@ class Kernel:
     segments: bool
     interpret: bool
     run_time_bits: tuple[int, int] | None = None
+    mask_dims: tuple[bool, bool, bool, bool] | None = None
     num_warps: int = 4
     num_stages: int = 2
 
@@ -95,7 +105,8 @@ class _Inputs(NamedTuple):
     ``kv_state: int32[B, Hk, Lk]`` (0 padding, ``_VALID``, or ``_NONFINITE`` for a
     valid key whose key or value holds one), segment ids ``int32[B, L]``, the four
     Threefry key words ``uint32[4]`` and, for a run-time rate, ``float32[2]``: the
-    threshold's value and the probability it realises.
+    threshold's value and the probability it realises, and a dense mask as ``int8``
+    ``[B|1, H|1, Lq|1, Lk|1]`` (nonzero = may attend).
     """
 
     q_state: jax.Array
@@ -104,6 +115,7 @@ class _Inputs(NamedTuple):
     kv_segments: jax.Array | None
     words: jax.Array | None
     rate: jax.Array | None
+    mask: jax.Array | None
 
 
 def _query_tiles(plan: bw.Plan, j: Any) -> tuple[Any, Any]:
@@ -165,9 +177,11 @@ def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int], plan: bw.Plan) -
     )
 
 
-def _allowed(plan: bw.Plan, rows, cols, state, q_seg, kv_seg) -> jax.Array:
-    """``bool[bq, bk]``: where the tile's queries may attend (structure and padding)."""
+def _allowed(plan: bw.Plan, rows, cols, state, q_seg, kv_seg, mask) -> jax.Array:
+    """``bool[bq, bk]``: where the tile's queries may attend (structure, padding, mask)."""
     ok = (state != 0)[None, :]
+    if mask is not None:
+        ok = ok & (mask != 0)
     if plan.left is not None:
         ok = ok & (cols[None, :] >= rows[:, None] - plan.left)
     if plan.right is not None:
@@ -186,16 +200,34 @@ def _row_max(x: jax.Array) -> jax.Array:
     return jnp.max(x.astype(jnp.int32), axis=-1)
 
 
+def _side_refs(kernel: Kernel, rest: list[Any]) -> tuple[Any, Any, Any, _Dropout | None]:
+    """Pops the optional inputs off ``rest`` in :func:`_side_specs`'s order."""
+    q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if kernel.segments else (None, None)
+    mask_ref = rest.pop(0) if kernel.mask_dims is not None else None
+    words_ref = rest.pop(0) if kernel.dropout else None
+    rate_ref = rest.pop(0) if kernel.run_time_rate else None
+    return q_seg_ref, kv_seg_ref, mask_ref, _dropout(kernel, words_ref, rate_ref)
+
+
+def _mask_tile(kernel: Kernel, mask_ref: Any, rows: Any, cols: Any) -> jax.Array | None:
+    """The mask's ``[bq|1, bk|1]`` tile: ``rows`` / ``cols`` slice a whole axis of the
+    block (None where the block already is the tile); broadcast axes are read whole."""
+    if mask_ref is None:
+        return None
+    assert kernel.mask_dims is not None
+    _, _, q_whole, k_whole = kernel.mask_dims
+    every = slice(None)
+    row_slice = rows if q_whole and rows is not None else every
+    return mask_ref[row_slice, cols if k_whole and cols is not None else every]
+
+
 def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
     plan = kernel.tiles
     q_ref, k_ref, v_ref, q_state_ref, kv_state_ref, *rest = refs
-    q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if kernel.segments else (None, None)
-    words_ref = rest.pop(0) if kernel.dropout else None
-    rate_ref = rest.pop(0) if kernel.run_time_rate else None
+    q_seg_ref, kv_seg_ref, mask_ref, dropout = _side_refs(kernel, rest)
     out_ref, lse_ref, taint_ref = rest
     i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk, acc_dtype = plan.block_q, plan.block_k, plan.accumulate
-    dropout = _dropout(kernel, words_ref, rate_ref)
     q = q_ref[...]
     rows = i * bq + lax.iota(jnp.int32, bq)
     q_seg = None if q_seg_ref is None else q_seg_ref[...]
@@ -209,7 +241,8 @@ def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
         state = kv_state_ref[pl.ds(start, bk)]
         kv_seg = None if kv_seg_ref is None else kv_seg_ref[pl.ds(start, bk)]
         s = _dot(q, k, (1, 1), plan)
-        ok = _allowed(plan, rows, cols, state, q_seg, kv_seg)
+        mask = _mask_tile(kernel, mask_ref, None, pl.ds(start, bk))
+        ok = _allowed(plan, rows, cols, state, q_seg, kv_seg, mask)
         bad = _nonfinite(s) | (state == _NONFINITE)[None, :]
         taint = jnp.maximum(taint, _row_max(ok & bad))
         s = jnp.where(ok & ~bad, s, -jnp.inf)
@@ -239,12 +272,14 @@ def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
     taint_ref[...] = taint
 
 
-def _probabilities(kernel: Kernel, dropout, bh, q, k, rows, col0, state, q_seg, kv_seg, lse, taint):
+def _probabilities(
+    kernel: Kernel, dropout, bh, q, k, rows, col0, state, q_seg, kv_seg, mask, lse, taint
+):
     """A tile's softmax probabilities ``p`` (0 where dead or tainted) and dropout scale."""
     plan = kernel.tiles
     cols = col0 + lax.iota(jnp.int32, plan.block_k)
     s = _dot(q, k, (1, 1), plan)
-    ok = _allowed(plan, rows, cols, state, q_seg, kv_seg)
+    ok = _allowed(plan, rows, cols, state, q_seg, kv_seg, mask)
     live = ok & (taint == 0)[:, None] & ~_nonfinite(s)
     p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - lse[:, None]), 0.0)
     return p, _kept_scale(kernel, dropout, bh, rows, col0)
@@ -252,16 +287,14 @@ def _probabilities(kernel: Kernel, dropout, bh, q, k, rows, col0, state, q_seg, 
 
 def _backward_refs(kernel: Kernel, refs: tuple[Any, ...]):
     (q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref, *rest) = refs
-    q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if kernel.segments else (None, None)
-    words_ref = rest.pop(0) if kernel.dropout else None
-    rate_ref = rest.pop(0) if kernel.run_time_rate else None
     ins = (q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref)
-    return ins, q_seg_ref, kv_seg_ref, _dropout(kernel, words_ref, rate_ref), rest
+    return ins, _side_refs(kernel, rest), rest
 
 
 def _dkdv_kernel(kernel: Kernel, *refs: Any) -> None:
     plan = kernel.tiles
-    ins, q_seg_ref, kv_seg_ref, dropout, (dk_ref, dv_ref) = _backward_refs(kernel, refs)
+    ins, side, (dk_ref, dv_ref) = _backward_refs(kernel, refs)
+    q_seg_ref, kv_seg_ref, mask_ref, dropout = side
     q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref = ins
     j, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk = plan.block_q, plan.block_k
@@ -287,6 +320,7 @@ def _dkdv_kernel(kernel: Kernel, *refs: Any) -> None:
             state,
             q_seg,
             kv_seg,
+            _mask_tile(kernel, mask_ref, rows_slice, None),
             lse_ref[rows_slice],
             taint_ref[rows_slice],
         )
@@ -311,7 +345,8 @@ def _dkdv_kernel(kernel: Kernel, *refs: Any) -> None:
 
 def _dq_kernel(kernel: Kernel, *refs: Any) -> None:
     plan = kernel.tiles
-    ins, q_seg_ref, kv_seg_ref, dropout, (dq_ref,) = _backward_refs(kernel, refs)
+    ins, side, (dq_ref,) = _backward_refs(kernel, refs)
+    q_seg_ref, kv_seg_ref, mask_ref, dropout = side
     q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref = ins
     i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk = plan.block_q, plan.block_k
@@ -337,6 +372,7 @@ def _dq_kernel(kernel: Kernel, *refs: Any) -> None:
             state,
             q_seg,
             kv_seg,
+            _mask_tile(kernel, mask_ref, None, cols_slice),
             lse,
             taint,
         )
@@ -375,7 +411,8 @@ def _call(kernel: Kernel, body: Any, grid: tuple[int, ...], in_specs, out_specs,
 
 
 def _side_specs(kernel: Kernel, side: _Inputs, q_block: int, k_block: int, tile_axis: str):
-    """Specs of the segment ids and key words, for a grid ``(tile, batch, head)``."""
+    """Specs of the optional inputs (segment ids, mask, key words, run-time threshold),
+    for a grid ``(tile, batch, head)`` over ``tile_axis`` tiles."""
     specs, args = [], []
     if kernel.segments:
         assert side.q_segments is not None and side.kv_segments is not None
@@ -383,6 +420,17 @@ def _side_specs(kernel: Kernel, side: _Inputs, q_block: int, k_block: int, tile_
         k_index = (lambda t, b, h: (b, t)) if tile_axis == "k" else (lambda t, b, h: (b, 0))
         specs += [pl.BlockSpec((None, q_block), q_index), pl.BlockSpec((None, k_block), k_index)]
         args += [side.q_segments, side.kv_segments]
+    if kernel.mask_dims is not None:
+        b_whole, h_whole, q_whole, k_whole = kernel.mask_dims
+        block = (None, None, q_block if q_whole else 1, k_block if k_whole else 1)
+
+        def mask_index(t, b, h):
+            q_tile = t if q_whole and tile_axis == "q" else 0
+            k_tile = t if k_whole and tile_axis == "k" else 0
+            return (b if b_whole else 0, h if h_whole else 0, q_tile, k_tile)
+
+        specs.append(pl.BlockSpec(block, mask_index))
+        args.append(side.mask)
     if kernel.dropout:
         specs.append(pl.BlockSpec((4,), lambda t, b, h: (0,)))
         args.append(side.words)
@@ -542,6 +590,28 @@ def _run_time_threshold(keep: Any) -> jax.Array:
     return jnp.stack([jnp.asarray(thr.value).astype(jnp.float32), thr.realised])
 
 
+def mask_dims(mask: jax.Array, batch: tuple[int, ...]) -> tuple[bool, bool, bool, bool]:
+    """Which of a dense mask's (batch, head, query, key) axes are whole, not 1."""
+    nb = len(batch)
+    return (
+        any(d != 1 for d in mask.shape[:nb]),
+        mask.shape[nb] != 1,
+        mask.shape[nb + 1] != 1,
+        mask.shape[nb + 2] != 1,
+    )
+
+
+def _mask_input(mask: jax.Array, plan: bw.Plan, lq: int, lk: int) -> jax.Array:
+    """``int8[B|1, H|1, Lq_pad|1, Lk_pad|1]``; padding queries and keys masked."""
+    nb = len(plan.batch)
+    b_whole, _, q_whole, k_whole = mask_dims(mask, plan.batch)
+    if b_whole:
+        mask = jnp.broadcast_to(mask, (*plan.batch, *mask.shape[nb:]))
+    mask = mask.reshape(math.prod(plan.batch) if b_whole else 1, *mask.shape[nb:])
+    sizes = {a: n for a, n, whole in ((2, lq, q_whole), (3, lk, k_whole)) if whole}
+    return _pad_to(mask.astype(jnp.int8), sizes)
+
+
 def _padded_depth(depth: int) -> int:
     return max(16, pl.next_power_of_2(depth))
 
@@ -566,6 +636,7 @@ def pallas_attention(
     bad_kv: jax.Array,
     key: Any,
     run_time_keep: Any = None,
+    mask: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Attention of ``q: [*batch, Lq, H, D]`` over ``k``, ``v``: ``[*batch, Lk, Hk, D]``.
 
@@ -574,7 +645,8 @@ def pallas_attention(
     recorded in ``bad_q: bool[*batch, Lq, H]`` and ``bad_kv: bool[*batch, Lk, Hk]``).
     ``kv_valid`` broadcasts to ``[*batch, Lk]``; segment ids to ``[*batch, L]``.
     ``run_time_keep``: the keep probability as a ``float32`` scalar when the rate is a
-    run-time value (``kernel.run_time_bits`` set), else None.
+    run-time value (``kernel.run_time_bits`` set), else None. ``mask``: boolean, rank
+    ``len(batch) + 3``, each axis 1 or whole (as ``kernel.mask_dims`` says).
 
     Returns:
       The output ``[*batch, Lq, H, Dv]`` with tainted rows 0, and the taint
@@ -608,6 +680,7 @@ def pallas_attention(
         kv_segments=segments(kv_segments, plan.kv_len, lk),
         words=key_words(key) if kernel.dropout else None,
         rate=None if run_time_keep is None else _run_time_threshold(run_time_keep),
+        mask=None if mask is None else _mask_input(mask, plan, lq, lk),
     )
     out, taint = _attend(kernel, q4, k4, v4, side)
     out = out[:, : plan.q_len, :, :v_depth].reshape(*plan.batch, plan.q_len, heads, v_depth)
