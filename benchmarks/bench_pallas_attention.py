@@ -3,7 +3,7 @@
 Run on a machine with one CUDA GPU::
 
     python -m benchmarks.bench_pallas_attention [--batch 4] [--length 2048] [--heads 16]
-        [--depth 64] [--dtype bf16] [--causal] [--repeats 11]
+        [--depth 64] [--dtype bf16] [--causal] [--repeats 11] [--block-q 64] [--block-k 32]
 
 Contestants, each the forward and backward pass (``q``, ``k``, ``v`` gradients) of
 ``[batch, length, heads, depth]`` self-attention:
@@ -79,14 +79,21 @@ def jax_mha() -> Callable[..., Any] | None:
     return mha
 
 
-def contestants(causal: bool, depth: int) -> dict[str, Attention]:
-    """name -> ``attend(q, k, v, key) -> out``; JAX's kernel only where importable."""
+def contestants(
+    causal: bool, depth: int, blocks: tuple[int | None, int | None] = (None, None)
+) -> dict[str, Attention]:
+    """name -> ``attend(q, k, v, key) -> out``; JAX's kernel only where importable.
+
+    ``blocks``: our kernels' ``(block_q, block_k)``, None for the defaults.
+    """
 
     def ours(algorithm: str, rate: float) -> Attention:
+        tiles = {"block_q": blocks[0], "block_k": blocks[1]} if algorithm == "pallas" else {}
+
         def attend(q: jax.Array, k: jax.Array, v: jax.Array, key: jax.Array) -> jax.Array:
             return dropmask.dot_product_attention(
                 q, k, v, is_causal=causal, dropout_rate=rate, deterministic=rate == 0,
-                key=key, broadcast_dropout=False, algorithm=algorithm,
+                key=key, broadcast_dropout=False, algorithm=algorithm, **tiles,
             )  # fmt: skip
 
         return attend
@@ -200,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--block-q", type=int, default=None, help="our kernels' query tile")
+    parser.add_argument("--block-k", type=int, default=None, help="our kernels' key tile")
     args = parser.parse_args(argv)
     refusal = gpu_refusal(jax.default_backend())
     if refusal is not None:
@@ -208,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = environment(
         "python -m benchmarks.bench_pallas_attention " + " ".join(argv or sys.argv[1:])
     )
-    attend = contestants(args.causal, args.depth)
+    attend = contestants(args.causal, args.depth, (args.block_q, args.block_k))
     data = inputs(args.batch, args.length, args.heads, args.depth, DTYPES[args.dtype])
     for name, diff in check(attend, data, args.causal).items():
         print(f"check: {name} vs dense without dropout, max abs difference {diff:.3g}")
@@ -218,7 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = paired_per_pass_seconds(loops, repeats=args.repeats)
     setup = (
         f"[{args.batch}, {args.length}, {args.heads}, {args.depth}] {args.dtype}, "
-        f"{'causal' if args.causal else 'full'} self-attention, forward+backward per pass"
+        f"{'causal' if args.causal else 'full'} self-attention, forward+backward per pass; "
+        f"our tiles block_q={args.block_q or 'default'}, block_k={args.block_k or 'default'}"
     )
     print(markdown(seconds, setup, env))
     return 0
