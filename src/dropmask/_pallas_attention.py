@@ -106,7 +106,8 @@ class _Inputs(NamedTuple):
     valid key whose key or value holds one), segment ids ``int32[B, L]``, the four
     Threefry key words ``uint32[4]`` and, for a run-time rate, ``float32[2]``: the
     threshold's value and the probability it realises, and a dense mask as ``int8``
-    ``[B|1, H|1, Lq|1, Lk|1]`` (nonzero = may attend).
+    ``[B|1, H|1, Lq|1, Lk|1]`` (nonzero = may attend); ``key_tiles: int32[B]``, the
+    key tiles up to the last valid key (the loops stop there: padding costs nothing).
     """
 
     q_state: jax.Array
@@ -116,6 +117,7 @@ class _Inputs(NamedTuple):
     words: jax.Array | None
     rate: jax.Array | None
     mask: jax.Array | None
+    key_tiles: jax.Array
 
 
 def _query_tiles(plan: bw.Plan, j: Any) -> tuple[Any, Any]:
@@ -200,13 +202,14 @@ def _row_max(x: jax.Array) -> jax.Array:
     return jnp.max(x.astype(jnp.int32), axis=-1)
 
 
-def _side_refs(kernel: Kernel, rest: list[Any]) -> tuple[Any, Any, Any, _Dropout | None]:
-    """Pops the optional inputs off ``rest`` in :func:`_side_specs`'s order."""
+def _side_refs(kernel: Kernel, rest: list[Any]) -> tuple[Any, Any, Any, Any, _Dropout | None]:
+    """Pops the side inputs off ``rest`` in :func:`_side_specs`'s order."""
+    key_tiles = rest.pop(0)[0]
     q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if kernel.segments else (None, None)
     mask_ref = rest.pop(0) if kernel.mask_dims is not None else None
     words_ref = rest.pop(0) if kernel.dropout else None
     rate_ref = rest.pop(0) if kernel.run_time_rate else None
-    return q_seg_ref, kv_seg_ref, mask_ref, _dropout(kernel, words_ref, rate_ref)
+    return key_tiles, q_seg_ref, kv_seg_ref, mask_ref, _dropout(kernel, words_ref, rate_ref)
 
 
 def _mask_tile(kernel: Kernel, mask_ref: Any, rows: Any, cols: Any) -> jax.Array | None:
@@ -224,7 +227,7 @@ def _mask_tile(kernel: Kernel, mask_ref: Any, rows: Any, cols: Any) -> jax.Array
 def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
     plan = kernel.tiles
     q_ref, k_ref, v_ref, q_state_ref, kv_state_ref, *rest = refs
-    q_seg_ref, kv_seg_ref, mask_ref, dropout = _side_refs(kernel, rest)
+    key_tiles, q_seg_ref, kv_seg_ref, mask_ref, dropout = _side_refs(kernel, rest)
     out_ref, lse_ref, taint_ref = rest
     i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk, acc_dtype = plan.block_q, plan.block_k, plan.accumulate
@@ -264,6 +267,7 @@ def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
         q_state_ref[...],
     )
     lo, hi = bw.key_block_bounds(plan, i)
+    hi = jnp.minimum(hi, key_tiles)
     m, total, acc, taint = lax.fori_loop(lo, hi, body, init)
     empty = (total == 0) | (taint != 0)
     safe = jnp.where(empty, 1.0, total)
@@ -294,7 +298,7 @@ def _backward_refs(kernel: Kernel, refs: tuple[Any, ...]):
 def _dkdv_kernel(kernel: Kernel, *refs: Any) -> None:
     plan = kernel.tiles
     ins, side, (dk_ref, dv_ref) = _backward_refs(kernel, refs)
-    q_seg_ref, kv_seg_ref, mask_ref, dropout = side
+    key_tiles, q_seg_ref, kv_seg_ref, mask_ref, dropout = side
     q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref = ins
     j, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk = plan.block_q, plan.block_k
@@ -338,6 +342,7 @@ def _dkdv_kernel(kernel: Kernel, *refs: Any) -> None:
         jnp.zeros((bk, v_ref.shape[-1]), plan.accumulate),
     )
     lo, hi = _query_tiles(plan, j)
+    hi = jnp.where(j < key_tiles, hi, lo)  # past the last valid key: nothing to do
     dk, dv = lax.fori_loop(lo, hi, body, init)
     dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
@@ -346,7 +351,7 @@ def _dkdv_kernel(kernel: Kernel, *refs: Any) -> None:
 def _dq_kernel(kernel: Kernel, *refs: Any) -> None:
     plan = kernel.tiles
     ins, side, (dq_ref,) = _backward_refs(kernel, refs)
-    q_seg_ref, kv_seg_ref, mask_ref, dropout = side
+    key_tiles, q_seg_ref, kv_seg_ref, mask_ref, dropout = side
     q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, taint_ref, kv_state_ref = ins
     i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk = plan.block_q, plan.block_k
@@ -383,6 +388,7 @@ def _dq_kernel(kernel: Kernel, *refs: Any) -> None:
         return dq + _dot(d_s.astype(k.dtype), k, (1, 0), plan)
 
     lo, hi = bw.key_block_bounds(plan, i)
+    hi = jnp.minimum(hi, key_tiles)
     dq = lax.fori_loop(lo, hi, body, jnp.zeros((bq, q_ref.shape[-1]), plan.accumulate))
     dq_ref[...] = dq.astype(dq_ref.dtype)
 
@@ -411,9 +417,9 @@ def _call(kernel: Kernel, body: Any, grid: tuple[int, ...], in_specs, out_specs,
 
 
 def _side_specs(kernel: Kernel, side: _Inputs, q_block: int, k_block: int, tile_axis: str):
-    """Specs of the optional inputs (segment ids, mask, key words, run-time threshold),
-    for a grid ``(tile, batch, head)`` over ``tile_axis`` tiles."""
-    specs, args = [], []
+    """Specs of the side inputs (key tile count, and where given segment ids, mask, key
+    words, run-time threshold), for a grid ``(tile, batch, head)`` over ``tile_axis``."""
+    specs, args = [pl.BlockSpec((1,), lambda t, b, h: (b,))], [side.key_tiles]
     if kernel.segments:
         assert side.q_segments is not None and side.kv_segments is not None
         q_index = (lambda t, b, h: (b, t)) if tile_axis == "q" else (lambda t, b, h: (b, 0))
@@ -612,6 +618,14 @@ def _mask_input(mask: jax.Array, plan: bw.Plan, lq: int, lk: int) -> jax.Array:
     return _pad_to(mask.astype(jnp.int8), sizes)
 
 
+def _key_tiles(kv_state: jax.Array, block_k: int) -> jax.Array:
+    """``int32[B]``: how many key tiles reach the last valid key of each batch row."""
+    valid = jnp.any(kv_state != 0, axis=1)  # [B, Lk]
+    position = lax.broadcasted_iota(jnp.int32, valid.shape, 1) + 1
+    end = jnp.max(jnp.where(valid, position, 0), axis=1)
+    return (end + block_k - 1) // block_k
+
+
 def _padded_depth(depth: int) -> int:
     return max(16, pl.next_power_of_2(depth))
 
@@ -676,6 +690,7 @@ def pallas_attention(
     side = _Inputs(
         q_state=_pad_to(q_state, {2: lq}),
         kv_state=_pad_to(kv_state, {2: lk}),
+        key_tiles=_key_tiles(kv_state, plan.block_k),
         q_segments=segments(q_segments, plan.q_len, lq),
         kv_segments=segments(kv_segments, plan.kv_len, lk),
         words=key_words(key) if kernel.dropout else None,
