@@ -482,23 +482,15 @@ def _choose_path(
             f"{_CALLER}: algorithm={algorithm!r} cannot take {dense_only[0]}. Use "
             f"algorithm='dense' (or 'auto'), or drop that argument."
         )
-    if algorithm == "pallas":
-        _check_pallas(bias=bias)
+    if algorithm == "pallas" and bias:
+        raise DropmaskValueError(
+            f"{_CALLER}: algorithm='pallas' does not take bias= yet (its gradient would be "
+            f"a [q_len, kv_len] array per batch and head). Use algorithm='blockwise', which "
+            f"computes the same function with it."
+        )
     if algorithm == "auto":
         return "blockwise" if not dense_only and scores >= AUTO_BLOCKWISE_SCORES else "dense"
     return algorithm
-
-
-_PALLAS_LACKS = {"bias": "bias= (its gradient is a [q_len, kv_len] array per batch and head)"}
-
-
-def _check_pallas(**given: bool) -> None:
-    for name, present in given.items():
-        if present:
-            raise DropmaskValueError(
-                f"{_CALLER}: algorithm='pallas' does not take {_PALLAS_LACKS[name]}. Use "
-                f"algorithm='blockwise', which computes the same function with it."
-            )
 
 
 def _pallas_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:
