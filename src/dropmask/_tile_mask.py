@@ -72,7 +72,8 @@ def tile_keep_flags(
 
     Args:
       plan: the call's geometry (batch dims, heads, lengths, tiles, broadcast_dropout).
-      thr: the static keep threshold (``threshold(keep)``).
+      thr: the keep threshold, ``threshold(keep)``; its ``value`` and ``realised`` may
+        be run-time scalars (a traced rate), its ``nbits`` and ``shift`` are static.
       words: the four ``uint32`` key words (scalars), ``key_words(key)``.
       bh, rows, col0: the tile's global position (traced scalars and a vector).
     """
