@@ -101,7 +101,8 @@ SEGMENTS = {
     "kv_segment_ids": np.repeat([[1, 2, 3, 0], [1, 1, 1, 0]], [20, 20, 20, 10], axis=1),
 }
 CASES = {
-    "causal_lengths": {"is_causal": True, "kv_lengths": np.array([70, 23]), **DROP},
+    # A partial last tile, and a row with no valid key (zeros, as on the dense path).
+    "causal_lengths": {"is_causal": True, "kv_lengths": np.array([23, 0]), **DROP},
     "per_head_mask": {"broadcast_dropout": False, "block_q": 16, "block_k": 64, **DROP},
     "window_segments_kv_mask": {
         "window": (3, 9),
@@ -121,7 +122,10 @@ def test_values_and_gradients_match_dense(name):
     _compare(*_qkv(0), **CASES[name])
 
 
-@pytest.mark.parametrize("shape", [(B, 1, LQ, LK), (LQ, LK), (1, H, 1, LK)])
+@pytest.mark.parametrize(
+    "shape",
+    [(B, 1, LQ, LK), pytest.param((LQ, LK), marks=SLOW), pytest.param((1, H, 1, LK), marks=SLOW)],
+)
 def test_dense_masks_broadcast_on_any_axis(shape):
     q, k, v = _qkv(13)
     mask = np.random.default_rng(14).random(shape) < 0.7
@@ -136,8 +140,7 @@ def test_grouped_query_heads():
 
 
 def test_bf16_inputs_accumulate_in_float32():
-    """bf16 in and out, float32 inside: near the float32 result, and equal to the
-    blockwise path's bf16 result (the same tile arithmetic) to bf16 round-off."""
+    """bf16 in and out, float32 inside: near the float32 result."""
     q, k, v = _qkv(3)
     half = [jnp.asarray(a, jnp.bfloat16) for a in (q, k, v)]
     attend = jax.jit(
@@ -147,6 +150,13 @@ def test_bf16_inputs_accumulate_in_float32():
     assert out.dtype == jnp.bfloat16
     want = attend("dense", q, k, v, is_causal=True, **DROP)
     np.testing.assert_allclose(np.asarray(out, np.float32), want, rtol=2e-2, atol=2e-2)
+
+
+@SLOW
+def test_bf16_gradients_equal_the_blockwise_paths():
+    """bf16 loss and gradients equal the blockwise path's (the same tile arithmetic) to
+    bf16 round-off; the dense path rounds its weights to bf16, so it differs more."""
+    half = [jnp.asarray(a, jnp.bfloat16) for a in _qkv(3)]
     tol = {"rtol": 1e-2, "atol": 1e-2}
     _, grads = _compare(*half, tol=tol, reference="blockwise", is_causal=True, **DROP)
     assert all(g.dtype == jnp.bfloat16 for g in grads)
@@ -212,12 +222,6 @@ def test_run_time_rate_one_compilation_for_every_rate():
 @SLOW
 def test_run_time_rate_gradients():
     _compare(*_qkv(12), dropout_rate=jnp.float32(0.3), deterministic=False, key=DROP["key"])
-
-
-def test_queries_without_keys_output_zeros():
-    q, k, v = _qkv(10)
-    out = _attend("pallas", q, k, v, kv_lengths=np.array([0, 4]), **DROP)
-    assert (np.asarray(out)[0] == 0).all() and (np.asarray(out)[1] != 0).any()
 
 
 @pytest.mark.parametrize(
