@@ -419,7 +419,8 @@ def _call(kernel: Kernel, body: Any, grid: tuple[int, ...], in_specs, out_specs,
 def _side_specs(kernel: Kernel, side: _Inputs, q_block: int, k_block: int, tile_axis: str):
     """Specs of the side inputs (key tile count, and where given segment ids, mask, key
     words, run-time threshold), for a grid ``(tile, batch, head)`` over ``tile_axis``."""
-    specs, args = [pl.BlockSpec((1,), lambda t, b, h: (b,))], [side.key_tiles]
+    specs = [pl.BlockSpec((1,), lambda t, b, h: (b,))]
+    args: list[Any] = [side.key_tiles]
     if kernel.segments:
         assert side.q_segments is not None and side.kv_segments is not None
         q_index = (lambda t, b, h: (b, t)) if tile_axis == "q" else (lambda t, b, h: (b, 0))
