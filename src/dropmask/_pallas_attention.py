@@ -17,8 +17,10 @@ the call), so both paths compute the same function.
 
 Dropout. Each kernel computes its tile's keep-flags from the four key words and the
 tile's global position (``_tile_mask``): they are the dense path's flags element by
-element, drawn again in the backward pass, never stored. The keep probability is
-static, compiled into the kernels.
+element, drawn again in the backward pass, never stored. A Python-number rate is
+compiled into the kernels; a JAX scalar arrives as an input (one compilation for every
+rate). A dense boolean ``mask`` is read a tile at a time; key tiles past a batch row's
+last valid key are not visited.
 
 Inputs are padded to whole tiles (and depths to a power of two of at least 16, as
 Triton's matrix units need); padding keys are invalid and padding queries discarded.
@@ -64,7 +66,7 @@ class Kernel:
 
     Attributes:
       tiles: the call's geometry, structure and dropout (as for the blockwise path);
-        ``tiles.keep`` is the static keep probability when ``tiles.dropout``.
+        ``tiles.keep`` is the keep probability when static (None for a run-time one).
       segments: whether segment ids are given.
       interpret: run the kernels in Pallas's interpreter (off a GPU).
       run_time_bits: ``(nbits, shift)`` of a run-time threshold (a traced rate, whose
