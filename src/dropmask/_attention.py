@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 
 from . import _blockwise_attention as bw
-from . import _pallas_attention as pa
 from ._checks import (
     check_bool_mask,
     check_floating,
@@ -309,6 +308,9 @@ def dot_product_attention(
             accumulate=compute_dtype(dtype),
         )
         if path == "pallas":
+            # Imported here: jax.experimental.pallas loads only for the path that runs it.
+            from . import _pallas_attention as pa
+
             kernel = pa.Kernel(
                 plan,
                 segments=q_seg is not None,
@@ -495,6 +497,8 @@ def _choose_path(
 
 def _pallas_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:
     """Power-of-two tiles of at least 16 (Triton's), at most the padded lengths."""
+    from . import _pallas_attention as pa
+
     sizes = []
     for size, name, length, default in (
         (block_q, "block_q", q_len, pa.DEFAULT_BLOCK_Q),
