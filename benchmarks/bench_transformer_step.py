@@ -83,6 +83,9 @@ class EncoderLayer(nn.Module):
     # write it; dropmask's gets ``is_causal=True`` through ``functools.partial``, so
     # the structure reaches the attention function as structure, not as an array.
     causal: bool = False
+    # dropmask's attention algorithm and tile size; None: its defaults ("auto").
+    algorithm: str | None = None
+    block: int | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
@@ -90,9 +93,12 @@ class EncoderLayer(nn.Module):
         attention_fn: Callable[..., jax.Array] = nn.dot_product_attention
         mask = None
         if self.kind == DROPMASK:
-            attention_fn = dropmask.dot_product_attention
-            if self.causal:
-                attention_fn = functools.partial(attention_fn, is_causal=True)
+            options: dict[str, Any] = {"is_causal": True} if self.causal else {}
+            if self.algorithm is not None:
+                options["algorithm"] = self.algorithm
+            if self.block is not None:
+                options.update(block_q=self.block, block_k=self.block)
+            attention_fn = functools.partial(dropmask.dot_product_attention, **options)
         elif self.causal:
             mask = nn.make_causal_mask(x[..., 0])
         y = nn.LayerNorm(dtype=self.dtype)(x)
@@ -268,6 +274,66 @@ def profile_sites(
     return "\n".join(lines) + "\n"
 
 
+# (algorithm, tile) per attention path profiled by --paths; tile None: the default.
+PATHS = {
+    "auto (the default)": (None, None),
+    "dense": ("dense", None),
+    "blockwise, 64 tiles": ("blockwise", 64),
+    "blockwise, 128 tiles": ("blockwise", 128),
+}
+
+
+def profile_paths(
+    lengths: tuple[int, ...] = (256, 512),
+    tokens: int = 4096,
+    width: int = 256,
+    heads: int = 8,
+    mlp_dim: int = 1024,
+    dtype_name: str = "f32",
+    extra: int = 6,
+    repeats: int = 7,
+) -> str:
+    """Which attention path serves the dropout step best at each length.
+
+    At each length (``tokens // length`` sequences), dropmask's layer with dropout on
+    every path of :data:`PATHS` against Flax's layer without dropout, paired per
+    repeat as in :func:`run`; returns a markdown table of step time / that baseline
+    and the temporaries each adds to it. This is what ``algorithm="auto"`` is set by.
+    """
+    dtype = DTYPES[dtype_name]
+    lines = [
+        f"dropmask's step with dropout {RATE} by attention path, {dtype_name}, {tokens} tokens "
+        f"per step, width {width}, {heads} heads, MLP {mlp_dim}: time / Flax's step without "
+        "dropout (median, quartiles of paired repeats) and temporaries added to it.\n",
+        "| length | path | time / Flax without dropout | added temp MiB |",
+        "|---|---|---|---|",
+    ]
+    for length in lengths:
+        kx, kp = jax.random.split(jax.random.key(0))
+        x = jax.random.normal(kx, (max(tokens // length, 1), length, width), dtype)
+        layers = {"flax": EncoderLayer(FLAX, 0.0, heads, mlp_dim, dtype)} | {
+            name: EncoderLayer(DROPMASK, RATE, heads, mlp_dim, dtype, algorithm=a, block=b)
+            for name, (a, b) in PATHS.items()
+        }
+        params = layers["flax"].init(kp, x, True)["params"]
+        args = (params, x, jax.random.key(1))
+        steps = {name: step_fn(layer) for name, layer in layers.items()}
+        loops = {
+            name: Looped(lambda n, s=s: looped_steps(s, n), args, extra=extra)
+            for name, s in steps.items()
+        }
+        seconds = paired_per_pass_seconds(loops, repeats=repeats)
+        temps = {name: temp_bytes(s, args) for name, s in steps.items()}
+        for name in PATHS:
+            ratios = [t / b for t, b in zip(seconds[name], seconds["flax"], strict=True)]
+            q1, med, q3 = quartiles(ratios)
+            lines.append(
+                f"| {length} | {name} | {med:.3f}x ({q1:.3f}x to {q3:.3f}x) | "
+                f"{(temps[name] - temps['flax']) / 2**20:+.1f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def markdown(result: dict[str, Any]) -> str:
     r0 = result["rows"][0]
     b, t, w = r0["shape"]
@@ -315,11 +381,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sites", action="store_true", help="profile dropmask's dropout site by site instead"
     )
-    parser.add_argument("--section", help="with --sites: a RESULTS.md to record the table in")
+    parser.add_argument(
+        "--paths",
+        action="store_true",
+        help="compare dropmask's attention paths (dense, blockwise tiles) at --lengths",
+    )
+    parser.add_argument(
+        "--lengths", default="256,512", help="with --paths: sequence lengths, comma-separated"
+    )
+    parser.add_argument(
+        "--section", help="with --sites or --paths: a RESULTS.md to record the table in"
+    )
     args = parser.parse_args(argv)
     sizes = (args.batch, args.length, args.width, args.heads, args.mlp_dim, args.dtype)
-    if args.sites:
-        table = profile_sites(*sizes, args.extra, args.repeats)
+    if args.sites or args.paths:
+        if args.paths:
+            lengths = tuple(int(n) for n in args.lengths.split(","))
+            tokens = args.batch * args.length
+            table = profile_paths(
+                lengths, tokens, *sizes[2:], extra=args.extra, repeats=args.repeats
+            )
+            title, name = "Attention paths in the Transformer step (`--paths`)", "attention-paths"
+        else:
+            table = profile_sites(*sizes, args.extra, args.repeats)
+            title, name = "Transformer step by dropout site (`--sites`)", "transformer-sites"
         print(table)
         if args.section:
             from benchmarks._common import environment, environment_markdown, write_section
@@ -327,8 +412,10 @@ def main(argv: list[str] | None = None) -> int:
             flags = sys.argv[1:] if argv is None else argv
             command = " ".join(["python -m benchmarks.bench_transformer_step", *flags])
             env = environment_markdown(environment(command))
-            body = "## Transformer step by dropout site (`--sites`)\n\n" + env + "\n" + table
-            write_section(Path(args.section), "transformer-sites", body)
+            body = f"## {title}\n\n" + env + "\n" + table
+            # One section per dtype, so an f32 and a bf16 run both stay recorded.
+            key = name if args.sites else f"{name}-{args.dtype}"
+            write_section(Path(args.section), key, body)
         return 0
     result = run(
         args.batch,

@@ -299,8 +299,8 @@ def test_causal_and_window_visit_only_the_tiles_they_need():
 
 
 def test_auto_picks_blockwise_for_long_sequences_and_dense_for_flax_masks():
-    def loops(length, **kw):
-        q = jnp.zeros((1, length, 1, 8))
+    def loops(length, dtype=jnp.float32, **kw):
+        q = jnp.zeros((1, length, 1, 8), dtype)
         jaxpr = jax.make_jaxpr(lambda q: dm.dot_product_attention(q, q, q, **kw))(q)
         return "custom_vjp_call" in str(jaxpr)
 
@@ -308,6 +308,17 @@ def test_auto_picks_blockwise_for_long_sequences_and_dense_for_flax_masks():
     assert loops(512)
     assert not loops(512, impl="flax")
     assert loops(16, algorithm="blockwise")
+    # 16-bit inputs switch earlier: there the blockwise path is as fast from 256 on.
+    assert not loops(255, jnp.bfloat16)
+    assert loops(256, jnp.bfloat16)
+    assert loops(256, jnp.float16)
+    assert not loops(256, jnp.bfloat16, module=None, impl="flax")
+
+
+def test_default_tiles_follow_the_length():
+    from dropmask import _blockwise_attention as bw
+
+    assert [bw.default_block(n) for n in (1, 256, 512, 513, 4096)] == [64, 64, 64, 128, 128]
 
 
 def test_errors():

@@ -36,3 +36,34 @@ def test_causal_layer_does_not_see_the_future() -> None:
 def test_attention_temp_bytes_grows_with_length() -> None:
     small, large = (bench_attention.attention_temp_bytes(n, heads=2, depth=8) for n in (16, 64))
     assert 0 < small < large
+
+
+def test_paths_table_has_a_row_per_length_and_path(monkeypatch) -> None:
+    # Timing at this size is noise: each contestant gets fixed per-repeat seconds
+    # (Flax's 1 s, the paths 2 s), so the table's ratios are known; memory is real.
+    def seconds(loops, repeats):
+        return {name: [1.0 if name == "flax" else 2.0] * repeats for name in loops}
+
+    monkeypatch.setattr(step, "paired_per_pass_seconds", seconds)
+    table = step.profile_paths((16, 32), tokens=64, width=16, heads=2, mlp_dim=16, repeats=2)
+    rows = [line for line in table.splitlines() if line.startswith(("| 16 ", "| 32 "))]
+    assert len(rows) == 2 * len(step.PATHS), table
+    assert all(name in table for name in step.PATHS)
+    assert all("| 2.000x (2.000x to 2.000x) |" in row for row in rows), table
+
+
+def test_layer_takes_the_chosen_algorithm() -> None:
+    x = jax.numpy.ones((1, 16, 16))
+    dense = step.EncoderLayer(step.DROPMASK, 0.0, 2, 16, jax.numpy.float32, algorithm="dense")
+    tiled = step.EncoderLayer(
+        step.DROPMASK, 0.0, 2, 16, jax.numpy.float32, algorithm="blockwise", block=8
+    )
+    params = dense.init(jax.random.key(0), x, True)["params"]
+    jaxpr = str(jax.make_jaxpr(lambda p: tiled.apply({"params": p}, x, True))(params))
+    assert "custom_vjp_call" in jaxpr
+    np.testing.assert_allclose(
+        dense.apply({"params": params}, x, True),
+        tiled.apply({"params": params}, x, True),
+        rtol=1e-5,
+        atol=1e-5,
+    )

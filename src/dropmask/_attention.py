@@ -45,10 +45,13 @@ __all__ = ["Algorithm", "dot_product_attention"]
 
 Algorithm = Literal["auto", "dense", "blockwise", "pallas"]
 _ALGORITHMS = ("auto", "dense", "blockwise", "pallas")
-# "auto" takes the blockwise path from this many scores per (batch, head) on: from
-# 512 x 512 its forward and backward pass measured faster on CPU than the dense
-# path's, with a fraction of the temporaries (at 256 x 256, slower and leaner).
-AUTO_BLOCKWISE_SCORES = 512 * 512
+# "auto" takes the blockwise path from this many scores per (batch, head) on, by the
+# inputs' itemsize. Measured in a Transformer encoder layer's train step with dropout
+# on CPU (`python -m benchmarks.bench_transformer_step --paths`): in bf16 the blockwise
+# path is as fast as the dense one from 256 x 256 on and keeps no [q, k] array; in f32
+# the dense path is faster up to at least 1024 x 1024 without a causal mask, so f32
+# waits until 512 x 512, where the dense weights outgrow the rest of the step's memory.
+AUTO_BLOCKWISE_SCORES = {2: 256 * 256, 4: 512 * 512}
 
 _CALLER = "dot_product_attention"
 _HINT = (
@@ -162,14 +165,16 @@ def dot_product_attention(
       kv_segment_ids: ``int[batch..., kv_len]``; defaults to ``q_segment_ids`` when
         ``q_len == kv_len``.
       algorithm: ``"dense"``, ``"blockwise"``, ``"pallas"`` or ``"auto"``: blockwise from
-        ``q_len * kv_len >= 2**18`` (512 x 512) on, dense below it, and dense whenever the
+        ``q_len * kv_len >= 256 * 256`` on for 16-bit inputs and from ``512 * 512`` for
+        f32 (where it is leaner, and as fast or faster in bf16), dense below, and dense whenever the
         blockwise path cannot serve the call (``impl="flax"``, custom einsums,
         ``module`` to sow the weights into). The blockwise path is a
         ``custom_vjp``: ``jvp``, and second derivatives with ``is_causal`` or
         ``window``, need ``"dense"``. ``"pallas"`` (never chosen by ``"auto"``) takes
         no ``bias``; see ``docs/attention.md``.
-      block_q, block_k: blockwise tile sizes (default 128, at most the lengths); any
-        size gives the same result, sizes that do not divide the lengths included.
+      block_q, block_k: blockwise tile sizes (default 64 for a length up to 512, 128
+        above; at most the length); any size gives the same result, sizes that do not
+        divide the lengths included.
         For ``"pallas"``: powers of two >= 16 (default 64 and 32).
       dropout_rng: alias of ``key``; pass one or the other.
       dtype: computation dtype; default: promote ``q``, ``k``, ``v``.
@@ -271,7 +276,7 @@ def dot_product_attention(
         impl,
         module,
         qk_attn_weights_einsum is not None,
-        q_len * kv_len,
+        q_len * kv_len >= AUTO_BLOCKWISE_SCORES[min(max(dtype.itemsize, 2), 4)],
         bias=bias is not None,
     )
     if path == "pallas":
@@ -461,7 +466,7 @@ def _choose_path(
     impl: str,
     module: Any,
     custom_einsums: bool,
-    scores: int,
+    long: bool,
     *,
     bias: bool,
 ) -> str:
@@ -491,7 +496,7 @@ def _choose_path(
             f"computes the same function with it."
         )
     if algorithm == "auto":
-        return "blockwise" if not dense_only and scores >= AUTO_BLOCKWISE_SCORES else "dense"
+        return "blockwise" if not dense_only and long else "dense"
     return algorithm
 
 
@@ -524,7 +529,7 @@ def _block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[i
     sizes = []
     for size, name, length in ((block_q, "block_q", q_len), (block_k, "block_k", kv_len)):
         size = (
-            bw.DEFAULT_BLOCK
+            bw.default_block(length)
             if size is None
             else check_static_int(size, name=name, caller=_CALLER, minimum=1)
         )
