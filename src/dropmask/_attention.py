@@ -391,9 +391,10 @@ def dot_product_attention(
 
     if drops and impl == "fast":
         # The backward pass of `dropped weights @ v` needs the dropped weights; kept,
-        # they would be a second [b, h, q, k] array beside the softmax's. Recomputed
-        # from the weights (kept anyway) and the saved 1-bit mask words, they cost one
-        # elementwise pass in the backward pass and no memory.
+        # they would be a second [b, h, q, k] residual beside the softmax's weights.
+        # Recomputed from those weights and the saved 1-bit mask words, they cost one
+        # elementwise pass in the backward pass and are not kept between the passes
+        # (XLA still holds them while that einsum's gradient runs).
         weigh = jax.checkpoint(weigh, policy=SAVE_MASK_WORDS)
     return _poison(weigh(weights, v), q, tainted)
 
