@@ -218,6 +218,29 @@ def run(
     }
 
 
+def _paired_steps(
+    layers: dict[str, EncoderLayer],
+    init_with: str,
+    x: jax.Array,
+    params_key: jax.Array,
+    extra: int,
+    repeats: int,
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Per-repeat step seconds (paired) and temporary bytes of each layer's train step.
+
+    All layers share the parameters ``layers[init_with]`` initialises.
+    """
+    params = layers[init_with].init(params_key, x, True)["params"]
+    args = (params, x, jax.random.key(1))
+    steps = {name: step_fn(layer) for name, layer in layers.items()}
+    loops = {
+        name: Looped(lambda n, s=s: looped_steps(s, n), args, extra=extra)
+        for name, s in steps.items()
+    }
+    seconds = paired_per_pass_seconds(loops, repeats=repeats)
+    return seconds, {name: temp_bytes(s, args) for name, s in steps.items()}
+
+
 # (attention-weight rate, rate of the other sites) per profiled variant.
 SITES = {
     "attention weights only": (RATE, 0.0),
@@ -249,15 +272,7 @@ def profile_sites(
         name: EncoderLayer(DROPMASK, other, heads, mlp_dim, dtype, attention_rate=attention)
         for name, (attention, other) in variants.items()
     }
-    params = layers["none"].init(kp, x, True)["params"]
-    args = (params, x, jax.random.key(1))
-    steps = {name: step_fn(layer) for name, layer in layers.items()}
-    loops = {
-        name: Looped(lambda n, s=s: looped_steps(s, n), args, extra=extra)
-        for name, s in steps.items()
-    }
-    seconds = paired_per_pass_seconds(loops, repeats=repeats)
-    temps = {name: temp_bytes(s, args) for name, s in steps.items()}
+    seconds, temps = _paired_steps(layers, "none", x, kp, extra, repeats)
     lines = [
         f"dropmask's dropout by site, {dtype_name} [{batch}, {length}, {width}], {heads} heads, "
         f"MLP {mlp_dim}; rate-0 step {1e3 * quartiles(seconds['none'])[1]:.1f} ms.\n",
@@ -315,15 +330,7 @@ def profile_paths(
             name: EncoderLayer(DROPMASK, RATE, heads, mlp_dim, dtype, algorithm=a, block=b)
             for name, (a, b) in PATHS.items()
         }
-        params = layers["flax"].init(kp, x, True)["params"]
-        args = (params, x, jax.random.key(1))
-        steps = {name: step_fn(layer) for name, layer in layers.items()}
-        loops = {
-            name: Looped(lambda n, s=s: looped_steps(s, n), args, extra=extra)
-            for name, s in steps.items()
-        }
-        seconds = paired_per_pass_seconds(loops, repeats=repeats)
-        temps = {name: temp_bytes(s, args) for name, s in steps.items()}
+        seconds, temps = _paired_steps(layers, "flax", x, kp, extra, repeats)
         for name in PATHS:
             ratios = [t / b for t, b in zip(seconds[name], seconds["flax"], strict=True)]
             q1, med, q3 = quartiles(ratios)
