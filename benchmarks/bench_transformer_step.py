@@ -374,6 +374,18 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _lengths(text: str) -> tuple[int, ...]:
+    try:
+        lengths = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        lengths = ()
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected positive integers separated by commas, e.g. 256,512; got {text!r}"
+        )
+    return lengths
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=16)
@@ -394,7 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         help="compare dropmask's attention paths (dense, blockwise tiles) at --lengths",
     )
     parser.add_argument(
-        "--lengths", default="256,512", help="with --paths: sequence lengths, comma-separated"
+        "--lengths",
+        type=_lengths,
+        default=(256, 512),
+        help="with --paths: sequence lengths, comma-separated",
     )
     parser.add_argument(
         "--section", help="with --sites or --paths: a RESULTS.md to record the table in"
@@ -403,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = (args.batch, args.length, args.width, args.heads, args.mlp_dim, args.dtype)
     if args.sites or args.paths:
         if args.paths:
-            lengths = tuple(int(n) for n in args.lengths.split(","))
+            lengths = args.lengths
             tokens = args.batch * args.length
             table = profile_paths(
                 lengths, tokens, *sizes[2:], extra=args.extra, repeats=args.repeats
