@@ -189,7 +189,27 @@ def _coords(shape: tuple[int, ...], start: Sequence[Any]) -> list[jax.Array]:
 
 
 def _packed_flags(words: jax.Array, index: jax.Array, thr: Threshold) -> jax.Array:
-    """uint32 keep-flags, bit ``l`` for lane ``l``, of the words numbered ``index``."""
+    """uint32 keep-flags, bit ``l`` for lane ``l``, of the words numbered ``index``.
+
+    One ``jax.jit`` per threshold kind and shape: a mask's thousand-odd generator ops
+    are traced once and enter every enclosing program, and every transformation of it,
+    as one call (XLA inlines it before fusing, so the compiled program is unchanged).
+    """
+    if isinstance(thr.value, int):
+        return _jitted_flags(words, index, None, thr.nbits, thr.shift, thr.value)
+    return _jitted_flags(words, index, thr.value, thr.nbits, thr.shift, None)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _jitted_flags(
+    words: jax.Array,
+    index: jax.Array,
+    value: jax.Array | None,
+    nbits: int,
+    shift: int,
+    static_value: int | None,
+) -> jax.Array:
+    thr = Threshold(nbits, shift, static_value if value is None else value, None)
     fields = _Fields(thr.nbits)
     key = [words[i] for i in range(4)]
     packed = jnp.zeros(index.shape, _U32)
@@ -265,8 +285,6 @@ def keep_from_words(
     _check_word_count(global_word_shape)
     lane0 = offset[axis] % LANES  # where the local block starts within its first word
     word_start = _with(offset, axis, offset[axis] // LANES)
-    fields = _Fields(thr.nbits)
-    key = [words[i] for i in range(4)]
 
     def packed_path(materialise: bool) -> jax.Array:
         # One word more when the block may start mid-word (its last word then spills).
@@ -281,17 +299,16 @@ def keep_from_words(
         return _unpack(checkpoint_name(packed, MASK_NAME), shape, axis, lane0)
 
     def per_element_path() -> jax.Array:
-        coords = _coords(shape, _with(offset, axis, lane0))
-        position = coords[axis]  # counted from the start of the block's first word
-        coords[axis] = position // _U32(LANES) + jnp.asarray(word_start[axis]).astype(_U32)
-        index = _row_major(coords, global_word_shape)
-        j, o, bit = fields.locate(position % _U32(LANES))
-        zero = jnp.zeros((), _U32)
-        outputs = threefry4x32((index, j.astype(_U32), zero, zero), key)
-        chosen = outputs[0]
-        for k in range(1, 4):
-            chosen = jnp.where(o == k, outputs[k], chosen)
-        return _compare(fields.extract(chosen, bit), thr)
+        # Static starts stay Python ints (constants XLA folds, nothing a backward pass
+        # keeps); traced ones (shard_map's axis_index) are the jitted core's arguments.
+        start = (*_with(offset, axis, lane0), word_start[axis])
+        static = tuple(s if isinstance(s, int) else None for s in start)
+        traced = tuple(None if isinstance(s, int) else s for s in start)
+        value, static_value = (None, thr.value) if isinstance(thr.value, int) else (thr.value, None)
+        return _per_element_flags(
+            words, traced, value, static, shape, axis, global_word_shape, thr.nbits, thr.shift,
+            static_value,
+        )  # fmt: skip
 
     if path == "packed":
         return packed_path(materialise=True)
@@ -304,6 +321,38 @@ def keep_from_words(
         cuda=lambda: packed_path(materialise=False),
         default=per_element_path,
     )
+
+
+@functools.partial(jax.jit, static_argnums=range(3, 10))
+def _per_element_flags(
+    words: jax.Array,
+    traced_start: tuple[Any, ...],
+    value: jax.Array | None,
+    static_start: tuple[int | None, ...],
+    shape: tuple[int, ...],
+    axis: int,
+    global_word_shape: tuple[int, ...],
+    nbits: int,
+    shift: int,
+    static_value: int | None,
+) -> jax.Array:
+    """``keep_from_words``'s per-element path (one Threefry call per element), traced
+    once per shape and threshold kind as ``_jitted_flags`` is. The start (per axis, then
+    the packing axis's first word) is split into static and traced parts."""
+    thr = Threshold(nbits, shift, static_value if value is None else value, None)
+    fields = _Fields(nbits)
+    start = [t if s is None else s for s, t in zip(static_start, traced_start, strict=True)]
+    coords = _coords(shape, start[:-1])
+    position = coords[axis]  # counted from the start of the block's first word
+    coords[axis] = position // _U32(LANES) + jnp.asarray(start[-1]).astype(_U32)
+    index = _row_major(coords, global_word_shape)
+    j, o, bit = fields.locate(position % _U32(LANES))
+    zero = jnp.zeros((), _U32)
+    outputs = threefry4x32((index, j.astype(_U32), zero, zero), [words[i] for i in range(4)])
+    chosen = outputs[0]
+    for k in range(1, 4):
+        chosen = jnp.where(o == k, outputs[k], chosen)
+    return _compare(fields.extract(chosen, bit), thr)
 
 
 def _with(values: Sequence[Any], axis: int, value: Any) -> tuple[Any, ...]:
