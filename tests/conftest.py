@@ -6,6 +6,14 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 
+# The tests check values, masks and memory, never speed: XLA's LLVM back end at its
+# lowest optimisation level compiles the suite's thousands of small programs in about
+# two thirds of the time. XLA's own passes (fusion, buffer assignment) still run, so
+# compiled temporaries and program structure are those a user gets. Set in the
+# environment, so that the commands the tests start in subprocesses inherit it;
+# `make bench` and the commands a user runs keep JAX's default.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
