@@ -115,3 +115,20 @@ def test_no_import_cycle_between_modules():
 
     cycles = sorted(name for name in graph if reaches(name, name, set()))
     assert not cycles, cycles
+
+
+def test_front_ends_share_helpers_through_core_modules():
+    """Linen and NNX modules never import each other's private modules, and a layer
+    module takes from its recurrent module only the recurrent layers it re-exports."""
+    src = ROOT / "src" / "dropmask"
+    linen = {"dropmask.linen", "dropmask._linen_rnn"}
+    nnx = {"dropmask.nnx", "dropmask._nnx_rnn"}
+    for own, other in ((linen, nnx), (nnx, linen)):
+        for name in own:
+            path = src / f"{name.split('.')[-1]}.py"
+            crossing = _module_imports(path, name) & other
+            assert not crossing, (name, crossing)
+    for layers, rnn in (("linen", "_linen_rnn"), ("nnx", "_nnx_rnn")):
+        text = (src / f"{layers}.py").read_text()
+        taken = set(re.findall(rf"^from \.{rnn} import (\w+)", text, re.M))
+        assert taken == {"Bidirectional", "MaskedRNN"}, (layers, taken)

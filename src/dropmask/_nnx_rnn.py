@@ -17,7 +17,8 @@ from flax import nnx
 
 from . import _dropout
 from ._checks import check_key, check_rate
-from ._errors import DropmaskTypeError, MissingKeyError
+from ._errors import MissingKeyError
+from ._nnx_streams import own_stream
 from ._rnn import (
     FLAX_RECURRENT_KERNELS,
     carry_rates,
@@ -31,7 +32,7 @@ from ._rnn import (
     resolve_mask,
 )
 
-__all__ = ["Bidirectional", "MaskedRNN", "own_stream"]
+__all__ = ["Bidirectional", "MaskedRNN"]
 
 
 def _stream_keys(cell: nnx.Module) -> dict[str, jax.Array]:
@@ -41,21 +42,6 @@ def _stream_keys(cell: nnx.Module) -> dict[str, jax.Array]:
         if isinstance(node, nnx.RngStream) and node.key.tag not in keys:
             keys[node.key.tag] = node()
     return keys
-
-
-def own_stream(rngs: Any, rng_collection: str, *, caller: str) -> Any:
-    """The layer's own fork of ``rngs``' ``rng_collection`` stream (``nnx.data(None)`` for
-    None), shared by every dropmask NNX layer that draws masks."""
-    if isinstance(rngs, nnx.Rngs):
-        return rngs[rng_collection].fork()
-    if isinstance(rngs, nnx.RngStream):
-        return rngs.fork()
-    if rngs is None:
-        return nnx.data(None)
-    raise DropmaskTypeError(
-        f"{caller}: rngs must be an nnx.Rngs, nnx.RngStream or None, got "
-        f"{type(rngs).__name__}. Pass e.g. rngs=nnx.Rngs({rng_collection}=0)."
-    )
 
 
 class MaskedRNN(nnx.Module):

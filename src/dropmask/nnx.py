@@ -35,7 +35,7 @@ from ._checks import as_dims, check_rate
 from ._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
 from ._nnx_rnn import Bidirectional as Bidirectional
 from ._nnx_rnn import MaskedRNN as MaskedRNN
-from ._nnx_rnn import own_stream
+from ._nnx_streams import own_stream
 from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
 
 __all__ = [
