@@ -195,9 +195,13 @@ def _packed_flags(words: jax.Array, index: jax.Array, thr: Threshold) -> jax.Arr
     are traced once and enter every enclosing program, and every transformation of it,
     as one call (XLA inlines it before fusing, so the compiled program is unchanged).
     """
-    if isinstance(thr.value, int):
-        return _jitted_flags(words, index, None, thr.nbits, thr.shift, thr.value)
-    return _jitted_flags(words, index, thr.value, thr.nbits, thr.shift, None)
+    value, static_value = _split_value(thr)
+    return _jitted_flags(words, index, value, thr.nbits, thr.shift, static_value)
+
+
+def _split_value(thr: Threshold) -> tuple[Any, int | None]:
+    """``(traced, static)`` threshold value for a jitted core: one of them is None."""
+    return (None, thr.value) if isinstance(thr.value, int) else (thr.value, None)
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5))
@@ -304,7 +308,7 @@ def keep_from_words(
         start = (*_with(offset, axis, lane0), word_start[axis])
         static = tuple(s if isinstance(s, int) else None for s in start)
         traced = tuple(None if isinstance(s, int) else s for s in start)
-        value, static_value = (None, thr.value) if isinstance(thr.value, int) else (thr.value, None)
+        value, static_value = _split_value(thr)
         return _per_element_flags(
             words, traced, value, static, shape, axis, global_word_shape, thr.nbits, thr.shift,
             static_value,
