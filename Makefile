@@ -26,8 +26,9 @@ demo: venv
 	rm -rf runs/demo
 	$(VENV)/bin/dropmask train digits --workdir runs/demo $(DEMO_FLAGS)
 
-# The fast inner loop: everything but the end-to-end runs marked slow (multi-process,
-# training runs); prints the ten slowest tests. `make test-slow` runs the rest; CI runs both.
+# The fast inner loop: everything but the tests marked slow (multi-process and training
+# runs, the translate, seq2seq and SST-2 examples' whole models); prints the ten slowest
+# tests. `make test-slow` runs the rest; CI runs both.
 test: venv
 	$(PY) -m pytest -q -n 2 -m "not slow" --durations=10 tests src/dropmask --doctest-modules
 

@@ -19,6 +19,9 @@ from flax import jax_utils, struct
 from dropmask.audit import audit_model, audit_step
 from dropmask.training import TrainState
 
+# A whole Transformer, its pmapped step and its training: the end-to-end group.
+pytestmark = pytest.mark.slow
+
 
 @struct.dataclass
 class TransformerConfig:
@@ -153,7 +156,6 @@ def _audit_model(config: TransformerConfig):
     )
 
 
-@pytest.mark.slow
 def test_clean_transformer_audits_clean_with_eval_model_alone():
     report = _audit_model(TransformerConfig())
     assert report.ok, str(report)
@@ -167,7 +169,6 @@ def test_clean_transformer_audits_clean_with_eval_model_alone():
         assert abs(site.drop_fraction - 0.3) < bound, str(report)
 
 
-@pytest.mark.slow
 def test_clean_pmapped_step_audits_clean_and_keeps_the_callers_state():
     config = TransformerConfig()
     state = _replicated_state(config)
@@ -179,7 +180,6 @@ def test_clean_pmapped_step_audits_clean_and_keeps_the_callers_state():
     assert int(state.step[0]) == 0
 
 
-@pytest.mark.slow
 def test_the_same_step_audits_again_and_after_training_compiled_it():
     config = TransformerConfig(broadcast_dropout=True)
     step = pmapped_step(config)
@@ -192,7 +192,6 @@ def test_the_same_step_audits_again_and_after_training_compiled_it():
         assert len(report.sites) == len(first.sites) > 0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("bug", "code"),
     [
@@ -210,7 +209,6 @@ def test_injected_model_bugs_are_caught_in_the_model_and_the_step(bug, code):
         assert all(f.path.startswith(("encoder", "cross")) for f in report.findings)
 
 
-@pytest.mark.slow
 def test_step_without_a_fresh_key_per_step_is_caught():
     config = TransformerConfig()
     report = audit_step(pmapped_step(config, fold=False), _replicated_state(config), _batches())

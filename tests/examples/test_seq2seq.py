@@ -78,11 +78,13 @@ def test_config_errors_name_the_entry(config):
         input_pipeline.load(bad)
 
 
+@pytest.mark.slow
 def test_train_step_changes_every_parameter_and_uses_the_dropout_key(config, data, state):
     batch = input_pipeline.train_batch(config, data, jax.random.key(1), 0)
     assert_step_changes_every_parameter_and_uses_the_key(train.train_step, state, batch)
 
 
+@pytest.mark.slow
 def test_eval_is_deterministic_and_sampling_uses_the_lstm_stream(config, data, state):
     a = train.evaluate(state, config, data, "eval")
     b = train.evaluate(state, config, data, "eval")

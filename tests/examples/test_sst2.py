@@ -95,11 +95,13 @@ def test_batches_are_pure_padded_to_buckets(config, data):
     }
 
 
+@pytest.mark.slow
 def test_train_step_changes_every_parameter_and_uses_the_dropout_key(config, data, state):
     batch = input_pipeline.train_batch(config, data, jax.random.key(1), 0)
     assert_step_changes_every_parameter_and_uses_the_key(train.train_step, state, batch)
 
 
+@pytest.mark.slow
 def test_eval_is_deterministic(config, data, state):
     a = train.example.evaluate(state, config, data, "eval")
     assert a == train.example.evaluate(state.replace(key=jax.random.key(9)), config, data, "eval")
@@ -124,6 +126,7 @@ def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
     assert part.losses + rest.losses == full.losses
 
 
+@pytest.mark.slow
 def test_predict_gives_deterministic_logits_and_keyed_samples(config, data, state):
     logits, labels = train.classifier.predict(state, config, data, "eval", None, 0)
     assert logits.shape == (len(data.dev), 2) and labels.shape == (len(data.dev),)

@@ -152,11 +152,13 @@ def test_loads_parallel_files_and_names_a_too_long_line(tmp_path, config):
         input_pipeline.load(files)
 
 
+@pytest.mark.slow
 def test_train_step_changes_every_parameter_and_uses_the_dropout_key(config, data, state):
     batch = input_pipeline.train_batch(config, data, jax.random.key(1), 0)
     assert_step_changes_every_parameter_and_uses_the_key(train.train_step, state, batch)
 
 
+@pytest.mark.slow
 def test_blockwise_attention_gives_the_dense_logits_with_dropout_on(config, data, state):
     # Segments and causality as structure on the blockwise path, with small tiles so
     # that rows span several, against the dense path: same function, same dropped
@@ -174,6 +176,7 @@ def test_blockwise_attention_gives_the_dense_logits_with_dropout_on(config, data
     np.testing.assert_allclose(logits["blockwise"], logits["dense"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_eval_is_deterministic_and_beam_1_is_greedy(config, data, state):
     a = train.evaluate(state, config, data, "eval")
     b = train.evaluate(state, config, data, "eval")
@@ -190,6 +193,7 @@ def test_eval_is_deterministic_and_beam_1_is_greedy(config, data, state):
     assert len(out) == 1 and isinstance(out[0], str)
 
 
+@pytest.mark.slow
 def test_cached_decoding_matches_the_full_decoder(config, data, state):
     """Teacher-forcing the greedy output gives the same argmax at every step."""
     batch = data.eval.batches(config.eval_batch_size)[0]
