@@ -18,7 +18,7 @@ if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 # XLA:CPU's older emitter for fused computations: the suite's programs compile in about
-# three quarters of the time (paired cold runs of seven test files, 2 cores: 25-32% less
+# three quarters of the time (paired cold runs of seven test files, 2 cores: 17-32% less
 # wall time in each of five pairs). Only code generation differs: fusion decisions,
 # buffer assignment and compiled temporaries are the same (checked on the dropout and
 # attention programs the memory tests measure). A jaxlib that no longer knows the flag
