@@ -20,13 +20,17 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # XLA:CPU's older emitter for fused computations: the suite's programs compile in about
 # three quarters of the time (paired cold runs of seven test files, 2 cores: 17-32% less
 # wall time in each of five pairs). Only code generation differs: fusion decisions,
-# buffer assignment and compiled temporaries are the same (checked on the dropout and
-# attention programs the memory tests measure). A jaxlib that no longer knows the flag
-# would abort at start-up, so a subprocess tries it first; the verdict reaches
-# pytest-xdist's workers through the environment. DROPMASK_TEST_EMITTER=default keeps
-# XLA's default emitter.
+# buffer assignment and compiled temporaries are the same (checked on dropout forward
+# and backward programs and an attention gradient; the memory tests pass). A jaxlib
+# that no longer knows the flag would abort at start-up, so a subprocess tries it
+# first; the verdict reaches pytest-xdist's workers through the environment.
+# DROPMASK_TEST_EMITTER=default, or the flag already in XLA_FLAGS, keeps the caller's
+# choice.
 _EMITTER_FLAG = "--xla_cpu_use_fusion_emitters=false"
-if "DROPMASK_TEST_EMITTER" not in os.environ:
+if (
+    "DROPMASK_TEST_EMITTER" not in os.environ
+    and "xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]
+):
     _probe = subprocess.run(
         [sys.executable, "-c", "import jax; jax.devices('cpu')"],
         env={**os.environ, "XLA_FLAGS": _EMITTER_FLAG},
