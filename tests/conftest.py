@@ -1,5 +1,6 @@
 """Strict JAX settings for every test; 8 fake CPU devices for the sharding tests."""
 
+import gc
 import itertools
 import os
 import subprocess
@@ -91,3 +92,17 @@ def _checkify_codes_from_one():
     checkify_internals.next_code = itertools.count(1).__next__
     yield
     checkify_internals.next_code = saved
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Moves what a test leaves alive out of reach of Python's cyclic collector.
+
+    JAX's caches (traced programs, lowered modules, compiled executables) grow to
+    millions of Python objects over the suite, and each full collection walked all of
+    them: 22-26 s per pytest-xdist worker, a tenth of its time. Frozen objects are
+    still freed when their last reference goes; only cycles frozen before the
+    collector reached them stay (worker peak memory was unchanged, about 5 GiB).
+    """
+    del item, nextitem
+    gc.freeze()
