@@ -5,7 +5,8 @@ deterministic model's logits, or :func:`predictive_log_probs` of K samples (a
 log-probability is a logit; the input is normalised with ``log_softmax``, which leaves
 log-probabilities unchanged). ``labels: int[...]`` and an optional boolean ``mask``
 broadcastable to ``labels`` (True = valid): padded positions are excluded through the
-library's masked reductions, whatever their logits hold.
+library's masked reductions, whatever their logits hold. Each function checks its
+inputs, then runs one jitted computation (one program per shape when called eagerly).
 
 Expected calibration error (Guo et al., 2017), top-label, equal-width bins: an example
 with confidence ``c = max_j p_j`` falls in bin ``b`` when ``b / B < c <= (b + 1) / B``
@@ -14,6 +15,7 @@ with confidence ``c = max_j p_j`` falls in bin ``b`` when ``b / B < c <= (b + 1)
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -43,10 +45,8 @@ __all__ = [
 ]
 
 
-def _inputs(
-    logits: Any, labels: Any, mask: Any, caller: str
-) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
-    """``(log_p, labels, mask, dtype)``: checked, ``log_p`` in float32 or wider."""
+def _inputs(logits: Any, labels: Any, mask: Any, caller: str) -> tuple[jax.Array, jax.Array, Any]:
+    """``(logits, labels, mask or None)``, checked; the jitted cores below take them."""
     x = check_array(logits, caller=caller, name="logits")
     check_floating(x, caller=caller)
     y = check_array(labels, caller=caller, name="labels")
@@ -57,12 +57,16 @@ def _inputs(
             f"labels {y.shape}. For K samples pass uncertainty.predictive_log_probs(samples)."
         )
     if mask is None:
-        m = jnp.ones(y.shape, bool)
-    else:
-        m = check_bool_mask(mask, caller=caller)
-        check_broadcastable(m.shape, y.shape, caller=caller, name="mask", hint="")
-        m = jnp.broadcast_to(m, y.shape)
-    return log_softmax(x), y, m, x.dtype
+        return x, y, None
+    m = check_bool_mask(mask, caller=caller)
+    check_broadcastable(m.shape, y.shape, caller=caller, name="mask", hint="")
+    return x, y, m
+
+
+def _normalised(x: jax.Array, y: jax.Array, m: Any) -> tuple[jax.Array, jax.Array]:
+    """``(log_p, mask)``: ``log_p`` in float32 or wider, the mask at ``labels``' shape."""
+    m = jnp.ones(y.shape, bool) if m is None else jnp.broadcast_to(m, y.shape)
+    return log_softmax(x), m
 
 
 def _label_log_p(log_p: jax.Array, labels: jax.Array) -> jax.Array:
@@ -95,8 +99,13 @@ def nll(
       ...                             mask=jnp.array([True, True, False]))), 4)
       0.3993
     """
-    log_p, y, m, dtype = _inputs(logits, labels, mask, "uncertainty.nll")
-    return masked_mean(-_label_log_p(log_p, y), m).astype(dtype)
+    return _nll(*_inputs(logits, labels, mask, "uncertainty.nll"))
+
+
+@jax.jit
+def _nll(x: jax.Array, y: jax.Array, m: Any) -> jax.Array:
+    log_p, m = _normalised(x, y, m)
+    return masked_mean(-_label_log_p(log_p, y), m).astype(x.dtype)
 
 
 def brier_score(
@@ -122,10 +131,15 @@ def brier_score(
       >>> uncertainty.brier_score(logits, jnp.array([0, 1])).tolist()  # (0.5 + 2) / 2
       1.25
     """
-    log_p, y, m, dtype = _inputs(logits, labels, mask, "uncertainty.brier_score")
+    return _brier_score(*_inputs(logits, labels, mask, "uncertainty.brier_score"))
+
+
+@jax.jit
+def _brier_score(x: jax.Array, y: jax.Array, m: Any) -> jax.Array:
+    log_p, m = _normalised(x, y, m)
     onehot = jax.nn.one_hot(y, log_p.shape[-1], dtype=log_p.dtype)
     per_example = jnp.sum(jnp.square(jnp.exp(log_p) - onehot), axis=-1)
-    return masked_mean(per_example, m).astype(dtype)
+    return masked_mean(per_example, m).astype(x.dtype)
 
 
 class Reliability(NamedTuple):
@@ -145,11 +159,10 @@ class Reliability(NamedTuple):
 
 
 def _bin_sums(
-    logits: Any, labels: Any, mask: Any, num_bins: Any, caller: str
-) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
+    x: jax.Array, y: jax.Array, m: Any, num_bins: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per bin: count, summed confidence and summed correctness of the valid examples."""
-    num_bins = check_static_int(num_bins, name="num_bins", caller=caller, minimum=1)
-    log_p, y, m, dtype = _inputs(logits, labels, mask, caller)
+    log_p, m = _normalised(x, y, m)
     confidence = jnp.exp(jnp.max(log_p, axis=-1))
     correct = (jnp.argmax(log_p, axis=-1) == y).astype(confidence.dtype)
     index = jnp.clip(jnp.ceil(confidence * num_bins).astype(jnp.int32) - 1, 0, num_bins - 1)
@@ -158,7 +171,7 @@ def _bin_sums(
     count = jnp.sum(in_bin, axis=axes, dtype=confidence.dtype)
     conf_sum = masked_sum(jnp.broadcast_to(confidence[..., None], in_bin.shape), in_bin, axes)
     correct_sum = masked_sum(jnp.broadcast_to(correct[..., None], in_bin.shape), in_bin, axes)
-    return count, conf_sum, correct_sum, dtype
+    return count, conf_sum, correct_sum
 
 
 def expected_calibration_error(
@@ -189,9 +202,15 @@ def expected_calibration_error(
       0.4
     """
     caller = "uncertainty.expected_calibration_error"
-    count, conf_sum, correct_sum, dtype = _bin_sums(logits, labels, mask, num_bins, caller)
+    num_bins = check_static_int(num_bins, name="num_bins", caller=caller, minimum=1)
+    return _expected_calibration_error(*_inputs(logits, labels, mask, caller), num_bins)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _expected_calibration_error(x: jax.Array, y: jax.Array, m: Any, num_bins: int) -> jax.Array:
+    count, conf_sum, correct_sum = _bin_sums(x, y, m, num_bins)
     total = jnp.maximum(jnp.sum(count), 1.0)
-    return (jnp.sum(jnp.abs(correct_sum - conf_sum)) / total).astype(dtype)
+    return (jnp.sum(jnp.abs(correct_sum - conf_sum)) / total).astype(x.dtype)
 
 
 def reliability(
@@ -212,7 +231,13 @@ def reliability(
       ([0.0, 0.0, 1.0, 0.0, 2.0], [0.0, 0.0, 1.0, 0.0, 0.5])
     """
     caller = "uncertainty.reliability"
-    count, conf_sum, correct_sum, _ = _bin_sums(logits, labels, mask, num_bins, caller)
+    num_bins = check_static_int(num_bins, name="num_bins", caller=caller, minimum=1)
+    return _reliability(*_inputs(logits, labels, mask, caller), num_bins)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _reliability(x: jax.Array, y: jax.Array, m: Any, num_bins: int) -> Reliability:
+    count, conf_sum, correct_sum = _bin_sums(x, y, m, num_bins)
     safe = jnp.maximum(count, 1.0)
     edges = jnp.linspace(0.0, 1.0, count.shape[0] + 1, dtype=count.dtype)
     return Reliability(edges, conf_sum / safe, correct_sum / safe, count)

@@ -13,7 +13,9 @@ finite values and finite gradients:
   difference, the mutual information between the prediction and the dropout masks
   (BALD, Houlsby et al. 2011): high where the samples disagree.
 
-Entropies are in nats.
+Entropies are in nats. Each function checks its input, then runs one jitted
+computation: called eagerly, it compiles one program per input shape and dtype, not
+one per operation.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def entropy(log_p: jax.Array) -> jax.Array:
     """
     finite = jnp.isfinite(log_p)
     safe = jnp.where(finite, log_p, 0.0)
-    return -masked_sum(jnp.exp(safe) * safe, finite, axis=-1)
+    # Negated before the sum: a certain row sums -0.0 terms to 0.0, not to -0.0.
+    return masked_sum(-(jnp.exp(safe) * safe), finite, axis=-1)
 
 
 def _mean_log_probs(log_p: jax.Array) -> jax.Array:
@@ -89,7 +92,11 @@ def predictive_log_probs(logits: jax.typing.ArrayLike) -> jax.Array:
       >>> jnp.exp(uncertainty.predictive_log_probs(logits)).tolist()
       [[0.5, 0.5]]
     """
-    x = _samples(logits, "uncertainty.predictive_log_probs")
+    return _predictive_log_probs(_samples(logits, "uncertainty.predictive_log_probs"))
+
+
+@jax.jit
+def _predictive_log_probs(x: jax.Array) -> jax.Array:
     return _mean_log_probs(log_softmax(x)).astype(x.dtype)
 
 
@@ -103,7 +110,11 @@ def predictive_mean(logits: jax.typing.ArrayLike) -> jax.Array:
       Probabilities ``[..., classes]`` in ``logits``' dtype; for NLL and calibration
       pass :func:`predictive_log_probs` instead (exact in log space).
     """
-    x = _samples(logits, "uncertainty.predictive_mean")
+    return _predictive_mean(_samples(logits, "uncertainty.predictive_mean"))
+
+
+@jax.jit
+def _predictive_mean(x: jax.Array) -> jax.Array:
     return jnp.exp(_mean_log_probs(log_softmax(x))).astype(x.dtype)
 
 
@@ -123,7 +134,11 @@ def predictive_variance(logits: jax.typing.ArrayLike) -> jax.Array:
       >>> uncertainty.predictive_variance(logits).tolist()
       [[0.25, 0.25]]
     """
-    x = _samples(logits, "uncertainty.predictive_variance")
+    return _predictive_variance(_samples(logits, "uncertainty.predictive_variance"))
+
+
+@jax.jit
+def _predictive_variance(x: jax.Array) -> jax.Array:
     p = jnp.exp(log_softmax(x))
     return jnp.mean(jnp.square(p - jnp.mean(p, axis=0, keepdims=True)), axis=0).astype(x.dtype)
 
@@ -144,7 +159,11 @@ def predictive_entropy(logits: jax.typing.ArrayLike) -> jax.Array:
       >>> round(float(uncertainty.predictive_entropy(logits)[0]), 4)  # log 2
       0.6931
     """
-    x = _samples(logits, "uncertainty.predictive_entropy")
+    return _predictive_entropy(_samples(logits, "uncertainty.predictive_entropy"))
+
+
+@jax.jit
+def _predictive_entropy(x: jax.Array) -> jax.Array:
     return entropy(_mean_log_probs(log_softmax(x))).astype(x.dtype)
 
 
@@ -164,7 +183,11 @@ def expected_entropy(logits: jax.typing.ArrayLike) -> jax.Array:
       >>> uncertainty.expected_entropy(logits).tolist()  # each sample is certain
       [0.0]
     """
-    x = _samples(logits, "uncertainty.expected_entropy")
+    return _expected_entropy(_samples(logits, "uncertainty.expected_entropy"))
+
+
+@jax.jit
+def _expected_entropy(x: jax.Array) -> jax.Array:
     return jnp.mean(entropy(log_softmax(x)), axis=0).astype(x.dtype)
 
 
@@ -191,7 +214,11 @@ def mutual_information(logits: jax.typing.ArrayLike) -> jax.Array:
       >>> uncertainty.mutual_information(agree).tolist()
       [0.0]
     """
-    x = _samples(logits, "uncertainty.mutual_information")
+    return _mutual_information(_samples(logits, "uncertainty.mutual_information"))
+
+
+@jax.jit
+def _mutual_information(x: jax.Array) -> jax.Array:
     log_p = log_softmax(x)
     total = entropy(_mean_log_probs(log_p))
     return jnp.maximum(total - jnp.mean(entropy(log_p), axis=0), 0.0).astype(x.dtype)
@@ -215,7 +242,11 @@ def regression_moments(samples: jax.typing.ArrayLike) -> tuple[jax.Array, jax.Ar
       >>> mean.tolist(), var.tolist()
       ([2.0], [1.0])
     """
-    x = _samples(samples, "uncertainty.regression_moments", min_ndim=1)
+    return _regression_moments(_samples(samples, "uncertainty.regression_moments", min_ndim=1))
+
+
+@jax.jit
+def _regression_moments(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     y = x.astype(compute_dtype(x.dtype))
     mean = jnp.mean(y, axis=0, keepdims=True)
     variance = jnp.mean(jnp.square(y - mean), axis=0)
