@@ -202,6 +202,31 @@ def test_dtypes_jit_and_vmap(dtype: jnp.dtype) -> None:
     assert mean.dtype == var.dtype == dtype
 
 
+_LABELS, _VALID = jnp.zeros(3, jnp.int32), jnp.ones(3, bool)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        unc.predictive_log_probs,
+        unc.predictive_mean,
+        unc.predictive_variance,
+        unc.predictive_entropy,
+        unc.expected_entropy,
+        unc.mutual_information,
+        unc.regression_moments,
+        lambda log_p: unc.nll(log_p, _LABELS, mask=_VALID),
+        lambda log_p: unc.brier_score(log_p, _LABELS),
+        lambda log_p: unc.expected_calibration_error(log_p, _LABELS, num_bins=4),
+        lambda log_p: unc.reliability(log_p, _LABELS, num_bins=4),
+    ],
+)
+def test_each_function_is_one_jitted_computation(call) -> None:
+    # Called eagerly, a function compiles one program, not one per operation.
+    jaxpr = jax.make_jaxpr(call)(jnp.zeros((3, 4)))
+    assert [e.primitive.name for e in jaxpr.eqns] == ["jit"]
+
+
 def test_nll_gradient_matches_finite_differences() -> None:
     samples = jax.random.normal(jax.random.key(1), (3, 2, 4))
     labels = jnp.array([1, 3])
