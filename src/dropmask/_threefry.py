@@ -13,9 +13,12 @@ needs a 32x32->64 multiply, which costs about twice as much emulated in 32 bits)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 __all__ = ["threefry4x32"]
 
@@ -23,11 +26,17 @@ __all__ = ["threefry4x32"]
 _ROTATIONS = ((10, 26), (11, 21), (13, 27), (23, 5), (6, 20), (17, 11), (25, 10), (18, 20))
 _PARITY = 0x1BD11BDA  # the Threefish key-schedule parity constant
 ROUNDS = 20
-_U32 = jnp.uint32
+_U32 = np.uint32
 
 
+def _u32(x: Any) -> jax.Array:
+    return x if isinstance(x, jax.Array) and x.dtype == _U32 else jnp.asarray(x, _U32)
+
+
+# The rounds call lax directly: each ``jnp`` operator is a small jitted function that
+# tracing inlines, which made tracing the 20 rounds several times slower. Same ops.
 def _rotl(x: jax.Array, r: int) -> jax.Array:
-    return (x << _U32(r)) | (x >> _U32(32 - r))
+    return lax.bitwise_or(lax.shift_left(x, _U32(r)), lax.shift_right_logical(x, _U32(32 - r)))
 
 
 def threefry4x32(
@@ -43,23 +52,26 @@ def threefry4x32(
     Returns:
       Four uint32 arrays, the 128 output bits.
     """
-    schedule = [jnp.asarray(k, _U32) for k in key]
-    schedule.append(_U32(_PARITY) ^ schedule[0] ^ schedule[1] ^ schedule[2] ^ schedule[3])
-    x = [jnp.asarray(c, _U32) + schedule[i] for i, c in enumerate(counter)]
+    add, xor = lax.add, lax.bitwise_xor
+    schedule = [_u32(k) for k in key]
+    schedule.append(
+        xor(xor(xor(xor(_U32(_PARITY), schedule[0]), schedule[1]), schedule[2]), schedule[3])
+    )
+    x = [add(_u32(c), schedule[i]) for i, c in enumerate(counter)]
     for r in range(rounds):
         a, b = _ROTATIONS[r % 8]
         if r % 2 == 0:
-            x[0] = x[0] + x[1]
-            x[1] = _rotl(x[1], a) ^ x[0]
-            x[2] = x[2] + x[3]
-            x[3] = _rotl(x[3], b) ^ x[2]
+            x[0] = add(x[0], x[1])
+            x[1] = xor(_rotl(x[1], a), x[0])
+            x[2] = add(x[2], x[3])
+            x[3] = xor(_rotl(x[3], b), x[2])
         else:
-            x[0] = x[0] + x[3]
-            x[3] = _rotl(x[3], a) ^ x[0]
-            x[2] = x[2] + x[1]
-            x[1] = _rotl(x[1], b) ^ x[2]
+            x[0] = add(x[0], x[3])
+            x[3] = xor(_rotl(x[3], a), x[0])
+            x[2] = add(x[2], x[1])
+            x[1] = xor(_rotl(x[1], b), x[2])
         if r % 4 == 3:  # key injection every four rounds
             s = r // 4 + 1
-            x = [x[i] + schedule[(s + i) % 5] for i in range(4)]
-            x[3] = x[3] + _U32(s)
+            x = [add(x[i], schedule[(s + i) % 5]) for i in range(4)]
+            x[3] = add(x[3], _U32(s))
     return x
