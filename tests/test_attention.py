@@ -50,7 +50,7 @@ def _padded_case(junk=True):
     """Batch 0 is fully valid; batch 1 has 2 valid tokens, so its last queries see nothing."""
     q, k, v, _ = _qkv(0, 2, 4, 2, 4, 8)
     valid = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)
-    mask = dm.attention_mask(valid, valid)
+    mask = jax.jit(dm.attention_mask)(valid, valid)
     if junk:
         for a in (q, k, v):
             a[1, 2:] = np.nan
@@ -59,6 +59,14 @@ def _padded_case(junk=True):
         for a in (q, k, v):
             a[1, 2:] = 0.0
     return q, k, v, mask, valid
+
+
+@jax.jit
+def _flax_and_jax(q, k, v, mask):
+    return (
+        nn.dot_product_attention(q, k, v, mask=mask),
+        jax.nn.dot_product_attention(q, k, v, mask=mask),
+    )
 
 
 @jax.jit
@@ -86,11 +94,11 @@ def test_query_with_no_valid_key_outputs_zeros_with_finite_gradients():
     for g, g0 in zip(grads, grads0, strict=True):
         np.testing.assert_array_equal(g, g0)
     # The anchors average the values over the padding instead.
-    flax = nn.dot_product_attention(q0, k0, v0, mask=mask)
+    flax, jaxnn = (np.asarray(a) for a in _flax_and_jax(q0, k0, v0, mask))
     np.testing.assert_allclose(flax[1, 2:], np.broadcast_to(v0[1].mean(0), (2, 2, 8)), **TOL)
-    jaxnn = jax.nn.dot_product_attention(q0, k0, v0, mask=mask)
     np.testing.assert_allclose(jaxnn[1, 2:], flax[1, 2:], **TOL)
     # Where a query has keys, everything matches Flax.
+    out0 = np.asarray(out0)
     np.testing.assert_allclose(out0[0], flax[0], **TOL)
     np.testing.assert_allclose(out0[1, :2], flax[1, :2], **TOL)
 
@@ -143,24 +151,32 @@ def test_dropout_matches_flax_with_the_flax_generator(broadcast):
     np.testing.assert_array_equal(same, ours)
 
 
-def test_dropout_default_generator_and_modes():
-    q, k, v, _ = _qkv(3, 2, 4, 3, 4, 4)
+@jax.jit
+def _dropout_modes(q, k, v, key):
     weights = []
 
     class Capture:
         def sow(self, collection, name, value):
             weights.append(value)
 
-    key = jax.random.key(0)
     out = dm.dot_product_attention(q, k, v, dropout_rate=0.5, key=key, deterministic=False)
     plain = dm.dot_product_attention(q, k, v, dropout_rate=0.5, key=key, deterministic=True)
-    assert not np.allclose(out, plain)
-    np.testing.assert_allclose(plain, dm.dot_product_attention(q, k, v), **TOL)
+    default = dm.dot_product_attention(q, k, v)
     # Undo the dropout by hand: the same key gives the same mask, shared across batch and heads.
     dm.dot_product_attention(q, k, v, module=Capture())
     keep = dm.keep_mask(key, weights[0].shape, 0.5, broadcast_dims=(0, 1))
-    assert (keep == keep[:1, :1]).all()
     manual = jnp.einsum("...hqk,...khd->...qhd", jnp.where(keep, weights[0] / 0.5, 0), v)
+    return out, plain, default, keep, manual
+
+
+def test_dropout_default_generator_and_modes():
+    q, k, v, _ = _qkv(3, 2, 4, 3, 4, 4)
+    key = jax.random.key(0)
+    out, plain, default, keep, manual = _dropout_modes(q, k, v, key)
+    assert not np.allclose(out, plain)
+    np.testing.assert_allclose(plain, default, **TOL)
+    keep = np.asarray(keep)
+    assert (keep == keep[:1, :1]).all()
     np.testing.assert_allclose(out, manual, **TOL)
     with pytest.raises(dm.MissingKeyError, match="needs a PRNG key"):
         dm.dot_product_attention(q, k, v, dropout_rate=0.5, deterministic=False)
@@ -173,7 +189,7 @@ def test_dropout_default_generator_and_modes():
 def test_plugs_into_linen_multi_head_attention():
     x = jax.random.normal(jax.random.key(0), (2, 5, 16))
     valid = jnp.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], bool)
-    mask = nn.make_attention_mask(valid, valid)  # Flax's float32 0/1 mask
+    mask = jax.jit(nn.make_attention_mask)(valid, valid)  # Flax's float32 0/1 mask
     cfg = {"num_heads": 4, "qkv_features": 16, "dropout_rate": 0.3}
     flax_layer = nn.MultiHeadDotProductAttention(**cfg)
     ours_layer = nn.MultiHeadDotProductAttention(
@@ -196,7 +212,7 @@ def test_plugs_into_linen_multi_head_attention():
     _, state = sow(params, x, mask=mask, mutable=("intermediates",))
     (sown,) = state["intermediates"]["attention_weights"]
     assert sown.shape == (2, 4, 5, 5)
-    np.testing.assert_array_equal(sown[1, :, 3:], 0.0)
+    np.testing.assert_array_equal(np.asarray(sown)[1, :, 3:], 0.0)
 
 
 @nnx.jit(static_argnames="is_causal")
@@ -211,7 +227,7 @@ def test_plugs_into_nnx_multi_head_attention():
     ours_layer = nnx.MultiHeadAttention(
         **cfg, attention_fn=dm.dot_product_attention, rngs=nnx.Rngs(0)
     )
-    mask = dm.attention_mask(jnp.ones((2, 5), bool), jnp.array([True] * 4 + [False]))
+    mask = jax.jit(dm.attention_mask)(jnp.ones((2, 5), bool), jnp.array([True] * 4 + [False]))
     np.testing.assert_allclose(
         _nnx_call(ours_layer, x, mask), _nnx_call(flax_layer, x, mask), **TOL
     )
@@ -233,7 +249,7 @@ def test_plugs_into_nnx_multi_head_attention():
     )
     dec.init_cache((2, 5, 16))
     steps = [_nnx_call(dec, x[:, t : t + 1], None) for t in range(5)]
-    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), causal, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), causal, rtol=1e-5, atol=1e-5)
 
 
 @jax.jit
@@ -262,18 +278,24 @@ def test_bf16_custom_einsums_and_vmap():
     np.testing.assert_allclose(out["vmap"], out["full"], **TOL)
 
 
+@jax.jit
+def _packed_and_alone(x, segment_ids, padded, lengths):
+    mask = dm.combine_masks(dm.segment_mask(segment_ids), dm.causal_mask(5))
+    out = dm.dot_product_attention(x, x, x, mask=mask)
+    # Reference: the same sequences one per row, padded, through Flax's attention.
+    valid = dm.sequence_mask(lengths, padded.shape[1])
+    flax_mask = nn.combine_masks(nn.make_attention_mask(valid, valid), nn.make_causal_mask(valid))
+    return out, nn.dot_product_attention(padded, padded, padded, mask=flax_mask)
+
+
 def test_packed_rows_attend_like_separate_sequences():
     rng = np.random.default_rng(5)
     seqs = [rng.normal(size=(n, 1, 4)).astype(np.float32) for n in (3, 2, 4)]
     packed = dm.pack_sequences(seqs, max_len=5)
     x = jnp.asarray(packed.values)
-    mask = dm.combine_masks(dm.segment_mask(packed.segment_ids), dm.causal_mask(5))
-    out = dm.dot_product_attention(x, x, x, mask=mask)
-    # Reference: the same sequences one per row, padded, through Flax's attention.
     padded, lengths = dm.pad_sequences(seqs)
-    valid = dm.sequence_mask(lengths, padded.shape[1])
-    flax_mask = nn.combine_masks(nn.make_attention_mask(valid, valid), nn.make_causal_mask(valid))
-    alone = nn.dot_product_attention(padded, padded, padded, mask=flax_mask)
+    out, alone = _packed_and_alone(x, packed.segment_ids, padded, lengths)
+    alone = np.asarray(alone)
     pieces = dm.unpack_sequences(np.asarray(out), packed)
     for i, (piece, n) in enumerate(zip(pieces, lengths, strict=True)):
         np.testing.assert_allclose(piece, alone[i, :n], **TOL)
@@ -351,6 +373,12 @@ def _leak_case(name):
     }[name]
 
 
+@functools.partial(jax.jit, static_argnames="name")
+def _allowed(name):
+    """``_leak_case(name)``'s ``allowed``, its masks built in one program per name."""
+    return _leak_case(name)[1]
+
+
 @functools.partial(jax.jit, static_argnames=("name", "kv_heads"))
 def _attend_and_grads(q, k, v, weight, name, kv_heads):
     kwargs, _ = _leak_case(name)
@@ -381,7 +409,7 @@ def _attend_and_grads(q, k, v, weight, name, kv_heads):
 def test_non_finite_input_reaches_only_queries_that_may_see_it(name, which, bad, kv_heads):
     # [batch=1, len=6, heads=2, depth=4]; one bad entry at position 3 (or 4, padding).
     q, k, v, rng = _qkv(11, 1, _L, 2, _L, 4)
-    _, allowed = _leak_case(name)
+    allowed = np.asarray(_allowed(name))
     pos = 4 if "padding" in name else 3
     arrays = {"q": q, "k": k, "v": v}
     dirty = {n: a.copy() for n, a in arrays.items()}
@@ -423,38 +451,49 @@ def test_non_finite_value_in_the_loss_gives_a_nan_gradient():
     def loss(q, k, v):
         return jnp.sum(dm.dot_product_attention(q, k, v, is_causal=True))
 
-    value, (dq, dk, dv) = jax.value_and_grad(loss, (0, 1, 2))(q, k, v)
+    value, (dq, dk, dv) = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(q, k, v)
     assert np.isnan(value)
     assert np.isnan(np.asarray(dq)[0, 2:]).any() and np.isfinite(np.asarray(dq)[0, :2]).all()
 
 
 def test_non_finite_bias_or_overflowing_scores_stay_in_their_row():
     q, k, v, _ = _qkv(13, 1, 4, 1, 4, 4)
-    for bias_value in (np.nan, np.inf):
-        bias = np.zeros((1, 1, 4, 4), np.float32)
-        bias[0, 0, 2, 1] = bias_value
 
-        def loss(q, k, v, bias=bias):
+    @jax.jit
+    def attend_and_grads(q, k, v, bias):
+        def loss(q, k, v):
             out = dm.dot_product_attention(q, k, v, bias=bias, is_causal=True)
             return jnp.sum(out[:, :2]) + jnp.sum(out[:, 3:])
 
-        out = np.asarray(dm.dot_product_attention(q, k, v, bias=bias, is_causal=True))
+        out = dm.dot_product_attention(q, k, v, bias=bias, is_causal=True)
+        return out, jax.grad(loss, (0, 1, 2))(q, k, v)
+
+    for bias_value in (np.nan, np.inf):
+        bias = np.zeros((1, 1, 4, 4), np.float32)
+        bias[0, 0, 2, 1] = bias_value
+        out, (dq, dk, dv) = attend_and_grads(q, k, v, bias)
+        out = np.asarray(out)
         assert np.isnan(out[0, 2]).all() and np.isfinite(np.delete(out, 2, axis=1)).all()
-        dq, dk, dv = jax.grad(loss, (0, 1, 2))(q, k, v)
         assert np.isfinite(np.delete(np.asarray(dq), 2, axis=1)).all()
         assert np.isfinite(dk).all() and np.isfinite(dv).all()
     # Finite float16 inputs whose scores overflow: only that query is affected.
-    q16, k16, v16 = (jnp.asarray(a, jnp.float16) for a in (q, k, v))
-    q16 = q16.at[0, 1].set(300.0)
-    k16 = k16.at[0, 0].set(300.0)
+    q16, k16, v16 = (a.astype(np.float16) for a in (q, k, v))
+    q16[0, 1] = 300.0
+    k16[0, 0] = 300.0
 
-    def loss16(q, k, v):
-        out = dm.dot_product_attention(q, k, v, is_causal=True).astype(jnp.float32)
-        return jnp.sum(out[:, 2:])
+    @jax.jit
+    def attend_and_grads16(q, k, v):
+        def loss16(q, k, v):
+            out = dm.dot_product_attention(q, k, v, is_causal=True).astype(jnp.float32)
+            return jnp.sum(out[:, 2:])
 
-    out = np.asarray(dm.dot_product_attention(q16, k16, v16, is_causal=True), np.float32)
+        out = dm.dot_product_attention(q, k, v, is_causal=True)
+        return out, jax.grad(loss16, (0, 1, 2))(q, k, v)
+
+    out, grads = attend_and_grads16(q16, k16, v16)
+    out = np.asarray(out, np.float32)
     assert np.isnan(out[0, 1]).all() and np.isfinite(np.delete(out, 1, axis=1)).all()
-    dq, dk, dv = (np.asarray(g, np.float32) for g in jax.grad(loss16, (0, 1, 2))(q16, k16, v16))
+    dq, dk, dv = (np.asarray(g, np.float32) for g in grads)
     assert np.isfinite(np.delete(dq, 1, axis=1)).all()
     assert np.isfinite(dk).all() and np.isfinite(dv).all()
 
