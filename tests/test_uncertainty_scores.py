@@ -67,6 +67,16 @@ def _ours(samples: jax.Array, labels: jax.Array, bins: int = 15) -> dict[str, ja
 
 _ours_jit = jax.jit(_ours)
 
+# The summaries of K samples that return one array in the input's dtype.
+SUMMARIES = (
+    unc.predictive_log_probs,
+    unc.predictive_mean,
+    unc.predictive_variance,
+    unc.predictive_entropy,
+    unc.expected_entropy,
+    unc.mutual_information,
+)
+
 
 # Two shapes (one compilation each); the values vary.
 @settings(max_examples=12)
@@ -179,14 +189,7 @@ def test_dtypes_jit_and_vmap(dtype: jnp.dtype) -> None:
             np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol
         )
 
-    for fn in (
-        unc.predictive_log_probs,
-        unc.predictive_mean,
-        unc.predictive_variance,
-        unc.predictive_entropy,
-        unc.expected_entropy,
-        unc.mutual_information,
-    ):
+    for fn in SUMMARIES:
         out = fn(samples)
         assert out.dtype == dtype, fn.__name__
         close(jax.jit(fn)(samples), out)
@@ -208,12 +211,7 @@ _LABELS, _VALID = jnp.zeros(3, jnp.int32), jnp.ones(3, bool)
 @pytest.mark.parametrize(
     "call",
     [
-        unc.predictive_log_probs,
-        unc.predictive_mean,
-        unc.predictive_variance,
-        unc.predictive_entropy,
-        unc.expected_entropy,
-        unc.mutual_information,
+        *SUMMARIES,
         unc.regression_moments,
         lambda log_p: unc.nll(log_p, _LABELS, mask=_VALID),
         lambda log_p: unc.brier_score(log_p, _LABELS),
