@@ -29,7 +29,8 @@ from ._checks import (
     check_rate,
     check_static_int,
 )
-from ._dropout import dropout
+from ._dense_weights import attention_weights
+from ._dropout import dropout, flags_and_realised, scale_and_fill
 from ._errors import DropmaskValueError, DtypeError
 from ._masks import (
     as_array,
@@ -38,8 +39,8 @@ from ._masks import (
     sequence_mask,
     sliding_window_mask,
 )
-from ._random import DEFAULT_IMPL, SAVE_MASK_WORDS, Impl, probability
-from ._reductions import compute_dtype, softmax_flagging_nonfinite
+from ._random import DEFAULT_IMPL, SAVE_MASK_WORDS, Impl, draw, mask_shape, probability
+from ._reductions import compute_dtype
 
 __all__ = ["Algorithm", "dot_product_attention"]
 
@@ -354,40 +355,45 @@ def dot_product_attention(
         return _poison(out, q, tainted)
 
     m = _dense_structure(m, logits_shape, span, kv_valid, q_seg, kv_seg)
-    weights_einsum = qk_attn_weights_einsum or functools.partial(jnp.einsum, precision=precision)
-    values_einsum = attn_weights_value_einsum or functools.partial(jnp.einsum, precision=precision)
-    if groups > 1:
-        qg = q.reshape(q.shape[:-2] + (kv_heads, groups, q.shape[-1]))
-        logits = jnp.einsum("...qhgd,...khd->...hgqk", qg, k, precision=precision)
-        logits = logits.reshape(logits_shape)
+    custom = qk_attn_weights_einsum is not None
+    if custom:
+        score = functools.partial(qk_attn_weights_einsum, "...qhd,...khd->...hqk")
     else:
-        logits = weights_einsum("...qhd,...khd->...hqk", q, k)
-
+        score = functools.partial(_heads_major_scores, kv_heads, groups, precision)
     acc = compute_dtype(dtype)
-    logits = logits.astype(acc)
     allowed = m
+    bias_arr = None
     if bias is not None:
         bias_arr = _rank(jnp.asarray(bias, acc), len(logits_shape))
-        logits = logits + bias_arr
         # A -inf bias is a mask: such a key is unseen, so its garbage must not count.
         not_neg_inf = bias_arr != -jnp.inf
         allowed = not_neg_inf if allowed is None else allowed & not_neg_inf
-    valid = jnp.ones((1,) * len(logits_shape), bool) if allowed is None else allowed
-    weights, tainted = softmax_flagging_nonfinite(
-        logits, valid, (len(logits_shape) - 1,), _taint(bad_q, bad_k | bad_v, groups), dtype
+    bad_rows, bad_cols = _taint(bad_q, bad_k | bad_v, groups)
+    weights, tainted = attention_weights(
+        score, q, k, bias_arr, allowed, bad_rows, bad_cols, dtype, bounded=not custom
     )
     if module is not None:
         _sow(module, weights)
 
+    dims = tuple(range(len(logits_shape) - 2)) if broadcast_dropout else ()
+
     def weigh(weights: jax.Array, v: jax.Array) -> jax.Array:
-        if drops:
-            dims = tuple(range(weights.ndim - 2)) if broadcast_dropout else ()
+        if drops and impl == "fast":
+            # The kept weights' 1/keep goes onto v, [*b, kv_len, kv_heads, depth], not
+            # onto the weights: the gradient's matching multiply then also lands on a
+            # small array, instead of a scalar that XLA's CPU backend broadcasts to a
+            # whole [*b, heads, q, k] array to feed the fused softmax derivative.
+            p = probability(dropout_rate, rate, keep=True, caller=_CALLER)
+            shape = mask_shape(logits_shape, dims)
+            flags, realised = draw(rng, shape, p, "fast", flags_and_realised, caller=_CALLER)
+            scale, fill = scale_and_fill(realised, compute_dtype(dtype))
+            weights = jnp.where(flags, weights, fill.astype(weights.dtype))
+            v = (v.astype(scale.dtype) * scale).astype(v.dtype)
+        elif drops:
             weights = dropout(weights, dropout_rate, rng, broadcast_dims=dims, impl=impl)
-        if groups > 1:
-            wg = weights.reshape(weights.shape[:-3] + (kv_heads, groups) + weights.shape[-2:])
-            out = jnp.einsum("...hgqk,...khd->...qhgd", wg, v, precision=precision)
-            return out.reshape(out.shape[:-3] + (heads, out.shape[-1]))
-        return values_einsum("...hqk,...khd->...qhd", weights, v)
+        if attn_weights_value_einsum is not None:
+            return attn_weights_value_einsum("...hqk,...khd->...qhd", weights, v)
+        return _heads_major_values(kv_heads, groups, precision, weights, v)
 
     if drops and impl == "fast":
         # The backward pass of `dropped weights @ v` needs the dropped weights; kept,
@@ -615,19 +621,54 @@ def _zeroed_jvp(
     return _zeroed(primals[0], dtype), tangents[0].astype(dtype)
 
 
-def _taint(bad_q: jax.Array, bad_kv: jax.Array, groups: int) -> jax.Array:
-    """True on the row of a non-finite query and the column of a non-finite key/value.
+def _taint(bad_q: jax.Array, bad_kv: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
+    """``(rows, cols)``: a non-finite query's row ``[*b, heads, q, 1]`` and a non-finite
+    key's or value's column ``[*b, heads, 1, k]``.
 
-    Broadcastable to the scores ``[*b, heads, q, k]`` without being that large. The
-    softmax folds it into the sums it computes anyway and flags exactly the rows
-    whose *allowed* part holds a non-finite input or score: no extra pass over
-    ``[q, k]``, nothing of size ``[q, k, depth]``.
+    Together they mark the scores a non-finite input touches without being that large:
+    the softmax flags exactly the rows whose *allowed* part holds one, from the sums
+    it computes anyway or from these small arrays; nothing of size ``[q_len, kv_len,
+    depth]`` is built.
     """
-    bad_q = jnp.swapaxes(bad_q, -1, -2)[..., None]  # [*b, heads, q, 1]
-    bad_kv = jnp.swapaxes(bad_kv, -1, -2)  # [*b, kv_heads, k]
+    rows = jnp.swapaxes(bad_q, -1, -2)[..., None]  # [*b, heads, q, 1]
+    cols = jnp.swapaxes(bad_kv, -1, -2)  # [*b, kv_heads, k]
     if groups > 1:
-        bad_kv = jnp.repeat(bad_kv, groups, axis=-2)
-    return bad_q | bad_kv[..., None, :]  # [*b, heads, 1, k]
+        cols = jnp.repeat(cols, groups, axis=-2)
+    return rows, cols[..., None, :]
+
+
+def _heads_major_scores(
+    kv_heads: int, groups: int, precision: Any, q: jax.Array, k: jax.Array
+) -> jax.Array:
+    """``q . k`` as ``[*b, heads, q_len, kv_len]``, computed heads-major.
+
+    ``q`` and ``k`` (``[*b, length, heads, depth]``) are transposed to ``[*b, kv_heads,
+    groups * q_len, depth]`` and ``[*b, kv_heads, depth, kv_len]`` first, so the product
+    is a plain batched matrix product whose output is already in the weights' layout.
+    Written as an einsum from the ``[*b, length, heads, depth]`` layout, XLA's CPU
+    backend chose transposed layouts for the attention products and their gradients,
+    and one of them ran several times slower (see ``benchmarks/RESULTS.md``).
+    """
+    q_len, depth = q.shape[-3], q.shape[-1]
+    qg = q.reshape(q.shape[:-2] + (kv_heads, groups, depth))
+    qg = jnp.moveaxis(qg, -4, -2)  # [*b, kv_heads, groups, q_len, depth]
+    qg = qg.reshape(qg.shape[:-3] + (groups * q_len, depth))
+    k_t = jnp.moveaxis(k, -3, -1)  # [*b, kv_heads, depth, kv_len]
+    logits = jnp.einsum("...mn,...np->...mp", qg, k_t, precision=precision)
+    return logits.reshape(logits.shape[:-3] + (kv_heads * groups, q_len, logits.shape[-1]))
+
+
+def _heads_major_values(
+    kv_heads: int, groups: int, precision: Any, weights: jax.Array, v: jax.Array
+) -> jax.Array:
+    """``weights @ v`` as ``[*b, q_len, heads, v_depth]``, heads-major as the scores."""
+    q_len, kv_len = weights.shape[-2:]
+    wg = weights.reshape(weights.shape[:-3] + (kv_heads, groups * q_len, kv_len))
+    vb = jnp.swapaxes(v, -2, -3)  # [*b, kv_heads, kv_len, v_depth]
+    out = jnp.einsum("...mn,...np->...mp", wg, vb, precision=precision)
+    out = out.reshape(out.shape[:-2] + (groups, q_len, out.shape[-1]))
+    out = jnp.moveaxis(out, -2, -4)  # [*b, q_len, kv_heads, groups, v_depth]
+    return out.reshape(out.shape[:-3] + (kv_heads * groups, out.shape[-1]))
 
 
 def _poison(out: jax.Array, q: jax.Array, tainted: jax.Array) -> jax.Array:

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._dropout import _scale_and_fill
+from ._dropout import flags_and_realised, scale_and_fill
 from ._random import draw, mask_shape
 from ._sharding import Block
 
@@ -219,20 +219,15 @@ def _kept_scale(plan: Plan, dropout: Dropout, i: Any, j: Any) -> Any:
         local,
         p,
         "fast",
-        _flags_and_realised,
+        flags_and_realised,
         block=Block(whole, offset),
         residual="none",
         caller="dot_product_attention",
     )
     lead = (1, 1, 1) if plan.broadcast_dropout else (-1, plan.kv_heads, plan.groups)
     flags = flags.reshape(*lead, plan.block_q, plan.block_k)
-    scale, fill = _scale_and_fill(realised, plan.accumulate)
+    scale, fill = scale_and_fill(realised, plan.accumulate)
     return jnp.where(flags, scale, fill)
-
-
-def _flags_and_realised(x: Any, flags: jax.Array, realised: Any) -> tuple[jax.Array, Any]:
-    del x
-    return flags, realised
 
 
 def _varying_axes(x: Any) -> set[str]:

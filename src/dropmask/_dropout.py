@@ -139,7 +139,7 @@ def _compute_dtype(dtype: Any) -> Any:
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def _scale_and_fill(realised: Any, dtype: Any) -> tuple[jax.Array, jax.Array]:
+def scale_and_fill(realised: Any, dtype: Any) -> tuple[jax.Array, jax.Array]:
     """``1/realised`` (0 when nothing is kept) and the value for dropped elements (0).
 
     Both are NaN when ``realised`` is NaN (a traced rate outside [0, 1]), so that the
@@ -158,11 +158,18 @@ def _select_scaled(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
 
     def apply(part: jax.Array) -> jax.Array:
         dtype = _compute_dtype(part.dtype)
-        scale, fill = _scale_and_fill(realised, dtype)
+        scale, fill = scale_and_fill(realised, dtype)
         scaled = part.astype(dtype) * scale
         return lax.select(keep, scaled, jnp.broadcast_to(fill, part.shape)).astype(part.dtype)
 
     return _per_part(apply, x)
+
+
+def flags_and_realised(x: Any, flags: jax.Array, realised: Any) -> tuple[jax.Array, Any]:
+    """A ``combine`` for :func:`draw` that returns the flags and the realised keep
+    probability, for callers that apply the mask themselves (attention)."""
+    del x
+    return flags, realised
 
 
 def _flax_select(x: jax.Array, keep: jax.Array, keep_prob: Any) -> jax.Array:
@@ -536,7 +543,7 @@ def _alpha_affine(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
     a = lax.rsqrt(safe_keep * (1.0 + drop * _ALPHA_PRIME**2))
     b = -a * _ALPHA_PRIME * drop
     y = jnp.where(keep, x.astype(dtype), jnp.asarray(_ALPHA_PRIME, dtype))
-    _, fill = _scale_and_fill(realised, dtype)
+    _, fill = scale_and_fill(realised, dtype)
     return jnp.where(realised > 0, a * y + b, fill).astype(x.dtype)
 
 

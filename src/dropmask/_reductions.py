@@ -500,10 +500,10 @@ def _softmax_flagged_jvp(
     x, m, taint = primals
     y, nonfinite = _softmax_flagged(x, m, taint, axes, dtype)
     flag_tangent = np.zeros(nonfinite.shape, dtype=jax.dtypes.float0)
-    return (y, nonfinite), (_narrow_tangent(y, tangents[0], axes), flag_tangent)
+    return (y, nonfinite), (narrow_softmax_tangent(y, tangents[0], axes), flag_tangent)
 
 
-def _narrow_tangent(y: jax.Array, t: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+def narrow_softmax_tangent(y: jax.Array, t: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     """:func:`_softmax_tangent` in f32+ from weights ``y`` stored in a narrower dtype.
 
     Inside ``jax.checkpoint`` the widening of ``y`` belongs to the tangent's own
