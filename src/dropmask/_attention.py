@@ -47,12 +47,12 @@ __all__ = ["Algorithm", "dot_product_attention"]
 Algorithm = Literal["auto", "dense", "blockwise", "pallas"]
 _ALGORITHMS = ("auto", "dense", "blockwise", "pallas")
 # "auto" takes the blockwise path from this many scores per (batch, head) on, by the
-# inputs' itemsize. Measured in a Transformer encoder layer's train step with dropout
-# on CPU (`python -m benchmarks.bench_transformer_step --paths`): in bf16 the blockwise
-# path is as fast as the dense one from 256 x 256 on and keeps no [q, k] array; in f32
-# the dense path is faster up to at least 1024 x 1024 without a causal mask, so f32
-# waits until 512 x 512, where the dense weights outgrow the rest of the step's memory.
-AUTO_BLOCKWISE_SCORES = {2: 256 * 256, 4: 512 * 512}
+# inputs' itemsize: where it measured faster than the dense path in a Transformer
+# encoder layer's train step with dropout on CPU, or where the dense weights would
+# outgrow the machine (`python -m benchmarks.bench_transformer_step --paths`, in
+# benchmarks/RESULTS.md). In bf16 the dense path is faster at 256 tokens and the
+# blockwise one from 512 on; in f32 the dense path is faster through 2048 tokens.
+AUTO_BLOCKWISE_SCORES = {2: 512 * 512, 4: 4096 * 4096}
 
 _CALLER = "dot_product_attention"
 _HINT = (
@@ -166,13 +166,13 @@ def dot_product_attention(
       kv_segment_ids: ``int[batch..., kv_len]``; defaults to ``q_segment_ids`` when
         ``q_len == kv_len``.
       algorithm: ``"dense"``, ``"blockwise"``, ``"pallas"`` or ``"auto"``: blockwise from
-        ``q_len * kv_len >= 256 * 256`` on for 16-bit inputs and from ``512 * 512`` for
-        f32 (where it is leaner, and as fast or faster in bf16), dense below, and dense whenever the
-        blockwise path cannot serve the call (``impl="flax"``, custom einsums,
-        ``module`` to sow the weights into). The blockwise path is a
-        ``custom_vjp``: ``jvp``, and second derivatives with ``is_causal`` or
-        ``window``, need ``"dense"``. ``"pallas"`` (never chosen by ``"auto"``) takes
-        no ``bias``; see ``docs/attention.md``.
+        ``q_len * kv_len >= 512 * 512`` on for 16-bit inputs and from ``4096 * 4096``
+        for f32 (where it measured faster, or the dense weights grow too large), dense
+        below, and dense whenever the blockwise path cannot serve the call
+        (``impl="flax"``, custom einsums, ``module`` to sow the weights into). The
+        blockwise path is a ``custom_vjp``: ``jvp``, and second derivatives with
+        ``is_causal`` or ``window``, need ``"dense"``. ``"pallas"`` (never chosen by
+        ``"auto"``) takes no ``bias``; see ``docs/attention.md``.
       block_q, block_k: blockwise tile sizes (default 64 for a length up to 512, 128
         above; at most the length); any size gives the same result, sizes that do not
         divide the lengths included.
@@ -199,9 +199,10 @@ def dot_product_attention(
       flowing through it to ``q``, ``k`` and ``v``, equals the result with the
       offending entries replaced by any finite number; non-finite entries of ``k``
       and ``v``, and of ``q`` past its first feature, get a zero gradient. The
-      check is a reduction over the key axis of the scores; nothing of size
-      ``[q_len, kv_len, depth]`` is built, and the dense path's backward pass keeps
-      one array of the weights' size (the weights).
+      check is made on per-row flags, and on the scores only where a bound on them
+      (row norms of ``q`` and ``k``, the bias) says one may be NaN or +inf; nothing
+      of size ``[q_len, kv_len, depth]`` is built, and the dense path's backward pass
+      keeps one array of the weights' size (the weights).
 
     Raises:
       ValueError: mismatched q/k/v shapes, both ``key`` and ``dropout_rng``, custom

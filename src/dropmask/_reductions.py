@@ -461,7 +461,8 @@ def softmax_flagging_nonfinite(
     ``(weights, nonfinite)`` with ``weights`` in the compute dtype and
     ``nonfinite: bool``, 1 on the reduced axes.
 
-    Attention uses it to find the rows that see a non-finite input from the sum the
+    Dense attention uses it (when some score may be NaN or +inf, see
+    ``_dense_weights``) to find the rows that see a non-finite input from the sum the
     softmax computes anyway (``taint`` joins it inside the exp fusion, so no extra
     pass over ``x``), and to empty them so that ``0 * NaN`` in the backward pass
     cannot reach the other rows; it then writes NaN into their outputs itself. The
