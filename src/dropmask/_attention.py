@@ -648,7 +648,7 @@ def _heads_major_scores(
     is a plain batched matrix product whose output is already in the weights' layout.
     Written as an einsum from the ``[*b, length, heads, depth]`` layout, XLA's CPU
     backend chose transposed layouts for the attention products and their gradients,
-    and one of them ran several times slower (see ``benchmarks/RESULTS.md``).
+    and one of them ran several times slower (see ``docs/dropout_speed.md``).
     """
     q_len, depth = q.shape[-3], q.shape[-1]
     qg = q.reshape(q.shape[:-2] + (kv_heads, groups, depth))

@@ -152,6 +152,8 @@ def _fast(score, dtype, q, k, bias, allowed, bad_rows, bad_cols):
             bad_rows,
             bad_cols,
         )
+    if x.shape[-1] == 0:
+        tainted = tainted & False  # no key: nothing to see, as in the safe branch
     tainted = jnp.broadcast_to(tainted, x.shape[:-1] + (1,))
     top = jnp.max(x, axis=-1, keepdims=True, initial=-jnp.inf)
     # An empty row's maximum is -inf: clamped, its exponentials are exp(-inf) = 0.
