@@ -292,3 +292,43 @@ def test_keep_mask_is_the_mask_every_variant_applies(rate, impl):
     tokens = jnp.ones((8, 40), jnp.int32)
     words = np.asarray(dropmask.word_dropout(tokens, 1 - r, key, unk_id=0, impl=impl))
     assert 0 < (words == 0).mean() < 1
+
+
+def _primitive_count(jaxpr: jax.extend.core.Jaxpr) -> int:
+    """Equations in ``jaxpr`` and, recursively, in every jaxpr its equations call."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += 1
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if isinstance(inner, jax.extend.core.Jaxpr):
+                    count += _primitive_count(inner)
+    return count
+
+
+@pytest.mark.parametrize(
+    ("keep", "calls"), [(0.9, 4), (0.98, 4), (jnp.float32(0.7), 8), (129 / 256, 2)]
+)
+def test_packed_path_holds_one_copy_of_the_rounds(keep, calls):
+    """Compile time grows with the ops XLA sees per mask (keep probability ``keep``): the
+    CPU path draws a word's
+    Threefry calls in a loop, so its program holds one copy of the 20 rounds, not one per
+    call; the masks are the inline path's bit for bit."""
+    words = _fast_mask.key_words(jax.random.key(0))
+    thr = _fast_mask.threshold(keep)
+    assert _fast_mask._Fields(thr.nbits).calls == calls
+
+    def count(path: str) -> int:
+        fn = lambda w: _fast_mask.keep_from_words(w, (8, 256), thr, path=path)  # noqa: E731
+        return _primitive_count(jax.make_jaxpr(fn)(words).jaxpr)
+
+    one_call = _primitive_count(
+        jax.make_jaxpr(lambda w: threefry4x32([jnp.zeros(4, jnp.uint32)] * 4, list(w)))(words).jaxpr
+    )
+    rolled, inline = count("packed"), count("packed_inline")
+    assert rolled < 2 * one_call < inline, (rolled, one_call, inline)
+    np.testing.assert_array_equal(
+        _fast_mask.keep_from_words(words, (8, 256), thr, path="packed"),
+        _fast_mask.keep_from_words(words, (8, 256), thr, path="packed_inline"),
+    )

@@ -14,10 +14,13 @@ Speed. One Threefry call serves 8 to 32 elements on CPU and CUDA GPUs: a word's
 keep-flags are computed once, bit-packed into a ``uint32`` (1 bit per element in
 memory), and unpacked inside the consumer's fusion. XLA:CPU would fuse the generator
 into the elementwise consumer and recompute it for every element, so there the packed
-words are produced inside a ``lax.cond`` whose predicate XLA cannot fold; fusion does
-not cross that boundary. XLA:GPU's cost model keeps the generator in its own fusion
-unaided (seen on an H200 at 2**24 and 2**26 elements; at 2**16 it fused them, where
-recomputing is cheap), and a ``cond`` there costs a device-to-host sync per call.
+words come out of a loop over a word's Threefry calls (XLA does not fuse across a
+loop, and the program holds one copy of the rounds instead of one per call, a quarter
+of the generator's ops at a rate of 0.1), or, when one call fills a word, out of a
+``lax.cond`` whose predicate XLA cannot fold. XLA:GPU's cost model keeps the generator
+in its own fusion unaided (seen on an H200 at 2**24 and 2**26 elements; at 2**16 it
+fused them, where recomputing is cheap), and a ``cond`` or a loop there costs a
+device-to-host sync per call or iteration.
 Other backends compute each element's field directly, which needs no materialised
 words. All paths give identical masks.
 
@@ -188,20 +191,37 @@ def _coords(shape: tuple[int, ...], start: Sequence[Any]) -> list[jax.Array]:
     return coords
 
 
-def _packed_flags(words: jax.Array, index: jax.Array, thr: Threshold) -> jax.Array:
+def _packed_flags(
+    words: jax.Array, index: jax.Array, thr: Threshold, *, rolled: bool = False
+) -> jax.Array:
     """uint32 keep-flags, bit ``l`` for lane ``l``, of the words numbered ``index``.
 
-    One ``jax.jit`` per threshold kind and shape: a mask's thousand-odd generator ops
-    are traced once and enter every enclosing program, and every transformation of it,
-    as one call (XLA inlines it before fusing, so the compiled program is unchanged).
+    One ``jax.jit`` per threshold kind and shape: a mask's generator ops are traced once
+    and enter every enclosing program, and every transformation of it, as one call (XLA
+    inlines it before fusing). ``rolled`` computes a word's Threefry calls in a loop
+    (see :func:`_rolled_flags`) instead of side by side.
     """
     value, static_value = _split_value(thr)
-    return _jitted_flags(words, index, value, thr.nbits, thr.shift, static_value)
+    core = _rolled_flags if rolled and _Fields(thr.nbits).calls > 1 else _jitted_flags
+    return core(words, index, value, thr.nbits, thr.shift, static_value)
 
 
 def _split_value(thr: Threshold) -> tuple[Any, int | None]:
     """``(traced, static)`` threshold value for a jitted core: one of them is None."""
     return (None, thr.value) if isinstance(thr.value, int) else (thr.value, None)
+
+
+def _call_lanes(
+    packed: jax.Array, outputs: list[jax.Array], j: Any, fields: _Fields, thr: Threshold
+) -> jax.Array:
+    """``packed`` with the lanes of Threefry call ``j`` (its 128-bit block ``outputs``) set."""
+    first = j * fields.per_call  # the call's first lane: an int, or a traced uint32
+    for within in range(min(fields.per_call, LANES)):
+        _, o, bit = fields.locate(within)
+        keep = _compare(fields.extract(outputs[o], bit), thr)
+        lane = first + within if isinstance(first, int) else first + _U32(within)
+        packed = packed | (keep.astype(_U32) << jnp.asarray(lane, _U32))
+    return packed
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5))
@@ -213,6 +233,8 @@ def _jitted_flags(
     shift: int,
     static_value: int | None,
 ) -> jax.Array:
+    """The packed keep-flags with a word's Threefry calls side by side (plain ops, which
+    XLA may fuse into a consumer)."""
     thr = Threshold(nbits, shift, static_value if value is None else value, None)
     fields = _Fields(thr.nbits)
     key = [words[i] for i in range(4)]
@@ -220,11 +242,50 @@ def _jitted_flags(
     zero = jnp.zeros((), _U32)
     for j in range(fields.calls):
         outputs = threefry4x32((index, _U32(j), zero, zero), key)
-        for lane in range(j * fields.per_call, min(LANES, (j + 1) * fields.per_call)):
-            _, o, bit = fields.locate(lane)
-            keep = _compare(fields.extract(outputs[o], bit), thr)
-            packed = packed | (keep.astype(_U32) << _U32(lane))
+        packed = _call_lanes(packed, outputs, j, fields, thr)
     return packed
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _rolled_flags(
+    words: jax.Array,
+    index: jax.Array,
+    value: jax.Array | None,
+    nbits: int,
+    shift: int,
+    static_value: int | None,
+) -> jax.Array:
+    """:func:`_jitted_flags` with a word's Threefry calls as the iterations of one loop.
+
+    Compile time: a program then holds one copy of the 20 Threefry rounds per mask, not
+    one per call (4 for a rate such as 0.1, 8 for a run-time rate), so XLA's passes see
+    about a quarter of the ops. Run time: each iteration reads and writes only the
+    packed words (1 bit per element), and the loop's output is a buffer of its own, so
+    the words are never fused into, and recomputed by, their consumer.
+    """
+    thr = Threshold(nbits, shift, static_value if value is None else value, None)
+    fields = _Fields(thr.nbits)
+    key = [words[i] for i in range(4)]
+    zero = jnp.zeros((), _U32)
+
+    def call(j: jax.Array, packed: jax.Array) -> jax.Array:
+        outputs = threefry4x32((index, j, zero, zero), key)
+        return _call_lanes(packed, outputs, j, fields, thr)
+
+    return lax.fori_loop(_U32(0), _U32(fields.calls), call, _zeros_like(index))
+
+
+def _zeros_like(x: jax.Array) -> jax.Array:
+    """Zeros of ``x``'s shape and dtype that vary over the same ``shard_map`` mesh axes, so
+    that a loop carry or a ``cond`` branch agrees with computations on ``x``."""
+    return _varying_zeros(jax.typeof(x))
+
+
+def _varying_zeros(aval: Any) -> jax.Array:
+    zeros = jnp.zeros(aval.shape, aval.dtype)
+    axis_type = getattr(aval, "manual_axis_type", None)
+    varying = tuple(sorted(axis_type.varying)) if axis_type is not None else ()
+    return lax.pcast(zeros, varying, to="varying") if varying else zeros
 
 
 def packed_keep_words(words: jax.Array, shape: tuple[int, ...], thr: Threshold) -> jax.Array:
@@ -245,15 +306,7 @@ def _materialised(fn: Any) -> Any:
     barrier only hides that from XLA's simplifier."""
     always = lax.optimization_barrier(jnp.ones((), bool))
     out = jax.eval_shape(fn)
-    # Inside shard_map the branches must also agree on which mesh axes they vary over.
-    axis_type = getattr(out, "manual_axis_type", None)
-    varying = tuple(sorted(axis_type.varying)) if axis_type is not None else ()
-
-    def never() -> jax.Array:
-        zeros = jnp.zeros(out.shape, out.dtype)
-        return lax.pcast(zeros, varying, to="varying") if varying else zeros
-
-    return lax.cond(always, fn, never)
+    return lax.cond(always, fn, lambda: _varying_zeros(out))
 
 
 PATHS = ("packed", "packed_inline", "per_element")
@@ -271,7 +324,8 @@ def keep_from_words(
     ``thr.realised``; within ``block``'s global mask when given.
 
     ``path`` picks how it is computed; all give the same mask. ``"packed"``: packed
-    words inside a ``lax.cond`` (kept out of the consumer's fusion); ``"packed_inline"``:
+    words kept out of the consumer's fusion (a word's Threefry calls in a loop, or a
+    single call inside a ``lax.cond``); ``"packed_inline"``:
     packed words as plain ops; ``"per_element"``: one Threefry call per element. None
     means the fastest measured per backend: packed on CPU, packed_inline on CUDA,
     per_element elsewhere. The packed paths name their ``uint32`` words ``MASK_NAME``
@@ -297,9 +351,12 @@ def keep_from_words(
 
         def flags() -> jax.Array:
             index = _row_major(_coords(word_shape, word_start), global_word_shape)
-            return _packed_flags(words, index, thr)
+            return _packed_flags(words, index, thr, rolled=materialise)
 
-        packed = _materialised(flags) if materialise else flags()
+        # A word drawn in several Threefry calls comes out of a loop, which XLA already
+        # keeps out of the consumer's fusion; a single call needs the ``cond``.
+        rolled = materialise and _Fields(thr.nbits).calls > 1
+        packed = _materialised(flags) if materialise and not rolled else flags()
         return _unpack(checkpoint_name(packed, MASK_NAME), shape, axis, lane0)
 
     def per_element_path() -> jax.Array:

@@ -216,8 +216,8 @@ def _residuals() -> Claim:
 
 def _generator_apart() -> Claim:
     facts = m.generator_programs()
-    fwd = [facts[f"forward conditionals, residual={r!r}"] for r in ("mask", "none")]
-    bwd = [facts[f"backward conditionals, residual={r!r}"] for r in ("mask", "none")]
+    fwd = [facts[f"forward generators, residual={r!r}"] for r in ("mask", "none")]
+    bwd = [facts[f"backward generators, residual={r!r}"] for r in ("mask", "none")]
     holds = fwd == [1, 1] and bwd == [0, 1] and facts["forward programs equal"]
     return Claim(
         "generator-apart",
@@ -225,7 +225,7 @@ def _generator_apart() -> Claim:
         "would run once per element its words serve); both residual modes compile to one "
         "forward program, and only residual='none' draws again in the backward pass",
         HOLDS if holds else NOT,
-        f"conditionals: forward {fwd[0]} (residual='mask'), {fwd[1]} ('none'); backward "
+        f"generator computations: forward {fwd[0]} (residual='mask'), {fwd[1]} ('none'); backward "
         f"jitted apart {bwd[0]}, {bwd[1]}; forward programs equal: "
         f"{facts['forward programs equal']}",
         facts,

@@ -274,24 +274,34 @@ def residual_bytes(n: int = 1 << 16, rate: float = 0.1) -> dict[str, float]:
 def generator_programs(shape: tuple[int, int] = (256, 256), rate: float = 0.1) -> dict[str, Any]:
     """How XLA compiles dropmask's packed generator around its consumer on this backend.
 
-    Counts the ``conditional`` instructions (the generator's own computation) in the
-    forward program of each residual mode, and in the backward pass jitted apart, as
-    the passes of a network's layers are.
+    Counts the generator's own computations (the ``conditional`` or loop whose result
+    is the packed words, ``uint32[rows, columns / 32]``) in the forward program of each
+    residual mode, and in the backward pass jitted apart, as the passes of a network's
+    layers are.
     """
     from .._dropout import dropout
     from .._random import Residual
 
     x, key = jnp.ones(shape, jnp.float32), jax.random.key(0)
+    words = f"u32[{shape[0]},{-(-shape[1] // 32)}]"
+
+    def generators(hlo: str) -> int:
+        return sum(
+            1
+            for line in hlo.splitlines()
+            if (" conditional(" in line or " while(" in line) and words in line.split("=")[1]
+        )
+
     out: dict[str, Any] = {}
     forward = {}
     modes: tuple[Residual, ...] = ("mask", "none")
     for mode in modes:
         layer = functools.partial(dropout, rate=rate, residual=mode)
         forward[mode] = compiled_hlo(lambda x, k, f=layer: f(x, key=k), x, key)
-        out[f"forward conditionals, residual={mode!r}"] = forward[mode].count(" conditional(")
+        out[f"forward generators, residual={mode!r}"] = generators(forward[mode])
         _, vjp_fn = jax.vjp(functools.partial(layer, key=key), x)
         backward = compiled_hlo(lambda f, g: f(g), vjp_fn, x)
-        out[f"backward conditionals, residual={mode!r}"] = backward.count(" conditional(")
+        out[f"backward generators, residual={mode!r}"] = generators(backward)
     out["forward programs equal"] = normalized_hlo(forward["mask"]) == normalized_hlo(
         forward["none"]
     )
