@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
+from jax.experimental import checkify
 
 from ._errors import (
     AxisError,
@@ -37,6 +38,7 @@ __all__ = [
     "check_impl",
     "check_integer",
     "check_key",
+    "check_label_range",
     "check_lengths",
     "check_rate",
     "check_shape",
@@ -376,3 +378,37 @@ def check_lengths(lengths: Any, max_len: int, *, caller: str) -> jax.Array:
                 f"first (dropmask.pad_sequences(..., truncate='right'))."
             )
     return arr
+
+
+def check_label_range(
+    labels: jax.Array, counted: Any, classes: int, *, caller: str, what: str = "counted examples"
+) -> None:
+    """Class ids of counted positions must lie in ``[0, classes)``.
+
+    Known values (``labels`` and ``counted`` concrete) are checked now; traced ones at
+    run time under ``checkify.checkify(f, errors=checkify.user_checks)`` only, so the
+    caller must also make an out-of-range counted label NaN in its result rather than
+    clip it to a class. ``counted``: bool broadcastable to ``labels``, or None (all).
+
+    Raises:
+      DropmaskValueError: a known counted label is out of range.
+    """
+    fix = "Mask out ignored ones (e.g. label -100) with mask=labels >= 0."
+    concrete = is_concrete(labels) and (counted is None or is_concrete(counted))
+    if concrete:
+        host = np.asarray(labels)
+        if counted is not None:
+            host = host[np.broadcast_to(np.asarray(counted), host.shape)]
+        if host.size and (host.min() < 0 or host.max() >= classes):
+            raise DropmaskValueError(
+                f"{caller}: labels of {what} must be in [0, {classes}), got values in "
+                f"[{host.min()}, {host.max()}]. {fix}"
+            )
+        return
+    in_range = (labels >= 0) & (labels < classes)
+    if counted is not None:
+        in_range = in_range | ~counted
+    checkify.debug_check(
+        jnp.all(in_range),
+        f"{caller}: labels of {what} must be in [0, {classes}), got one outside. {fix}",
+    )
