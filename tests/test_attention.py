@@ -523,3 +523,11 @@ def test_padding_junk_passes_no_nan_through_any_op_eagerly():
     big = jnp.full((1, 2, 1, 2), 70000, jnp.int32)
     out = dm.dot_product_attention(big, big, big, dtype=jnp.float16, is_causal=True)
     assert np.isnan(np.asarray(out, np.float32)).all()
+
+
+def test_kv_lengths_errors_name_kv_lengths():
+    q = jnp.ones((2, 3, 1, 4))
+    with pytest.raises(dm.DropmaskValueError, match=r"kv_lengths must be in \[0, 3\]"):
+        dm.dot_product_attention(q, q, q, kv_lengths=jnp.array([1, 5]))
+    with pytest.raises(dm.DtypeError, match="kv_lengths must be integers"):
+        dm.dot_product_attention(q, q, q, kv_lengths=jnp.array([1.0, 2.0]))

@@ -434,7 +434,7 @@ def _kv_valid(lengths: Any, kv_mask: Any, batch: tuple[int, ...], kv_len: int) -
     """``bool`` broadcastable to ``[*batch, kv_len]`` from ``kv_lengths`` and ``kv_mask``."""
     valid = None
     if lengths is not None:
-        arr = check_lengths(lengths, kv_len, caller=_CALLER)
+        arr = check_lengths(lengths, kv_len, caller=_CALLER, name="kv_lengths")
         check_broadcastable(arr.shape, batch, caller=_CALLER, name="kv_lengths", hint=_PAD_HINT)
         valid = sequence_mask(arr, kv_len)
     if kv_mask is not None:

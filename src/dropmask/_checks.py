@@ -40,6 +40,7 @@ __all__ = [
     "check_key",
     "check_label_range",
     "check_lengths",
+    "check_names",
     "check_rate",
     "check_shape",
     "check_static_int",
@@ -364,16 +365,36 @@ def check_integer(x: jax.Array, *, caller: str, name: str) -> None:
         )
 
 
-def check_lengths(lengths: Any, max_len: int, *, caller: str) -> jax.Array:
+def check_names(value: Any, *, caller: str, name: str, example: str) -> tuple[str, ...]:
+    """One name or a tuple (or list) of names as a tuple of str.
+
+    A lone string is one name, never its characters (``tuple("hi")`` would be
+    ``('h', 'i')``).
+
+    Raises:
+      DropmaskTypeError: anything else, or a non-string among the names.
+    """
+    if isinstance(value, str):
+        return (value,)
+    names = tuple(value) if isinstance(value, tuple | list) else None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise DropmaskTypeError(
+            f"{caller}: {name} must be a name or a tuple of names (str), got {value!r}. "
+            f"Pass e.g. {name}={example}."
+        )
+    return names
+
+
+def check_lengths(lengths: Any, max_len: int, *, caller: str, name: str = "lengths") -> jax.Array:
     """Validates integer ``lengths`` in ``[0, max_len]`` (values checked when concrete)."""
     arr = jnp.asarray(lengths)
-    check_integer(arr, caller=caller, name="lengths")
+    check_integer(arr, caller=caller, name=name)
     if is_concrete(lengths) and arr.size:
         host = np.asarray(lengths)
         lo, hi = int(host.min()), int(host.max())
         if lo < 0 or hi > max_len:
             raise DropmaskValueError(
-                f"{caller}: lengths must be in [0, {max_len}] (the padded length), got values "
+                f"{caller}: {name} must be in [0, {max_len}] (the padded length), got values "
                 f"in [{lo}, {hi}]. Pad to a longer max_len or truncate the sequences "
                 f"first (dropmask.pad_sequences(..., truncate='right'))."
             )
