@@ -91,12 +91,16 @@ def _rates(text: str) -> list[float]:
 def run(args: argparse.Namespace) -> int:
     """Runs ``dropmask train``; returns the exit status.
 
-    Bad flags, an unknown example or config entry exit with 2, a run that fails on
-    its input (data path, workdir, checkpoints, a non-finite loss) with 1; each
-    prints one line saying why. Ctrl-C exits with 130 and one line naming the last
-    saved checkpoint and the command that resumes from it. Anything else is a bug:
-    its traceback, then one line asking to report it.
+    Bad flags, an unknown example or config entry, a mistake in the example (a hook
+    returning the wrong type) exit with 2, a run that fails on its input (data path,
+    workdir, checkpoints, a non-finite loss) with 1; each prints one line saying why.
+    An exception raised in the example's own code exits with 1: its traceback, then
+    one line naming the hook and the line of the user's code. Ctrl-C exits with 130
+    and one line naming the last saved checkpoint and the command that resumes from
+    it. Anything else is a bug: its traceback, then one line asking to report it.
     """
+    from ._user_code import ExampleCodeError, report
+
     if args.list:
         from ._locate import listing
 
@@ -104,10 +108,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         example, config, rates = _parse(args)
+    except ExampleCodeError as error:
+        report("dropmask train", error)
+        return 1
     except DropmaskError as error:
         return _fail(error, 2)
     try:
         return _execute(args, example, config, rates)
+    except ExampleCodeError as error:
+        report("dropmask train", error)
+        return 1
     except DropmaskError as error:
         return _fail(error, 1)
     except OSError as error:
@@ -204,9 +214,9 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
         )
     if args.example is None:
         raise DropmaskValueError("give a TARGET to train, or --list to see them")
-    from ._locate import load_example
+    from ._user_code import load_checked
 
-    example = load_example(args.example)
+    example = load_checked(args.example)
     args.example_name = example.name
     config = _config.apply_overrides(example.get_config(), overrides)
     if args.steps is not None:
