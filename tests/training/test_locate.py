@@ -213,3 +213,21 @@ def test_audit_without_model_inputs_audits_the_train_step(tmp_path, capsys):
     assert status == 0, err
     assert "train step only" in err
     assert "OK: no finding." in out and "Dropout" in out
+
+
+def test_an_exception_in_the_users_model_outside_a_hook_says_whose(tmp_path, capsys):
+    mine = _users_copy(tmp_path)
+    models = mine / "models.py"
+    models.write_text(
+        models.read_text().replace(
+            "        x = nn.relu(",
+            "        if training:\n            raise ValueError('not ready')\n        x = nn.relu(",
+        )
+    )
+    assert cli.main(["audit", str(mine)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err
+    last = err.strip().splitlines()[-1]
+    line = _line_of(models, "raise ValueError")
+    assert last.startswith("dropmask audit: error: ValueError raised at"), last
+    assert f"models.py:{line}, in your code: not ready" in last and "bug in" not in err

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     """Prints the report; 0 when it is clean, 1 with findings or when the example's own
     code raised (its traceback, then one line), 2 for a bad target."""
     from ..training._locate import listing
-    from ..training._user_code import ExampleCodeError, report
+    from ..training._user_code import ExampleCodeError, report, report_exception
     from ._target import audit_target, load_target
 
     if args.list:
@@ -51,5 +51,8 @@ def run(args: argparse.Namespace) -> int:
     except DropmaskError as error:
         print(f"dropmask audit: error: {str(error).rstrip('.')}.", file=sys.stderr)
         return 2
+    except Exception as error:
+        report_exception("dropmask audit", error)
+        return 1
     print(result.to_json() if args.json else str(result), file=sys.stdout)
     return 0 if result.ok else 1

@@ -12,7 +12,6 @@ import argparse
 import pathlib
 import shlex
 import sys
-import traceback
 from typing import Any
 
 from .._errors import DropmaskError, DropmaskValueError
@@ -97,9 +96,10 @@ def run(args: argparse.Namespace) -> int:
     An exception raised in the example's own code exits with 1: its traceback, then
     one line naming the hook and the line of the user's code. Ctrl-C exits with 130
     and one line naming the last saved checkpoint and the command that resumes from
-    it. Anything else is a bug: its traceback, then one line asking to report it.
+    it. Any other exception prints its traceback, then one line: raised in the
+    user's code, where; else a bug in dropmask, to report.
     """
-    from ._user_code import ExampleCodeError, report
+    from ._user_code import ExampleCodeError, report, report_exception
 
     if args.list:
         from ._locate import listing
@@ -127,13 +127,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"dropmask train: interrupted. {_resume_note(args, rates)}", file=sys.stderr)
         return 130
-    except Exception:
-        traceback.print_exc()
-        print(
-            "dropmask train: internal error: this is a bug in dropmask, not in your command. "
-            "Please report it with the command and the traceback above.",
-            file=sys.stderr,
-        )
+    except Exception as error:
+        report_exception("dropmask train", error)
         return 1
 
 

@@ -37,7 +37,7 @@ from typing import Any
 from .._errors import DropmaskTypeError, DropmaskValueError
 from .._optional import EXTRAS, extra_for
 
-__all__ = ["Located", "available", "load_example", "locate"]
+__all__ = ["Located", "available", "is_library", "load_example", "locate"]
 
 # name -> (where it lives, what it trains). ``digits`` is a module of the package;
 # the others are directories of a source checkout's examples/.
@@ -196,7 +196,7 @@ def _private_name(path: pathlib.Path) -> str:
 _PACKAGE = pathlib.Path(__file__).resolve().parents[1]  # src/dropmask
 
 
-def _is_library(filename: str) -> bool:
+def is_library(filename: str) -> bool:
     """Import machinery, installed packages or dropmask itself: not the user's line."""
     if filename.startswith("<") or "site-packages" in filename or "dist-packages" in filename:
         return True
@@ -210,7 +210,7 @@ def _location(error: BaseException) -> str:
     if isinstance(error, SyntaxError) and error.filename:
         return f" at {error.filename}:{error.lineno}"
     frames = traceback.extract_tb(error.__traceback__)
-    mine = [f for f in frames if not _is_library(f.filename)]
+    mine = [f for f in frames if not is_library(f.filename)]
     frame = (mine or [f for f in frames if not f.filename.startswith("<")] or frames or [None])[-1]
     return f" at {frame.filename}:{frame.lineno}" if frame is not None else ""
 

@@ -35,7 +35,7 @@ import numpy as np
 from .._errors import DropmaskError, DropmaskTypeError
 from ._example import Example
 
-__all__ = ["ExampleCodeError", "checked", "definition", "report"]
+__all__ = ["ExampleCodeError", "checked", "definition", "report", "report_exception"]
 
 _PACKAGE = pathlib.Path(__file__).resolve().parents[1]  # src/dropmask
 
@@ -337,3 +337,31 @@ def load_checked(target: str) -> Example:
 
     found = locate(target)
     return checked(found.value, found.where, found.file)
+
+
+def report_exception(command: str, error: BaseException) -> None:
+    """An unexpected exception of a command: its traceback, then one line saying whose.
+
+    Raised in a frame of the user's (outside dropmask, the standard library and
+    installed packages, e.g. in their model's ``__call__``), it is theirs to fix;
+    otherwise it is a bug in dropmask, to report.
+    """
+    from ._locate import is_library
+
+    traceback.print_exception(error)
+    frames = traceback.extract_tb(error.__traceback__)
+    mine = [f for f in frames if not is_library(f.filename)]
+    if not mine:
+        print(
+            f"{command}: internal error: this is a bug in dropmask, not in your command. "
+            "Please report it with the command and the traceback above.",
+            file=sys.stderr,
+        )
+        return
+    text = str(error).splitlines()[0] if str(error) else ""
+    print(
+        f"{command}: error: {type(error).__name__} raised at {mine[-1].filename}:"
+        f"{mine[-1].lineno}, in your code: {text.rstrip('.')} (its traceback is above). "
+        "Fix it there.",
+        file=sys.stderr,
+    )
