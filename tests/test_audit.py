@@ -273,6 +273,33 @@ def test_dropmask_attention_as_attention_fn_is_an_attention_site(attention_fn):
     assert report.codes == {"attention-dropout-shared"}, str(report)
 
 
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_dropmask_attention_in_nnx_attention_is_an_attention_site(broadcast):
+    from flax import nnx
+
+    from dropmask.audit import audit_nnx_model
+
+    class Model(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.attn = nnx.MultiHeadAttention(
+                num_heads=2,
+                in_features=8,
+                dropout_rate=0.3,
+                broadcast_dropout=broadcast,
+                decode=False,
+                attention_fn=dropmask.dot_product_attention,
+                rngs=rngs,
+            )
+
+        def __call__(self, x):
+            return self.attn(x)
+
+    report = audit_nnx_model(Model(nnx.Rngs(0)), X.reshape(4, 4, 8))
+    (site,) = report.sites
+    assert (site.kind, site.input_shape) == ("attention", (4, 2, 4, 4))
+    assert report.codes == ({"attention-dropout-shared"} if broadcast else set()), str(report)
+
+
 def test_a_stream_without_a_key_is_named_in_dropmasks_words():
     class Noisy(nn.Module):
         @nn.compact

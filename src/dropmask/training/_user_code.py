@@ -48,13 +48,17 @@ class ExampleCodeError(DropmaskError):
     Attributes:
       hook: the ``Example`` field that raised, e.g. ``'evaluate'``.
       frame: ``(file, line)`` of the deepest frame in the user's own files, or None
-        when the traceback passes through none (the example is dropmask's own).
+        when the traceback passes through none.
+      users: whether the example is the user's (not one that ships with dropmask).
     """
 
-    def __init__(self, message: str, *, hook: str, frame: tuple[str, int] | None) -> None:
+    def __init__(
+        self, message: str, *, hook: str, frame: tuple[str, int] | None, users: bool
+    ) -> None:
         super().__init__(message)
         self.hook = hook
         self.frame = frame
+        self.users = users
 
 
 def definition(fn: Any) -> str | None:
@@ -213,6 +217,7 @@ class _Hook:
                 f"the example's {self._field} raised {type(error).__name__}{at}: {text}",
                 hook=self._field,
                 frame=frame,
+                users=bool(self._roots),
             ) from error
         check = _RETURNS.get(self._field)
         if check is not None and not check[0](out):
@@ -307,13 +312,13 @@ def checked(example: Any, where: str, file: str | None = None) -> Example:
 def report(command: str, error: ExampleCodeError) -> None:
     """Prints the original traceback, then one line saying whose code raised.
 
-    With no frame in the user's files (dropmask's own example), the line asks for a
-    report instead: the error is dropmask's.
+    For an example that ships with dropmask, the line asks for a report instead: the
+    error is dropmask's.
     """
     cause = error.__cause__
     if cause is not None:
         traceback.print_exception(cause)
-    if error.frame is None:
+    if not error.users:
         print(
             f"{command}: internal error: {error}. This is a bug in dropmask, not in your "
             "command: please report it with the command and the traceback above.",
