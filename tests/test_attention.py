@@ -476,10 +476,11 @@ def test_non_finite_bias_or_overflowing_scores_stay_in_their_row():
         assert np.isnan(out[0, 2]).all() and np.isfinite(np.delete(out, 2, axis=1)).all()
         assert np.isfinite(np.delete(np.asarray(dq), 2, axis=1)).all()
         assert np.isfinite(dk).all() and np.isfinite(dv).all()
-    # Finite float16 inputs whose scores overflow: only that query is affected.
-    q16, k16, v16 = (a.astype(np.float16) for a in (q, k, v))
-    q16[0, 1] = 300.0
-    k16[0, 0] = 300.0
+    # Finite inputs whose scores overflow float32: only that query is affected.
+    # (float16 inputs' scores accumulate in float32: 300 * 300 no longer overflows.)
+    q16, k16, v16 = (a.astype(np.float32) for a in (q, k, v))
+    q16[0, 1] = 1e20
+    k16[0, 0] = 1e20
 
     @jax.jit
     def attend_and_grads16(q, k, v):
@@ -523,3 +524,11 @@ def test_padding_junk_passes_no_nan_through_any_op_eagerly():
     big = jnp.full((1, 2, 1, 2), 70000, jnp.int32)
     out = dm.dot_product_attention(big, big, big, dtype=jnp.float16, is_causal=True)
     assert np.isnan(np.asarray(out, np.float32)).all()
+
+
+def test_kv_lengths_errors_name_kv_lengths():
+    q = jnp.ones((2, 3, 1, 4))
+    with pytest.raises(dm.DropmaskValueError, match=r"kv_lengths must be in \[0, 3\]"):
+        dm.dot_product_attention(q, q, q, kv_lengths=jnp.array([1, 5]))
+    with pytest.raises(dm.DtypeError, match="kv_lengths must be integers"):
+        dm.dot_product_attention(q, q, q, kv_lengths=jnp.array([1.0, 2.0]))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -198,6 +200,7 @@ class PaddedAttention(nn.Module):
 
     eval_drops: bool = False
     broadcast_dropout: bool = False
+    attention_fn: Any = nn.dot_product_attention
 
     @nn.compact
     def __call__(self, x, training: bool):
@@ -207,6 +210,7 @@ class PaddedAttention(nn.Module):
             dropout_rate=0.3,
             broadcast_dropout=self.broadcast_dropout,
             deterministic=not (training or self.eval_drops),
+            attention_fn=self.attention_fn,
         )
         return attention(x, mask=nn.make_attention_mask(valid, valid)) * valid[..., None]
 
@@ -241,6 +245,81 @@ def test_attention_dropout_shared_across_batch_and_heads_has_its_own_code():
     assert "every example and every head" in finding.message
     assert "broadcast_dropout=False" in finding.message
     assert report.sites[0].broadcast_dims == (0, 1)
+
+
+@pytest.mark.parametrize(
+    "attention_fn",
+    [
+        dropmask.dot_product_attention,
+        functools.partial(dropmask.dot_product_attention, algorithm="blockwise", block_k=2),
+    ],
+    ids=["dense", "blockwise_partial"],
+)
+def test_dropmask_attention_as_attention_fn_is_an_attention_site(attention_fn):
+    x = X.reshape(4, 4, 8)
+    model = PaddedAttention(attention_fn=attention_fn)
+    report = audit_model(model, model.init(jax.random.key(0), x, training=False), x)
+    assert report.codes == set(), str(report)
+    (site,) = report.sites
+    assert (site.path, site.kind, site.rate) == ("MultiHeadDotProductAttention_0", "attention", 0.3)
+    assert site.input_shape == (4, 2, 4, 4)
+    # A padded query sees no key: its weights are zeros, not drops (unlike Flax's, which
+    # attends evenly); a valid row of an example of length n has n weights.
+    assert site.decisions == 2 * 2 * sum(n * n for n in (4, 3, 2, 1))
+    bound = 4 * np.sqrt(0.3 * 0.7 / site.decisions) + 0.01
+    assert abs(site.drop_fraction - 0.3) < bound
+    shared = PaddedAttention(broadcast_dropout=True, attention_fn=attention_fn)
+    report = audit_model(shared, shared.init(jax.random.key(0), x, training=False), x)
+    assert report.codes == {"attention-dropout-shared"}, str(report)
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_dropmask_attention_in_nnx_attention_is_an_attention_site(broadcast):
+    from flax import nnx
+
+    from dropmask.audit import audit_nnx_model
+
+    class Model(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.attn = nnx.MultiHeadAttention(
+                num_heads=2,
+                in_features=8,
+                dropout_rate=0.3,
+                broadcast_dropout=broadcast,
+                decode=False,
+                attention_fn=dropmask.dot_product_attention,
+                rngs=rngs,
+            )
+
+        def __call__(self, x):
+            return self.attn(x)
+
+    report = audit_nnx_model(Model(nnx.Rngs(0)), X.reshape(4, 4, 8))
+    (site,) = report.sites
+    assert (site.kind, site.input_shape) == ("attention", (4, 2, 4, 4))
+    assert report.codes == ({"attention-dropout-shared"} if broadcast else set()), str(report)
+
+
+def test_a_stream_without_a_key_is_named_in_dropmasks_words():
+    class Noisy(nn.Module):
+        @nn.compact
+        def __call__(self, x, training: bool):
+            x = nn.Dense(4)(x)
+            if training:
+                x = x + jax.random.normal(self.make_rng("noise"), x.shape)
+            return nn.Dropout(0.5, deterministic=not training)(x)
+
+    variables = Noisy().init(jax.random.key(0), X, training=False)
+    with pytest.raises(dropmask.MissingKeyError) as info:
+        audit_model(Noisy(), variables, X)
+    message = str(info.value)
+    assert message.startswith("audit_model: the model draws from the PRNG stream 'noise'")
+    assert "rngs={'dropout': jax.random.key(0), 'noise': jax.random.key(1)}" in message
+    assert "\n" not in message and "flax" not in message.lower()
+    report = audit_model(
+        Noisy(), variables, X, rngs={"dropout": jax.random.key(0), "noise": jax.random.key(1)}
+    )
+    assert [s.path for s in report.sites if s.kind == "dropout"] == ["Dropout_0"]
 
 
 def test_report_prints_as_table_and_json():

@@ -42,7 +42,7 @@ def _case(seed, kv_heads=H, masked=True, biased=True, bad=True):
     if bad:
         rows[0, 1, 3] = True
         cols[1, :, :, 1] = True
-    score = functools.partial(_heads_major_scores, kv_heads, groups, None)
+    score = functools.partial(_heads_major_scores, kv_heads, groups, None, jnp.float32)
     return score, q, k, bias, allowed, jnp.asarray(rows), jnp.asarray(cols)
 
 
@@ -98,7 +98,7 @@ def test_fast_and_safe_branches_agree_in_values_and_derivatives(kv_heads, parts)
         ("nan_bias", True),
         ("inf_bias", True),
         ("neg_inf_bias", False),  # a mask, not a hazard
-        ("huge_negative_bias", False),  # can only make a score -inf
+        ("huge_negative_bias", True),  # can push a score to -inf: an overflow
         ("huge_positive_bias", True),
         ("huge_q", True),
     ],
@@ -122,12 +122,14 @@ def test_the_bound_sends_every_possible_nan_or_inf_score_to_the_safe_branch(chan
     assert bool(got) is expected
 
 
-def test_half_precision_scores_that_could_overflow_take_the_safe_branch():
-    # float16 scores overflow at 65504: |q| * |k| = 300 * 300 could reach it.
+def test_scores_that_could_overflow_their_dtype_take_the_safe_branch():
+    # Scores in float16 would overflow at 65504: |q| * |k| = 300 * 300 could reach it;
+    # the dense path computes float16 inputs' scores in float32, where it cannot.
     q = jnp.zeros((1, 2, 1, 4), jnp.float16).at[0, 0, 0, 0].set(300)
     k = jnp.zeros((1, 2, 1, 4), jnp.float16).at[0, 1, 0, 0].set(300)
     assert bool(dw._may_be_non_finite(q, k, None, jnp.float16))
     assert not bool(dw._may_be_non_finite(q / 8, k / 8, None, jnp.float16))
+    assert not bool(dw._may_be_non_finite(q, k, None, jnp.float32))
 
 
 def test_under_vmap_one_branch_runs_for_the_whole_batch():

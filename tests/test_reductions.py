@@ -12,6 +12,7 @@ import optax
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from jax.experimental import checkify
 from jax.test_util import check_grads
 
 import dropmask as dm
@@ -458,6 +459,12 @@ def test_cross_entropy_out_of_range_labels():
     assert np.isnan(loss)
     ok = jax.jit(dm.masked_cross_entropy)(logits, jnp.array([0, 3]), jnp.array([True, False]))
     np.testing.assert_allclose(ok, np.log(3), rtol=1e-6)
+    # Under checkify, as a traced dropout rate, it is an error naming the range.
+    checked = checkify.checkify(jax.jit(dm.masked_cross_entropy), errors=checkify.user_checks)
+    err, _ = checked(logits, jnp.array([0, 3]), jnp.array([True, True]))
+    with pytest.raises(checkify.JaxRuntimeError, match=r"labels of valid tokens .* \[0, 3\)"):
+        err.throw()
+    checked(logits, jnp.array([0, 3]), jnp.array([True, False]))[0].throw()
 
 
 # ----------------------------------------------------------------- errors

@@ -400,3 +400,79 @@ def test_errors_name_the_public_class_and_argument():
         dn.MaskedRNN(nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), weight_dropout=-0.1)
     with pytest.raises(dropmask.MissingKeyError, match="nnx.MaskedRNN: rngs must be given"):
         dn.MaskedRNN(nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), zoneout=0.2)(x)
+
+
+def _weight_dropout_init(cell, **kw):
+    return dl.MaskedRNN(cell, weight_dropout=0.2, **kw).init(
+        {"params": jax.random.key(0), "dropout": KEY}, _inputs(), deterministic=False
+    )
+
+
+def test_recurrent_kernels_takes_one_name_or_a_tuple():
+    # One name is one name, not its letters: "hr" drops GRUCell's hr only.
+    one = _weight_dropout_init(nn.GRUCell(4), recurrent_kernels="hr")
+    both = _weight_dropout_init(nn.GRUCell(4), recurrent_kernels=("hr", "hz"))
+    assert jax.tree.structure(one) == jax.tree.structure(both)
+    rnn = dl.MaskedRNN(nn.GRUCell(4), weight_dropout=0.5, recurrent_kernels="hr")
+    params = rnn.init(jax.random.key(0), _inputs(), deterministic=True)
+    grads = jax.grad(
+        lambda p: rnn.apply(p, _inputs(), deterministic=False, rngs={"dropout": KEY}).sum()
+    )(params)
+    # Weight dropout zeroes a share of hr's kernel gradient and none of hz's.
+    hr = grads["params"]["cell"]["hr"]["kernel"]
+    hz = grads["params"]["cell"]["hz"]["kernel"]
+    assert bool((hr == 0).any()) and not bool((hz == 0).any())
+    layer = dn.MaskedRNN(
+        nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), weight_dropout=0.2, recurrent_kernels="dense_h"
+    )
+    assert layer.recurrent_kernels == ("dense_h",)
+
+
+@pytest.mark.parametrize("kernels", [("hr", "hq"), "hx", ("hr", 3), 7])
+def test_recurrent_kernels_refuses_unknown_names_by_name(kernels):
+    error = dropmask.DropmaskTypeError if kernels in (7, ("hr", 3)) else dropmask.DropmaskValueError
+    with pytest.raises(error, match="recurrent_kernels") as info:
+        _weight_dropout_init(nn.GRUCell(4), recurrent_kernels=kernels)
+    if error is dropmask.DropmaskValueError:
+        bad = "hq" if isinstance(kernels, tuple) else kernels
+        assert repr(bad) in str(info.value) and "'hn'" in str(info.value)
+    with pytest.raises(error, match="recurrent_kernels"):
+        layer = dn.MaskedRNN(
+            nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)),
+            weight_dropout=0.2,
+            recurrent_kernels=kernels if kernels != "hx" else "dense_x",
+            rngs=nnx.Rngs(dropout=0),
+        )
+        layer(_inputs())
+
+
+@pytest.mark.parametrize("zoneout", [(0.0, 0.0, 0.0), (0.1, 0.1, 0.1)])
+def test_zoneout_tuples_are_length_checked_even_when_zero(zoneout):
+    with pytest.raises(dropmask.DropmaskValueError, match=r"one per carry leaf \(2 here\)"):
+        dl.MaskedRNN(nn.LSTMCell(4), zoneout=zoneout).init(
+            jax.random.key(0), _inputs(), deterministic=True
+        )
+    with pytest.raises(dropmask.DropmaskValueError, match=r"one per carry leaf \(2 here\)"):
+        dn.MaskedRNN(
+            nnx.OptimizedLSTMCell(3, 4, rngs=nnx.Rngs(0)), zoneout=zoneout, deterministic=True
+        )(_inputs())
+    a = jnp.zeros(3)
+    with pytest.raises(dropmask.DropmaskValueError, match=r"one per carry leaf \(2 here\)"):
+        dropmask.zoneout((a, a), (a, a), zoneout, KEY)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_a_traced_zoneout_rate_outside_0_1_gives_nan_and_a_checkify_error(deterministic):
+    from jax.experimental import checkify
+
+    prev, new = jnp.zeros(4), jnp.ones(4)
+
+    def f(rate):
+        return dropmask.zoneout(prev, new, rate, KEY, deterministic=deterministic)
+
+    assert bool(jnp.isnan(jax.jit(f)(jnp.float32(1.5))).all())
+    assert bool(jnp.isnan(jax.jit(f)(jnp.float32(-0.5))).all())
+    assert bool(jnp.isfinite(jax.jit(f)(jnp.float32(0.5))).all())
+    err, _ = checkify.checkify(jax.jit(f), errors=checkify.user_checks)(jnp.float32(1.5))
+    with pytest.raises(checkify.JaxRuntimeError, match=r"zoneout must be in \[0, 1\]"):
+        err.throw()

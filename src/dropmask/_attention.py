@@ -191,9 +191,13 @@ def dot_product_attention(
     Returns:
       ``[batch..., q_len, heads, v_depth]`` in the computation dtype.
 
-      Non-finite inputs: a query *taints* when its own ``q``, or a key or value it
-      may attend to (mask True and bias not -inf), holds NaN or inf, or one of its
-      allowed scores is NaN or +inf (a NaN bias, an overflow). A tainted query's
+      Non-finite inputs (one convention on every path, see ``docs/attention.md``):
+      a query with no valid key outputs 0 whatever its ``q`` holds. A query that may
+      attend to some key (mask True and bias not -inf) *taints* when its own ``q``,
+      or a key or value it may attend to, holds NaN or inf, or one of its allowed
+      scores is not finite (a NaN or +inf bias, an overflow, which a product may
+      give as NaN, +inf or -inf). Scores accumulate in float32 for 16-bit inputs on
+      every path (a custom einsum gives its own dtype). A tainted query's
       output row is NaN, its ``q`` gets a NaN gradient (on its first feature) and
       it passes none to ``k`` or ``v``. Every other output, and the gradient
       flowing through it to ``q``, ``k`` and ``v``, equals the result with the
@@ -360,7 +364,9 @@ def dot_product_attention(
     if custom:
         score = functools.partial(qk_attn_weights_einsum, "...qhd,...khd->...hqk")
     else:
-        score = functools.partial(_heads_major_scores, kv_heads, groups, precision)
+        score = functools.partial(
+            _heads_major_scores, kv_heads, groups, precision, compute_dtype(dtype)
+        )
     acc = compute_dtype(dtype)
     allowed = m
     bias_arr = None
@@ -434,7 +440,7 @@ def _kv_valid(lengths: Any, kv_mask: Any, batch: tuple[int, ...], kv_len: int) -
     """``bool`` broadcastable to ``[*batch, kv_len]`` from ``kv_lengths`` and ``kv_mask``."""
     valid = None
     if lengths is not None:
-        arr = check_lengths(lengths, kv_len, caller=_CALLER)
+        arr = check_lengths(lengths, kv_len, caller=_CALLER, name="kv_lengths")
         check_broadcastable(arr.shape, batch, caller=_CALLER, name="kv_lengths", hint=_PAD_HINT)
         valid = sequence_mask(arr, kv_len)
     if kv_mask is not None:
@@ -639,9 +645,13 @@ def _taint(bad_q: jax.Array, bad_kv: jax.Array, groups: int) -> tuple[jax.Array,
 
 
 def _heads_major_scores(
-    kv_heads: int, groups: int, precision: Any, q: jax.Array, k: jax.Array
+    kv_heads: int, groups: int, precision: Any, accumulate: Any, q: jax.Array, k: jax.Array
 ) -> jax.Array:
-    """``q . k`` as ``[*b, heads, q_len, kv_len]``, computed heads-major.
+    """``q . k`` as ``[*b, heads, q_len, kv_len]`` in ``accumulate``, computed heads-major.
+
+    The scores come out in ``accumulate`` (float32 for 16-bit inputs), as the
+    blockwise and Pallas paths accumulate them: a float16 score beyond 65504 is a
+    finite float32 number on every path, not an overflow on this one only.
 
     ``q`` and ``k`` (``[*b, length, heads, depth]``) are transposed to ``[*b, kv_heads,
     groups * q_len, depth]`` and ``[*b, kv_heads, depth, kv_len]`` first, so the product
@@ -655,7 +665,9 @@ def _heads_major_scores(
     qg = jnp.moveaxis(qg, -4, -2)  # [*b, kv_heads, groups, q_len, depth]
     qg = qg.reshape(qg.shape[:-3] + (groups * q_len, depth))
     k_t = jnp.moveaxis(k, -3, -1)  # [*b, kv_heads, depth, kv_len]
-    logits = jnp.einsum("...mn,...np->...mp", qg, k_t, precision=precision)
+    logits = jnp.einsum(
+        "...mn,...np->...mp", qg, k_t, precision=precision, preferred_element_type=accumulate
+    )
     return logits.reshape(logits.shape[:-3] + (kv_heads * groups, q_len, logits.shape[-1]))
 
 

@@ -260,7 +260,9 @@ def _forward(plan: Plan, q, k, v, side: Side, dropout: Dropout):
 
     def query_tile(_, i):
         q_tile = lax.dynamic_slice_in_dim(q, i * bq, bq, axis=3)
-        taint0 = _slice(side.bad_q, 3, i * bq, bq)
+        # A non-finite query taints its row only if the row may attend to some key:
+        # a row with no valid key is 0 whatever its q, as on the dense path.
+        bad_q = _slice(side.bad_q, 3, i * bq, bq)[..., None]
 
         def key_tile(j, carry):
             ok = _allowed(plan, side, i, j)
@@ -271,8 +273,10 @@ def _forward(plan: Plan, q, k, v, side: Side, dropout: Dropout):
                 v_tile = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=2)
                 s = _scores(plan, q_tile, k_tile, side, i, j)
                 bad_kv = _slice(side.bad_kv, 2, j * bk, bk)[:, :, None, None, :]
-                nonfinite = jnp.isnan(s) | (s == jnp.inf) | bad_kv
-                taint = taint | jnp.any(ok & nonfinite, axis=-1)
+                # Any non-finite allowed score taints: an overflow may come out of
+                # the product as NaN, +inf or -inf, depending on its summation order.
+                nonfinite = ~jnp.isfinite(s) | bad_kv
+                taint = taint | jnp.any(ok & (nonfinite | bad_q), axis=-1)
                 live = ok & ~nonfinite
                 s = jnp.where(live, s, -jnp.inf)
                 m_new = jnp.maximum(m, jnp.max(s, axis=-1))
@@ -298,7 +302,7 @@ def _forward(plan: Plan, q, k, v, side: Side, dropout: Dropout):
             vary(jnp.full((b, hk, g, bq), -jnp.inf, plan.accumulate)),
             vary(jnp.zeros((b, hk, g, bq), plan.accumulate)),
             vary(jnp.zeros((b, hk, g, bq, dv), plan.accumulate)),
-            vary(jnp.broadcast_to(taint0, (b, hk, g, bq))),
+            vary(jnp.zeros((b, hk, g, bq), bool)),
         )
         lo, hi = key_block_bounds(plan, i)
         m, total, acc, taint = lax.fori_loop(lo, hi, key_tile, init)
@@ -338,7 +342,7 @@ def _backward(plan: Plan, q, k, v, side: Side, dropout: Dropout, out, lse, taint
                 delta_tile = lax.dynamic_slice_in_dim(delta, i * bq, bq, axis=3)
                 clean = ~lax.dynamic_slice_in_dim(taint, i * bq, bq, axis=3)[..., None]
                 s = _scores(plan, q_tile, k_tile, side, i, j)
-                live = ok & clean & ~(jnp.isnan(s) | (s == jnp.inf))
+                live = ok & clean & jnp.isfinite(s)
                 p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - lse_tile[..., None]), 0.0)
                 scale = _kept_scale(plan, dropout, i, j)
                 kept = p if scale is None else p * scale

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
+from jax.experimental import checkify
 
 from ._errors import (
     AxisError,
@@ -37,7 +38,9 @@ __all__ = [
     "check_impl",
     "check_integer",
     "check_key",
+    "check_label_range",
     "check_lengths",
+    "check_names",
     "check_rate",
     "check_shape",
     "check_static_int",
@@ -362,17 +365,71 @@ def check_integer(x: jax.Array, *, caller: str, name: str) -> None:
         )
 
 
-def check_lengths(lengths: Any, max_len: int, *, caller: str) -> jax.Array:
+def check_names(value: Any, *, caller: str, name: str, example: str) -> tuple[str, ...]:
+    """One name or a tuple (or list) of names as a tuple of str.
+
+    A lone string is one name, never its characters (``tuple("hi")`` would be
+    ``('h', 'i')``).
+
+    Raises:
+      DropmaskTypeError: anything else, or a non-string among the names.
+    """
+    if isinstance(value, str):
+        return (value,)
+    names = tuple(value) if isinstance(value, tuple | list) else None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise DropmaskTypeError(
+            f"{caller}: {name} must be a name or a tuple of names (str), got {value!r}. "
+            f"Pass e.g. {name}={example}."
+        )
+    return names
+
+
+def check_lengths(lengths: Any, max_len: int, *, caller: str, name: str = "lengths") -> jax.Array:
     """Validates integer ``lengths`` in ``[0, max_len]`` (values checked when concrete)."""
     arr = jnp.asarray(lengths)
-    check_integer(arr, caller=caller, name="lengths")
+    check_integer(arr, caller=caller, name=name)
     if is_concrete(lengths) and arr.size:
         host = np.asarray(lengths)
         lo, hi = int(host.min()), int(host.max())
         if lo < 0 or hi > max_len:
             raise DropmaskValueError(
-                f"{caller}: lengths must be in [0, {max_len}] (the padded length), got values "
+                f"{caller}: {name} must be in [0, {max_len}] (the padded length), got values "
                 f"in [{lo}, {hi}]. Pad to a longer max_len or truncate the sequences "
                 f"first (dropmask.pad_sequences(..., truncate='right'))."
             )
     return arr
+
+
+def check_label_range(
+    labels: jax.Array, counted: Any, classes: int, *, caller: str, what: str = "counted examples"
+) -> None:
+    """Class ids of counted positions must lie in ``[0, classes)``.
+
+    Known values (``labels`` and ``counted`` concrete) are checked now; traced ones at
+    run time under ``checkify.checkify(f, errors=checkify.user_checks)`` only, so the
+    caller must also make an out-of-range counted label NaN in its result rather than
+    clip it to a class. ``counted``: bool broadcastable to ``labels``, or None (all).
+
+    Raises:
+      DropmaskValueError: a known counted label is out of range.
+    """
+    fix = "Mask out ignored ones (e.g. label -100) with mask=labels >= 0."
+    concrete = is_concrete(labels) and (counted is None or is_concrete(counted))
+    if concrete:
+        host = np.asarray(labels)
+        if counted is not None:
+            host = host[np.broadcast_to(np.asarray(counted), host.shape)]
+        if host.size and (host.min() < 0 or host.max() >= classes):
+            raise DropmaskValueError(
+                f"{caller}: labels of {what} must be in [0, {classes}), got values in "
+                f"[{host.min()}, {host.max()}]. {fix}"
+            )
+        return
+    in_range = (labels >= 0) & (labels < classes)
+    if counted is not None:
+        in_range = in_range | ~counted
+    checkify.debug_check(
+        jnp.all(in_range),
+        f"{caller}: labels of {what} must be in [0, {classes}), got one outside. {fix}",
+    )

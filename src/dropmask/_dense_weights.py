@@ -2,27 +2,29 @@
 
 :func:`attention_weights` computes ``softmax(scores + bias)`` over the allowed keys, with
 the dense path's contract: an empty row is 0, a row that sees a non-finite input (its
-``taint``) or a NaN or +inf allowed score is 0 and flagged, so that its output can be
-poisoned without ``0 * NaN`` reaching other rows in the backward pass.
+``taint``) or a non-finite allowed score (NaN, or an overflow to +inf or -inf) is 0 and
+flagged, so that its output can be poisoned without ``0 * NaN`` reaching other rows in
+the backward pass. The scores of the plain product come out in the compute dtype
+(float32 for 16-bit inputs), as on the blockwise and Pallas paths.
 
 Two branches compute it, chosen at run time by one scalar:
 
-* ``fast``: the scores cannot be NaN or +inf. That is known before they exist, from
-  the inputs: ``|q . k| <= max |q| * max |k|`` (Cauchy-Schwarz over the rows of the
-  zeroed, scaled ``q`` and ``k``) stays far below the dtype's largest value, and the bias
-  holds no NaN or +inf. Then the softmax is written with the operations XLA's CPU
-  backend fuses into the scores' matrix product (add, max, subtract, exp, sum,
-  multiply, divide): a masked key adds -inf, an empty row's shift is clamped to the
-  lowest finite value (its exponentials are 0, and so are its weights, as
-  ``0 / (0 + tiny)``), and a tainted row's reciprocal is multiplied by 0. At
-  ``[16, 8, 256, 256]`` the product, max, subtract and exp fuse into one kernel that
-  writes the exponentials; the normalisation by the row's reciprocal is a second pass
-  (writing ``(e / total) * keep`` instead fused it into the first, but that variant's
-  encoder step measured 1.05x Flax's in one ``make bench`` run, within noise of this
-  form's 0.905x, and was not kept).
+* ``fast``: the scores cannot be NaN or infinite. That is known before they exist,
+  from the inputs: ``|q . k| <= max |q| * max |k|`` (Cauchy-Schwarz over the rows of the
+  zeroed, scaled ``q`` and ``k``) plus the largest finite ``|bias|`` stays far below the
+  scores' dtype's largest value, and the bias holds no NaN or +inf (-inf masks).
+  Then the softmax is written with the operations XLA's CPU backend fuses into the
+  scores' matrix product (add, max, subtract, exp, sum, multiply, divide): a masked key
+  adds -inf, an empty row's shift is clamped to the lowest finite value (its
+  exponentials are 0, and so are its weights, as ``0 / (0 + tiny)``), and a tainted
+  row's reciprocal is multiplied by 0. At ``[16, 8, 256, 256]`` the product, max,
+  subtract and exp fuse into one kernel that writes the exponentials; the normalisation
+  by the row's reciprocal is a second pass (writing ``(e / total) * keep`` instead fused
+  it into the first, but that variant's encoder step measured 1.05x Flax's in one ``make
+  bench`` run, within noise of this form's 0.905x, and was not kept).
 * ``safe``: the masked softmax that flags non-finite rows element by element
-  (:func:`softmax_flagging_nonfinite`). Only inputs that could overflow the scores, or
-  a bias with NaN or +inf, take it.
+  (:func:`softmax_flagging_nonfinite`), a -inf allowed score included. Only inputs
+  that could overflow the scores, or a bias with NaN or +inf, take it.
 
 Both compute the same function, so which one ran never shows in a result. Under
 ``vmap`` the choice is made once for the whole batch (:func:`_anywhere`), so a batch
@@ -73,16 +75,17 @@ def _largest_row_norm(x: jax.Array) -> jax.Array:
     return jnp.sqrt(jnp.max(jnp.sum(x * x, axis=-1), initial=0.0))
 
 
-def _may_be_non_finite(q: jax.Array, k: jax.Array, bias: Any, dtype: Any) -> jax.Array:
+def _may_be_non_finite(q: jax.Array, k: jax.Array, bias: Any, scores_dtype: Any) -> jax.Array:
     """Scalar bool: some score may be NaN or +inf (then the safe branch runs)."""
     bound = _largest_row_norm(q) * _largest_row_norm(k)
-    # The scores are computed in ``dtype`` and then widened: its range is the limit.
-    ok = bound < jnp.asarray(float(jnp.finfo(dtype).max) / _HEADROOM, bound.dtype)
+    # The scores come out of the product in ``scores_dtype``: its range is the limit.
+    ok = bound < jnp.asarray(float(jnp.finfo(scores_dtype).max) / _HEADROOM, bound.dtype)
     if bias is not None:
         ok &= ~jnp.any(jnp.isnan(bias) | (bias == jnp.inf))
-        # Only a positive bias can push a bounded score to +inf; a negative one at
-        # worst makes it -inf, whose weight is 0 in both branches.
-        largest = jnp.max(jnp.where(jnp.isfinite(bias), bias, 0), initial=0.0)
+        # A -inf bias masks its score (it is not allowed); a finite one shifts a
+        # bounded score by at most its magnitude, either way: a score pushed to
+        # -inf has overflowed, and taints its row as +inf does.
+        largest = jnp.max(jnp.where(jnp.isfinite(bias), jnp.abs(bias), 0), initial=0.0)
         limit = jnp.asarray(float(jnp.finfo(bias.dtype).max) / _HEADROOM, bias.dtype)
         ok &= bound.astype(bias.dtype) + largest < limit
     return _anywhere(~ok)
@@ -129,7 +132,10 @@ def _scores(score: Score, q: jax.Array, k: jax.Array, bias: Any) -> jax.Array:
 def _safe(score, dtype, q, k, bias, allowed, bad_rows, bad_cols):
     x = _scores(score, q, k, bias)
     valid = jnp.ones((1,) * x.ndim, bool) if allowed is None else allowed
-    return softmax_flagging_nonfinite(x, valid, (x.ndim - 1,), bad_rows | bad_cols, dtype)
+    # An allowed score of -inf can only be an overflow (a -inf bias is not allowed):
+    # it taints the row as NaN and +inf do, whichever of them a path's product gave.
+    taint = bad_rows | bad_cols | (x == -jnp.inf)
+    return softmax_flagging_nonfinite(x, valid, (x.ndim - 1,), taint, dtype)
 
 
 def _fast(score, dtype, q, k, bias, allowed, bad_rows, bad_cols):
@@ -176,7 +182,8 @@ def _weights(score, dtype, bounded, q, k, bias, allowed, bad_rows, bad_cols):
     safe = functools.partial(_safe, score, dtype)
     if not bounded:
         return safe(*args)
-    risky = _may_be_non_finite(q, k, bias, dtype)
+    # A bounded score is the plain product, whose output is in the compute dtype.
+    risky = _may_be_non_finite(q, k, bias, compute_dtype(dtype))
     return lax.cond(risky, safe, functools.partial(_fast, score, dtype), *args)
 
 

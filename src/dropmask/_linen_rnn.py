@@ -21,10 +21,13 @@ from ._rnn import (
     FLAX_RECURRENT_KERNELS,
     carry_rates,
     check_carry,
+    check_recurrent_kernels,
     check_rnn_args,
+    check_zoneout_carry,
     concat_features,
     drop_recurrent_kernels,
     masked_rnn,
+    recurrent_kernel_names,
     regularized_step,
     regularizer_keys,
     resolve_mask,
@@ -69,10 +72,12 @@ class MaskedRNN(nn.Module):
         one per carry leaf in ``jax.tree.leaves`` order (Flax's LSTM cells:
         ``(cell_rate, hidden_rate)``).
       weight_dropout: dropout rate on the recurrent kernels.
-      recurrent_kernels: names of the cell's hidden-to-hidden submodules whose
-        ``kernel`` weight dropout masks; the default covers Flax's cells (``hi``,
-        ``hf``, ``hg``, ``ho``, ``hr``, ``hz``, ``hn``, ``h``, ``dense_h``). A cell with
-        none of them raises, naming its submodules.
+      recurrent_kernels: the name, or a tuple of the names, of the cell's
+        hidden-to-hidden submodules whose ``kernel`` weight dropout masks; the default
+        covers Flax's cells (``hi``, ``hf``, ``hg``, ``ho``, ``hr``, ``hz``, ``hn``,
+        ``h``, ``dense_h``: those the cell lacks are skipped). A name given that is no
+        submodule with a kernel, or a default that matches none, raises, naming the
+        cell's submodules.
       deterministic: evaluation mode for the regularizers; may instead be passed at
         call time (exactly one of the two when a regularizer is on).
       rng_collection: the stream the regularizers draw from.
@@ -95,7 +100,7 @@ class MaskedRNN(nn.Module):
     unroll: int = 1
     zoneout: float | tuple[float, ...] = 0.0
     weight_dropout: float = 0.0
-    recurrent_kernels: tuple[str, ...] = FLAX_RECURRENT_KERNELS
+    recurrent_kernels: str | tuple[str, ...] = FLAX_RECURRENT_KERNELS
     deterministic: bool | None = None
     rng_collection: str = "dropout"
 
@@ -148,6 +153,7 @@ class MaskedRNN(nn.Module):
         mask_arr, lengths_arr, batch, _ = resolve_mask(inputs, mask, lengths, caller=caller)
         zoneout_rates = carry_rates(self.zoneout, caller=caller)
         check_rate(self.weight_dropout, caller=caller, name="weight_dropout")
+        kernel_names = recurrent_kernel_names(self.recurrent_kernels, caller=caller)
         det = True
         if zoneout_rates or concrete_value(self.weight_dropout) != 0.0:
             if self.deterministic is None and deterministic is None:
@@ -163,9 +169,12 @@ class MaskedRNN(nn.Module):
             key = jax.random.key(0) if init_key is None else init_key
             initial_carry = self.cell.initialize_carry(key, step_shape)  # type: ignore[attr-defined]
         check_carry(initial_carry, batch, caller=caller)
+        check_zoneout_carry(self.zoneout, initial_carry, caller=caller)
         if self.is_initializing():
             self.cell(initial_carry, jnp.zeros(step_shape, x.dtype))
         cell, variables = self.cell.unbind()
+        if concrete_value(self.weight_dropout) != 0.0:
+            check_recurrent_kernels(variables.get("params", {}), kernel_names, caller=caller)
         streams = [name for name in self.scope.rngs if name != "params"] if self.scope else []
         keys = {name: self.make_rng(name) for name in streams}
         drops = _dropout.needs_key(self.weight_dropout, det, caller=caller)
@@ -178,7 +187,7 @@ class MaskedRNN(nn.Module):
                 variables.get("params", {}),
                 self.weight_dropout,
                 weight_key,
-                self.recurrent_kernels,
+                kernel_names,
                 caller=caller,
             )
 

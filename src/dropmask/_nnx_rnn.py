@@ -16,17 +16,20 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _dropout
-from ._checks import check_key, check_rate
+from ._checks import check_key, check_rate, concrete_value
 from ._errors import MissingKeyError
 from ._nnx_streams import own_stream
 from ._rnn import (
     FLAX_RECURRENT_KERNELS,
     carry_rates,
     check_carry,
+    check_recurrent_kernels,
     check_rnn_args,
+    check_zoneout_carry,
     concat_features,
     drop_recurrent_kernels,
     masked_rnn,
+    recurrent_kernel_names,
     regularized_step,
     regularizer_keys,
     resolve_mask,
@@ -81,10 +84,12 @@ class MaskedRNN(nnx.Module):
         one per carry leaf in ``jax.tree.leaves`` order (Flax's LSTM cells:
         ``(cell_rate, hidden_rate)``).
       weight_dropout: dropout rate on the recurrent kernels.
-      recurrent_kernels: names of the cell's hidden-to-hidden submodules whose
-        ``kernel`` weight dropout masks; the default covers Flax's cells (``hi``,
-        ``hf``, ``hg``, ``ho``, ``h``, ``dense_h``, ...). A cell with none of them
-        raises, naming its submodules.
+      recurrent_kernels: the name, or a tuple of the names, of the cell's
+        hidden-to-hidden submodules whose ``kernel`` weight dropout masks; the default
+        covers Flax's cells (``hi``, ``hf``, ``hg``, ``ho``, ``hr``, ``hz``, ``hn``,
+        ``h``, ``dense_h``: those the cell lacks are skipped). A name given that is no
+        submodule with a kernel, or a default that matches none, raises, naming the
+        cell's submodules.
       deterministic: evaluation mode for the regularizers; a call-time value wins.
       rng_collection: the stream of ``rngs`` the regularizers draw from.
       rngs: an ``nnx.Rngs`` / ``RngStream`` (forked here), or None to pass a key at
@@ -110,7 +115,7 @@ class MaskedRNN(nnx.Module):
         unroll: int = 1,
         zoneout: float | tuple[float, ...] = 0.0,
         weight_dropout: float = 0.0,
-        recurrent_kernels: tuple[str, ...] = FLAX_RECURRENT_KERNELS,
+        recurrent_kernels: str | tuple[str, ...] = FLAX_RECURRENT_KERNELS,
         deterministic: bool = False,
         rng_collection: str = "dropout",
         rngs: nnx.Rngs | nnx.RngStream | None = None,
@@ -125,7 +130,7 @@ class MaskedRNN(nnx.Module):
         self.unroll = unroll
         self.zoneout = zoneout
         self.weight_dropout = weight_dropout
-        self.recurrent_kernels = tuple(recurrent_kernels)
+        self.recurrent_kernels = recurrent_kernel_names(recurrent_kernels, caller=caller)
         self.deterministic = deterministic
         self.rng_collection = rng_collection
         self.rngs = own_stream(rngs, rng_collection, caller=caller)
@@ -208,8 +213,11 @@ class MaskedRNN(nnx.Module):
             else:
                 initial_carry = self.cell.initialize_carry(shape)  # type: ignore[attr-defined]
         check_carry(initial_carry, batch, caller=caller)
+        check_zoneout_carry(self.zoneout, initial_carry, caller=caller)
         keys = _stream_keys(self.cell)
         graphdef, state = nnx.split(self.cell)
+        if concrete_value(self.weight_dropout) != 0.0:
+            check_recurrent_kernels(state, self.recurrent_kernels, caller=caller)
         drops = _dropout.needs_key(self.weight_dropout, det, caller=caller)
         key = None
         if drops or (zoneout_rates and not det):

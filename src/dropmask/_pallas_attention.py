@@ -196,7 +196,8 @@ def _allowed(plan: bw.Plan, rows, cols, state, q_seg, kv_seg, mask) -> jax.Array
 
 
 def _nonfinite(s: jax.Array) -> jax.Array:
-    return jnp.isnan(s) | (s == jnp.inf)
+    # -inf too: an allowed score is -inf only by overflow (see the blockwise path).
+    return jnp.isnan(s) | (jnp.abs(s) == jnp.inf)
 
 
 def _row_max(x: jax.Array) -> jax.Array:
@@ -236,6 +237,8 @@ def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
     q = q_ref[...]
     rows = i * bq + lax.iota(jnp.int32, bq)
     q_seg = None if q_seg_ref is None else q_seg_ref[...]
+    # A non-finite query taints its row only if the row may attend to some key.
+    bad_q = (q_state_ref[...] != 0)[:, None]
 
     def body(j, carry):
         m, total, acc, taint = carry
@@ -249,7 +252,7 @@ def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
         mask = _mask_tile(kernel, mask_ref, None, pl.ds(start, bk))
         ok = _allowed(plan, rows, cols, state, q_seg, kv_seg, mask)
         bad = _nonfinite(s) | (state == _NONFINITE)[None, :]
-        taint = jnp.maximum(taint, _row_max(ok & bad))
+        taint = jnp.maximum(taint, _row_max(ok & (bad | bad_q)))
         s = jnp.where(ok & ~bad, s, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -266,7 +269,7 @@ def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
         jnp.full((bq,), -jnp.inf, acc_dtype),
         jnp.zeros((bq,), acc_dtype),
         jnp.zeros((bq, v_ref.shape[-1]), acc_dtype),
-        q_state_ref[...],
+        jnp.zeros((bq,), jnp.int32),
     )
     lo, hi = bw.key_block_bounds(plan, i)
     hi = jnp.minimum(hi, key_tiles)

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._checks import normalize_axes
+from ._checks import check_label_range, normalize_axes
 from ._errors import AxisError, DropmaskTypeError, DropmaskValueError, DtypeError, MaskShapeError
-from ._masks import as_array, broadcast_mask, is_concrete
+from ._masks import as_array, broadcast_mask
 
 __all__ = [
     "masked_cross_entropy",
@@ -683,14 +683,10 @@ def masked_cross_entropy(
             f"{labels.shape}."
         )
     tok = broadcast_mask(mask, batch, caller=caller)
-    if sparse and is_concrete(labels) and (mask is None or is_concrete(mask)):
-        host = np.asarray(labels)[np.asarray(tok)]
-        if host.size and (host.min() < 0 or host.max() >= classes):
-            raise DropmaskValueError(
-                f"{caller}: labels of valid tokens must be in [0, {classes}), got values in "
-                f"[{host.min()}, {host.max()}]. Mask out ignored tokens (e.g. label -100) "
-                f"with mask=labels >= 0."
-            )
+    if sparse:
+        check_label_range(
+            labels, None if mask is None else tok, classes, caller=caller, what="valid tokens"
+        )
     row = jnp.broadcast_to(tok[..., None], logits.shape)
     shifted, _, s, _ = _shifted(logits, row, (logits.ndim - 1,))
     log_z = jnp.log(_safe_denominator(s))

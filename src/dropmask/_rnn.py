@@ -19,12 +19,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import checkify
 
 from ._checks import (
     check_bool_mask,
     check_floating,
     check_key,
     check_lengths,
+    check_names,
     check_rate,
     concrete_value,
 )
@@ -39,9 +41,12 @@ __all__ = [
     "apply_zoneout",
     "carry_rates",
     "check_carry",
+    "check_recurrent_kernels",
     "check_rnn_args",
+    "check_zoneout_carry",
     "concat_features",
     "drop_recurrent_kernels",
+    "recurrent_kernel_names",
     "leaf_rates",
     "masked_rnn",
     "regularized_step",
@@ -198,9 +203,13 @@ def masked_rnn(
 FLAX_RECURRENT_KERNELS = ("h", "hi", "hf", "hg", "ho", "hr", "hz", "hn", "dense_h")
 
 
+def _as_rates(zoneout: Any) -> tuple:
+    return tuple(zoneout) if isinstance(zoneout, tuple | list) else (zoneout,)
+
+
 def carry_rates(zoneout: Any, *, caller: str) -> tuple[float, ...]:
     """``zoneout`` (one rate, or one per carry leaf) as a validated tuple, empty when 0."""
-    rates = tuple(zoneout) if isinstance(zoneout, tuple | list) else (zoneout,)
+    rates = _as_rates(zoneout)
     if not rates:
         raise DropmaskValueError(
             f"{caller}: zoneout must be a rate or a tuple of rates (one per carry leaf), got "
@@ -266,7 +275,8 @@ def apply_zoneout(
     prev: Any, new: Any, rate: Any, key: Any, *, deterministic: bool, caller: str
 ) -> Any:
     """:func:`zoneout` on behalf of ``caller`` (validated here, before any work)."""
-    rates = carry_rates(rate, caller=caller) or (0.0,)
+    carry_rates(rate, caller=caller)
+    rates = _as_rates(rate)
     prev_leaves, treedef = jax.tree.flatten(prev)
     new_leaves, new_treedef = jax.tree.flatten(new)
     if treedef != new_treedef or any(
@@ -288,14 +298,37 @@ def apply_zoneout(
             out.append(b)
         elif v == 1.0:
             out.append(a.astype(b.dtype))
-        elif deterministic:
-            dtype = jnp.promote_types(b.dtype, jnp.float32)
-            r = jnp.asarray(r, dtype)
-            out.append((r * a.astype(dtype) + (1 - r) * b.astype(dtype)).astype(b.dtype))
         else:
-            update = keep_mask(jax.random.fold_in(key, i), b.shape, r)
-            out.append(jnp.where(update, b, a.astype(b.dtype)))
+            ok = None if v is not None else _traced_rate_ok(r, caller)
+            if deterministic:
+                dtype = jnp.promote_types(b.dtype, jnp.float32)
+                r = jnp.asarray(r, dtype)
+                mixed = (r * a.astype(dtype) + (1 - r) * b.astype(dtype)).astype(b.dtype)
+            else:
+                update = keep_mask(jax.random.fold_in(key, i), b.shape, r)
+                mixed = jnp.where(update, b, a.astype(b.dtype))
+            # A traced rate outside [0, 1] gives NaN, as a traced dropout rate does,
+            # never an extrapolated mix.
+            out.append(mixed if ok is None else jnp.where(ok, mixed, jnp.nan).astype(b.dtype))
     return jax.tree.unflatten(treedef, out)
+
+
+def _traced_rate_ok(rate: Any, caller: str) -> jax.Array:
+    """Whether a traced zoneout rate is in ``[0, 1]``; an error under ``checkify``."""
+    r = jnp.asarray(rate, jnp.float32)
+    ok = (r >= 0) & (r <= 1)
+    checkify.debug_check(
+        ok,
+        f"{caller}: zoneout must be in [0, 1] (the probability that a unit keeps its "
+        "previous value), got {r}.",
+        r=r,
+    )
+    return ok
+
+
+def check_zoneout_carry(zoneout: Any, carry: Any, *, caller: str) -> None:
+    """Checks that ``zoneout`` has one rate or one per leaf of ``carry``, even if all 0."""
+    leaf_rates(_as_rates(zoneout), carry, caller=caller)
 
 
 def leaf_rates(rates: tuple, carry: Any, *, caller: str) -> tuple:
@@ -321,34 +354,63 @@ def _key_name(entry: Any) -> Any:
     return None
 
 
+def recurrent_kernel_names(value: Any, *, caller: str) -> tuple[str, ...]:
+    """``recurrent_kernels`` (one name or a tuple of names) as a tuple of names."""
+    return check_names(value, caller=caller, name="recurrent_kernels", example="('hi', 'hf')")
+
+
+def _kernel_owners(path: tuple) -> list[Any]:
+    """The submodule names that own a ``kernel`` leaf along ``path``."""
+    keys = [_key_name(e) for e in path]
+    return [a for a, b in zip(keys, keys[1:], strict=False) if b == "kernel"]
+
+
+def check_recurrent_kernels(params: Any, names: Sequence[str], *, caller: str) -> list[tuple]:
+    """The paths of the recurrent kernels among ``params``; raises if ``names`` misses.
+
+    A recurrent kernel is a leaf at ``.../NAME/kernel`` with ``NAME`` in ``names``
+    (a Linen params dict or an NNX state alike). With the default names (Flax's
+    cells'), any that the cell lacks are skipped; names given explicitly must each
+    name a submodule with a kernel.
+
+    Raises:
+      DropmaskValueError: no leaf matches, or an explicit name matches none, naming
+        the submodules that have a kernel.
+    """
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    chosen = set(names)
+    owners = sorted({str(o) for path in paths for o in _kernel_owners(path)})
+    hits = [path for path in paths if chosen & set(_kernel_owners(path))]
+    unknown = [n for n in names if n not in owners]
+    if not hits:
+        raise DropmaskValueError(
+            f"{caller}: weight_dropout needs the cell's recurrent kernels, named by "
+            f"recurrent_kernels={tuple(names)}, got a cell whose submodules with a kernel are "
+            f"{owners}. Pass recurrent_kernels=(names of the hidden-to-hidden layers,)."
+        )
+    if unknown and tuple(names) != FLAX_RECURRENT_KERNELS:
+        known = tuple(n for n in names if n in owners)
+        raise DropmaskValueError(
+            f"{caller}: recurrent_kernels names {unknown[0]!r}, which is no submodule of the "
+            f"cell with a kernel; those are {owners}. Pass names among them, e.g. "
+            f"recurrent_kernels={known}."
+        )
+    return hits
+
+
 def drop_recurrent_kernels(
     params: Any, rate: Any, key: Any, names: Sequence[str], *, caller: str
 ) -> Any:
     """``params`` with every recurrent kernel passed through :func:`dropmask.dropout`.
 
-    A recurrent kernel is a leaf at ``.../NAME/kernel`` with ``NAME`` in ``names``
-    (a Linen params dict or an NNX state alike). Kernel ``j`` (in the tree's sorted
-    order) is masked with ``fold_in(key, j)``: one mask per call, so a scan that
-    closes over the result uses the same mask at every time step.
+    The kernels are those :func:`check_recurrent_kernels` finds. Kernel ``j`` (in the
+    tree's sorted order) is masked with ``fold_in(key, j)``: one mask per call, so a
+    scan that closes over the result uses the same mask at every time step.
 
     Raises:
-      DropmaskValueError: no leaf matches, naming the submodules that exist.
+      DropmaskValueError: as :func:`check_recurrent_kernels`.
     """
-    paths = jax.tree_util.tree_flatten_with_path(params)[0]
-    chosen = set(names)
-
-    def is_recurrent(path: tuple) -> bool:
-        keys = [_key_name(e) for e in path]
-        return any(a in chosen and b == "kernel" for a, b in zip(keys, keys[1:], strict=False))
-
-    hits = [path for path, _ in paths if is_recurrent(path)]
-    if not hits:
-        found = sorted({str(_key_name(p[0])) for p, _ in paths if p})
-        raise DropmaskValueError(
-            f"{caller}: weight_dropout needs the cell's recurrent kernels, named by "
-            f"recurrent_kernels={tuple(names)}, got a cell whose parameters are {found}. "
-            "Pass recurrent_kernels=(names of the hidden-to-hidden layers,)."
-        )
+    hits = check_recurrent_kernels(params, names, caller=caller)
     index = {path: j for j, path in enumerate(hits)}
 
     def drop(path: tuple, leaf: Any) -> Any:

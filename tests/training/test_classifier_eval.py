@@ -118,3 +118,45 @@ def test_samples_without_a_key_or_a_negative_count_are_refused():
         _HOOKS.logits(state, inputs, None, -1)
     with pytest.raises(MissingKeyError, match=r"ClassifierEval\.predict .*key=None"):
         _HOOKS.predict(state, None, _DATA, "eval", None, 3)
+
+
+class _Wide(nn.Module):
+    """A hidden layer wide enough that K samples' activations dominate the memory."""
+
+    @nn.compact
+    def __call__(self, x, *, training: bool):
+        x = nn.relu(nn.Dense(512)(x))
+        return nn.Dense(3)(dl.Dropout(0.5, deterministic=not training)(x))
+
+
+def _temp_bytes(hooks: ClassifierEval, state, x, num_samples: int) -> int:
+    program = jax.jit(lambda s, x, key: hooks.logits(s, (x,), key, num_samples))
+    compiled = program.lower(state, x, jax.random.key(0)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_monte_carlo_samples_are_chunked_so_memory_does_not_grow_with_k():
+    model = _Wide()
+    x = jnp.ones((128, 16))
+    params = model.init(jax.random.key(0), x, training=False)["params"]
+    state = TrainState.create(
+        apply_fn=model.apply, params=params, tx=optax.sgd(0.1), key=jax.random.key(1)
+    )
+    hooks = ClassifierEval(split_batch=None, model_inputs=lambda b: (b["x"],), label="y")
+    assert hooks.chunk_size == 4
+    one_activation = 128 * 512 * 4  # bytes of one sample's hidden layer
+    small, large = _temp_bytes(hooks, state, x, 8), _temp_bytes(hooks, state, x, 100)
+    # 100 samples in one vmap would hold 100 hidden layers (25.6 MB); chunks of 4 hold 4.
+    assert large < small + 2 * one_activation, (small, large)
+    assert large < 12 * one_activation, large
+    # The samples are the same whatever the chunk.
+    key = jax.random.key(3)
+    whole = ClassifierEval(None, lambda b: (b["x"],), label="y", chunk_size=100)
+    np.testing.assert_allclose(
+        hooks.logits(state, (x,), key, 10), whole.logits(state, (x,), key, 10), rtol=1e-6, atol=1e-6
+    )
+
+
+def test_chunk_size_must_be_a_positive_int():
+    with pytest.raises(DropmaskValueError, match="chunk_size must be >= 1"):
+        ClassifierEval(None, lambda b: (b["x"],), chunk_size=0)

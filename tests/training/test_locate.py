@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import shutil
 import sys
 
 import pytest
@@ -91,3 +92,142 @@ def test_train_and_audit_a_users_directory(tmp_path, capsys):
     assert json.loads((workdir / "summary.json").read_text())["steps"] == 8
     assert cli.main(["audit", str(USER_EXAMPLE)]) == 0
     assert "OK: no finding." in capsys.readouterr().out
+
+
+# A user's mistakes: one line naming the user's file and line and the fix, a non-zero
+# exit, no traceback and no internal function's name.
+
+
+def _users_copy(tmp_path, old: str = "", new: str = "") -> pathlib.Path:
+    """tests/user_example copied to ``tmp_path``, ``old`` replaced by ``new`` in train.py."""
+    directory = tmp_path / "mine"
+    shutil.copytree(USER_EXAMPLE, directory, ignore=shutil.ignore_patterns("__pycache__"))
+    train = directory / "train.py"
+    text = train.read_text()
+    if old:
+        assert old in text, old
+        train.write_text(text.replace(old, new, 1))
+    return directory
+
+
+def _line_of(path: pathlib.Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def _no_internals(err: str) -> None:
+    for word in ("Traceback", "locate:", "_locate.py", "copy_and_resolve_references", "bug in"):
+        assert word not in err, (word, err)
+
+
+@pytest.mark.parametrize("command", ["train", "audit"])
+def test_get_config_returning_a_dict_is_one_line_at_the_users_function(command, tmp_path, capsys):
+    mine = _users_copy(tmp_path, "    return config\n", "    return config.to_dict()\n")
+    status = cli.main([command, str(mine), "--no-progress"][: 2 if command == "audit" else 3])
+    err = capsys.readouterr().err
+    assert status != 0
+    line = _line_of(mine / "train.py", "def get_config")
+    _one_line(err, f"train.py:{line}", "get_config must return an ml_collections.ConfigDict")
+    assert "got a dict" in err and "base_config()" in err
+    _no_internals(err)
+
+
+def test_a_plain_field_of_the_wrong_kind_names_the_example_line(tmp_path, capsys):
+    mine = _users_copy(tmp_path, 'best_mode="max"', 'best_mode="maximum"')
+    assert cli.main(["train", str(mine)]) == 2
+    line = _line_of(mine / "train.py", "example = Example(")
+    _one_line(capsys.readouterr().err, f"train.py:{line}", "best_mode must be 'max' or 'min'")
+
+
+def test_a_train_step_returning_the_wrong_type_is_one_line(tmp_path, capsys):
+    mine = _users_copy(
+        tmp_path, 'return state.apply_gradients(grads=grads), {"loss": loss}', "return loss"
+    )
+    status = cli.main(["train", str(mine), "--no-progress", f"--workdir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert status == 1
+    line = _line_of(mine / "train.py", "def train_step") - 1  # its @jax.jit line
+    _one_line(err, f"train.py:{line}", "train_step must return a pair (new_state, metrics)")
+    _no_internals(err)
+
+
+def test_a_syntax_error_is_located_at_the_users_line(tmp_path, capsys):
+    mine = _users_copy(tmp_path, "    config.batch_size = 16\n", "    config.batch_size = = 16\n")
+    assert cli.main(["train", str(mine)]) == 2
+    err = capsys.readouterr().err
+    line = _line_of(mine / "train.py", "batch_size = = 16")
+    _one_line(err, f"train.py:{line}", "SyntaxError")
+    assert "importlib" not in err and "frozen" not in err
+    _no_internals(err)
+
+
+def test_sys_exit_at_import_is_refused_not_a_silent_success(tmp_path, capsys):
+    mine = _users_copy(tmp_path, "from .models import Classifier\n", "import sys\nsys.exit(0)\n")
+    assert cli.main(["train", str(mine)]) == 2
+    err = capsys.readouterr().err
+    line = _line_of(mine / "train.py", "sys.exit(0)")
+    _one_line(err, "sys.exit(0)", f"train.py:{line}", "if __name__ == '__main__':")
+
+
+def test_a_file_with_relative_imports_hints_at_its_directory(tmp_path, capsys):
+    mine = _users_copy(tmp_path)
+    assert cli.main(["train", str(mine / "train.py")]) == 2
+    err = capsys.readouterr().err
+    line = _line_of(mine / "train.py", "from .models import")
+    _one_line(err, f"train.py:{line}", "pass its directory instead", f"dropmask train {mine}")
+
+
+@pytest.mark.parametrize("command", ["train", "audit"])
+def test_an_empty_target_names_no_internal_function(command, capsys):
+    assert cli.main([command, ""]) == 2
+    err = capsys.readouterr().err
+    _one_line(err, f"dropmask {command}: error", "TARGET must be a non-empty string")
+    _no_internals(err)
+
+
+def test_an_exception_in_the_users_evaluate_keeps_its_traceback_and_says_whose(tmp_path, capsys):
+    mine = _users_copy(
+        tmp_path,
+        "    accuracy = jnp.mean(",
+        "    raise KeyError('no such split: ' + split)\n    accuracy = jnp.mean(",
+    )
+    status = cli.main(["train", str(mine), "--no-progress", f"--workdir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "Traceback" in err and "KeyError" in err
+    last = err.strip().splitlines()[-1]
+    line = _line_of(mine / "train.py", "raise KeyError")
+    assert last.startswith("dropmask train: error: the example's evaluate raised KeyError"), last
+    assert f"train.py:{line}, in your code" in last and "bug in dropmask" not in err
+
+
+def test_audit_without_model_inputs_audits_the_train_step(tmp_path, capsys):
+    mine = _users_copy(tmp_path, "    model_inputs=lambda batch:", "    _unused=lambda batch:")
+    text = (
+        (mine / "train.py")
+        .read_text()
+        .replace('    _unused=lambda batch: (jnp.asarray(batch["x"]),),\n', "")
+    )
+    (mine / "train.py").write_text(text)
+    status = cli.main(["audit", str(mine)])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert "train step only" in err
+    assert "OK: no finding." in out and "Dropout" in out
+
+
+def test_an_exception_in_the_users_model_outside_a_hook_says_whose(tmp_path, capsys):
+    mine = _users_copy(tmp_path)
+    models = mine / "models.py"
+    models.write_text(
+        models.read_text().replace(
+            "        x = nn.relu(",
+            "        if training:\n            raise ValueError('not ready')\n        x = nn.relu(",
+        )
+    )
+    assert cli.main(["audit", str(mine)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err
+    last = err.strip().splitlines()[-1]
+    line = _line_of(models, "raise ValueError")
+    assert last.startswith("dropmask audit: error: ValueError raised at"), last
+    assert f"models.py:{line}, in your code: not ready" in last and "bug in" not in err

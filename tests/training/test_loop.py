@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -218,6 +219,25 @@ def test_comparison_curves_match_seeds_by_step():
     steps, values = seed_curves(curves)
     assert steps == [500, 1000, 1500]
     np.testing.assert_array_equal(values, [[0.6, 0.8, 0.9], [0.5, 0.7, 0.95]])
+
+
+def test_comparison_table_with_one_seed_prints_no_spread():
+    from dropmask.training._summary import comparison_table
+
+    def stats(mean, std):
+        return {"mean": mean, "std": std, "min": mean - std, "max": mean + std}
+
+    summary = {
+        "best_metric": "accuracy",
+        "rates": {
+            "0": {"seeds": [0], "eval": {"accuracy": stats(0.8, 0.0)}},
+            "0.5": {"seeds": [0, 1], "eval": {"accuracy": stats(0.85, 0.01)}},
+        },
+    }
+    table = comparison_table(summary)
+    assert "0.8000 ± 0.0000" not in table
+    assert re.search(r"^0\s+1\s+0\.8000\s", table, re.M), table
+    assert re.search(r"^0\.5\s+2\s+0\.8500 ± 0\.0100", table, re.M), table
 
 
 def _with_train_step(example, change):

@@ -24,8 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Prints the report; 0 when it is clean, 1 with findings, 2 for a bad target."""
+    """Prints the report; 0 when it is clean, 1 with findings or when the example's own
+    code raised (its traceback, then one line), 2 for a bad target."""
     from ..training._locate import listing
+    from ..training._user_code import ExampleCodeError, report, report_exception
     from ._target import audit_target, load_target
 
     if args.list:
@@ -36,9 +38,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         target = load_target(args.target)
+        if target.model is None:
+            print(
+                "dropmask audit: the example sets no model_inputs, so its model cannot be "
+                "called alone: auditing its train step only.",
+                file=sys.stderr,
+            )
+        result = audit_target(target)
+    except ExampleCodeError as error:
+        report("dropmask audit", error)
+        return 1
     except DropmaskError as error:
         print(f"dropmask audit: error: {str(error).rstrip('.')}.", file=sys.stderr)
         return 2
-    report = audit_target(target)
-    print(report.to_json() if args.json else str(report), file=sys.stdout)
-    return 0 if report.ok else 1
+    except Exception as error:
+        report_exception("dropmask audit", error)
+        return 1
+    print(result.to_json() if args.json else str(result), file=sys.stdout)
+    return 0 if result.ok else 1

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import flax.errors
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
 from . import _findings, _mode
 from ._audit_report import AuditReport, Finding
 from ._core import model_report, trees_equal
@@ -138,6 +140,7 @@ def audit_model(
       DropmaskTypeError: ``model`` is not a Linen module or ``rngs`` is not a mapping.
       DropmaskValueError: no mode keyword is given or found in the method's signature,
         and no ``eval_model``.
+      MissingKeyError: the model draws from a PRNG stream ``rngs`` has no key for.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -172,10 +175,26 @@ def audit_model(
         for phase, keys in runs:
             rec.begin(phase)
             module, call = modules[phase[:-1]], calls[phase[:-1]]
-            outputs[phase] = module.apply(variables, *args, rngs=keys, method=method, **call)
+            try:
+                outputs[phase] = module.apply(variables, *args, rngs=keys, method=method, **call)
+            except flax.errors.InvalidRngError as err:
+                mode_name = "training" if phase.startswith("train") else "evaluation"
+                raise _missing_stream(err, rngs_a, mode_name) from None
             jax.block_until_ready(outputs[phase])
             jax.effects_barrier()
     return model_report(rec, trees_equal(outputs["eval0"], outputs["eval1"]), mode)
+
+
+def _missing_stream(err: Exception, rngs: Mapping[str, Any], mode: str) -> MissingKeyError:
+    """Flax's missing-stream error, in dropmask's words: the stream, the rngs, the fix."""
+    found = re.search(r'needs PRNG for "([^"]+)"', str(err))
+    stream = found.group(1) if found else "(unnamed)"
+    example = ", ".join([*(f"{n!r}: jax.random.key({i})" for i, n in enumerate(rngs)), ""])
+    return MissingKeyError(
+        f"audit_model: the model draws from the PRNG stream {stream!r} in {mode}, but rngs "
+        f"has no key for it (rngs has {sorted(rngs)!r}). Pass a key for every stream the "
+        f"model draws from, e.g. rngs={{{example}{stream!r}: jax.random.key({len(rngs)})}}."
+    )
 
 
 def _modes(

@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 from flax.nnx.nn import attention as nnx_attention
 
+from .._attention import dot_product_attention as _dropmask_attention
 from .._checks import concrete_value
 
 __all__ = ["Observation", "Recorder", "SiteInfo", "classify", "watch_attention"]
@@ -139,11 +140,47 @@ def _key_data(key: jax.Array) -> jax.Array:
     return key
 
 
-# Flax's attention functions, each with the weights function it applies dropout in.
-_ATTENTION: dict[Callable[..., Any], Callable[..., Any]] = {
-    nn.dot_product_attention: nn.dot_product_attention_weights,
-    nnx_attention.dot_product_attention: nnx_attention.dot_product_attention_weights,
-}
+def _dropped_weights_of(attend: Callable[..., Any]) -> Callable[..., Any]:
+    """The weights function of dropmask's attention (or a ``functools.partial`` of it).
+
+    Its weights after dropout are its output for the values ``v = I`` over the keys:
+    ``out[..., q, h, j]`` is query ``q``'s weight on key ``j`` (0 where dropped, the
+    kept ones scaled by ``1/keep``), read off the very function the model calls, on
+    whichever path it takes.
+    """
+
+    def weights(query: Any, key: Any, *, deterministic: bool = False, **kw: Any) -> jax.Array:
+        # deterministic=False by default, as Flax's weights functions: a dropout_rng
+        # alone turns dropout on.
+        kv_len, kv_heads = key.shape[-3], key.shape[-2]
+        eye = jnp.eye(kv_len, dtype=jnp.result_type(query))[:, None, :]
+        identity = jnp.broadcast_to(eye, (*key.shape[:-3], kv_len, kv_heads, kv_len))
+        out = attend(query, key, identity, deterministic=deterministic, **kw)
+        return jnp.moveaxis(out, -2, -3)  # [..., heads, q, kv]
+
+    return weights
+
+
+def _attention_weights(attention_fn: Any) -> tuple[Callable[..., Any], Any] | None:
+    """``(weights function, the arguments it takes)`` of a known attention function.
+
+    Flax's attention functions apply dropout in their weights function; dropmask's
+    :func:`~dropmask.dot_product_attention` (or a ``functools.partial`` of it, e.g.
+    with ``algorithm=``) is read through :func:`_dropped_weights_of`.
+    """
+    flax_weights = {
+        nn.dot_product_attention: nn.dot_product_attention_weights,
+        nnx_attention.dot_product_attention: nnx_attention.dot_product_attention_weights,
+    }
+    for fn, weights in flax_weights.items():
+        if attention_fn is fn:
+            return weights, inspect.signature(weights).parameters
+    base = attention_fn.func if isinstance(attention_fn, functools.partial) else attention_fn
+    if base is _dropmask_attention:
+        return _dropped_weights_of(attention_fn), inspect.signature(base).parameters
+    return None
+
+
 # Arguments of the attention call that the audit sets itself when recomputing weights.
 _OWN_ARGS = ("dropout_rng", "dropout_rate", "deterministic", "module")
 
@@ -153,20 +190,20 @@ def watch_attention(module: Any) -> Iterator[list[tuple[jax.Array, jax.Array]]]:
     """Collects ``(dropped, valid)`` attention-weight patterns of ``module``'s call.
 
     Applies to Flax's ``MultiHeadDotProductAttention`` (Linen) and ``MultiHeadAttention``
-    (NNX) with their default attention function and a rate above zero. For the call's
-    duration the module's ``attention_fn`` is a wrapper that runs the original and
-    recomputes the weights with and without the same dropout key: the weights function
-    is the one the original applies, so the pattern is the mask it used. Other modules
-    yield an empty list.
+    (NNX) with a rate above zero and Flax's default attention function or dropmask's
+    ``dot_product_attention``. For the call's duration the module's ``attention_fn`` is
+    a wrapper that runs the original and recomputes the weights with and without the
+    same dropout key: the weights function is the one the original applies, so the
+    pattern is the mask it used. Other modules yield an empty list.
     """
     seen: list[tuple[jax.Array, jax.Array]] = []
     original = vars(module).get("attention_fn")
-    weights = next((w for fn, w in _ATTENTION.items() if fn is original), None)
-    if original is None or weights is None or not _configured_rate(module):
+    known = None if original is None else _attention_weights(original)
+    if original is None or known is None or not _configured_rate(module):
         yield seen
         return
     attend: Callable[..., Any] = original
-    accepted = inspect.signature(weights).parameters
+    weights, accepted = known
 
     @functools.wraps(attend)
     def observed(query: Any, key: Any, value: Any, **kw: Any) -> Any:

@@ -21,7 +21,7 @@ class AuditTarget:
     :func:`target_from_example` builds one from a :class:`dropmask.training.Example`.
 
     Attributes:
-      model: the ``flax.linen.Module``.
+      model: the ``flax.linen.Module``; None audits the train step alone.
       variables: its variables (``{'params': ...}``).
       args: positional inputs of one call, e.g. ``(images,)``.
       train_kwargs: keyword arguments selecting training, e.g. ``{'training': True}``;
@@ -37,7 +37,7 @@ class AuditTarget:
     """
 
     model: Any
-    variables: Mapping[str, Any]
+    variables: Mapping[str, Any] | None
     args: tuple[Any, ...]
     train_kwargs: Mapping[str, Any] | None = None
     eval_kwargs: Mapping[str, Any] | None = None
@@ -48,26 +48,37 @@ class AuditTarget:
 
 
 def audit_target(target: AuditTarget) -> AuditReport:
-    """:func:`audit_model` on the model, then :func:`audit_step` on the step if given.
+    """:func:`audit_model` on the model, if given, then :func:`audit_step` on the step
+    if given.
 
     Raises:
       DropmaskTypeError: ``target`` is not an :class:`AuditTarget`.
+      DropmaskValueError: it has neither a model nor a train step.
     """
     if not isinstance(target, AuditTarget):
         raise DropmaskTypeError(
             f"expected a dropmask.audit.AuditTarget, got {type(target).__name__}. An "
             "example's audit hook must return AuditTarget(model=..., variables=..., args=...)."
         )
-    report = audit_model(
-        target.model,
-        target.variables,
-        *target.args,
-        train_kwargs=target.train_kwargs,
-        eval_kwargs=target.eval_kwargs,
-        eval_model=target.eval_model,
-    )
+    if target.model is None and target.train_step is None:
+        raise DropmaskValueError(
+            "an AuditTarget needs a model or a train_step to audit, got neither. Pass "
+            "AuditTarget(model=..., variables=..., args=...) or train_step=, state=, batches=."
+        )
+    report = None
+    if target.model is not None:
+        report = audit_model(
+            target.model,
+            target.variables or {},
+            *target.args,
+            train_kwargs=target.train_kwargs,
+            eval_kwargs=target.eval_kwargs,
+            eval_model=target.eval_model,
+        )
     if target.train_step is not None:
-        report = report.merged(audit_step(target.train_step, target.state, target.batches))
+        steps = audit_step(target.train_step, target.state, target.batches)
+        report = steps if report is None else report.merged(steps)
+    assert report is not None
     return report
 
 
@@ -86,8 +97,8 @@ def target_from_example(
     real run draws.
 
     Args:
-      example: the example; it needs ``model_inputs`` and a Linen ``TrainState``
-        (``apply_fn=model.apply``).
+      example: the example; with ``model_inputs`` and a Linen ``TrainState``
+        (``apply_fn=model.apply``) its model is audited, and its train step always.
       config: the config to build with; ``None``: ``example.get_tiny_config()`` (or
         ``get_config()`` when it has none).
       steps: train batches for the step audit (at least 2).
@@ -95,12 +106,13 @@ def target_from_example(
       fn: deprecated alias of ``caller``; passing it warns.
 
     Returns:
-      An :class:`AuditTarget`.
+      An :class:`AuditTarget`; without ``model_inputs`` (the model's inputs cannot be
+      taken from a batch) its ``model`` is None and the train step alone is audited.
 
     Raises:
-      DropmaskValueError: ``example`` has no ``model_inputs``, or ``steps < 2``.
-      DropmaskTypeError: ``example`` is not an ``Example``, or its state's
-        ``apply_fn`` is not a bound Linen ``apply``.
+      DropmaskValueError: ``steps < 2``.
+      DropmaskTypeError: ``example`` is not an ``Example``, or, with
+        ``model_inputs``, its state's ``apply_fn`` is not a bound Linen ``apply``.
     """
     from ..training._example import Example, run_keys
 
@@ -120,32 +132,36 @@ def target_from_example(
             f"{caller}: steps must be an int >= 2 (masks are compared between steps), "
             f"got {steps!r}."
         )
-    if example.model_inputs is None:
-        raise DropmaskValueError(
-            f"{caller}: example {example.name!r} must set model_inputs to be audited, got None. "
-            "Pass Example(..., model_inputs=lambda batch: (batch['x'],))."
-        )
     if config is None:
         config = (example.get_tiny_config or example.get_config)()
     data = example.load_data(config)
     data_key, params_key, dropout_key = run_keys(config.seed)
     state = example.create_state(config, data, params_key, dropout_key)
-    model = getattr(state.apply_fn, "__self__", None)
+    batches = [example.train_batch(config, data, data_key, step) for step in range(steps)]
+    step_only = AuditTarget(
+        model=None,
+        variables=None,
+        args=(),
+        train_step=example.train_step,
+        state=state,
+        batches=batches,
+    )
+    if example.model_inputs is None:
+        return step_only
+    model = getattr(getattr(state, "apply_fn", None), "__self__", None)
     if model is None:
         raise DropmaskTypeError(
             f"{caller}: example {example.name!r} must build its state with apply_fn=model.apply "
-            f"of a Linen module, got {state.apply_fn!r}. Audit an NNX model with audit_nnx_model."
+            f"of a Linen module, got {getattr(state, 'apply_fn', None)!r}. Audit an NNX model "
+            "with audit_nnx_model."
         )
-    batches = [example.train_batch(config, data, data_key, step) for step in range(steps)]
-    return AuditTarget(
+    return dataclasses.replace(
+        step_only,
         model=model,
         variables={"params": state.params},
         args=tuple(example.model_inputs(batches[0])),
         train_kwargs=example.train_kwargs,
         eval_kwargs=example.eval_kwargs,
-        train_step=example.train_step,
-        state=state,
-        batches=batches,
         eval_model=None if example.eval_model is None else example.eval_model(model),
     )
 
@@ -166,11 +182,12 @@ def load_target(target: str) -> AuditTarget:
     """
     from ..training._example import Example
     from ..training._locate import locate
+    from ..training._user_code import checked
 
     found = locate(target, attributes=("example", "audit_target"))
     value = found.value
     if isinstance(value, Example):
-        return target_from_example(value, caller="dropmask audit")
+        return target_from_example(checked(value, found.where, found.file), caller="dropmask audit")
     if callable(value) and not isinstance(value, AuditTarget):
         value = value()
     if not isinstance(value, AuditTarget):

@@ -28,6 +28,12 @@ __all__ = ["ClassifierEval"]
 Batch = Mapping[str, Any]
 
 
+# Monte Carlo samples drawn at once: all K samples in one vmap hold K copies of every
+# activation (memory grows with K); a few at a time in a loop keep the working set of a
+# few forward passes, whatever K is, at the same samples.
+DEFAULT_CHUNK_SIZE = 4
+
+
 class _Call(NamedTuple):
     """How the model is called: a static jit argument (hashable, compared by value)."""
 
@@ -36,6 +42,7 @@ class _Call(NamedTuple):
     train_kwargs: tuple[tuple[str, Any], ...]
     eval_kwargs: tuple[tuple[str, Any], ...]
     stream: str
+    chunk_size: int = DEFAULT_CHUNK_SIZE
 
 
 def _apply(
@@ -48,7 +55,8 @@ def _apply(
     def one(x: tuple[Any, ...], k: jax.Array) -> jax.Array:
         return state.apply_fn(variables, *x, **dict(call.train_kwargs), rngs={call.stream: k})
 
-    return uncertainty.sample(one, inputs, cast(jax.Array, key), num_samples)
+    chunk = min(call.chunk_size, num_samples)
+    return uncertainty.sample(one, inputs, cast(jax.Array, key), num_samples, chunk_size=chunk)
 
 
 _logits = jax.jit(_apply, static_argnames=("num_samples", "call"))
@@ -90,6 +98,10 @@ class ClassifierEval:
       train_kwargs: keyword arguments of a model call with dropout on.
       eval_kwargs: keyword arguments of a model call with dropout off.
       stream: the PRNG stream the model's dropout draws from.
+      chunk_size: Monte Carlo samples computed at once (``uncertainty.sample``'s
+        ``chunk_size``): ``K`` samples run as ``ceil(K / chunk_size)`` steps of a loop,
+        so memory does not grow with ``K`` (``--mc-samples``); the samples are the
+        same whatever it is. Default 4.
 
     Example:
       >>> import flax.linen as nn, jax, jax.numpy as jnp, numpy as np, optax
@@ -120,6 +132,10 @@ class ClassifierEval:
     train_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": True})
     eval_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": False})
     stream: str = "dropout"
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+
+    def __post_init__(self) -> None:
+        check_static_int(self.chunk_size, name="chunk_size", caller="ClassifierEval", minimum=1)
 
     def logits(
         self, state: Any, inputs: tuple[Any, ...], key: jax.Array | None, num_samples: int
@@ -175,6 +191,7 @@ class ClassifierEval:
             tuple(self.train_kwargs.items()),
             tuple(self.eval_kwargs.items()),
             self.stream,
+            self.chunk_size,
         )
 
 

@@ -12,7 +12,6 @@ import argparse
 import pathlib
 import shlex
 import sys
-import traceback
 from typing import Any
 
 from .._errors import DropmaskError, DropmaskValueError
@@ -91,12 +90,17 @@ def _rates(text: str) -> list[float]:
 def run(args: argparse.Namespace) -> int:
     """Runs ``dropmask train``; returns the exit status.
 
-    Bad flags, an unknown example or config entry exit with 2, a run that fails on
-    its input (data path, workdir, checkpoints, a non-finite loss) with 1; each
-    prints one line saying why. Ctrl-C exits with 130 and one line naming the last
-    saved checkpoint and the command that resumes from it. Anything else is a bug:
-    its traceback, then one line asking to report it.
+    Bad flags, an unknown example or config entry, a mistake in the example (a hook
+    returning the wrong type) exit with 2, a run that fails on its input (data path,
+    workdir, checkpoints, a non-finite loss) with 1; each prints one line saying why.
+    An exception raised in the example's own code exits with 1: its traceback, then
+    one line naming the hook and the line of the user's code. Ctrl-C exits with 130
+    and one line naming the last saved checkpoint and the command that resumes from
+    it. Any other exception prints its traceback, then one line: raised in the
+    user's code, where; else a bug in dropmask, to report.
     """
+    from ._user_code import ExampleCodeError, report, report_exception
+
     if args.list:
         from ._locate import listing
 
@@ -104,10 +108,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         example, config, rates = _parse(args)
+    except ExampleCodeError as error:
+        report("dropmask train", error)
+        return 1
     except DropmaskError as error:
         return _fail(error, 2)
     try:
         return _execute(args, example, config, rates)
+    except ExampleCodeError as error:
+        report("dropmask train", error)
+        return 1
     except DropmaskError as error:
         return _fail(error, 1)
     except OSError as error:
@@ -117,13 +127,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"dropmask train: interrupted. {_resume_note(args, rates)}", file=sys.stderr)
         return 130
-    except Exception:
-        traceback.print_exc()
-        print(
-            "dropmask train: internal error: this is a bug in dropmask, not in your command. "
-            "Please report it with the command and the traceback above.",
-            file=sys.stderr,
-        )
+    except Exception as error:
+        report_exception("dropmask train", error)
         return 1
 
 
@@ -204,9 +209,9 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
         )
     if args.example is None:
         raise DropmaskValueError("give a TARGET to train, or --list to see them")
-    from ._locate import load_example
+    from ._user_code import load_checked
 
-    example = load_example(args.example)
+    example = load_checked(args.example)
     args.example_name = example.name
     config = _config.apply_overrides(example.get_config(), overrides)
     if args.steps is not None:

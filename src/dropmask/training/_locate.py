@@ -26,6 +26,7 @@ import importlib.util
 import os
 import pathlib
 import re
+import shlex
 import sys
 import traceback
 import types
@@ -36,7 +37,7 @@ from typing import Any
 from .._errors import DropmaskTypeError, DropmaskValueError
 from .._optional import EXTRAS, extra_for
 
-__all__ = ["Located", "available", "load_example", "locate"]
+__all__ = ["Located", "available", "is_library", "load_example", "locate"]
 
 # name -> (where it lives, what it trains). ``digits`` is a module of the package;
 # the others are directories of a source checkout's examples/.
@@ -57,10 +58,12 @@ class Located:
     Attributes:
       value: the object found (e.g. a :class:`dropmask.training.Example`).
       where: where it was found, for messages: a module attribute or a file.
+      file: the source file of the module it was found in, when it has one.
     """
 
     value: Any
     where: str
+    file: str | None = None
 
 
 def checkout_examples() -> pathlib.Path | None:
@@ -123,8 +126,8 @@ def locate(target: str, attributes: Sequence[str] = ("example",)) -> Located:
     """
     if not isinstance(target, str) or not target.strip():
         raise DropmaskValueError(
-            f"locate: target must be a non-empty string, got {target!r}. Give an example's "
-            "name (see --list), a directory, a .py file or package.module:attribute."
+            f"TARGET must be a non-empty string, got {target!r}. Give an example's name "
+            "(see --list), a directory, a .py file or package.module:attribute."
         )
     path = pathlib.Path(target).expanduser()
     if target in _BUNDLED:
@@ -190,11 +193,44 @@ def _private_name(path: pathlib.Path) -> str:
     return f"_dropmask_target_{stem}_{zlib.crc32(str(path).encode()):08x}"
 
 
+_PACKAGE = pathlib.Path(__file__).resolve().parents[1]  # src/dropmask
+
+
+def is_library(filename: str) -> bool:
+    """Import machinery, installed packages or dropmask itself: not the user's line."""
+    if filename.startswith("<") or "site-packages" in filename or "dist-packages" in filename:
+        return True
+    path = pathlib.Path(filename).resolve()
+    return path.is_relative_to(_PACKAGE) or path.is_relative_to(pathlib.Path(os.__file__).parent)
+
+
+def _location(error: BaseException) -> str:
+    """`` at FILE:LINE`` of the user's line that failed: a syntax error's own position,
+    else the deepest frame of the traceback outside the import machinery and libraries."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f" at {error.filename}:{error.lineno}"
+    frames = traceback.extract_tb(error.__traceback__)
+    mine = [f for f in frames if not is_library(f.filename)]
+    frame = (mine or [f for f in frames if not f.filename.startswith("<")] or frames or [None])[-1]
+    return f" at {frame.filename}:{frame.lineno}" if frame is not None else ""
+
+
 def _failure(target: str, error: BaseException) -> DropmaskValueError:
     """One line naming the target, the failing line of its import, and the error."""
-    frames = traceback.extract_tb(error.__traceback__)
-    line = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    line = _location(error)
     missing = getattr(error, "name", None) if isinstance(error, ImportError) else None
+    path = pathlib.Path(target)
+    if isinstance(error, SyntaxError):
+        detail = f"{error.msg} ({(error.text or '').strip()!r})" if error.text else error.msg
+        return DropmaskValueError(
+            f"importing {target!r} failed{line}: SyntaxError: {detail}. Fix the syntax there"
+        )
+    if isinstance(error, ImportError) and "relative import" in str(error) and path.suffix == ".py":
+        return DropmaskValueError(
+            f"importing {target!r} failed{line}: {error}. A file whose imports are relative "
+            f"(from . import ...) is part of a package: pass its directory instead, e.g. "
+            f"dropmask train {shlex.quote(str(path.parent) or '.')}"
+        )
     fix = (
         f"Install it: pip install 'dropmask[{extra_for(missing)}]'"
         if missing in EXTRAS
@@ -206,11 +242,21 @@ def _failure(target: str, error: BaseException) -> DropmaskValueError:
 
 
 def _import(target: str, load: Callable[[], types.ModuleType]) -> types.ModuleType:
-    """Runs ``load()``; any failure becomes one line naming the target and the line."""
+    """Runs ``load()``; any failure becomes one line naming the target and the line.
+
+    ``sys.exit`` at import (a script that trains when run) is a failure too: importing
+    a target must only define it.
+    """
     try:
         return load()
     except DropmaskValueError:
         raise
+    except SystemExit as error:
+        raise DropmaskValueError(
+            f"importing {target!r} called sys.exit({error.code!r}){_location(error)}: a "
+            "target must define `example` when imported, not run. Put what runs under "
+            "if __name__ == '__main__':"
+        ) from None
     except Exception as error:
         raise _failure(target, error) from error
 
@@ -279,31 +325,38 @@ def _import_attribute(target: str, attributes: Sequence[str]) -> Located:
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
+        module = _import(target, lambda: importlib.import_module(module_name))
+    except DropmaskValueError as failed:
+        error = failed.__cause__
+        if not isinstance(error, ModuleNotFoundError):
+            raise
         if error.name is not None and (module_name + ".").startswith(error.name + "."):
             raise DropmaskValueError(
                 f"no module {module_name!r} (for {target!r}) on sys.path or in {cwd}. "
                 "Install the package, or run from the directory that holds it"
             ) from None
-        raise _failure(target, error) from error
-    except Exception as error:
-        raise _failure(target, error) from error
+        raise
     if not attribute:
         return _pick(module, attributes, target)
+    return _attribute(module, module_name, attribute, target)
+
+
+def _attribute(module: types.ModuleType, module_name: str, attribute: str, target: str) -> Located:
+    """``module``'s (dotted) ``attribute``."""
     value: Any = module
     for part in attribute.split("."):
         if not hasattr(value, part):
             raise DropmaskValueError(f"{module_name} has no attribute {attribute!r} ({target!r}).")
         value = getattr(value, part)
-    return Located(value, f"{module_name}:{attribute}")
+    return Located(value, f"{module_name}:{attribute}", getattr(module, "__file__", None))
 
 
 def _pick(module: types.ModuleType, attributes: Sequence[str], target: str) -> Located:
-    where = getattr(module, "__file__", None) or module.__name__
+    file = getattr(module, "__file__", None)
+    where = file or module.__name__
     for name in attributes:
         if hasattr(module, name):
-            return Located(getattr(module, name), f"{where}:{name}")
+            return Located(getattr(module, name), f"{where}:{name}", file)
     wanted = " or ".join(f"`{name}`" for name in attributes)
     raise DropmaskValueError(
         f"{where} (for {target!r}) defines no {wanted}. Define "

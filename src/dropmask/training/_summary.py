@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 from collections.abc import Sequence
@@ -156,17 +157,22 @@ def comparison_table(summary: dict[str, Any]) -> str:
     rows = [header]
     for key, entry in summary["rates"].items():
         held = entry["eval"][metric]
-        row = [key, str(len(entry["seeds"])), _pm(held), f"{held['min']:.4f}..{held['max']:.4f}"]
+        seeds = len(entry["seeds"])
+        pm = functools.partial(_pm, seeds=seeds)
+        row = [key, str(seeds), pm(held), f"{held['min']:.4f}..{held['max']:.4f}"]
         if has_gap:
-            row += [_pm(entry[GAP_SPLIT][metric]), _pm(entry["gap"][metric])]
+            row += [pm(entry[GAP_SPLIT][metric]), pm(entry["gap"][metric])]
         if has_loss:
-            row.append(_pm(entry["eval"]["loss"]))
-        row += [_pm(entry["eval"][name]) for name in calibration]
+            row.append(pm(entry["eval"]["loss"]))
+        row += [pm(entry["eval"][name]) for name in calibration]
         rows.append(row)
     return _align(rows)
 
 
-def _pm(stats: dict[str, float]) -> str:
+def _pm(stats: dict[str, float], *, seeds: int) -> str:
+    # One seed has no spread to show: "± 0.0000" would claim a measured one.
+    if seeds < 2:
+        return f"{stats['mean']:.4f}"
     return f"{stats['mean']:.4f} ± {stats['std']:.4f}"
 
 

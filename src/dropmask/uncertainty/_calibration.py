@@ -5,8 +5,13 @@ deterministic model's logits, or :func:`predictive_log_probs` of K samples (a
 log-probability is a logit; the input is normalised with ``log_softmax``, which leaves
 log-probabilities unchanged). ``labels: int[...]`` and an optional boolean ``mask``
 broadcastable to ``labels`` (True = valid): padded positions are excluded through the
-library's masked reductions, whatever their logits hold. Each function checks its
-inputs, then runs one jitted computation (one program per shape when called eagerly).
+library's masked reductions, whatever their logits hold, in value and gradient. A
+counted example whose logits hold NaN or +inf makes every score NaN (ECE too: its
+confidence is NaN), as the summaries do; -inf is a zero probability. Labels of counted
+examples must be in ``[0, classes)``: known ones are checked before any work, traced
+ones make the score NaN (an error under ``checkify.checkify(f,
+errors=checkify.user_checks)``). Each function checks its inputs, then runs one jitted
+computation (one program per shape when called eagerly).
 
 Expected calibration error (Guo et al., 2017), top-label, equal-width bins: an example
 with confidence ``c = max_j p_j`` falls in bin ``b`` when ``b / B < c <= (b + 1) / B``
@@ -28,6 +33,7 @@ from .._checks import (
     check_broadcastable,
     check_floating,
     check_integer,
+    check_label_range,
     check_static_int,
 )
 from .._errors import DropmaskValueError
@@ -56,20 +62,32 @@ def _inputs(logits: Any, labels: Any, mask: Any, caller: str) -> tuple[jax.Array
             f"{caller}: logits must be labels.shape + (classes,), got logits {x.shape} and "
             f"labels {y.shape}. For K samples pass uncertainty.predictive_log_probs(samples)."
         )
-    if mask is None:
-        return x, y, None
-    m = check_bool_mask(mask, caller=caller)
-    check_broadcastable(m.shape, y.shape, caller=caller, name="mask", hint="")
+    m = None
+    if mask is not None:
+        m = check_bool_mask(mask, caller=caller)
+        check_broadcastable(m.shape, y.shape, caller=caller, name="mask", hint="")
+    check_label_range(y, m, x.shape[-1], caller=caller)
     return x, y, m
 
 
 def _normalised(x: jax.Array, y: jax.Array, m: Any) -> tuple[jax.Array, jax.Array]:
-    """``(log_p, mask)``: ``log_p`` in float32 or wider, the mask at ``labels``' shape."""
+    """``(log_p, mask)``: ``log_p`` in float32 or wider, the mask at ``labels``' shape.
+
+    A masked example's logits are replaced by zeros before the softmax (the "double
+    where"), so whatever they hold reaches neither the value nor the gradient. A counted
+    example whose label is outside ``[0, classes)`` (possible only when traced: known
+    labels are checked first) gets NaN log-probabilities, never a clipped class.
+    """
     m = jnp.ones(y.shape, bool) if m is None else jnp.broadcast_to(m, y.shape)
-    return log_softmax(x), m
+    x = jnp.where(m[..., None], x, jnp.zeros((), x.dtype))
+    log_p = log_softmax(x)
+    in_range = (y >= 0) & (y < x.shape[-1])
+    return jnp.where((m & ~in_range)[..., None], jnp.nan, log_p), m
 
 
 def _label_log_p(log_p: jax.Array, labels: jax.Array) -> jax.Array:
+    # Out-of-range labels already made their row NaN (see _normalised); the clip only
+    # keeps the gather in bounds.
     index = jnp.clip(labels, 0, log_p.shape[-1] - 1)[..., None]
     return jnp.take_along_axis(log_p, index, axis=-1)[..., 0]
 
@@ -84,12 +102,16 @@ def nll(
 
     Args:
       logits: floating ``[..., classes]``.
-      labels: integer ``[...]`` in ``[0, classes)``.
+      labels: integer ``[...]`` in ``[0, classes)`` where counted.
       mask: optional ``bool`` broadcastable to ``labels``; True = counted.
 
     Returns:
       A scalar in ``logits``' dtype (0 with no valid example; ``inf`` if a counted
-      label has probability exactly 0).
+      label has probability exactly 0; NaN if a counted example's logits hold NaN or
+      +inf, or, traced, its label is out of range).
+
+    Raises:
+      DropmaskValueError: a known counted label outside ``[0, classes)``.
 
     Example:
       >>> import jax.numpy as jnp
@@ -118,11 +140,14 @@ def brier_score(
 
     Args:
       logits: floating ``[..., classes]``.
-      labels: integer ``[...]``.
+      labels: integer ``[...]`` in ``[0, classes)`` where counted.
       mask: optional ``bool`` broadcastable to ``labels``.
 
     Returns:
-      A scalar in ``logits``' dtype.
+      A scalar in ``logits``' dtype (NaN as for :func:`nll`).
+
+    Raises:
+      DropmaskValueError: a known counted label outside ``[0, classes)``.
 
     Example:
       >>> import jax.numpy as jnp

@@ -3,9 +3,11 @@
 Classifier summaries take ``logits: [K, ..., classes]``, the K samples' unnormalised
 log-probabilities (sample axis first, classes last). Log-probabilities are logits
 too, so a model that outputs probabilities ``p`` passes ``jnp.log(p)``; an exact zero
-probability (``-inf``) is handled. Everything is computed in log space in float32 (a
-16-bit input is returned in its dtype), so one-hot and near-one-hot predictions give
-finite values and finite gradients:
+probability (``-inf``) is handled. A NaN or ``+inf`` anywhere in one sample of an
+example makes that example's every summary NaN: nothing is silently left out of the
+K (a sample of all ``-inf``, no class possible, is NaN too). Everything is computed
+in log space in float32 (a 16-bit input is returned in its dtype), so one-hot and
+near-one-hot predictions give finite values and finite gradients:
 
 * predictive distribution ``p̄ = mean_k softmax(logits_k)``, as
   ``logsumexp_k log_softmax(logits_k) - log K``;
@@ -57,21 +59,25 @@ def log_softmax(x: jax.Array) -> jax.Array:
     return jax.nn.log_softmax(x.astype(compute_dtype(x.dtype)), axis=-1)
 
 
+def _possible(log_p: jax.Array) -> jax.Array:
+    """Where ``log_p`` is not ``-inf``: a zero probability is left out, a NaN is not."""
+    return log_p != -jnp.inf
+
+
 def entropy(log_p: jax.Array) -> jax.Array:
     """``-sum p log p`` over the last axis; a zero probability contributes exactly 0.
 
     ``log_p = -inf`` is replaced before the product and masked after it (the "double
-    where"), so neither the value nor the gradient sees ``0 * inf``.
+    where"), so neither the value nor the gradient sees ``0 * inf``; a NaN stays.
     """
-    finite = jnp.isfinite(log_p)
-    safe = jnp.where(finite, log_p, 0.0)
+    possible = _possible(log_p)
+    safe = jnp.where(possible, log_p, 0.0)
     # Negated before the sum: a certain row sums -0.0 terms to 0.0, not to -0.0.
-    return masked_sum(-(jnp.exp(safe) * safe), finite, axis=-1)
+    return masked_sum(-(jnp.exp(safe) * safe), possible, axis=-1)
 
 
 def _mean_log_probs(log_p: jax.Array) -> jax.Array:
-    finite = jnp.isfinite(log_p)
-    return masked_logsumexp(log_p, finite, axis=0) - math.log(log_p.shape[0])
+    return masked_logsumexp(log_p, _possible(log_p), axis=0) - math.log(log_p.shape[0])
 
 
 def predictive_log_probs(logits: jax.typing.ArrayLike) -> jax.Array:
