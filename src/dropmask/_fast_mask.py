@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
@@ -328,7 +329,8 @@ def keep_from_words(
     single call inside a ``lax.cond``); ``"packed_inline"``:
     packed words as plain ops; ``"per_element"``: one Threefry call per element. None
     means the fastest measured per backend: packed on CPU, packed_inline on CUDA,
-    per_element elsewhere. The packed paths name their ``uint32`` words ``MASK_NAME``
+    per_element elsewhere (the default backend's, when the mask is traced). The packed
+    paths name their ``uint32`` words ``MASK_NAME``
     for ``jax.checkpoint`` policies (1 bit per element to save for the backward pass).
     """
     if path is not None and path not in PATHS:
@@ -371,17 +373,29 @@ def keep_from_words(
             static_value,
         )  # fmt: skip
 
+    path = _default_path() if path is None else path
     if path == "packed":
         return packed_path(materialise=True)
     if path == "packed_inline":
         return packed_path(materialise=False)
-    if path == "per_element":
-        return per_element_path()
-    return lax.platform_dependent(
-        cpu=lambda: packed_path(materialise=True),
-        cuda=lambda: packed_path(materialise=False),
-        default=per_element_path,
-    )
+    return per_element_path()
+
+
+def _default_path() -> str:
+    """The fastest measured path on the default backend: packed on CPU, packed_inline on
+    CUDA, per_element elsewhere (ROCm also calls itself ``"gpu"``).
+
+    Chosen when the mask is traced, not when it is lowered: ``lax.platform_dependent``
+    would trace all three paths at every mask (the inline one with all of a word's
+    Threefry calls), about half of what tracing a dropout site costs. A program
+    exported for another platform still draws the same mask, by this backend's path.
+    """
+    backend = jax.extend.backend.get_backend()
+    if backend.platform == "cpu":
+        return "packed"
+    if backend.platform == "gpu" and "rocm" not in backend.platform_version.lower():
+        return "packed_inline"
+    return "per_element"
 
 
 @functools.partial(jax.jit, static_argnums=range(3, 10))
