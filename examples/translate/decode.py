@@ -2,14 +2,18 @@
 
 Both encode the source once, then feed the decoder one token per step with
 ``config.decode=True``; each self-attention layer appends that step's key and value
-to its cache, so a step costs one position, not the whole prefix. Decoding always
-runs ``max_len`` steps (a fixed shape for ``jit``); a row that has emitted
-``<eos>`` continues with ``<pad>``.
+to its cache, so a step costs one position, not the whole prefix. Outputs have a
+fixed shape, ``max_len`` tokens (for ``jit``); a row that has emitted ``<eos>``
+continues with ``<pad>``. Decoding stops once every row (every hypothesis) has
+emitted ``<eos>``: the steps left would only append ``<pad>``, so the outputs are
+those of all ``max_len`` steps, and a batch of short sentences costs its longest
+output, not ``max_len``.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +82,17 @@ def _next_logits(
     return logits[:, 0].astype(jnp.float32), variables["cache"]
 
 
+def _running(max_len: int) -> Callable[[tuple], jax.Array]:
+    """The decoding loops' condition on their carry ``(step, ..., done)``: steps
+    remain and some row has not emitted ``<eos>``."""
+
+    def cond(carry: tuple) -> jax.Array:
+        step, done = carry[0], carry[-1]
+        return (step < max_len) & ~jnp.all(done)
+
+    return cond
+
+
 @functools.partial(jax.jit, static_argnames="config")
 def greedy(
     params: Params, inputs: jax.Array, segmentation: jax.Array, config: TransformerConfig
@@ -97,19 +112,20 @@ def greedy(
     cache = _empty_cache(config, params, encoded, segmentation)
     batch = inputs.shape[0]
 
-    def body(step, carry):
-        cache, token, out, done = carry
+    def body(carry):
+        step, cache, token, out, done = carry
         logits, cache = _next_logits(config, params, cache, encoded, segmentation, token, step)
         token = jnp.where(done, PAD, jnp.argmax(logits, axis=-1).astype(jnp.int32))
-        return cache, token, out.at[:, step].set(token), done | (token == EOS)
+        return step + 1, cache, token, out.at[:, step].set(token), done | (token == EOS)
 
     init = (
+        jnp.zeros((), jnp.int32),
         cache,
         jnp.full((batch,), BOS, jnp.int32),
         jnp.zeros((batch, config.max_len), jnp.int32),
         jnp.zeros((batch,), bool),
     )
-    return jax.lax.fori_loop(0, config.max_len, body, init)[2]
+    return jax.lax.while_loop(_running(config.max_len), body, init)[3]
 
 
 def _gather_beams(tree: Cache, beams: jax.Array) -> Cache:
@@ -158,8 +174,10 @@ def beam_search(
     cache = _empty_cache(config, params, encoded, segmentation)
     pad_only = jnp.full((config.vocab_size,), -jnp.inf).at[PAD].set(0.0)
 
-    def body(step, carry):
-        cache, token, tokens, scores, done, lengths = carry
+    # Once every hypothesis has finished, a step extends each by <pad> at no cost and
+    # top_k keeps the beams' (sorted, stable) order, so stopping changes nothing.
+    def body(carry):
+        step, cache, token, tokens, scores, lengths, done = carry
         logits, cache = _next_logits(config, params, cache, encoded, segmentation, token, step)
         logp = jax.nn.log_softmax(logits).reshape(batch, size, -1)
         logp = jnp.where(done[..., None], pad_only[None, None], logp)
@@ -169,19 +187,21 @@ def beam_search(
         tokens = jnp.take_along_axis(tokens, beams[..., None], axis=1).at[:, :, step].set(token)
         done = jnp.take_along_axis(done, beams, axis=1) | (token == EOS)
         lengths = jnp.take_along_axis(lengths, beams, axis=1) + (token != PAD)
-        return _gather_beams(cache, beams), token.reshape(-1), tokens, scores, done, lengths
+        cache = _gather_beams(cache, beams)
+        return step + 1, cache, token.reshape(-1), tokens, scores, lengths, done
 
     # Only the first beam is live at the start, so that the beams do not all repeat it.
     scores = jnp.broadcast_to(jnp.where(jnp.arange(size) == 0, 0.0, -jnp.inf), (batch, size))
     init = (
+        jnp.zeros((), jnp.int32),
         cache,
         jnp.full((batch * size,), BOS, jnp.int32),
         jnp.zeros((batch, size, config.max_len), jnp.int32),
         scores,
-        jnp.zeros((batch, size), bool),
         jnp.zeros((batch, size), jnp.int32),
+        jnp.zeros((batch, size), bool),
     )
-    _, _, tokens, scores, _, lengths = jax.lax.fori_loop(0, config.max_len, body, init)
+    _, _, _, tokens, scores, lengths, _ = jax.lax.while_loop(_running(config.max_len), body, init)
     ranked = scores / ((5.0 + lengths) / 6.0) ** alpha
     best = jnp.argmax(ranked, axis=1)
     return jnp.take_along_axis(tokens, best[:, None, None], axis=1)[:, 0]

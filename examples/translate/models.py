@@ -5,8 +5,9 @@ One frozen :class:`TransformerConfig` describes the model; training uses it as i
 decoding ``config.replace(deterministic=True, decode=True)``, where each decoder
 self-attention keeps a key/value cache and reads one token per call.
 
-Attention runs on :func:`dropmask.dot_product_attention`'s blockwise path (the
-``attention_algorithm`` field; ``"dense"`` computes the same function). Its masks are
+Attention runs on :func:`dropmask.dot_product_attention` by the algorithm the
+``attention_algorithm`` field names (``"auto"``, ``"dense"`` or ``"blockwise"``: the
+same function, the same dropped weights). Its masks are
 structure, not arrays: segment ids keep the pairs packed into one row apart (padding
 has segment 0 and attends to nothing) and the decoder's self-attention is causal;
 both reach the attention function through ``functools.partial``, so no ``[q, k]``
@@ -64,7 +65,7 @@ class TransformerConfig:
     attention_dropout_rate: float = 0.1
     deterministic: bool = False
     decode: bool = False
-    attention_algorithm: str = "blockwise"
+    attention_algorithm: str = "auto"
     attention_block: int | None = None
 
     def replace(self, **changes: object) -> TransformerConfig:

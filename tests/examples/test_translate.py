@@ -238,6 +238,36 @@ def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
     assert part.losses + rest.losses == full.losses
 
 
+@pytest.mark.slow
+def test_the_blockwise_variant_trains_to_the_default_quality(config, tmp_path):
+    # The default config's "auto" takes the dense path; the blockwise variant computes
+    # the same function with the same dropped weights in 64 x 64 tiles (2 x 2 of them
+    # at the tiny config's 96 tokens), so it should land within the spread over seeds.
+    base = config.copy_and_resolve_references()
+    base.steps, base.decay_steps, base.eval_every, base.checkpoint_every = 100, 100, 100, 0
+    base.eval_size = 64
+    runs = {}
+    for algorithm, seed in (("auto", 0), ("auto", 1), ("blockwise", 0)):
+        run = base.copy_and_resolve_references()
+        run.attention_algorithm, run.seed = algorithm, seed
+        workdir = tmp_path / f"{algorithm}_{seed}"
+        runs[algorithm, seed] = run_training(train.example, run, workdir, devices=1, progress=False)
+    default, other, blockwise = runs["auto", 0], runs["auto", 1], runs["blockwise", 0]
+    held_out = {key: result.final["eval"] for key, result in runs.items()}
+    # All learned: the held-out loss is well below a uniform guess's log(vocab).
+    assert all(m["loss"] < 0.7 * np.log(200) for m in held_out.values()), held_out
+    spread = {
+        name: abs(default.final["eval"][name] - other.final["eval"][name])
+        for name in ("loss", "token_accuracy")
+    }
+    for name, seeds_apart in spread.items():
+        assert abs(blockwise.final["eval"][name] - default.final["eval"][name]) <= seeds_apart, (
+            held_out
+        )
+    # Same masks, so the same losses step by step up to float round-off.
+    np.testing.assert_allclose(blockwise.losses, default.losses, rtol=1e-3)
+
+
 @pytest.mark.parametrize(
     ("entry", "value", "message"),
     [

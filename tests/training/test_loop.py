@@ -11,6 +11,7 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from digits_tiny import ROOT, digits_example, tiny_config
@@ -342,3 +343,27 @@ def test_metrics_log_drops_a_partly_written_last_row_and_names_a_bad_line(tmp_pa
     path.write_text('{"step": 1}\nnot json\n{"step": 3}\n')
     with pytest.raises(DataError, match=rf"{path}:2: expected a JSON row.*'not json'.*Fix or"):
         read_metrics(path)
+
+
+def test_checkpoints_are_evaluated_unless_the_config_says_not_to(example, tmp_path):
+    config = tiny_config()
+    config.eval_every, config.checkpoint_every = 12, 4
+    evaluated = train(example, config, tmp_path / "a", devices=1, progress=False)
+    rows = read_metrics(evaluated.workdir / "metrics.jsonl")
+    assert [r["step"] for r in rows if r["split"] == "eval"] == [4, 8, 12]
+
+    config.evaluate_at_checkpoints = False
+    result = train(example, config, tmp_path / "b", devices=1, progress=False)
+    rows = read_metrics(result.workdir / "metrics.jsonl")
+    assert [r["step"] for r in rows if r["split"] == "eval"] == [12]
+    assert result.losses == evaluated.losses and result.final == evaluated.final
+    ckpt = Checkpointer(result.workdir / "checkpoints", best_metric="accuracy")
+    # Step 8 is saved without metrics: no earlier evaluation ranks it.
+    assert ckpt.steps() == [8, 12] and ckpt.best_step() == 12
+    assert ckpt.record(8)["metrics"] is None
+    assert ckpt.record(12)["metrics"] == result.final["eval"]
+    ckpt.close()
+
+    bad = ml_collections.ConfigDict({**config.to_dict(), "evaluate_at_checkpoints": "no"})
+    with pytest.raises(DropmaskError, match=r"config.evaluate_at_checkpoints must be a bool"):
+        train(example, bad, tmp_path / "c", devices=1, progress=False)

@@ -38,10 +38,10 @@ from ._serialization import leaf_dtype as _dtype
 
 __all__ = ["Checkpointer"]
 
-# Config entries that only say how long or how often a run does things, how it is
-# evaluated (mc_samples) or how it reacts to a non-finite loss; resuming with other
-# values is how a run is extended, re-evaluated or let past a bad batch, so they are
-# not compared on restore.
+# Config entries that only say how long or how often a run does things, how or when
+# it is evaluated (mc_samples, evaluate_at_checkpoints) or how it reacts to a
+# non-finite loss; resuming with other values is how a run is extended, re-evaluated
+# or let past a bad batch, so they are not compared on restore.
 RUN_LENGTH_KEYS = frozenset(
     {
         "steps",
@@ -51,6 +51,7 @@ RUN_LENGTH_KEYS = frozenset(
         "keep_checkpoints",
         "mc_samples",
         "allow_nonfinite_loss",
+        "evaluate_at_checkpoints",
     }
 )
 

@@ -40,6 +40,7 @@ PER_RUN_ENTRIES = (
     "keep_checkpoints",
     "mc_samples",
     "allow_nonfinite_loss",
+    "evaluate_at_checkpoints",
 )
 
 

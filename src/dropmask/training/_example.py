@@ -39,7 +39,10 @@ def base_config() -> ml_collections.ConfigDict:
       the Monte Carlo evaluation beside the deterministic one; 0: none) and
       ``allow_nonfinite_loss`` (False: a NaN or infinite train loss stops the run at
       that step; True: train on, for steps that skip bad updates such as
-      ``optax.apply_if_finite``; a non-finite state is never saved either way).
+      ``optax.apply_if_finite``; a non-finite state is never saved either way) and
+      ``evaluate_at_checkpoints`` (True: every checkpoint is also evaluated, so that
+      any of them can be kept as the best; False: only at ``eval_every`` steps and
+      the last, for runs whose evaluation costs much of their time).
 
     Example:
       >>> config = base_config()
@@ -56,6 +59,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.keep_checkpoints = 3
     config.mc_samples = 0
     config.allow_nonfinite_loss = False
+    config.evaluate_at_checkpoints = True
     return config
 
 

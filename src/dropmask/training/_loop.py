@@ -44,6 +44,7 @@ class Schedule:
     checkpoint_every: int
     keep_checkpoints: int
     allow_nonfinite_loss: bool = False
+    evaluate_at_checkpoints: bool = True
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> Schedule:
@@ -51,14 +52,17 @@ class Schedule:
 
         Raises:
           DropmaskValueError: an entry is missing, not an int, or below its minimum,
-            or ``allow_nonfinite_loss`` (optional, False when absent) is not a bool.
+            or ``allow_nonfinite_loss`` (optional, False when absent) or
+            ``evaluate_at_checkpoints`` (optional, True when absent) is not a bool.
         """
-        allow = config.get("allow_nonfinite_loss", False)
-        if not isinstance(allow, bool):
-            raise DropmaskValueError(
-                f"config.allow_nonfinite_loss must be a bool, got {allow!r}. Set it with "
-                f"--config.allow_nonfinite_loss=True or False."
-            )
+        flags = {}
+        for name, absent in (("allow_nonfinite_loss", False), ("evaluate_at_checkpoints", True)):
+            flags[name] = config.get(name, absent)
+            if not isinstance(flags[name], bool):
+                raise DropmaskValueError(
+                    f"config.{name} must be a bool, got {flags[name]!r}. Set it with "
+                    f"--config.{name}=True or False."
+                )
         seed = config.get("seed")
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise DropmaskValueError(
@@ -67,12 +71,19 @@ class Schedule:
         least = dict(steps=1, log_every=1, eval_every=1, checkpoint_every=0, keep_checkpoints=1)
         check_config(config, at_least=least)
         values: dict[str, Any] = {name: config.get(name) for name in least}
-        return cls(seed=seed, allow_nonfinite_loss=allow, **values)
+        return cls(seed=seed, **flags, **values)
 
     def saves(self, done: int) -> bool:
         """Whether a checkpoint is written after step ``done`` (always after the last)."""
         every = self.checkpoint_every
         return done == self.steps or (every > 0 and done % every == 0)
+
+    def evaluates(self, done: int) -> bool:
+        """Whether the eval splits are evaluated after step ``done`` (always after the
+        last; at a checkpoint when ``evaluate_at_checkpoints``, so that it can be ranked
+        as the best)."""
+        scheduled = done == self.steps or done % self.eval_every == 0
+        return scheduled or (self.evaluate_at_checkpoints and self.saves(done))
 
 
 def checkpoint_steps(workdir: pathlib.Path) -> list[int]:
@@ -146,7 +157,9 @@ def train(
     the step metrics) goes to ``metrics.jsonl`` and TensorBoard; every
     ``eval_every`` steps and at the end each of ``example.eval_splits`` is
     evaluated; every ``checkpoint_every`` steps and at the end a checkpoint is
-    saved. At the end ``summary.json`` and ``curves.png`` are written.
+    saved, and evaluated too unless ``config.evaluate_at_checkpoints`` is False (then
+    only the checkpoints at evaluated steps can be kept as the best). At the end
+    ``summary.json`` and ``curves.png`` are written.
 
     Args:
       example: the application.
@@ -208,9 +221,8 @@ def train(
             done = step + 1
             saving = schedule.saves(done)
             log_row = done % schedule.log_every == 0 or done == schedule.steps
-            if not schedule.allow_nonfinite_loss and (
-                log_row or saving or done % schedule.eval_every == 0
-            ):
+            evaluating = schedule.evaluates(done)
+            if not schedule.allow_nonfinite_loss and (log_row or saving or evaluating):
                 # Checked where the loop syncs with the devices anyway, before
                 # anything of these steps is logged, evaluated or saved.
                 _check_finite(jax.device_get(window), done - len(window) + 1, checkpointer)
@@ -223,7 +235,7 @@ def train(
                 log.write(done, "train", means)
                 bar.set_postfix(loss=f"{means['loss']:.4f}", ex_per_s=f"{per_second:,.0f}")
             bar.update(1)
-            if saving or done % schedule.eval_every == 0 or done == schedule.steps:
+            if evaluating:
                 final = _evaluate(example, state, config, data, log, done)
             if saving:
                 position = example.position(config, data, done)
@@ -232,7 +244,8 @@ def train(
                     state,
                     config=config.to_dict(),
                     data_position=position,
-                    metrics=final.get("eval"),
+                    # Only this step's metrics rank a checkpoint as the best.
+                    metrics=final.get("eval") if evaluating else None,
                 )
         if start >= schedule.steps:
             # Nothing left to train: report the restored state without logging its
