@@ -7,22 +7,26 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from flax import nnx
+
 from .._errors import DropmaskTypeError, DropmaskValueError
 from ._audit_report import AuditReport
 from ._linen import audit_model, audit_step
+from ._nnx import audit_nnx_model, audit_nnx_step
 
 __all__ = ["AuditTarget", "audit_target", "load_target", "target_from_example"]
 
 
 @dataclasses.dataclass(frozen=True)
 class AuditTarget:
-    """Everything needed to audit a Linen model and its train step.
+    """Everything needed to audit a model and its train step, Linen or NNX.
 
     :func:`target_from_example` builds one from a :class:`dropmask.training.Example`.
 
     Attributes:
-      model: the ``flax.linen.Module``.
-      variables: its variables (``{'params': ...}``).
+      model: the ``flax.linen.Module``, or an ``nnx.Module`` (audited with
+        :func:`audit_nnx_model`, and its step with :func:`audit_nnx_step`).
+      variables: a Linen model's variables (``{'params': ...}``); ``{}`` for NNX.
       args: positional inputs of one call, e.g. ``(images,)``.
       train_kwargs: keyword arguments selecting training, e.g. ``{'training': True}``;
         None: as :func:`audit_model` infers them (none with ``eval_model``, else the
@@ -48,7 +52,8 @@ class AuditTarget:
 
 
 def audit_target(target: AuditTarget) -> AuditReport:
-    """:func:`audit_model` on the model, then :func:`audit_step` on the step if given.
+    """:func:`audit_model` on the model, then :func:`audit_step` on the step if given
+    (:func:`audit_nnx_model` and :func:`audit_nnx_step` for an NNX model).
 
     Raises:
       DropmaskTypeError: ``target`` is not an :class:`AuditTarget`.
@@ -58,6 +63,17 @@ def audit_target(target: AuditTarget) -> AuditReport:
             f"expected a dropmask.audit.AuditTarget, got {type(target).__name__}. An "
             "example's audit hook must return AuditTarget(model=..., variables=..., args=...)."
         )
+    if isinstance(target.model, nnx.Module):
+        report = audit_nnx_model(
+            target.model,
+            *target.args,
+            train_kwargs=target.train_kwargs,
+            eval_kwargs=target.eval_kwargs,
+        )
+        if target.train_step is not None:
+            step = audit_nnx_step(target.train_step, target.state, target.batches)
+            report = report.merged(step)
+        return report
     report = audit_model(
         target.model,
         target.variables,
@@ -87,7 +103,7 @@ def target_from_example(
 
     Args:
       example: the example; it needs ``model_inputs`` and a Linen ``TrainState``
-        (``apply_fn=model.apply``).
+        (``apply_fn=model.apply``) or an ``NnxTrainState``.
       config: the config to build with; ``None``: ``example.get_tiny_config()`` (or
         ``get_config()`` when it has none).
       steps: train batches for the step audit (at least 2).
@@ -103,6 +119,7 @@ def target_from_example(
         ``apply_fn`` is not a bound Linen ``apply``.
     """
     from ..training._example import Example, run_keys
+    from ..training._nnx_state import NnxTrainState
 
     if fn is not None:
         warnings.warn(
@@ -130,13 +147,25 @@ def target_from_example(
     data = example.load_data(config)
     data_key, params_key, dropout_key = run_keys(config.seed)
     state = example.create_state(config, data, params_key, dropout_key)
+    batches = [example.train_batch(config, data, data_key, step) for step in range(steps)]
+    if isinstance(state, NnxTrainState):
+        return AuditTarget(
+            model=state.model(training=None),
+            variables={},
+            args=tuple(example.model_inputs(batches[0])),
+            train_kwargs=example.train_kwargs,
+            eval_kwargs=example.eval_kwargs,
+            train_step=example.train_step,
+            state=state,
+            batches=batches,
+        )
     model = getattr(state.apply_fn, "__self__", None)
     if model is None:
         raise DropmaskTypeError(
             f"{caller}: example {example.name!r} must build its state with apply_fn=model.apply "
-            f"of a Linen module, got {state.apply_fn!r}. Audit an NNX model with audit_nnx_model."
+            f"of a Linen module, got {state.apply_fn!r}, or with an NnxTrainState of an NNX "
+            f"model."
         )
-    batches = [example.train_batch(config, data, data_key, step) for step in range(steps)]
     return AuditTarget(
         model=model,
         variables={"params": state.params},
