@@ -147,3 +147,36 @@ def test_nnx_scan_over_layers_with_one_dropout_key_is_caught(split_dropout, code
     assert site.path == "blocks/dropout" and site.kind == "dropout"
     # 4 sigma over the fewest independent draws: 2 calls x 128 elements when shared.
     assert abs(site.drop_fraction - 0.5) < 0.125
+
+
+def _digits_nnx_step_target():
+    from dropmask.audit import target_from_example
+    from dropmask.examples.digits_nnx.train import example
+
+    return target_from_example(example)
+
+
+def test_an_nnx_train_step_is_audited_and_a_frozen_step_key_is_caught():
+    import optax
+
+    from dropmask.audit import audit_nnx_step
+
+    target = _digits_nnx_step_target()
+    assert audit_nnx_step(target.train_step, target.state, target.batches).ok
+
+    @jax.jit
+    def frozen(state, batch):
+        # The bug: the model is rebuilt at step 0 every step, so its masks never change.
+        def loss_fn(params):
+            model = state.replace(step=jnp.zeros_like(state.step)).model(params)
+            logits = model(batch["image"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+
+        return state.apply_gradients(grads=jax.grad(loss_fn)(state.params))
+
+    report = audit_nnx_step(frozen, target.state, target.batches)
+    assert "same-mask-across-steps" in report.codes, str(report)
+    with pytest.raises(dropmask.DropmaskTypeError, match="audit_nnx_step: state must be"):
+        audit_nnx_step(frozen, {"params": {}}, target.batches)
+    with pytest.raises(dropmask.DropmaskValueError, match="at least 2 batches"):
+        audit_nnx_step(frozen, target.state, target.batches[:1])
