@@ -180,3 +180,31 @@ def test_an_nnx_train_step_is_audited_and_a_frozen_step_key_is_caught():
         audit_nnx_step(frozen, {"params": {}}, target.batches)
     with pytest.raises(dropmask.DropmaskValueError, match="at least 2 batches"):
         audit_nnx_step(frozen, target.state, target.batches[:1])
+
+
+@pytest.mark.parametrize("algorithm", ["dense", "blockwise"])
+def test_dropmask_attention_weights_are_a_site_of_their_own(algorithm):
+    import functools
+
+    class SelfAttention(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.attention = nnx.MultiHeadAttention(
+                2,
+                8,
+                dropout_rate=0.25,
+                broadcast_dropout=False,
+                deterministic=False,
+                decode=False,
+                attention_fn=functools.partial(dropmask.dot_product_attention, algorithm=algorithm),
+                rngs=rngs,
+            )
+
+        def __call__(self, x):
+            return self.attention(x, is_causal=True)
+
+    report = audit_nnx_model(SelfAttention(nnx.Rngs(0, dropout=1)), X.reshape(2, 8, 8))
+    assert report.ok, str(report)
+    (site,) = report.sites
+    assert site.kind == "attention" and site.input_shape == (2, 2, 8, 8)
+    # 4 sigma over the 2 calls x 2 x 2 x 36 causal weights of the training phase.
+    assert abs(site.drop_fraction - 0.25) < 4 * (0.25 * 0.75 / 288) ** 0.5

@@ -148,12 +148,41 @@ _ATTENTION: dict[Callable[..., Any], Callable[..., Any]] = {
 _OWN_ARGS = ("dropout_rng", "dropout_rate", "deterministic", "module")
 
 
+def _is_dropmask_attention(fn: Any) -> bool:
+    """``dropmask.dot_product_attention``, or a ``functools.partial`` of it."""
+    from .._attention import dot_product_attention
+
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn is dot_product_attention
+
+
+def _weights_through_identity(attend: Callable[..., Any]) -> Callable[..., jax.Array]:
+    """The attention weights ``[batch..., heads, q, kv]`` of ``attend`` (dropout included),
+    read as its output on one-hot values: with ``v[..., j, h, i] = (i == j)`` the output
+    at ``[..., q, h, i]`` is the weight of key ``i``. The weights of dropmask's blockwise
+    path are never materialized, so they are recomputed this way, with the call's key:
+    its mask depends on the key and the weights' positions, not on the values."""
+
+    def weights(query: jax.Array, key: jax.Array, **kw: Any) -> jax.Array:
+        kv_len, kv_heads = key.shape[-3], key.shape[-2]
+        one_hot = jnp.eye(kv_len, dtype=query.dtype)[:, None, :]
+        values = jnp.broadcast_to(one_hot, (*key.shape[:-3], kv_len, kv_heads, kv_len))
+        # Flax's weights functions drop unless told otherwise; dropmask's default is off.
+        kw.setdefault("deterministic", kw.get("dropout_rng") is None)
+        return jnp.moveaxis(attend(query, key, values, **kw), -2, -3)
+
+    weights.__signature__ = inspect.signature(attend)  # type: ignore[attr-defined]
+    return weights
+
+
 @contextlib.contextmanager
 def watch_attention(module: Any) -> Iterator[list[tuple[jax.Array, jax.Array]]]:
     """Collects ``(dropped, valid)`` attention-weight patterns of ``module``'s call.
 
     Applies to Flax's ``MultiHeadDotProductAttention`` (Linen) and ``MultiHeadAttention``
-    (NNX) with their default attention function and a rate above zero. For the call's
+    (NNX) with their default attention function or ``dropmask.dot_product_attention``
+    (or a ``functools.partial`` of it), and a rate above zero. For the call's
     duration the module's ``attention_fn`` is a wrapper that runs the original and
     recomputes the weights with and without the same dropout key: the weights function
     is the one the original applies, so the pattern is the mask it used. Other modules
@@ -162,6 +191,8 @@ def watch_attention(module: Any) -> Iterator[list[tuple[jax.Array, jax.Array]]]:
     seen: list[tuple[jax.Array, jax.Array]] = []
     original = vars(module).get("attention_fn")
     weights = next((w for fn, w in _ATTENTION.items() if fn is original), None)
+    if weights is None and _is_dropmask_attention(original):
+        weights = _weights_through_identity(original)
     if original is None or weights is None or not _configured_rate(module):
         yield seen
         return

@@ -51,7 +51,7 @@ _SUMMARIES = {
     "sst2": "a GRU sentence classifier with word dropout",
     "seq2seq": "an LSTM encoder-decoder that learns addition",
     "translate": "a Transformer on generated English-German pairs",
-    "lm": "a Flax NNX character-level Transformer language model at context 1024",
+    "lm": "a Flax NNX byte-level Transformer language model at context 1024",
 }
 _CHECKOUT_ONLY = ("sst2", "seq2seq", "translate", "lm")
 
