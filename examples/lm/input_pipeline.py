@@ -124,9 +124,9 @@ def train_batch(
 ) -> dict[str, np.ndarray]:
     """``{'tokens': int32[batch_size, context + 1]}``: the windows of ``step``."""
     limit = len(data.train) - config.context
-    starts = np.asarray(_starts(data_key, jnp.int32(step), config.batch_size, limit))
-    index = starts[:, None] + np.arange(config.context + 1)
-    return {"tokens": np.take(data.train, index).astype(np.int32)}
+    starts = np.asarray(_starts(data_key, jnp.int32(step), config.batch_size, limit), np.int64)
+    index: np.ndarray = starts[:, None] + np.arange(int(config.context) + 1)
+    return {"tokens": data.train[index].astype(np.int32)}
 
 
 def position(config: ml_collections.ConfigDict, data: Data, step: int) -> dict[str, int]:
