@@ -140,12 +140,26 @@ def audit_nnx_model(
         rec.begin(phase)
         outputs[phase] = clone(*args, **{**kwargs, **(extra or {})})
     report = model_report(rec, trees_equal(outputs["eval0"], outputs["eval1"]), nnx_mode())
-    # Between the two training calls the streams advanced: equal masks mean a fixed key.
+    # Between the two training calls the streams advanced: equal masks mean a fixed key,
+    # or a stream broadcast into a transform that drops its counter's advance.
+    in_transform = {
+        f.path
+        for f in report.findings
+        if f.code in ("same-mask-across-iterations", "same-mask-across-vmap")
+    }
     return AuditReport(
         report.sites,
         tuple(
             f
             if f.code != "mask-ignores-key"
+            else type(f)(
+                "same-mask-across-steps",
+                f.path,
+                "draws the same mask on consecutive calls: its stream is broadcast into an "
+                "nnx.scan or nnx.vmap, which drops its counter's advance, so every call "
+                "starts from the same count. Fix the broadcast as the finding above says.",
+            )
+            if f.path in in_transform
             else type(f)(
                 "same-mask-across-steps",
                 f.path,
