@@ -51,10 +51,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.warmup_steps = 20
     config.weight_decay = 0.01
     config.eval_windows = 0
-    config.steps = 150
+    config.steps = 300
     config.log_every = 10
-    config.eval_every = 75
-    config.checkpoint_every = 75
+    config.eval_every = 100
+    config.checkpoint_every = 100
     config.keep_checkpoints = 2
     return config
 
