@@ -456,6 +456,12 @@ def test_command_audits_the_digits_example_clean(capsys):
     assert "OK: no finding." in out and "Dropout_1" in out
 
 
+def test_command_audits_the_nnx_digits_example_through_the_nnx_audit(capsys):
+    assert _run("digits_nnx") == 0
+    out = capsys.readouterr().out
+    assert "OK: no finding." in out and "dropout/0" in out
+
+
 @pytest.mark.parametrize(
     ("example", "site"),
     [

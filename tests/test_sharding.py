@@ -561,3 +561,25 @@ def test_shard_spec_naming_an_unbound_axis_names_shard_spec_and_the_axes(spec, i
     )
     with pytest.raises(dropmask.DropmaskValueError, match=rf"Dropout: shard_spec .*{match}"):
         jax.jit(f)(jnp.ones(SHAPE), jax.random.key(0))
+
+
+@pytest.mark.parametrize("impl", ["fast", "flax"])
+def test_dropout_under_a_mesh_of_explicit_axes_keeps_the_sharding_and_the_mask(impl):
+    from jax.sharding import AxisType
+
+    _mesh(8)
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Explicit,))
+    x = jnp.asarray(np.random.default_rng(0).uniform(0.5, 1.5, SHAPE), jnp.float32)
+    key = jax.random.key(3)
+    expected = dropmask.dropout(x, 0.5, key, impl=impl, broadcast_dims=(1,))
+    with jax.set_mesh(mesh):
+        sharded = jax.device_put(x, NamedSharding(mesh, PartitionSpec("d")))
+        out = jax.jit(lambda x: dropmask.dropout(x, 0.5, key, impl=impl, broadcast_dims=(1,)))(
+            sharded
+        )
+        grad = jax.jit(jax.grad(lambda x: dropmask.dropout(x, 0.5, key, impl=impl).sum()))(sharded)
+    assert out.sharding.spec == PartitionSpec("d", None)
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(
+        grad, jax.grad(lambda x: dropmask.dropout(x, 0.5, key, impl=impl).sum())(x)
+    )

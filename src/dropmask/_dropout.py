@@ -152,15 +152,29 @@ def scale_and_fill(realised: Any, dtype: Any) -> tuple[jax.Array, jax.Array]:
     return jnp.where(invalid, jnp.nan, scale), jnp.where(invalid, jnp.nan, 0.0)
 
 
+def _sharded_as(y: jax.Array, x: jax.Array) -> jax.Array:
+    """``y`` (shaped as ``x``) with ``x``'s sharding under a mesh of explicit axes.
+
+    There ``lax.select`` needs its operands sharded alike (Flax draws its mask with
+    ``out_sharding=jax.typeof(inputs).sharding``); the mask's values do not change.
+    Outside such a mesh ``x``'s type carries no partition and ``y`` is returned as is.
+    """
+    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+    if spec is None or all(part is None for part in spec):
+        return y
+    return jax.sharding.reshard(y, spec)
+
+
 def _select_scaled(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
     """``x / realised`` where kept, 0 elsewhere; finite (zero) when ``realised == 0``."""
-    keep = jnp.broadcast_to(keep, x.shape)
+    keep = _sharded_as(jnp.broadcast_to(keep, x.shape), x)
 
     def apply(part: jax.Array) -> jax.Array:
         dtype = _compute_dtype(part.dtype)
         scale, fill = scale_and_fill(realised, dtype)
         scaled = part.astype(dtype) * scale
-        return lax.select(keep, scaled, jnp.broadcast_to(fill, part.shape)).astype(part.dtype)
+        fill = _sharded_as(jnp.broadcast_to(fill, part.shape), part)
+        return lax.select(keep, scaled, fill).astype(part.dtype)
 
     return _per_part(apply, x)
 
@@ -174,7 +188,7 @@ def flags_and_realised(x: Any, flags: jax.Array, realised: Any) -> tuple[jax.Arr
 
 def _flax_select(x: jax.Array, keep: jax.Array, keep_prob: Any) -> jax.Array:
     """Flax's own arithmetic (a Python-float divide in the input dtype), for bit-identity."""
-    keep = jnp.broadcast_to(keep, x.shape)
+    keep = _sharded_as(jnp.broadcast_to(keep, x.shape), x)
     return lax.select(keep, x / keep_prob, jnp.zeros_like(x))
 
 

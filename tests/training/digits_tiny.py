@@ -1,4 +1,8 @@
-"""The digits example's tiny config, which drives the shared-loop tests."""
+"""The digits example's tiny config, which drives the shared-loop tests.
+
+Each guarantee of the loop is tested for both front ends: ``digits`` (Linen) and
+``digits_nnx`` (the same MLP in Flax NNX, on the same data and config).
+"""
 
 import pathlib
 import sys
@@ -24,3 +28,14 @@ def digits_example():
     from dropmask.examples.digits.train import example
 
     return example
+
+
+# The examples every loop guarantee is tested on: one per Flax API.
+EXAMPLES = ("digits", "digits_nnx")
+
+
+def example_named(name: str):
+    """The bundled :class:`dropmask.training.Example` called ``name``."""
+    import importlib
+
+    return importlib.import_module(f"dropmask.examples.{name}.train").example

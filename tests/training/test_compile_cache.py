@@ -5,7 +5,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from digits_tiny import digits_example, tiny_config
+from digits_tiny import digits_example, example_named, tiny_config
 
 from dropmask import DropmaskValueError
 from dropmask.examples.digits import input_pipeline
@@ -57,6 +57,33 @@ def test_states_of_one_config_share_static_fields_and_one_compilation():
     for state in (a, b, c):
         example.train_step(state, batch)
     assert len(traces) == 2  # one per rate
+
+
+def test_nnx_states_of_one_config_share_one_compilation():
+    from dropmask.examples.digits_nnx import train as digits_nnx
+
+    traces = []
+
+    def create_state(*args):
+        return digits_nnx.create_state(*args)
+
+    @jax.jit
+    def train_step(state, batch):
+        traces.append(state.step)
+        return digits_nnx.train_step.__wrapped__(state, batch)
+
+    example = dataclasses.replace(
+        example_named("digits_nnx"), create_state=create_state, train_step=train_step
+    )
+    a, b = _states(example, _config(0), _config(1))
+    assert b.graphdef is a.graphdef and b.tx is a.tx
+    assert not np.array_equal(jax.random.key_data(a.key), jax.random.key_data(b.key))
+    batch = input_pipeline.train_batch(
+        _config(), input_pipeline.load(_config()), jax.random.key(0), 0
+    )
+    for state in (a, b):
+        example.train_step(state, batch)
+    assert len(traces) == 1
 
 
 def test_a_state_that_depends_on_the_seed_is_refused():

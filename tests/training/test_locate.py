@@ -231,3 +231,24 @@ def test_an_exception_in_the_users_model_outside_a_hook_says_whose(tmp_path, cap
     line = _line_of(models, "raise ValueError")
     assert last.startswith("dropmask audit: error: ValueError raised at"), last
     assert f"models.py:{line}, in your code: not ready" in last and "bug in" not in err
+
+
+USER_NNX_EXAMPLE = USER_EXAMPLE.parent / "user_example_nnx"
+
+
+@pytest.mark.parametrize(
+    "target", [str(USER_NNX_EXAMPLE), "tests.user_example_nnx.train:example", "digits_nnx"]
+)
+def test_train_and_audit_a_users_nnx_directory_module_and_the_bundled_nnx_example(
+    target, tmp_path, capsys
+):
+    workdir = tmp_path / "run"
+    argv = ["train", target, "--no-progress", f"--workdir={workdir}"]
+    if target == "digits_nnx":
+        argv += ["--steps=4", "--config.eval_every=2", "--config.checkpoint_every=2"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["steps"] == (4 if target == "digits_nnx" else 8)
+    assert cli.main(["audit", target]) == 0
+    out = capsys.readouterr().out
+    assert "OK: no finding." in out and "dropout" in out

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from digits_tiny import ROOT, digits_example, tiny_config
+from digits_tiny import EXAMPLES, ROOT, example_named, tiny_config
 
 from dropmask import DropmaskError
 from dropmask.training import (
@@ -33,9 +33,9 @@ from dropmask.training._loop import checkpoint_steps
 DEVICE_RTOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def example():
-    return digits_example()
+@pytest.fixture(scope="module", params=EXAMPLES)
+def example(request):
+    return example_named(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ _KILLED_SAVE = textwrap.dedent(
     """
     import os, sys, time
     from orbax.checkpoint._src.path import atomicity
-    from dropmask.examples.digits.train import example
+    from dropmask.examples.{name}.train import example
     from dropmask.training import train
     sys.path.insert(0, {tests!r})
     from digits_tiny import tiny_config
@@ -89,7 +89,9 @@ _KILLED_SAVE = textwrap.dedent(
 def test_a_run_killed_during_a_save_resumes_from_the_previous_checkpoint(
     example, reference, tmp_path
 ):
-    script = _KILLED_SAVE.format(tests=str(ROOT / "tests" / "training"), workdir=str(tmp_path))
+    script = _KILLED_SAVE.format(
+        name=example.name, tests=str(ROOT / "tests" / "training"), workdir=str(tmp_path)
+    )
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),

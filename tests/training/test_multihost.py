@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from digits_tiny import ROOT, digits_example, tiny_config
+from digits_tiny import EXAMPLES, ROOT, example_named, tiny_config
 
 from dropmask.training import train
 from dropmask.training._logging import read_metrics
@@ -19,9 +19,9 @@ RTOL = 1e-5
 STEPS, EVERY = 6, 3
 
 
-@pytest.fixture(scope="module")
-def example():
-    return digits_example()
+@pytest.fixture(scope="module", params=EXAMPLES)
+def example(request):
+    return example_named(request.param)
 
 
 def _config():
@@ -56,7 +56,7 @@ def test_two_processes_match_one(example, tmp_path):
     # Process 1 finds its id in the environment, process 0 in the flags: both ways work.
     procs = []
     for pid in range(2):
-        args = [sys.executable, "-m", "dropmask.cli", "train", "digits", *_flags()]
+        args = [sys.executable, "-m", "dropmask.cli", "train", example.name, *_flags()]
         args += [f"--workdir={tmp_path / 'two'}", f"--coordinator-address={address}"]
         env_p = dict(env)
         if pid == 0:

@@ -5,7 +5,7 @@ import dataclasses
 import json
 
 import pytest
-from digits_tiny import digits_example, tiny_config
+from digits_tiny import EXAMPLES, example_named, tiny_config
 
 from dropmask import DropmaskValueError
 from dropmask.training import train
@@ -13,8 +13,9 @@ from dropmask.training import train
 MC = ("nll", "ece", "mc_accuracy", "mc_nll", "mc_ece")
 
 
-def test_resumed_run_is_reevaluated_with_samples(tmp_path):
-    example = digits_example()
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_resumed_run_is_reevaluated_with_samples(name, tmp_path):
+    example = example_named(name)
     config = tiny_config()
     config.steps, config.eval_every = 4, 4
     plain = train(example, config, tmp_path, devices=1, progress=False)
@@ -35,8 +36,9 @@ def test_resumed_run_is_reevaluated_with_samples(tmp_path):
     assert summary["metrics"] == held_out
 
 
-def test_samples_without_a_predict_hook_are_refused_before_any_work(tmp_path):
-    example = dataclasses.replace(digits_example(), predict=None)
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_samples_without_a_predict_hook_are_refused_before_any_work(name, tmp_path):
+    example = dataclasses.replace(example_named(name), predict=None)
     config = tiny_config()
     config.mc_samples = 2
     with pytest.raises(DropmaskValueError, match="no predict hook"):
@@ -44,4 +46,4 @@ def test_samples_without_a_predict_hook_are_refused_before_any_work(tmp_path):
     assert not (tmp_path / "run").exists()
     config.mc_samples = -1
     with pytest.raises(DropmaskValueError, match="mc_samples must be an int >= 0"):
-        train(digits_example(), config, tmp_path / "run", devices=1, progress=False)
+        train(example_named(name), config, tmp_path / "run", devices=1, progress=False)

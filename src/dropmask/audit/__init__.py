@@ -7,7 +7,9 @@ between steps and differ between layers and between the iterations of a scanned
 layer. Each returns an :class:`AuditReport` whose findings carry a stable code (see
 :data:`CODES`), the site's module path and a fix phrased in the model's own mode
 switch (a call keyword, a config field or NNX's ``train()`` / ``eval()``).
-``audit_nnx`` is a deprecated alias of ``audit_nnx_model`` (the same function).
+``audit_nnx_step`` does the same for a step over a
+:class:`dropmask.training.NnxTrainState`. ``audit_nnx`` is a deprecated alias of
+``audit_nnx_model`` (the same function).
 """
 
 from ._audit_report import CODES as CODES
@@ -18,6 +20,7 @@ from ._linen import audit_model as audit_model
 from ._linen import audit_step as audit_step
 from ._nnx import audit_nnx as audit_nnx
 from ._nnx import audit_nnx_model as audit_nnx_model
+from ._nnx import audit_nnx_step as audit_nnx_step
 from ._target import AuditTarget as AuditTarget
 from ._target import audit_target as audit_target
 from ._target import target_from_example as target_from_example
@@ -31,6 +34,7 @@ __all__ = [
     "audit_model",
     "audit_nnx",
     "audit_nnx_model",
+    "audit_nnx_step",
     "audit_step",
     "audit_target",
     "target_from_example",

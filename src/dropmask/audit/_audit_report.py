@@ -21,6 +21,7 @@ CODES: dict[str, str] = {
     "no-dropout-sites": "the model has no dropout site to audit",
     "attention-dropout-shared": "one attention-weight mask serves every example or head",
     "same-mask-across-iterations": "a scanned or looped layer draws one mask in every iteration",
+    "same-mask-across-vmap": "every member of a vmap batch draws one mask (a broadcast stream)",
 }
 
 

@@ -1,9 +1,10 @@
-"""What the Linen and NNX model audits share: judging four recorded calls of a model.
+"""What the Linen and NNX audits share: judging recorded calls of a model or a step.
 
-Both audits call the model twice in evaluation and twice in training, two keys (or
-two stream positions) apart, recording each call under the phases ``eval0``,
+Both model audits call the model twice in evaluation and twice in training, two keys
+(or two stream positions) apart, recording each call under the phases ``eval0``,
 ``eval1``, ``train0`` and ``train1``; :func:`model_report` turns that recording into
-an :class:`AuditReport`.
+an :class:`AuditReport`. Both step audits run the train step on a few batches, one
+phase per step; :func:`step_report` judges those.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ._audit_report import AuditReport, Finding
 from ._mode import Mode
 from ._sites import Recorder
 
-__all__ = ["model_report", "trees_equal"]
+__all__ = ["model_report", "step_report", "trees_equal"]
 
 
 def trees_equal(a: Any, b: Any) -> bool:
@@ -59,4 +60,37 @@ def model_report(rec: Recorder, eval_equal: bool, mode: Mode) -> AuditReport:
         *_findings.ignores_key(trained, train0, train1),
     ]
     sites = _findings.summarize(trained or rec.sites, both)
+    return AuditReport(tuple(sites), tuple(dict.fromkeys(findings)))
+
+
+def step_report(rec: Recorder, phases: list[str], mode: Mode) -> AuditReport:
+    """The findings of a step audit: one recorded phase per train step, in order.
+
+    Args:
+      rec: the recording of the steps' model calls.
+      phases: the phase of each step, in order.
+      mode: how the step selects training, to phrase the fixes.
+    """
+    rec.compact()
+    if not rec.sites:
+        missing = Finding(
+            "no-dropout-sites",
+            "",
+            f"the train step called no dropout layer. Check that it applies the model "
+            f"{mode.training()} and that the model has dropout. Pass the plain, jitted or "
+            "pmapped step itself, not a wrapper around a compiled one "
+            "(step.lower(...).compile()): a compiled program cannot be observed.",
+        )
+        return AuditReport((), (missing,))
+    steps = [rec.by_phase(p) for p in phases]
+    merged: dict[str, list[Any]] = {}
+    for by_site in steps:
+        for name, obs in by_site.items():
+            merged.setdefault(name, []).extend(obs)
+    findings = _findings.site_findings(rec.sites, merged, mode)
+    for by_site in steps:
+        findings.extend(_findings.across_sites(rec.sites, by_site))
+    findings.extend(_findings.across_iterations(rec.sites, steps))
+    findings.extend(_findings.across_steps(rec.sites, steps))
+    sites = _findings.summarize(rec.sites, merged)
     return AuditReport(tuple(sites), tuple(dict.fromkeys(findings)))

@@ -246,22 +246,58 @@ def _base(site: str) -> str:
     return site.split("#")[0]
 
 
-def _iteration_finding(path: str, where: str) -> Finding:
+def _iteration_finding(path: str, where: str, *, carried_key: bool = False) -> Finding:
+    if carried_key:
+        cause = (
+            "the key it is given at call time (rngs=key) is the same in every iteration: "
+            "one key carried through the scan unsplit. Scan over split keys instead "
+            "(xs=jax.random.split(key, length)), or fold the iteration in "
+            "(jax.random.fold_in(key, i))."
+        )
+    else:
+        cause = (
+            "the dropout stream is not split per iteration. With nn.scan pass "
+            "split_rngs={'params': True, 'dropout': True}; with nnx.scan, a module "
+            "broadcast into the scan (in_axes=None) draws one key and counter in every "
+            "iteration and its counter's advance is dropped: pass it as nnx.Carry (its "
+            "stream then advances per iteration) or split its stream per iteration "
+            "(nnx.split_rngs(splits=length, only='dropout') with nnx.StateAxes"
+            "({'dropout': 0, ...: None})); in a Python loop draw a new key per call "
+            "(self.make_rng('dropout'))."
+        )
     return Finding(
         "same-mask-across-iterations",
         path,
         f"draws the same mask in every iteration ({where}) of a loop or scan over one "
-        "layer: the dropout stream is not split per iteration. With nn.scan pass "
-        "split_rngs={'params': True, 'dropout': True}; with nnx.scan split the Rngs per "
-        "layer (nnx.split_rngs / nnx.StateAxes over the 'dropout' stream); in a Python "
-        "loop draw a new key per call (self.make_rng('dropout')).",
+        f"layer: {cause}",
     )
+
+
+def _vmap_finding(path: str, members: int) -> Finding:
+    return Finding(
+        "same-mask-across-vmap",
+        path,
+        f"draws the same mask for every member of a vmap batch ({members} members): its "
+        "stream is broadcast into the vmap, so each member draws from one key and counter. "
+        "With nnx.vmap split the stream over the batch: nnx.split_rngs(splits=batch, "
+        "only='dropout') around nnx.vmap(in_axes=(nnx.StateAxes({'dropout': 0, ...: "
+        "None}), 0)), or call the model on the whole batch without vmap; with nn.vmap "
+        "pass split_rngs={'params': False, 'dropout': True}; with jax.vmap pass one key "
+        "per member (jax.random.split(key, batch)).",
+    )
+
+
+def _same_key(seen: Sequence[Observation]) -> bool:
+    """Every execution was given the same explicit key (a key carried unsplit)."""
+    keys = [o.key for o in seen if o.key is not None]
+    return len(keys) == len(seen) > 0 and all(np.array_equal(keys[0], k) for k in keys)
 
 
 def across_iterations(
     sites: Mapping[str, SiteInfo], calls: Sequence[Mapping[str, list[Observation]]]
 ) -> list[Finding]:
-    """A site executed several times in one call (a scanned layer) with equal masks."""
+    """A site executed several times in one call with equal masks: the iterations of a
+    scanned layer, or the members of a vmap batch (``SiteInfo.vmapped``)."""
     out = []
     for name, info in sites.items():
         if not _informative(info):
@@ -269,7 +305,11 @@ def across_iterations(
         for by_site in calls:
             seen = by_site.get(name, [])
             if any(_same(a, b) for i, a in enumerate(seen) for b in seen[i + 1 :]):
-                out.append(_iteration_finding(name, f"{len(seen)} executions in one call"))
+                if info.vmapped:
+                    out.append(_vmap_finding(name, len(seen)))
+                else:
+                    where = f"{len(seen)} executions in one call"
+                    out.append(_iteration_finding(name, where, carried_key=_same_key(seen)))
                 break
     return out
 

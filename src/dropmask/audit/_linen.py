@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from .._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
-from . import _findings, _mode
-from ._audit_report import AuditReport, Finding
-from ._core import model_report, trees_equal
+from . import _mode
+from ._audit_report import AuditReport
+from ._core import model_report, step_report, trees_equal
 from ._sites import Recorder, watch_attention
 
 __all__ = ["audit_model", "audit_step"]
@@ -309,7 +309,7 @@ def audit_step(train_step: Callable[..., Any], state: Any, batches: Iterable[Any
             jax.block_until_ready(result)
             jax.effects_barrier()
             state = _state_of(result)
-    return _step_report(rec, phases, _step_mode(roots))
+    return step_report(rec, phases, _step_mode(roots))
 
 
 def _step_mode(roots: Sequence[tuple[Any, Mapping[str, Any]]]) -> _mode.Mode:
@@ -319,29 +319,3 @@ def _step_mode(roots: Sequence[tuple[Any, Mapping[str, Any]]]) -> _mode.Mode:
         if mode.kind != "unknown":
             return mode
     return _mode.unknown()
-
-
-def _step_report(rec: Recorder, phases: list[str], mode: _mode.Mode) -> AuditReport:
-    rec.compact()
-    if not rec.sites:
-        missing = Finding(
-            "no-dropout-sites",
-            "",
-            f"the train step called no dropout layer. Check that it applies the model "
-            f"{mode.training()} and that the model has dropout. Pass the plain, jitted or "
-            "pmapped step itself, not a wrapper around a compiled one "
-            "(step.lower(...).compile()): a compiled program cannot be observed.",
-        )
-        return AuditReport((), (missing,))
-    steps = [rec.by_phase(p) for p in phases]
-    merged: dict[str, list[Any]] = {}
-    for by_site in steps:
-        for name, obs in by_site.items():
-            merged.setdefault(name, []).extend(obs)
-    findings = _findings.site_findings(rec.sites, merged, mode)
-    for by_site in steps:
-        findings.extend(_findings.across_sites(rec.sites, by_site))
-    findings.extend(_findings.across_iterations(rec.sites, steps))
-    findings.extend(_findings.across_steps(rec.sites, steps))
-    sites = _findings.summarize(rec.sites, merged)
-    return AuditReport(tuple(sites), tuple(dict.fromkeys(findings)))

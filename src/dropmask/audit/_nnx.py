@@ -8,21 +8,24 @@ clone a recording subclass that observes its calls.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 from flax import nnx
 
 from .._checks import is_concrete
-from .._errors import DropmaskTypeError
+from .._errors import DropmaskTypeError, DropmaskValueError
 from ._audit_report import AuditReport
-from ._core import model_report, trees_equal
+from ._core import model_report, step_report, trees_equal
 from ._mode import nnx_mode
 from ._sites import Recorder, watch_attention
 
-__all__ = ["audit_nnx", "audit_nnx_model"]
+if TYPE_CHECKING:
+    from ..training._nnx_state import NnxTrainState
+
+__all__ = ["audit_nnx", "audit_nnx_model", "audit_nnx_step"]
 
 
 def _streams(module: nnx.Module) -> list[nnx.RngStream]:
@@ -65,6 +68,16 @@ def _recording_class(cls: type) -> type:
         return out
 
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
+
+
+def _recording_clone(model: nnx.Module, rec: Recorder) -> nnx.Module:
+    """A clone of ``model`` whose every submodule reports its calls to ``rec``."""
+    clone = nnx.clone(model)
+    for parts, module in nnx.iter_modules(clone):
+        path = "/".join(str(p) for p in parts) or type(module).__name__
+        vars(module)["_dropmask_audit"] = (rec, path)
+        module.__class__ = _recording_class(type(module))
+    return clone
 
 
 def audit_nnx_model(
@@ -114,12 +127,8 @@ def audit_nnx_model(
             f"audit_nnx_model expects an nnx.Module, got {type(model).__name__}. For a Linen "
             "module use dropmask.audit.audit_model(model, variables, *args)."
         )
-    clone = nnx.clone(model)
     rec = Recorder()
-    for parts, module in nnx.iter_modules(clone):
-        path = "/".join(str(p) for p in parts) or type(module).__name__
-        vars(module)["_dropmask_audit"] = (rec, path)
-        module.__class__ = _recording_class(type(module))
+    clone = _recording_clone(model, rec)
     outputs = {}
     for phase, mode, extra in (
         ("eval0", "eval", eval_kwargs),
@@ -131,12 +140,26 @@ def audit_nnx_model(
         rec.begin(phase)
         outputs[phase] = clone(*args, **{**kwargs, **(extra or {})})
     report = model_report(rec, trees_equal(outputs["eval0"], outputs["eval1"]), nnx_mode())
-    # Between the two training calls the streams advanced: equal masks mean a fixed key.
+    # Between the two training calls the streams advanced: equal masks mean a fixed key,
+    # or a stream broadcast into a transform that drops its counter's advance.
+    in_transform = {
+        f.path
+        for f in report.findings
+        if f.code in ("same-mask-across-iterations", "same-mask-across-vmap")
+    }
     return AuditReport(
         report.sites,
         tuple(
             f
             if f.code != "mask-ignores-key"
+            else type(f)(
+                "same-mask-across-steps",
+                f.path,
+                "draws the same mask on consecutive calls: its stream is broadcast into an "
+                "nnx.scan or nnx.vmap, which drops its counter's advance, so every call "
+                "starts from the same count. Fix the broadcast as the finding above says.",
+            )
+            if f.path in in_transform
             else type(f)(
                 "same-mask-across-steps",
                 f.path,
@@ -147,6 +170,63 @@ def audit_nnx_model(
             for f in report.findings
         ),
     )
+
+
+def audit_nnx_step(
+    train_step: Callable[..., Any], state: NnxTrainState, batches: Iterable[Any]
+) -> AuditReport:
+    """The NNX counterpart of :func:`audit_step`, for a step over an ``NnxTrainState``.
+
+    The step runs as given (plain, ``jax.jit`` or ``nnx.jit``) on a copy of ``state``
+    whose graph definition is that of a recording clone of its model, so every model
+    the step rebuilds with ``state.model(...)`` reports its dropout sites. Each site's
+    mask must differ between consecutive steps, from every other site's mask in a
+    step and between the iterations of an ``nnx.scan``, drop at its rate, and not be
+    shared along the batch axis.
+
+    Args:
+      train_step: ``(state, batch) -> state`` or ``-> (state, ...)``.
+      state: the :class:`~dropmask.training.NnxTrainState` the steps start from.
+      batches: at least two batches; one step runs per batch.
+
+    Returns:
+      An :class:`AuditReport` over the sites the steps called.
+
+    Raises:
+      DropmaskTypeError: ``state`` is not an ``NnxTrainState``, or ``train_step`` is
+        not callable.
+      DropmaskValueError: fewer than two batches.
+    """
+    from ..training._nnx_state import NnxTrainState
+
+    if not isinstance(state, NnxTrainState):
+        raise DropmaskTypeError(
+            f"audit_nnx_step: state must be a dropmask.training.NnxTrainState, got "
+            f"{type(state).__name__}. For a Linen TrainState use audit_step."
+        )
+    if not callable(train_step):
+        raise DropmaskTypeError(
+            f"audit_nnx_step: train_step must be callable as train_step(state, batch), got "
+            f"{type(train_step).__name__}. Pass the step function itself."
+        )
+    batches = list(batches)
+    if len(batches) < 2:
+        raise DropmaskValueError(
+            f"audit_nnx_step: batches must hold at least 2 batches to compare masks between "
+            f"steps, got {len(batches)}. Pass e.g. [batch, batch, batch]."
+        )
+    rec = Recorder()
+    clone = _recording_clone(state.model(training=None), rec)
+    graphdef, _, _, _ = nnx.split(clone, nnx.Param, nnx.RngState, ...)
+    state = state.replace(graphdef=graphdef)
+    phases = [f"step{t}" for t in range(len(batches))]
+    for phase, batch in zip(phases, batches, strict=True):
+        rec.begin(phase)
+        result = train_step(state, batch)
+        jax.block_until_ready(result)
+        jax.effects_barrier()
+        state = result[0] if type(result) is tuple else result
+    return step_report(rec, phases, nnx_mode())
 
 
 audit_nnx = audit_nnx_model

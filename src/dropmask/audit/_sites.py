@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.nnx.nn import attention as nnx_attention
+from jax.core import Tracer
 
 from .._attention import dot_product_attention as _dropmask_attention
 from .._checks import concrete_value
@@ -44,6 +45,7 @@ class SiteInfo:
     broadcast_dims: tuple[int, ...]
     decision_shape: tuple[int, ...]
     drew: bool
+    vmapped: bool = False
 
 
 @dataclasses.dataclass
@@ -103,6 +105,12 @@ def _looks_stochastic(module: Any) -> bool:
     """
     has_rate = hasattr(module, "rate") or hasattr(module, "dropout_rate")
     return has_rate and not _has_children(module)
+
+
+def _batched(x: Any) -> bool:
+    """Whether ``x`` is traced by ``vmap`` (``jax.vmap``, ``nnx.vmap``, ``nn.vmap``): each
+    member of the batch then reports its own execution of the site."""
+    return isinstance(x, Tracer) and any(c.__name__ == "BatchTracer" for c in type(x).__mro__)
 
 
 def _first_array(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -283,6 +291,7 @@ class Recorder:
             bdims,
             decision_shape,
             drew,
+            _batched(x),
         )
         self.sites.setdefault(site, info)
         self.drew[(self.phase, site)] = self.drew.get((self.phase, site), False) or drew

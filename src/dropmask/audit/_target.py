@@ -7,22 +7,27 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from flax import nnx
+
 from .._errors import DropmaskTypeError, DropmaskValueError
 from ._audit_report import AuditReport
 from ._linen import audit_model, audit_step
+from ._nnx import audit_nnx_model, audit_nnx_step
 
 __all__ = ["AuditTarget", "audit_target", "load_target", "target_from_example"]
 
 
 @dataclasses.dataclass(frozen=True)
 class AuditTarget:
-    """Everything needed to audit a Linen model and its train step.
+    """Everything needed to audit a model and its train step, Linen or NNX.
 
     :func:`target_from_example` builds one from a :class:`dropmask.training.Example`.
 
     Attributes:
-      model: the ``flax.linen.Module``; None audits the train step alone.
-      variables: its variables (``{'params': ...}``).
+      model: the ``flax.linen.Module``, or an ``nnx.Module`` (audited with
+        :func:`audit_nnx_model`, and its step with :func:`audit_nnx_step`); None
+        audits the train step alone.
+      variables: a Linen model's variables (``{'params': ...}``); ``{}`` for NNX.
       args: positional inputs of one call, e.g. ``(images,)``.
       train_kwargs: keyword arguments selecting training, e.g. ``{'training': True}``;
         None: as :func:`audit_model` infers them (none with ``eval_model``, else the
@@ -49,7 +54,8 @@ class AuditTarget:
 
 def audit_target(target: AuditTarget) -> AuditReport:
     """:func:`audit_model` on the model, if given, then :func:`audit_step` on the step
-    if given.
+    if given (:func:`audit_nnx_model` and :func:`audit_nnx_step` for an NNX model or
+    state).
 
     Raises:
       DropmaskTypeError: ``target`` is not an :class:`AuditTarget`.
@@ -65,8 +71,18 @@ def audit_target(target: AuditTarget) -> AuditReport:
             "an AuditTarget needs a model or a train_step to audit, got neither. Pass "
             "AuditTarget(model=..., variables=..., args=...) or train_step=, state=, batches=."
         )
+    from ..training._nnx_state import NnxTrainState
+
+    is_nnx = isinstance(target.model, nnx.Module) or isinstance(target.state, NnxTrainState)
     report = None
-    if target.model is not None:
+    if isinstance(target.model, nnx.Module):
+        report = audit_nnx_model(
+            target.model,
+            *target.args,
+            train_kwargs=target.train_kwargs,
+            eval_kwargs=target.eval_kwargs,
+        )
+    elif target.model is not None:
         report = audit_model(
             target.model,
             target.variables or {},
@@ -76,7 +92,8 @@ def audit_target(target: AuditTarget) -> AuditReport:
             eval_model=target.eval_model,
         )
     if target.train_step is not None:
-        steps = audit_step(target.train_step, target.state, target.batches)
+        step_audit = audit_nnx_step if is_nnx else audit_step
+        steps = step_audit(target.train_step, target.state, target.batches)
         report = steps if report is None else report.merged(steps)
     assert report is not None
     return report
@@ -98,7 +115,8 @@ def target_from_example(
 
     Args:
       example: the example; with ``model_inputs`` and a Linen ``TrainState``
-        (``apply_fn=model.apply``) its model is audited, and its train step always.
+        (``apply_fn=model.apply``) or an ``NnxTrainState`` its model is audited, and
+        its train step always.
       config: the config to build with; ``None``: ``example.get_tiny_config()`` (or
         ``get_config()`` when it has none).
       steps: train batches for the step audit (at least 2).
@@ -115,6 +133,7 @@ def target_from_example(
         ``model_inputs``, its state's ``apply_fn`` is not a bound Linen ``apply``.
     """
     from ..training._example import Example, run_keys
+    from ..training._nnx_state import NnxTrainState
 
     if fn is not None:
         warnings.warn(
@@ -148,12 +167,21 @@ def target_from_example(
     )
     if example.model_inputs is None:
         return step_only
+    if isinstance(state, NnxTrainState):
+        return dataclasses.replace(
+            step_only,
+            model=state.model(training=None),
+            variables={},
+            args=tuple(example.model_inputs(batches[0])),
+            train_kwargs=example.train_kwargs,
+            eval_kwargs=example.eval_kwargs,
+        )
     model = getattr(getattr(state, "apply_fn", None), "__self__", None)
     if model is None:
         raise DropmaskTypeError(
             f"{caller}: example {example.name!r} must build its state with apply_fn=model.apply "
-            f"of a Linen module, got {getattr(state, 'apply_fn', None)!r}. Audit an NNX model "
-            "with audit_nnx_model."
+            f"of a Linen module, got {getattr(state, 'apply_fn', None)!r}, or with an "
+            f"NnxTrainState of an NNX model."
         )
     return dataclasses.replace(
         step_only,

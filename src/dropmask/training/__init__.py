@@ -9,6 +9,9 @@ The pattern from the Flax dropout guide, packaged::
                             rngs=state.rngs("dropout"))
 
 Every stream's per-step key is ``fold_in(fold_in(key, stream_id(name)), step)``.
+:class:`NnxTrainState` is the Flax NNX counterpart: it keeps the model split
+(``nnx.split``) and re-keys every stream the model holds by the same rule (plus the
+stream's path in the model) each time it rebuilds the model.
 :class:`Checkpointer` saves and restores runs exactly (typed keys included);
 :func:`train` and :func:`compare_rates` run an :class:`Example` on any number of
 devices and processes; ``dropmask train NAME`` is the command over them.
@@ -32,6 +35,7 @@ from ._keys import stream_id as stream_id
 from ._keys import stream_key as stream_key
 from ._loop import compare_rates as compare_rates
 from ._loop import train as train
+from ._nnx_state import NnxTrainState as NnxTrainState
 from ._parallel import initialize_distributed as initialize_distributed
 from ._parallel import make_mesh as make_mesh
 from ._parallel import replicate as replicate
@@ -48,6 +52,7 @@ __all__ = [
     "DamagedCheckpointError",
     "DataError",
     "Example",
+    "NnxTrainState",
     "NonFiniteLossError",
     "RunResult",
     "TrainState",

@@ -22,6 +22,7 @@ import optax
 
 from .. import uncertainty
 from .._checks import check_key, check_static_int
+from ._nnx_state import NnxTrainState
 
 __all__ = ["ClassifierEval"]
 
@@ -48,6 +49,8 @@ class _Call(NamedTuple):
 def _apply(
     state: Any, inputs: tuple[Any, ...], key: jax.Array | None, num_samples: int, call: _Call
 ) -> jax.Array:
+    if isinstance(state, NnxTrainState):
+        return _apply_nnx(state, inputs, key, num_samples, call)
     variables = {"params": state.params}
     if num_samples == 0:
         return state.apply_fn(variables, *inputs, **dict(call.eval_kwargs))
@@ -57,6 +60,25 @@ def _apply(
 
     chunk = min(call.chunk_size, num_samples)
     return uncertainty.sample(one, inputs, cast(jax.Array, key), num_samples, chunk_size=chunk)
+
+
+def _apply_nnx(
+    state: NnxTrainState,
+    inputs: tuple[Any, ...],
+    key: jax.Array | None,
+    num_samples: int,
+    call: _Call,
+) -> jax.Array:
+    """An NNX model's logits: ``.eval()``, or samples with only its dropout layers on."""
+    if num_samples == 0:
+        return state.model(training=False)(*inputs, **dict(call.eval_kwargs))
+    return uncertainty.sample_nnx(
+        state.model(training=None),
+        *inputs,
+        key=cast(jax.Array, key),
+        num_samples=num_samples,
+        **dict(call.train_kwargs),
+    )
 
 
 _logits = jax.jit(_apply, static_argnames=("num_samples", "call"))
@@ -88,7 +110,11 @@ class ClassifierEval:
     The model is called as ``state.apply_fn({'params': state.params}, *inputs,
     **kwargs)``, with ``inputs = model_inputs(batch)`` and the mode arguments of
     evaluation or training, as ``dropmask audit`` calls it: pass the same
-    ``model_inputs``, ``train_kwargs`` and ``eval_kwargs`` to the ``Example``.
+    ``model_inputs``, ``train_kwargs`` and ``eval_kwargs`` to the ``Example``. For an
+    :class:`NnxTrainState` the model is ``state.model(training=False)(*inputs,
+    **eval_kwargs)`` and its samples are :func:`dropmask.uncertainty.sample_nnx`'s
+    (only the dropout layers on); NNX models usually take no mode keywords, so pass
+    ``train_kwargs={}`` and ``eval_kwargs={}``.
 
     Attributes:
       split_batch: ``(config, data, split) -> {name: array[n, ...]}``, the whole

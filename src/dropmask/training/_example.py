@@ -82,6 +82,9 @@ def run_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
 class Example:
     """One trainable application: the parts of a run that differ between examples.
 
+    The same fields serve Flax Linen and Flax NNX models; only ``create_state`` (a
+    ``TrainState`` or an ``NnxTrainState``) and the mode keywords differ.
+
     Every callable is a plain function of its arguments, so that a run is a pure
     function of the config: the loop derives ``data_key, params_key, dropout_key =
     jax.random.split(jax.random.key(config.seed), 3)`` and passes them in.
@@ -92,7 +95,9 @@ class Example:
       load_data: ``(config) -> data``, host-side; raises
         ``dropmask.training.DataError`` for a missing or unreadable path.
       create_state: ``(config, data, params_key, dropout_key) -> TrainState``: the
-        model initialised (``training=False``), the optimizer, ``key=dropout_key``.
+        model initialised (``training=False``), the optimizer, ``key=dropout_key``;
+        for a Flax NNX model an :class:`NnxTrainState` of the model built with
+        ``nnx.Rngs(params=params_key, dropout=dropout_key)``.
         Its ``apply_fn``, ``tx`` and other non-array fields must depend only on the
         config, never on ``seed`` or the loop's other per-run entries (logging,
         evaluation and checkpoint intervals, ``mc_samples``): the loop gives every
@@ -128,8 +133,10 @@ class Example:
         uses ``get_config``.
       model_inputs: ``batch -> tuple``, the positional inputs of one model call taken
         from a train batch; ``dropmask audit`` needs it to call the model alone.
-      train_kwargs: keyword arguments of a model call in training (audit).
-      eval_kwargs: keyword arguments of a model call in evaluation (audit).
+      train_kwargs: keyword arguments of a model call in training (audit); ``{}``
+        for an NNX model, whose mode is ``.train()`` / ``.eval()``.
+      eval_kwargs: keyword arguments of a model call in evaluation (audit); ``{}``
+        for an NNX model.
       eval_model: ``model -> model``, the evaluation module when a config field and
         not a call argument selects the mode (e.g. ``config.replace(deterministic=
         True)``); ``None``: the model itself with ``eval_kwargs``.

@@ -2,8 +2,9 @@
 
 A target is, in the order tried:
 
-1. the name of a bundled example: ``digits`` ships with the package
-   (``dropmask.examples.digits``); ``sst2``, ``seq2seq`` and ``translate`` live in
+1. the name of a bundled example: ``digits`` and its Flax NNX twin ``digits_nnx``
+   ship with the package (``dropmask.examples``); ``sst2``, ``seq2seq``,
+   ``translate`` and ``lm`` live in
    a dropmask source checkout's ``examples/`` and are found there when dropmask is
    imported from that checkout;
 2. a path: a directory whose ``train.py`` defines ``example``, or a ``.py`` file
@@ -39,16 +40,21 @@ from .._optional import EXTRAS, extra_for
 
 __all__ = ["Located", "available", "is_library", "load_example", "locate"]
 
-# name -> (where it lives, what it trains). ``digits`` is a module of the package;
+# name -> (where it lives, what it trains). The digits examples are modules of the package;
 # the others are directories of a source checkout's examples/.
-_BUNDLED = {"digits": "dropmask.examples.digits.train"}
+_BUNDLED = {
+    "digits": "dropmask.examples.digits.train",
+    "digits_nnx": "dropmask.examples.digits_nnx.train",
+}
 _SUMMARIES = {
     "digits": "an MLP on scikit-learn's 8x8 digits (the Flax dropout guide's workflow)",
+    "digits_nnx": "the digits MLP written in Flax NNX (NnxTrainState, the same loop)",
     "sst2": "a GRU sentence classifier with word dropout",
     "seq2seq": "an LSTM encoder-decoder that learns addition",
     "translate": "a Transformer on generated English-German pairs",
+    "lm": "a Flax NNX byte-level Transformer language model at context 1024",
 }
-_CHECKOUT_ONLY = ("sst2", "seq2seq", "translate")
+_CHECKOUT_ONLY = ("sst2", "seq2seq", "translate", "lm")
 
 
 @dataclasses.dataclass(frozen=True)

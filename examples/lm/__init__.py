@@ -1,0 +1,1 @@
+"""A decoder-only Transformer language model in Flax NNX on Python's own documentation."""

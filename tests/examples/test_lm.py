@@ -1,0 +1,158 @@
+"""The lm example: the split by topic, windows, its step, sampling and a tiny run that learns."""
+
+import functools
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from examples.lm import configs, input_pipeline, models, sample, train
+from flax import nnx
+from tests.examples.checks import assert_step_changes_every_parameter_and_uses_the_key
+
+from dropmask import DropmaskValueError
+from dropmask.audit import audit_target, target_from_example
+from dropmask.training import DataError, run_keys
+from dropmask.training import train as run_training
+
+
+@pytest.fixture(scope="module")
+def config():
+    return configs.get_tiny_config()
+
+
+@pytest.fixture(scope="module")
+def data(config):
+    return input_pipeline.load(config)
+
+
+@pytest.fixture(scope="module")
+def state(config, data):
+    _, params_key, dropout_key = run_keys(0)
+    return train.create_state(config, data, params_key, dropout_key)
+
+
+def test_topics_are_held_out_whole_and_the_split_is_stable(config, data):
+    from pydoc_data.topics import topics
+
+    assert set(data.eval_topics).isdisjoint(data.train_topics)
+    assert set(data.eval_topics) | set(data.train_topics) == set(topics)
+    held = sum(len(topics[n]) for n in data.eval_topics) / sum(map(len, topics.values()))
+    assert config.eval_fraction <= held < 0.5
+    for name in data.eval_topics:
+        # No training text continues a held-out passage: the topic's text is absent.
+        assert topics[name][:200].encode() not in data.train.tobytes()
+    assert input_pipeline.load(config).eval_topics == data.eval_topics
+    assert 0.99 < data.eval_chars_per_byte <= 1.0
+
+
+def test_batches_are_windows_of_the_training_text_and_a_function_of_the_step(config, data):
+    key = jax.random.key(3)
+    a = input_pipeline.train_batch(config, data, key, 5)["tokens"]
+    assert a.shape == (config.batch_size, config.context + 1) and a.dtype == np.int32
+    np.testing.assert_array_equal(a, input_pipeline.train_batch(config, data, key, 5)["tokens"])
+    assert not np.array_equal(a, input_pipeline.train_batch(config, data, key, 6)["tokens"])
+    text = data.train.tobytes()
+    assert all(bytes(row.astype(np.uint8)) in text for row in a)
+
+
+def test_windows_score_every_byte_but_the_first_exactly_once():
+    text = np.frombuffer(b"abcdefghij", np.uint8)
+    w = input_pipeline.windows(text, 4)
+    labels = w[:, 1:][w[:, 1:] >= 0]
+    np.testing.assert_array_equal(labels, text[1:])
+    np.testing.assert_array_equal(w[1, :2], [ord("e"), ord("f")])  # overlaps by one byte
+    assert len(input_pipeline.windows(text, 4, limit=2)) == 2
+
+
+def test_config_errors_name_the_entry(config):
+    bad = config.copy_and_resolve_references()
+    bad.width = 33
+    with pytest.raises(DataError, match="config.width must be a multiple of config.heads"):
+        input_pipeline.load(bad)
+    bad = config.copy_and_resolve_references()
+    bad.context = 10**7
+    with pytest.raises(DataError, match="fewer than one window"):
+        input_pipeline.load(bad)
+
+
+def test_train_step_changes_every_parameter_and_uses_the_key(state, data, config):
+    batch = input_pipeline.train_batch(config, data, jax.random.key(0), 0)
+    assert_step_changes_every_parameter_and_uses_the_key(train.train_step, state, batch)
+
+
+def test_flax_and_dropmask_attention_compute_the_same_model(config, data):
+    tokens = jnp.asarray(input_pipeline.train_batch(config, data, jax.random.key(0), 0)["tokens"])
+    outs = []
+    for attention, algorithm in [
+        ("flax", "dense"),
+        ("dropmask", "dense"),
+        ("dropmask", "blockwise"),
+    ]:
+        c = config.copy_and_resolve_references()
+        c.attention, c.attention_algorithm = attention, algorithm
+        model = models.LanguageModel(c, 256, rngs=nnx.Rngs(params=0, dropout=1))
+        model.eval()
+        outs.append(model(tokens[:, :-1]))
+    for out in outs[1:]:
+        np.testing.assert_allclose(out, outs[0], rtol=2e-5, atol=2e-5)
+
+
+def test_evaluation_is_deterministic_and_in_bits_per_character(state, config, data):
+    a = train.evaluate(state, config, data, "eval")
+    assert a == train.evaluate(state, config, data, "eval")
+    assert a["bpc"] == pytest.approx(a["loss"] / np.log(2) / data.eval_chars_per_byte, rel=1e-12)
+    # An untrained model is close to uniform over 256 bytes: 8 bits per byte.
+    assert 6.0 < a["bpc"] < 10.0
+
+
+def test_predict_scores_every_held_out_byte_with_keyed_samples(state, config, data):
+    logits, labels = train.predict(state, config, data, "eval", None, 0)
+    windows = input_pipeline.split_windows(config, data, "eval")
+    assert logits.shape == (int((windows[:, 1:] >= 0).sum()), 256) == (len(labels), 256)
+    key = jax.random.key(1)
+    samples, _ = train.predict(state, config, data, "eval", key, 2)
+    again, _ = train.predict(state, config, data, "eval", key, 2)
+    assert samples.shape == (2, *logits.shape)
+    np.testing.assert_array_equal(samples, again)
+    assert not np.array_equal(samples[0], samples[1])
+
+
+def test_greedy_and_temperature_sampling(state):
+    greedy = sample.generate(state, "The ", 12)
+    assert greedy.startswith("The ") and greedy == sample.generate(state, "The ", 12)
+    hot = functools.partial(sample.generate, state, "The ", 12, temperature=1.0)
+    assert hot(key=jax.random.key(0)) == hot(key=jax.random.key(0))
+    assert hot(key=jax.random.key(0)) != hot(key=jax.random.key(1))
+    for kwargs, match in [
+        ({"prompt": ""}, "prompt must be at least one character"),
+        ({"length": 0}, "length must be >= 1"),
+        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"temperature": 0.5}, "needs key="),
+    ]:
+        args = {"prompt": "x", "length": 1, **kwargs}
+        with pytest.raises(DropmaskValueError, match=match):
+            sample.generate(state, args.pop("prompt"), args.pop("length"), **args)
+
+
+def test_the_tiny_config_audits_clean_with_attention_weights_seen():
+    report = audit_target(target_from_example(train.example))
+    assert report.ok, str(report)
+    kinds = {site.path: site.kind for site in report.sites}
+    assert kinds["blocks/0/attention"] == "attention"
+    assert {"embed_dropout", "blocks/1/mlp_dropout"} <= set(kinds)
+
+
+@pytest.mark.slow
+def test_tiny_run_lowers_the_loss_resumes_exactly_and_samples(config, tmp_path, capsys):
+    whole = run_training(train.example, config, tmp_path, devices=1, progress=False)
+    assert whole.losses[-1] < whole.losses[0]
+    # The last checkpoint lost: resuming from step 4 replays steps 5-8 exactly.
+    shutil.rmtree(tmp_path / "checkpoints" / "8")
+    resumed = run_training(train.example, config, tmp_path, devices=1, progress=False, resume=True)
+    assert resumed.start_step == 4
+    assert resumed.losses == whole.losses[4:]  # exact float equality
+    assert resumed.final == whole.final
+    assert sample.main(["--workdir", str(tmp_path), "--prompt", "def ", "--length", "8"]) == 0
+    assert capsys.readouterr().out.startswith("def ")

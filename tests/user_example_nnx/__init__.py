@@ -1,0 +1,1 @@
+"""A user's own Flax NNX example outside dropmask, which CI trains from the installed wheel."""
