@@ -28,6 +28,9 @@ def get_config() -> ml_collections.ConfigDict:
       label_noise: fraction of training labels replaced by a uniformly random class.
       hidden: widths of the hidden Dense layers.
       input_rate: dropout rate on the input pixels (``rate`` is the hidden layers').
+      rate_schedule: the hidden layers' rate over the run: ``"constant"``, or
+        ``"early:STEP"``, ``"late:STEP"``, ``"warmdown:STEP"`` (early dropout, late
+        dropout, a linear fall to 0; see ``dropmask.training.RateSchedule``).
       learning_rate: Adam's step size.
       batch_size: examples per step (a multiple of the devices used).
     """
@@ -39,6 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.hidden = (256, 256)
     config.rate = 0.5
     config.input_rate = 0.0
+    config.rate_schedule = "constant"
     config.learning_rate = 1e-3
     config.batch_size = 40
     config.steps = 500

@@ -26,14 +26,17 @@ class MLP(nn.Module):
     input_rate: float = 0.2
 
     @nn.compact
-    def __call__(self, x: jax.Array, training: bool) -> jax.Array:
+    def __call__(self, x: jax.Array, training: bool, rate: jax.Array | None = None) -> jax.Array:
         """Maps ``x: float32[batch, features]`` to logits ``float32[batch, num_classes]``.
 
         ``training=True`` turns dropout on (and needs a ``'dropout'`` key in
-        ``rngs``); ``training=False`` is deterministic and needs no key.
+        ``rngs``); ``training=False`` is deterministic and needs no key. ``rate``: the
+        hidden layers' rate for this call (a run-time value, e.g. from a schedule), in
+        place of ``self.rate``.
         """
+        hidden_rate = self.rate if rate is None else rate
         x = dl.Dropout(rate=self.input_rate, deterministic=not training)(x)
         for width in self.hidden:
             x = nn.relu(nn.Dense(width)(x))
-            x = dl.Dropout(rate=self.rate, deterministic=not training)(x)
+            x = dl.Dropout(rate=hidden_rate, deterministic=not training)(x)
         return nn.Dense(self.num_classes)(x)

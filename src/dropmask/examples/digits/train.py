@@ -55,6 +55,9 @@ def train_step(
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One Adam step on ``batch = {'image': f32[b, 64], 'label': i32[b]}``, dropout on.
 
+    With ``config.rate_schedule`` other than ``"constant"`` the loop adds ``'rate'``,
+    this step's hidden dropout rate (a run-time scalar: one compilation for the run).
+
     Returns:
       ``(new_state, {'loss', 'accuracy'})``: the batch's mean cross-entropy and
       accuracy under this step's masks.
@@ -62,9 +65,12 @@ def train_step(
     # The stored key never changes; state.rngs folds in the step, so each step has
     # its own masks and re-running a step from the same state reproduces them.
     rngs = state.rngs("dropout")
+    rate = {"rate": batch["rate"]} if "rate" in batch else {}
 
     def loss_fn(params: dict) -> tuple[jax.Array, jax.Array]:
-        logits = state.apply_fn({"params": params}, batch["image"], training=True, rngs=rngs)
+        logits = state.apply_fn(
+            {"params": params}, batch["image"], training=True, rngs=rngs, **rate
+        )
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
         return loss, logits
 
