@@ -73,7 +73,7 @@ def layer_drop_step(layers: int, rate: float, x: jax.Array) -> Callable[..., jax
 
     def step(params: dict, key: jax.Array) -> jax.Array:
         grads = jax.grad(loss)(params, key)
-        return sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))
+        return jnp.sum(jnp.stack([jnp.sum(g**2) for g in jax.tree.leaves(grads)]))
 
     return step
 
@@ -109,7 +109,7 @@ def token_step(rate: float, x: jax.Array) -> Callable[..., jax.Array]:
 
     def step(params: dict, key: jax.Array) -> jax.Array:
         grads = jax.grad(loss)(params, key)
-        return sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))
+        return jnp.sum(jnp.stack([jnp.sum(g**2) for g in jax.tree.leaves(grads)]))
 
     return step
 
@@ -157,7 +157,7 @@ def run_tokens(repeats: int = 9, extra: int = 8, **size: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
