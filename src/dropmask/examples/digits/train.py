@@ -27,7 +27,7 @@ import optax
 from dropmask.training import ClassifierEval, Example, TrainState
 
 from . import configs, input_pipeline
-from .models import MLP
+from .models import MLP, ConvNet
 
 
 def create_state(
@@ -36,12 +36,18 @@ def create_state(
     params_key: jax.Array,
     dropout_key: jax.Array,
 ) -> TrainState:
-    """Initialises the MLP on one training image and wraps it with Adam.
+    """Initialises the model (``config.model``) on one training image and wraps it with Adam.
 
     ``init`` runs with ``training=False``: it only needs parameter shapes, so no
     dropout key is involved and ``params_key`` feeds the ``'params'`` stream alone.
     """
-    model = MLP(hidden=tuple(config.hidden), rate=config.rate, input_rate=config.input_rate)
+    model: MLP | ConvNet
+    if config.model == "conv":
+        model = ConvNet(
+            channels=tuple(config.hidden), rate=config.rate, block_size=config.block_size
+        )
+    else:
+        model = MLP(hidden=tuple(config.hidden), rate=config.rate, input_rate=config.input_rate)
     tx = optax.adam(config.learning_rate)
     variables = model.init(params_key, jnp.asarray(data.train.image[:1]), training=False)
     return TrainState.create(
