@@ -12,6 +12,7 @@ def test_parsing_and_values():
     assert RateSchedule.from_config(config) is None  # "constant"
     config.rate, config.rate_schedule = 0.5, "warmdown:4"
     schedule = RateSchedule.from_config(config)
+    assert schedule is not None
     assert [float(schedule(s)) for s in range(6)] == [0.5, 0.375, 0.25, 0.125, 0.0, 0.0]
     for bad in ("early", "early:-1", "cosine:5", "warmdown:0", "late:1.5"):
         config.rate_schedule = bad

@@ -62,7 +62,8 @@ class RateSchedule:
                 f"--config.rate_schedule must be {_FORMS} (STEP a step count, >= 1 for "
                 f"warmdown), got {text!r}. E.g. --config.rate_schedule=early:200"
             )
-        return cls(kind, int(number), float(config.rate))
+        rate: Any = config.rate
+        return cls(kind, int(number), float(rate))
 
     def __call__(self, step: int) -> np.ndarray:
         """The rate at ``step``: a float32 NumPy scalar, from :mod:`dropmask`'s schedules."""
