@@ -22,6 +22,9 @@ Each target is measured the way a user meets it, with the spread of paired repea
 * Monte Carlo dropout (``bench_mc``): K samples of an MLP's prediction in one
   ``dropmask.uncertainty.sample`` call against K single forward passes with dropout
   on, paired per repeat.
+* LayerDrop and token dropping (``bench_structured``): a train step at rate 0.5
+  against the same step at rate 0 (LayerDrop: a stack of residual MLP blocks; token
+  dropping: an encoder block on half the tokens), paired per repeat.
 * On a GPU only: dropout at ``x * c``'s bandwidth, and the train step against Flax's.
 
 A speed target's measured value is the median of the paired repeats, with their
@@ -43,7 +46,7 @@ from typing import Any
 import jax
 
 from benchmarks import _common as common
-from benchmarks import bench_attention, bench_mc, bench_transformer_step
+from benchmarks import bench_attention, bench_mc, bench_structured, bench_transformer_step
 from benchmarks._common import finite, quartiles
 
 SECTION = "targets"
@@ -62,6 +65,10 @@ class Size:
     growth: tuple[int, int]  # lengths of the attention's memory growth
     quick: bool = False
     mc: dict[str, int] = field(default_factory=lambda: dict(bench_mc.QUICK))  # bench_mc's
+    layer_drop: dict[str, int] = field(  # bench_structured's
+        default_factory=lambda: dict(bench_structured.LAYER_DROP_QUICK)
+    )
+    tokens: dict[str, int] = field(default_factory=lambda: dict(bench_structured.TOKENS_QUICK))
 
 
 FULL = Size(
@@ -73,6 +80,8 @@ FULL = Size(
     longest=16384,
     growth=(1024, 4096),
     mc=dict(bench_mc.FULL),
+    layer_drop=dict(bench_structured.LAYER_DROP_FULL),
+    tokens=dict(bench_structured.TOKENS_FULL),
 )
 QUICK = Size(
     (1024, 1024),
@@ -317,6 +326,25 @@ def mc_targets(size: Size) -> list[Target]:
     return [Target(f"f32 {label}: K samples in one call / K single passes", 1.15, True, ratios)]
 
 
+def structured_targets(size: Size) -> list[Target]:
+    """LayerDrop and token dropping at rate 0.5 against the same step at rate 0."""
+    repeats = 5 if size.quick else 11
+    rate = bench_structured.RATE
+    ld, tk = size.layer_drop, size.tokens
+    ld_label = f"{ld['layers']} MLP blocks x + f(x) [{ld['batch']}, {ld['width']}]"
+    tk_label = f"encoder block [{tk['batch']}, {tk['length']}, {tk['width']}]"
+    print(f"  LayerDrop {rate} / rate 0, {ld_label} ...", flush=True)
+    layer = bench_structured.run_layer_drop(repeats, extra=16, **ld)
+    print(f"  token dropping {rate} / every token, {tk_label} ...", flush=True)
+    tokens = bench_structured.run_tokens(repeats, **tk)
+    return [
+        Target(f"f32 train step, {ld_label}: LayerDrop {rate} / rate 0", 0.7, True, layer),
+        Target(
+            f"f32 train step, {tk_label}: token dropping {rate} / every token", 0.7, True, tokens
+        ),
+    ]
+
+
 def long_targets(size: Size) -> list[Target]:
     """The causal step at a long sequence against Flax, f32 and bf16, and dropmask's
     step alone at ``size.longest`` tokens (see ``bench_attention.long_step``)."""
@@ -437,6 +465,7 @@ def run(size: Size) -> list[Target]:
         dropout_targets(size)
         + step_targets(size)
         + mc_targets(size)
+        + structured_targets(size)
         + long_targets(size)
         + growth_targets(size)
     )

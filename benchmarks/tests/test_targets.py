@@ -104,6 +104,8 @@ def test_whole_suite_at_a_tiny_size_with_the_gpu_rows(monkeypatch: pytest.Monkey
         longest=128,
         growth=(64, 128),
         quick=True,
+        layer_drop={"batch": 4, "width": 16, "layers": 2},
+        tokens={"batch": 2, "length": 16, "width": 8},
     )
     measured = targets.run(tiny)
     names = [t.name for t in measured]
@@ -113,6 +115,7 @@ def test_whole_suite_at_a_tiny_size_with_the_gpu_rows(monkeypatch: pytest.Monkey
     assert sum("Transformer step" in n for n in names) == 3  # time, memory, GPU
     assert sum("causal, attention dropout" in n for n in names) == 3  # time, memory, 128
     assert sum("fwd+bwd temporaries" in n for n in names) == 1
+    assert sum("LayerDrop 0.5 / rate 0" in n or "token dropping 0.5" in n for n in names) == 2
     for t in measured:
         row = t.row()
         assert row["status"].split()[0] in ("PASS", "FAIL", "n/a"), row

@@ -18,6 +18,8 @@ def get_config() -> ml_collections.ConfigDict:
       embed_dim, hidden: widths of the embedding and of each LSTM direction.
       rate: dropout on embeddings and pooled features.
       word_rate: probability of replacing a token by ``<unk>`` in training.
+      r_drop: R-Drop's alpha, the weight of the symmetric KL between two dropout
+        passes (0: one pass, no R-Drop).
       learning_rate: Adam's step size.
       batch_size: sentences per step (a multiple of the devices used).
     """
@@ -30,6 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.hidden = 64
     config.rate = 0.3
     config.word_rate = 0.1
+    config.r_drop = 0.0
     config.learning_rate = 3e-3
     config.batch_size = 64
     config.steps = 1500

@@ -28,6 +28,9 @@ def get_config() -> ml_collections.ConfigDict:
       emb_dim, num_heads, num_layers, qkv_dim, mlp_dim: the Transformer's shape.
       rate: dropout after embeddings, sublayers and both MLP Dense layers, and on
         attention weights.
+      layer_drop: LayerDrop's rate for every encoder and decoder layer (0: none).
+      pruned_encoder, pruned_decoder: indices of layers removed at inference, e.g.
+        ``dropmask.kept_layers``' complement; ``prune.py`` evaluates a run this way.
       attention_algorithm: ``dropmask.dot_product_attention``'s ``algorithm`` for
         attention over whole rows: ``"auto"`` (the dense path at these lengths),
         ``"dense"`` (the function through ``[q, k]`` weights) or ``"blockwise"`` (the
@@ -57,6 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.qkv_dim = 128
     config.mlp_dim = 512
     config.rate = 0.1
+    config.layer_drop = 0.0
+    config.pruned_encoder = ()
+    config.pruned_decoder = ()
     # At 64 tokens "auto" takes the dense path, and a blockwise step is one 64 x 64
     # tile: train steps cost the same within the machine's noise (README).
     config.attention_algorithm = "auto"

@@ -52,6 +52,10 @@ class TransformerConfig:
         over whole rows (``"blockwise"``, ``"dense"`` or ``"auto"``).
       attention_block: the blockwise path's tile size (``block_q`` and ``block_k``);
         None: the library's default.
+      layer_drop: LayerDrop's rate: in training each encoder and decoder layer is
+        skipped, for the whole batch, with this probability.
+      pruned_encoder, pruned_decoder: indices of the layers removed at inference
+        (they return their input; see ``dropmask.kept_layers``).
     """
 
     vocab_size: int
@@ -67,6 +71,9 @@ class TransformerConfig:
     decode: bool = False
     attention_algorithm: str = "auto"
     attention_block: int | None = None
+    layer_drop: float = 0.0
+    pruned_encoder: tuple[int, ...] = ()
+    pruned_decoder: tuple[int, ...] = ()
 
     def replace(self, **changes: object) -> TransformerConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -182,8 +189,16 @@ class Transformer(nn.Module):
     def setup(self) -> None:
         c = self.config
         self.embed = nn.Embed(c.vocab_size, c.emb_dim, embedding_init=nn.initializers.normal(1.0))
-        self.encoder_layers = [EncoderLayer(c) for _ in range(c.num_layers)]
-        self.decoder_layers = [DecoderLayer(c) for _ in range(c.num_layers)]
+
+        def layer_drop(layer: nn.Module, pruned: bool) -> dl.LayerDrop:
+            return dl.LayerDrop(layer, c.layer_drop, deterministic=c.deterministic, pruned=pruned)
+
+        self.encoder_layers = [
+            layer_drop(EncoderLayer(c), i in c.pruned_encoder) for i in range(c.num_layers)
+        ]
+        self.decoder_layers = [
+            layer_drop(DecoderLayer(c), i in c.pruned_decoder) for i in range(c.num_layers)
+        ]
         self.encoder_norm = nn.LayerNorm()
         self.decoder_norm = nn.LayerNorm()
         self.embed_dropout = dl.Dropout(c.dropout_rate, deterministic=c.deterministic)

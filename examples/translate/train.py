@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +45,15 @@ def model_config(config: ml_collections.ConfigDict, data: input_pipeline.Data) -
         dropout_rate=float(config.rate),
         attention_dropout_rate=float(config.rate),
         attention_algorithm=str(config.attention_algorithm),
+        layer_drop=float(config.layer_drop),
+        pruned_encoder=_layers(config.pruned_encoder),
+        pruned_decoder=_layers(config.pruned_decoder),
     )
+
+
+def _layers(indices: Any) -> tuple[int, ...]:
+    """A config's tuple of layer indices as ints."""
+    return tuple(int(i) for i in indices)
 
 
 def model_inputs(batch: dict[str, jax.Array]) -> tuple[jax.Array, ...]:

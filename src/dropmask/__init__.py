@@ -57,6 +57,19 @@ from ._reductions import masked_var as masked_var
 from ._rnn import zoneout as zoneout
 from ._scan import flip_sequences as flip_sequences
 from ._scan import masked_scan as masked_scan
+from ._schedules import depth_rates as depth_rates
+from ._schedules import early_dropout as early_dropout
+from ._schedules import late_dropout as late_dropout
+from ._schedules import linear_warmdown as linear_warmdown
+from ._structured import TokenSubset as TokenSubset
+from ._structured import drop_block as drop_block
+from ._structured import drop_head as drop_head
+from ._structured import drop_head_attention as drop_head_attention
+from ._structured import drop_tokens as drop_tokens
+from ._structured import kept_layers as kept_layers
+from ._structured import layer_drop as layer_drop
+from ._structured import r_drop_passes as r_drop_passes
+from ._structured import symmetric_kl as symmetric_kl
 
 try:
     # The version lives in pyproject.toml alone; an installed package carries it.
@@ -76,21 +89,32 @@ __all__ = [
     "MissingKeyError",
     "Packed",
     "RateError",
+    "TokenSubset",
     "alpha_dropout",
     "attention_mask",
     "bucket_boundaries",
     "bucket_by_length",
     "causal_mask",
     "combine_masks",
+    "depth_rates",
     "dot_product_attention",
+    "drop_block",
+    "drop_head",
+    "drop_head_attention",
     "drop_path",
+    "drop_tokens",
     "dropout",
+    "early_dropout",
     "flip_sequences",
     "from_bias",
     "from_flax_mask",
     "from_numpy_ma",
     "gaussian_dropout",
     "keep_mask",
+    "kept_layers",
+    "late_dropout",
+    "layer_drop",
+    "linear_warmdown",
     "masked_cross_entropy",
     "masked_log_softmax",
     "masked_logsumexp",
@@ -106,9 +130,11 @@ __all__ = [
     "pad_sequences",
     "pad_to_bucket",
     "padding_mask",
+    "r_drop_passes",
     "segment_mask",
     "sequence_mask",
     "sliding_window_mask",
+    "symmetric_kl",
     "to_bias",
     "to_flax_mask",
     "to_numpy_ma",

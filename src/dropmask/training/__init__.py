@@ -40,6 +40,7 @@ from ._parallel import initialize_distributed as initialize_distributed
 from ._parallel import make_mesh as make_mesh
 from ._parallel import replicate as replicate
 from ._parallel import shard_batch as shard_batch
+from ._rate_schedule import RateSchedule as RateSchedule
 from ._result import RunResult as RunResult
 from ._serialization import from_bytes as from_bytes
 from ._serialization import to_bytes as to_bytes
@@ -54,6 +55,7 @@ __all__ = [
     "Example",
     "NnxTrainState",
     "NonFiniteLossError",
+    "RateSchedule",
     "RunResult",
     "TrainState",
     "base_config",

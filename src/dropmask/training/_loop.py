@@ -28,6 +28,7 @@ from ._errors import CheckpointError, DamagedCheckpointError, NonFiniteLossError
 from ._example import Example, run_keys
 from ._logging import MetricsLog, require
 from ._parallel import make_mesh, replicate, shard_batch
+from ._rate_schedule import RateSchedule
 from ._result import RunResult
 
 __all__ = ["RunResult", "compare_rates", "train"]
@@ -191,6 +192,7 @@ def train(
     started = time.perf_counter()
     workdir = pathlib.Path(workdir)
     schedule = Schedule.from_config(config)
+    rates = RateSchedule.from_config(config)
     _uncertainty.check(example, config)
     check_workdir(workdir, resume=resume)
     mesh = make_mesh(devices)
@@ -216,6 +218,8 @@ def train(
         for step in range(start, schedule.steps):
             batch = shard_batch(example.train_batch(config, data, data_key, step), mesh)
             batch_size = len(next(iter(batch.values())))
+            if rates is not None:
+                batch = {**batch, "rate": replicate(rates(step), mesh)}
             state, metrics = example.train_step(state, batch)
             window.append(metrics)
             done = step + 1

@@ -26,8 +26,16 @@ def get_config() -> ml_collections.ConfigDict:
         different ``seed`` see the same data.
       train_size: training images, stratified by class; the rest are the test set.
       label_noise: fraction of training labels replaced by a uniformly random class.
-      hidden: widths of the hidden Dense layers.
+      model: ``"mlp"`` (the default) or ``"conv"``, a small convolutional net
+        (``models.ConvNet``) whose ``hidden`` are its convolutions' channels and whose
+        ``rate`` is that of the dropout after each convolution.
+      hidden: widths of the hidden Dense layers (channels of the convolutions).
+      block_size: with ``model="conv"``: 0 for ordinary dropout on the feature maps,
+        else DropBlock with ``block_size x block_size`` blocks.
       input_rate: dropout rate on the input pixels (``rate`` is the hidden layers').
+      rate_schedule: the hidden layers' rate over the run: ``"constant"``, or
+        ``"early:STEP"``, ``"late:STEP"``, ``"warmdown:STEP"`` (early dropout, late
+        dropout, a linear fall to 0; see ``dropmask.training.RateSchedule``).
       learning_rate: Adam's step size.
       batch_size: examples per step (a multiple of the devices used).
     """
@@ -36,9 +44,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.data_seed = 0
     config.train_size = 200
     config.label_noise = 0.2
+    config.model = "mlp"
     config.hidden = (256, 256)
+    config.block_size = 0
     config.rate = 0.5
     config.input_rate = 0.0
+    config.rate_schedule = "constant"
     config.learning_rate = 1e-3
     config.batch_size = 40
     config.steps = 500

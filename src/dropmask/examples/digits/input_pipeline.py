@@ -16,6 +16,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from dropmask import DropmaskValueError
 from dropmask._optional import require
 from dropmask.training import DataError, check_config, epoch_batch, epoch_position
 
@@ -86,7 +87,8 @@ def load(config: ml_collections.ConfigDict) -> Data:
     Raises:
       DataError: a missing or unreadable ``data_path``, too few images per class for
         ``train_size``, or a ``batch_size`` outside ``[1, train_size]``.
-      DropmaskValueError: a ``data_seed`` below 0, a ``label_noise`` outside
+      DropmaskValueError: a ``model`` other than ``"mlp"`` or ``"conv"``, a
+        ``block_size`` or ``data_seed`` below 0, a ``label_noise`` outside
         ``[0, 1]``, a width in ``hidden`` below 1 or a ``learning_rate`` <= 0
         (checked here, the first thing a run does with its config).
     """
@@ -94,10 +96,15 @@ def load(config: ml_collections.ConfigDict) -> Data:
     check_config(
         config,
         widths=["hidden"],
-        at_least={"data_seed": 0},
+        at_least={"data_seed": 0, "block_size": 0},
         in_range={"label_noise": (0.0, 1.0)},
         positive=["learning_rate"],
     )
+    if config.model not in ("mlp", "conv"):
+        raise DropmaskValueError(
+            f"config.model must be 'mlp' or 'conv', got {config.model!r}. Set it with "
+            f"--config.model=conv."
+        )
 
     pixels, classes = _read(config.data_path)
     images = (np.asarray(pixels) / _MAX_PIXEL).astype(np.float32)

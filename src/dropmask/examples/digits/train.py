@@ -27,7 +27,7 @@ import optax
 from dropmask.training import ClassifierEval, Example, TrainState
 
 from . import configs, input_pipeline
-from .models import MLP
+from .models import MLP, ConvNet
 
 
 def create_state(
@@ -36,12 +36,18 @@ def create_state(
     params_key: jax.Array,
     dropout_key: jax.Array,
 ) -> TrainState:
-    """Initialises the MLP on one training image and wraps it with Adam.
+    """Initialises the model (``config.model``) on one training image and wraps it with Adam.
 
     ``init`` runs with ``training=False``: it only needs parameter shapes, so no
     dropout key is involved and ``params_key`` feeds the ``'params'`` stream alone.
     """
-    model = MLP(hidden=tuple(config.hidden), rate=config.rate, input_rate=config.input_rate)
+    model: MLP | ConvNet
+    if config.model == "conv":
+        model = ConvNet(
+            channels=tuple(config.hidden), rate=config.rate, block_size=config.block_size
+        )
+    else:
+        model = MLP(hidden=tuple(config.hidden), rate=config.rate, input_rate=config.input_rate)
     tx = optax.adam(config.learning_rate)
     variables = model.init(params_key, jnp.asarray(data.train.image[:1]), training=False)
     return TrainState.create(
@@ -55,6 +61,9 @@ def train_step(
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One Adam step on ``batch = {'image': f32[b, 64], 'label': i32[b]}``, dropout on.
 
+    With ``config.rate_schedule`` other than ``"constant"`` the loop adds ``'rate'``,
+    this step's hidden dropout rate (a run-time scalar: one compilation for the run).
+
     Returns:
       ``(new_state, {'loss', 'accuracy'})``: the batch's mean cross-entropy and
       accuracy under this step's masks.
@@ -62,9 +71,12 @@ def train_step(
     # The stored key never changes; state.rngs folds in the step, so each step has
     # its own masks and re-running a step from the same state reproduces them.
     rngs = state.rngs("dropout")
+    rate = {"rate": batch["rate"]} if "rate" in batch else {}
 
     def loss_fn(params: dict) -> tuple[jax.Array, jax.Array]:
-        logits = state.apply_fn({"params": params}, batch["image"], training=True, rngs=rngs)
+        logits = state.apply_fn(
+            {"params": params}, batch["image"], training=True, rngs=rngs, **rate
+        )
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
         return loss, logits
 

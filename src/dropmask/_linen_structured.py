@@ -1,0 +1,180 @@
+"""Linen layers of the structured variants: DropBlock, DropHead, LayerDrop.
+
+Each resolves ``deterministic`` and fetches a key through ``_linen_base.Stochastic`` and
+calls the functional core in ``_structured``; ``dropmask.linen`` re-exports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+
+from . import _dropout
+from ._checks import concrete_value
+from ._linen_base import Stochastic
+from ._random import DEFAULT_RESIDUAL, Residual
+from ._structured import apply_drop_block, apply_drop_head, keep_layer
+
+__all__ = ["DropBlock", "DropHead", "LayerDrop"]
+
+
+class DropBlock(Stochastic):
+    """DropBlock on ``[batch, *spatial, channels]`` maps (see :func:`dropmask.drop_block`).
+
+    Attributes:
+      rate: the expected fraction of units dropped.
+      block_size: the block's width, an int or one per spatial axis.
+      per_channel: each channel draws its own blocks (default: shared).
+      deterministic: as in :class:`Dropout`.
+      rng_collection: the PRNG stream.
+      shard_spec: inside ``shard_map``, the input's ``PartitionSpec`` (batch and
+        channel axes only), as in :class:`Dropout`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from dropmask import linen as dl
+      >>> layer = dl.DropBlock(0.1, block_size=3, deterministic=False)
+      >>> layer.apply({}, jnp.ones((2, 8, 8, 4)), rngs={"dropout": jax.random.key(0)}).shape
+      (2, 8, 8, 4)
+    """
+
+    rate: float | jax.Array
+    block_size: int | Sequence[int] = 7
+    per_channel: bool = False
+    deterministic: bool | None = None
+    rng_collection: str = "dropout"
+    shard_spec: Any = None
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs: jax.Array,
+        deterministic: bool | None = None,
+        rng: Any = None,
+        *,
+        global_shape: Sequence[int] | None = None,
+        offset: Sequence[Any] | None = None,
+    ) -> jax.Array:
+        """Applies DropBlock to ``inputs: [batch, *spatial, channels]``."""
+        det, key = self._prepare(deterministic, rng)
+        global_shape, offset = _dropout.layer_block(
+            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
+        )
+        return apply_drop_block(
+            inputs,
+            self.rate,
+            key,
+            block_size=self.block_size,
+            per_channel=self.per_channel,
+            deterministic=det,
+            global_shape=global_shape,
+            offset=offset,
+            caller=self._caller,
+        )
+
+
+class DropHead(Stochastic):
+    """Drops whole heads of ``[batch..., q_len, heads, depth]`` per example
+    (see :func:`dropmask.drop_head`); put it between attention and the output projection.
+
+    Attributes:
+      rate: probability of dropping a head of an example.
+      deterministic: as in :class:`Dropout`.
+      rng_collection: the PRNG stream.
+      shard_spec: inside ``shard_map``, the input's ``PartitionSpec``.
+      residual: what the backward pass keeps, as in :class:`Dropout`.
+    """
+
+    rate: float | jax.Array
+    deterministic: bool | None = None
+    rng_collection: str = "dropout"
+    shard_spec: Any = None
+    residual: Residual = DEFAULT_RESIDUAL
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs: jax.Array,
+        deterministic: bool | None = None,
+        rng: Any = None,
+        *,
+        global_shape: Sequence[int] | None = None,
+        offset: Sequence[Any] | None = None,
+    ) -> jax.Array:
+        """Applies DropHead to ``inputs: [batch..., q_len, heads, depth]``."""
+        det, key = self._prepare(deterministic, rng)
+        global_shape, offset = _dropout.layer_block(
+            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
+        )
+        return apply_drop_head(
+            inputs,
+            self.rate,
+            key,
+            deterministic=det,
+            global_shape=global_shape,
+            offset=offset,
+            residual=self.residual,
+            caller=self._caller,
+        )
+
+
+class LayerDrop(Stochastic):
+    """Runs ``layer``, or skips it (returns its first input) with probability ``rate``.
+
+    One decision per call for the whole batch (see :func:`dropmask.layer_drop`); a
+    skipped layer is not computed (``nn.cond``). Inside ``nn.scan`` with
+    ``split_rngs={"dropout": True}`` each layer draws its own decision. Every call
+    argument goes to ``layer``; the wrapper's mode is its ``deterministic`` field.
+
+    Attributes:
+      layer: the residual block, mapping its first input to an output of the same
+        structure, shape and dtype.
+      rate: probability of skipping it.
+      deterministic: if True, always run it (evaluation).
+      rng_collection: the PRNG stream.
+      pruned: if True, always skip it, in every mode: pruning at inference (pick the
+        layers with :func:`dropmask.kept_layers`).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn
+      >>> from dropmask import linen as dl
+      >>> class Block(nn.Module):
+      ...     @nn.compact
+      ...     def __call__(self, x):
+      ...         return x + nn.Dense(x.shape[-1])(x)
+      >>> layer = dl.LayerDrop(Block(), rate=0.5, deterministic=False)
+      >>> x = jnp.ones((2, 4))
+      >>> variables = layer.init(jax.random.key(0), x)
+      >>> layer.apply(variables, x, rngs={"dropout": jax.random.key(1)}).shape
+      (2, 4)
+    """
+
+    layer: nn.Module
+    rate: float | jax.Array = 0.0
+    deterministic: bool | None = None
+    rng_collection: str = "dropout"
+    pruned: bool = False
+
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        """``layer(inputs, *args, **kwargs)``, or ``inputs``."""
+        if self.pruned:
+            return inputs
+        det, key = self._prepare(None, None)
+        if key is None:
+            skip = not det and concrete_value(self.rate) == 1.0
+            return inputs if skip else self.layer(inputs, *args, **kwargs)
+        if self.is_initializing():
+            # nn.cond cannot create parameters in one branch only.
+            return self.layer(inputs, *args, **kwargs)
+        keep = keep_layer(self.rate, key, caller=self._caller)
+        return nn.cond(
+            keep,
+            lambda layer, x, *a: layer(x, *a, **kwargs),
+            lambda layer, x, *a: x,
+            self.layer,
+            inputs,
+            *args,
+        )

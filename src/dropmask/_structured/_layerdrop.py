@@ -1,0 +1,141 @@
+"""LayerDrop: a whole layer skipped for the whole batch (Fan et al., 2019).
+
+One decision per call, drawn through the one mask entry point, picks a branch of
+``lax.cond``: a skipped layer costs nothing (its branch is not run), forward or
+backward. Under ``vmap`` over keys ``lax.cond`` becomes a select and both branches run;
+inside ``nn.scan`` / ``nnx.scan`` each layer draws from its own key, so layers are
+skipped independently. At inference the paper prunes layers instead:
+:func:`kept_layers` names the ones to keep.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax
+from jax import lax
+
+from .._checks import check_key, check_rate, check_static_int
+from .._errors import DropmaskTypeError, DropmaskValueError
+from .._random import draw, flags_only, probability
+
+__all__ = ["keep_layer", "kept_layers", "layer_drop"]
+
+T = TypeVar("T")
+
+
+def keep_layer(rate: Any, key: Any, *, caller: str) -> jax.Array:
+    """``bool[]``: whether the layer runs this call (True with probability ``1 - rate``).
+
+    ``rate`` is validated by the caller. A traced ``rate`` outside ``[0, 1]`` skips.
+    """
+    check_key(key, caller=caller)
+    p = probability(rate, None if isinstance(rate, jax.Array) else float(rate), keep=True,
+                    caller=caller)  # fmt: skip
+    return draw(key, (), p, "fast", flags_only, caller=caller)
+
+
+def _check_layer(layer: Any, caller: str) -> None:
+    if not callable(layer):
+        raise DropmaskTypeError(
+            f"{caller}: layer must be a callable (inputs -> outputs of the same shape), got "
+            f"{type(layer).__name__}. Pass e.g. lambda h: block(h, mask)."
+        )
+
+
+def layer_drop(
+    layer: Callable[[T], T],
+    inputs: T,
+    rate: float | jax.Array,
+    key: Any = None,
+    *,
+    deterministic: bool = False,
+) -> T:
+    """``layer(inputs)``, or ``inputs`` itself with probability ``rate``, for the whole batch.
+
+    A skipped layer is not computed (``lax.cond``). The layer is the whole residual
+    block, ``x -> x + f(x)``, so that skipping it leaves the residual stream as it was;
+    nothing is rescaled, as in the paper.
+
+    Args:
+      layer: ``inputs -> outputs`` with the structure, shapes and dtypes of ``inputs``.
+      inputs: an array or a pytree of arrays, e.g. ``x: [batch, time, features]``.
+      rate: probability of skipping the layer (a Python float or a JAX scalar).
+      key: PRNG key (needed in training mode).
+      deterministic: if True, run the layer.
+
+    Returns:
+      ``layer(inputs)`` or ``inputs``.
+
+    Raises:
+      DropmaskTypeError: ``layer`` is not callable.
+      DropmaskValueError: ``layer``'s outputs differ from ``inputs`` in structure, shape
+        or dtype.
+      The rate and key errors of :func:`dropmask.dropout`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> x = jnp.ones((2, 3))
+      >>> y = dropmask.layer_drop(lambda h: h + 1.0, x, 0.5, jax.random.key(0))
+      >>> bool((y == x).all() or (y == x + 1.0).all())
+      True
+    """
+    caller = "layer_drop"
+    _check_layer(layer, caller)
+    value = check_rate(rate, caller=caller)
+    if deterministic or value == 0.0:
+        if key is not None:
+            check_key(key, caller=caller)
+        return layer(inputs)
+    check_key(key, caller=caller)
+    if value == 1.0:
+        return inputs
+    out = jax.eval_shape(layer, inputs)
+    given = jax.eval_shape(lambda t: t, inputs)
+    if jax.tree.structure(out) != jax.tree.structure(given) or any(
+        (a.shape, a.dtype) != (b.shape, b.dtype)
+        for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(given), strict=True)
+    ):
+        raise DropmaskValueError(
+            f"{caller}: layer must return what it is given (a skipped layer returns its "
+            f"inputs), got inputs {given} and outputs {out}. Wrap the layer so that it maps "
+            f"the residual stream to itself."
+        )
+    keep = keep_layer(rate, key, caller=caller)
+    return lax.cond(keep, layer, lambda t: t, inputs)
+
+
+def kept_layers(num_layers: int, rate: float) -> tuple[int, ...]:
+    """The layers to keep when pruning a model trained with LayerDrop at ``rate``.
+
+    The paper's "every other" rule: with ``k = floor(1 / rate)``, drop the layers at
+    depth ``d = k, 2k, ...`` (counting from 1) and keep the rest; at ``rate = 0.5`` that
+    keeps layers 0, 2, 4, ... (fairseq's ``--encoder-layers-to-keep 0,2,4``).
+
+    Args:
+      num_layers: the model's depth.
+      rate: the pruning rate in ``(0, 1)``: the fraction of layers to remove.
+
+    Returns:
+      Indices (from 0) of the layers to keep, ascending.
+
+    Raises:
+      DropmaskValueError: ``num_layers < 1`` or ``rate`` not in ``(0, 1)``.
+
+    Example:
+      >>> import dropmask
+      >>> dropmask.kept_layers(6, 0.5), dropmask.kept_layers(8, 0.25)
+      ((0, 2, 4), (0, 1, 2, 4, 5, 6))
+    """
+    caller = "kept_layers"
+    check_static_int(num_layers, name="num_layers", caller=caller, minimum=1)
+    value = check_rate(rate, caller=caller)
+    if value is None or not 0.0 < value < 1.0:
+        raise DropmaskValueError(
+            f"{caller}: rate must be a Python float in (0, 1) (the fraction of layers to "
+            f"prune), got {rate!r}. Pass e.g. rate=0.5 to keep every other layer."
+        )
+    every = math.floor(1.0 / value + 1e-9)
+    return tuple(i for i in range(num_layers) if (i + 1) % every)

@@ -1,0 +1,133 @@
+"""Linen and NNX layers of the structured family: the core's results, modes, scans."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import dropmask
+from dropmask import linen as dl
+from dropmask import nnx as dnnx
+
+KEY = jax.random.key(0)
+
+
+def test_linen_drop_block_and_drop_head_equal_the_core():
+    x = jax.random.normal(KEY, (2, 8, 8, 3))
+    k = jax.random.key(1)
+    got = dl.DropBlock(0.2, block_size=3, deterministic=False).apply({}, x, rng=k)
+    want = dropmask.drop_block(x, 0.2, k, block_size=3)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    h = jax.random.normal(KEY, (2, 5, 4, 8))
+    got = dl.DropHead(0.5).apply({}, h, deterministic=False, rng=k)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(dropmask.drop_head(h, 0.5, k)))
+    assert dl.DropHead(0.5).apply({}, h, deterministic=True) is h
+    with pytest.raises(dropmask.DropmaskValueError, match="dropmask.linen.DropBlock: block_size"):
+        dl.DropBlock(0.2, block_size=9, deterministic=False).apply({}, x, rng=k)
+
+
+def test_nnx_drop_block_and_drop_head_equal_the_core_and_follow_eval():
+    x = jax.random.normal(KEY, (2, 8, 8, 3))
+    k = jax.random.key(1)
+    layer = dnnx.DropBlock(0.2, block_size=3)
+    want = dropmask.drop_block(x, 0.2, k, block_size=3)
+    np.testing.assert_array_equal(np.asarray(layer(x, rngs=k)), np.asarray(want))
+    head = dnnx.DropHead(0.5, rngs=nnx.Rngs(dropout=0))
+    h = jnp.ones((2, 5, 4, 8))
+    assert not np.array_equal(np.asarray(head(h)), np.asarray(h))
+    head.eval()
+    assert head(h) is h
+
+
+class _Add(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return x + self.param("w", nn.initializers.ones, ())
+
+
+class _Body(nn.Module):
+    rate: float = 0.5
+    pruned: bool = False
+
+    @nn.compact
+    def __call__(self, x, _):
+        layer = dl.LayerDrop(_Add(), self.rate, deterministic=False, pruned=self.pruned)
+        return layer(x), None
+
+
+def _linen_stack(**body):
+    return nn.scan(
+        _Body,
+        variable_axes={"params": 0},
+        split_rngs={"params": True, "dropout": True},
+        length=8,
+    )(**body)
+
+
+def test_linen_layer_drop_in_scan_draws_each_layer_apart():
+    stack = _linen_stack()
+    variables = stack.init(KEY, jnp.zeros(2), None)
+    # Parameter paths are those of the wrapped layer alone, so a checkpoint loads either way.
+    assert jax.tree.map(jnp.shape, variables) == {"params": {"_Add_0": {"w": (8,)}}}
+    run = jax.jit(lambda k: stack.apply(variables, jnp.zeros(2), None, rngs={"dropout": k})[0])
+    kept = np.array([float(run(k)[0]) for k in jax.random.split(KEY, 50)])
+    # Layers decide apart: counts between 0 and 8 and not all-or-nothing.
+    assert set(kept) - {0.0, 8.0} and abs(kept.mean() - 4.0) < 4 * np.sqrt(2.0 / 50)
+    pruned = _linen_stack(pruned=True).apply(variables, jnp.zeros(2), None)[0]
+    assert float(pruned[0]) == 0.0
+
+
+def test_linen_layer_drop_modes_and_gradients():
+    layer = dl.LayerDrop(_Add(), 0.5, deterministic=True)
+    x = jnp.zeros(3)
+    variables = layer.init(KEY, x)
+    assert float(layer.apply(variables, x)[0]) == 1.0
+    train = dl.LayerDrop(_Add(), 0.5, deterministic=False)
+
+    def loss(v, k):
+        return jnp.sum(train.apply(v, x, rngs={"dropout": k}))
+
+    grads = [
+        float(jax.grad(loss)(variables, k)["params"]["layer"]["w"])
+        for k in jax.random.split(KEY, 6)
+    ]
+    assert set(grads) == {0.0, 3.0}
+    with pytest.raises(dropmask.MissingKeyError, match='needs PRNG for "dropout"'):
+        train.apply(variables, x)
+
+
+def test_nnx_layer_drop_in_scan_draws_each_layer_apart():
+    class Add(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(jnp.ones(()))
+
+        def __call__(self, x):
+            return x + self.w
+
+    @nnx.split_rngs(splits=8)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def create(rngs):
+        return dnnx.LayerDrop(Add(), 0.5, rngs=rngs)
+
+    stack = create(nnx.Rngs(dropout=0))
+
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+    def run(x, layer):
+        return layer(x)
+
+    kept = np.array([float(run(jnp.zeros(1), stack)[0]) for _ in range(40)])
+    assert set(kept) - {0.0, 8.0} and abs(kept.mean() - 4.0) < 4 * np.sqrt(2.0 / 40)
+    stack.eval()
+    assert float(run(jnp.zeros(1), stack)[0]) == 8.0
+
+
+def test_nnx_layer_drop_skips_for_the_batch_and_prunes():
+    rngs = nnx.Rngs(params=0, dropout=1)
+    layer = dnnx.LayerDrop(nnx.Linear(4, 4, rngs=rngs), 0.5, rngs=rngs)
+    x = jnp.ones((3, 4))
+    outs = [layer(x) for _ in range(20)]
+    skipped = [bool((o == x).all()) for o in outs]
+    assert any(skipped) and not all(skipped)
+    assert dnnx.LayerDrop(layer.layer, 0.5, pruned=True)(x) is x
