@@ -332,3 +332,42 @@ def test_packed_path_holds_one_copy_of_the_rounds(keep, calls):
         _fast_mask.keep_from_words(words, (8, 256), thr, path="packed"),
         _fast_mask.keep_from_words(words, (8, 256), thr, path="packed_inline"),
     )
+
+
+@pytest.mark.parametrize("partitionable", [True, False])
+def test_key_words_derived_inside_the_generator_are_jax_randoms(partitionable):
+    """A Threefry key's four words, derived from its own two inside the generator's
+    computation, are ``jax.random.bits(key, (4,), uint32)`` under either setting of
+    ``jax_threefry_partitionable``; other impls hand over the four words themselves."""
+    with jax.threefry_partitionable(partitionable):
+        for seed in (0, 1, 7, 2**31 + 5):
+            key = jax.random.key(seed)
+            want = np.asarray(jax.random.bits(key, (4,), jnp.uint32))
+            source = _fast_mask.key_source(key)
+            assert source.shape == (2,)
+            for salt in (None, jnp.uint32(0)):
+                got = jax.jit(lambda s, z=salt: jnp.stack(_fast_mask._words(s, z)))(source)
+                np.testing.assert_array_equal(np.asarray(got), want)
+            raw = jax.random.PRNGKey(seed)
+            np.testing.assert_array_equal(
+                np.asarray(jnp.stack(_fast_mask._words(_fast_mask.key_source(raw)))),
+                np.asarray(jax.random.bits(raw, (4,), jnp.uint32)),
+            )
+    rbg = jax.random.key(3, impl="rbg")
+    np.testing.assert_array_equal(
+        np.asarray(_fast_mask.key_source(rbg)), np.asarray(_fast_mask.key_words(rbg))
+    )
+
+
+def test_a_dropout_site_compiles_no_loop_of_its_own_for_the_key_words():
+    """JAX lowers its Threefry hash on CPU to a loop that XLA compiles as a separate
+    small kernel at every call site; the mask's key words are derived inside the
+    generator's kernel instead, so a site holds just the generator's loop over calls."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the loop lowering is XLA:CPU's")
+    # Large enough that XLA keeps the generator's own loop a loop (a loop over small
+    # buffers it also compiles as one small kernel).
+    x, key = jnp.ones((512, 2048)), jax.random.key(0)
+    hlo = jax.jit(lambda x, k: dropmask.dropout(x, 0.1, k)).lower(x, key).compile().as_text()
+    assert hlo.count(" while(") == 1, hlo
+    assert 'xla_cpu_small_call="true"' not in hlo

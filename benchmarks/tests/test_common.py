@@ -168,7 +168,7 @@ def test_residuals_name_what_grows_with_the_input():
     ours = common.residuals(by_name[common.dropmask_name()], jnp.float32)
     assert ours["residual_bytes_per_element"] == pytest.approx(0.125)
     assert ours["growing_residuals"] == ["uint32[2048,64]"]  # 1 bit per element
-    assert ours["residual_bytes_constant"] == pytest.approx(16)  # the key words
+    assert ours["residual_bytes_constant"] == pytest.approx(0)  # nothing but the words
     limit = common.residuals(by_name[common.LIMIT], jnp.float32)
     assert limit["residual_bytes_per_element"] == 0 and limit["growing_residuals"] == []
     for choice in common.residual_choices():

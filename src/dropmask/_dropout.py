@@ -228,7 +228,7 @@ def dropout(
         ``impl="fast"``. ``"mask"`` (default): the packed keep-flags, 1 bit per element
         (0.125 B, ``uint32[..., ceil(n / 32)]``), so that the backward pass only
         unpacks them; drawing the mask a second time costs more than writing and
-        reading that bit. ``"none"``: only the key (16 B), and the backward pass draws
+        reading that bit. ``"none"``: only the key (8 B), and the backward pass draws
         the mask again. Backends without the packed words (TPU) always draw again.
         The words are named ``"dropout_mask"``: a ``jax.checkpoint`` around the call
         decides by its own policy (``save_only_these_names("dropout_mask")`` keeps

@@ -47,12 +47,13 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ._errors import DropmaskValueError
 from ._sharding import Block
-from ._threefry import threefry4x32
+from ._threefry import threefry2x32, threefry4x32
 
 __all__ = [
     "MASK_NAME",
     "Threshold",
     "keep_from_words",
+    "key_source",
     "key_words",
     "packed_keep_words",
     "random_bits",
@@ -77,6 +78,44 @@ _TRACED_BITS = 24  # thresholds up to 2**24 are exact in float32
 def key_words(key: Any) -> jax.Array:
     """Four uint32 words (the Threefry key) from a key of any impl or a raw uint32 key."""
     return jax.random.bits(key, (4,), _U32)
+
+
+def key_source(key: Any) -> jax.Array:
+    """What the generator takes from ``key``: the key's own two words for a Threefry key
+    (the four key words are then derived inside the generator's computation, as
+    :func:`key_words` derives them), or the four key words for another impl.
+
+    ``key_words`` is JAX's Threefry-2x32 hash, which JAX lowers on CPU to a loop that
+    XLA compiles as a kernel of its own at every mask; derived inside the generator it
+    is a few dozen scalar ops in a kernel every mask of a shape shares.
+    """
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if str(jax.random.key_impl(key)) == "threefry2x32":
+            return jax.random.key_data(key)
+    elif jax.config.jax_default_prng_impl == "threefry2x32":
+        return jnp.asarray(key, _U32)
+    return key_words(key)
+
+
+def _words(source: jax.Array, salt: Any = None) -> list[jax.Array]:
+    """The four key words from :func:`key_source` (or :func:`key_words`): the same words
+    as ``jax.random.bits(key, (4,), uint32)``.
+
+    ``salt`` (a traced zero) makes them depend on a loop's counter, so that XLA derives
+    them inside the loop's kernel: hoisted out, each of their uses would become a
+    separate small computation, each with its own copy of the hash.
+    """
+    if source.shape == (4,):
+        return [source[i] for i in range(4)]
+    k = [source[0], source[1]]
+    if salt is not None:
+        k[0] = k[0] ^ salt
+    if jax.config.jax_threefry_partitionable:
+        hi, lo = threefry2x32(k, (jnp.zeros(4, _U32), lax.iota(_U32, 4)))
+        words = hi ^ lo
+        return [words[i] for i in range(4)]
+    first, second = threefry2x32(k, (jnp.array([0, 1], _U32), jnp.array([2, 3], _U32)))
+    return [first[0], first[1], second[0], second[1]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +277,7 @@ def _jitted_flags(
     XLA may fuse into a consumer)."""
     thr = Threshold(nbits, shift, static_value if value is None else value, None)
     fields = _Fields(thr.nbits)
-    key = [words[i] for i in range(4)]
+    key = _words(words)
     packed = jnp.zeros(index.shape, _U32)
     zero = jnp.zeros((), _U32)
     for j in range(fields.calls):
@@ -266,10 +305,11 @@ def _rolled_flags(
     """
     thr = Threshold(nbits, shift, static_value if value is None else value, None)
     fields = _Fields(thr.nbits)
-    key = [words[i] for i in range(4)]
     zero = jnp.zeros((), _U32)
 
     def call(j: jax.Array, packed: jax.Array) -> jax.Array:
+        # j >> 31 is 0 (j < calls); it keeps the key words' derivation in the loop.
+        key = _words(words, salt=j >> _U32(31))
         outputs = threefry4x32((index, j, zero, zero), key)
         return _call_lanes(packed, outputs, j, fields, thr)
 
@@ -321,7 +361,8 @@ def keep_from_words(
     *,
     path: str | None = None,
 ) -> jax.Array:
-    """``bool[*shape]`` keep-mask from ``key_words(key)``, True with probability
+    """``bool[*shape]`` keep-mask from ``key_source(key)`` (or ``key_words(key)``), True
+    with probability
     ``thr.realised``; within ``block``'s global mask when given.
 
     ``path`` picks how it is computed; all give the same mask. ``"packed"``: packed
@@ -423,7 +464,7 @@ def _per_element_flags(
     index = _row_major(coords, global_word_shape)
     j, o, bit = fields.locate(position % _U32(LANES))
     zero = jnp.zeros((), _U32)
-    outputs = threefry4x32((index, j.astype(_U32), zero, zero), [words[i] for i in range(4)])
+    outputs = threefry4x32((index, j.astype(_U32), zero, zero), _words(words))
     chosen = outputs[0]
     for k in range(1, 4):
         chosen = jnp.where(o == k, outputs[k], chosen)

@@ -19,10 +19,11 @@ Backward pass. With ``residual="mask"`` (the default) reverse-mode autodiff keep
 packed keep-words of the CPU and CUDA paths (1 bit per element, named
 ``"dropout_mask"``) and the backward pass unpacks them: a second Threefry pass costs
 more than writing and reading one bit per element. With ``residual="none"`` it keeps
-only the four key words and draws the mask again. Backends on the per-element path
-(TPU, ROCm) always draw again. A ``jax.checkpoint`` around the caller decides instead
-with its own policy: ``save_only_these_names("dropout_mask")`` keeps the words, a policy
-that saves nothing draws again.
+only the key (two words; four for a non-Threefry key) and draws the mask again.
+Backends on the per-element path (TPU, ROCm) always draw again. A ``jax.checkpoint``
+around the caller decides instead with its own policy:
+``save_only_these_names("dropout_mask")`` keeps the words, a policy that saves nothing
+draws again.
 
 Rates. A Python or NumPy number is a compile-time constant (``"fast"``: the fewest bits
 that represent it); a JAX scalar, concrete or traced, is always a run-time value (a
@@ -54,7 +55,7 @@ from ._fast_mask import (
     MASK_NAME,
     Threshold,
     keep_from_words,
-    key_words,
+    key_source,
     threshold,
 )
 from ._sharding import Block, local_block
@@ -123,7 +124,7 @@ def _draw_and_combine(
     spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, offset: Any
 ) -> Any:
     """``combine(x, flags, realised)`` with ``flags: bool[spec.shape]`` drawn from ``source``
-    (the four key words for ``"fast"``, the key for ``"flax"``)."""
+    (``key_source(key)`` for ``"fast"``, the key for ``"flax"``)."""
     value, realised = (spec.value, spec.realised) if dynamic is None else dynamic
     if spec.impl == "flax":
         p: Any = realised if dynamic is None else value  # unclipped, as Flax draws it
@@ -143,7 +144,7 @@ def _checkpointed(
     spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, offset: Any
 ) -> Any:
     """``_draw_and_combine`` under ``jax.checkpoint``, so that reverse-mode autodiff keeps
-    only what ``spec.save_words`` asks for (the packed words, or just the key words) and
+    only what ``spec.save_words`` asks for (the packed words, or just the key's words) and
     recomputes the rest, never a per-element array of flags or scaled values; ``jvp``
     still works."""
     policy = SAVE_MASK_WORDS if spec.save_words else _SAVE_NOTHING
@@ -181,7 +182,7 @@ def draw(
     unbiased output): ``p`` itself for ``"flax"``, the integer threshold's for
     ``"fast"``; NaN when a run-time ``p`` is outside ``[0, 1]``. ``residual`` is what
     the backward pass keeps: ``"mask"`` the packed words where the backend packs them,
-    ``"none"`` only the key words.
+    ``"none"`` only the key's words.
     """
     if impl == "flax" and block is not None:
         raise DropmaskValueError(
@@ -206,10 +207,10 @@ def draw(
         spec = MaskSpec(
             shape, impl, thr.nbits, thr.shift, thr.value, thr.realised, global_shape, save
         )
-        return _draw_and_combine_jit(spec, combine, x, key_words(key), None, offset)
+        return _draw_and_combine_jit(spec, combine, x, key_source(key), None, offset)
     spec = MaskSpec(shape, impl, thr.nbits, thr.shift, global_shape=global_shape, save_words=save)
     dynamic = (thr.value, thr.realised)
-    return _draw_and_combine_jit(spec, combine, x, key_words(key), dynamic, offset)
+    return _draw_and_combine_jit(spec, combine, x, key_source(key), dynamic, offset)
 
 
 def _flags(x: Any, flags: jax.Array, realised: Any) -> jax.Array:

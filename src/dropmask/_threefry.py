@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["threefry4x32"]
+__all__ = ["threefry2x32", "threefry4x32"]
 
 # Random123's rotation constants for Threefry-4x32, one pair per round (mod 8).
 _ROTATIONS = ((10, 26), (11, 21), (13, 27), (23, 5), (6, 20), (17, 11), (25, 10), (18, 20))
@@ -74,4 +74,34 @@ def threefry4x32(
             s = r // 4 + 1
             x = [add(x[i], schedule[(s + i) % 5]) for i in range(4)]
             x[3] = add(x[3], _U32(s))
+    return x
+
+
+# Threefry-2x32's rotation constants, four rounds each, alternating (as JAX's).
+_ROTATIONS_2X32 = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry2x32(key: Sequence[jax.Array], counter: Sequence[jax.Array]) -> list[jax.Array]:
+    """JAX's ``threefry2x32`` hash, unrolled: the same bits as ``jax.random``'s.
+
+    On CPU JAX lowers its own hash to a loop, which XLA compiles as a separate kernel at
+    every call site; these plain ops fuse into the caller's computation instead.
+
+    Args:
+      key: two uint32 scalars.
+      counter: two uint32 arrays (broadcastable against each other).
+
+    Returns:
+      Two uint32 arrays.
+    """
+    add, xor = lax.add, lax.bitwise_xor
+    k = [_u32(w) for w in key]
+    schedule = [k[0], k[1], xor(xor(k[0], k[1]), _U32(_PARITY))]
+    x = [add(_u32(counter[0]), schedule[0]), add(_u32(counter[1]), schedule[1])]
+    for group in range(5):
+        for r in _ROTATIONS_2X32[group % 2]:
+            x[0] = add(x[0], x[1])
+            x[1] = xor(x[0], _rotl(x[1], r))
+        x[0] = add(x[0], schedule[(group + 1) % 3])
+        x[1] = add(add(x[1], schedule[(group + 2) % 3]), _U32(group + 1))
     return x
