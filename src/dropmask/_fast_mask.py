@@ -92,7 +92,7 @@ def key_source(key: Any) -> jax.Array:
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         if str(jax.random.key_impl(key)) == "threefry2x32":
             return jax.random.key_data(key)
-    elif jax.config.jax_default_prng_impl == "threefry2x32":
+    elif jax.config.values["jax_default_prng_impl"] == "threefry2x32":
         return jnp.asarray(key, _U32)
     return key_words(key)
 
@@ -110,7 +110,7 @@ def _words(source: jax.Array, salt: Any = None) -> list[jax.Array]:
     k = [source[0], source[1]]
     if salt is not None:
         k[0] = k[0] ^ salt
-    if jax.config.jax_threefry_partitionable:
+    if jax.config.values["jax_threefry_partitionable"]:
         hi, lo = threefry2x32(k, (jnp.zeros(4, _U32), lax.iota(_U32, 4)))
         words = hi ^ lo
         return [words[i] for i in range(4)]
