@@ -98,15 +98,26 @@ def full(args: argparse.Namespace, env: dict[str, Any], out: Path) -> None:
 
 def targets(args: argparse.Namespace, env: dict[str, Any], out: Path) -> int:
     """Every target in one table (``make bench``); 1 if one fails and ``--strict``."""
+    from benchmarks import bench_compile
     from benchmarks import targets as t
 
     size = t.QUICK if args.quick else t.FULL
-    measured = t.run(size)
+    measured, compile_table = t.run(size)
     env["wall_seconds"] = time.time() - env.pop("start")
     env["load_average_at_end"] = os.getloadavg()
     table = t.markdown(measured, size)
     body = "## Targets (`make bench`)\n\n" + environment_markdown(env) + "\n" + table
     write_section(out / "RESULTS.md", t.SECTION, body, first=True)
+    compile_body = (
+        "## Compile time (`make bench`)\n\n"
+        + environment_markdown(env)
+        + "\n"
+        + bench_compile.__doc__.split("\n\n")[1].replace("\n", " ")
+        + "\n\n"
+        + compile_table
+        + "\n"
+    )
+    write_section(out / "RESULTS.md", "compile", compile_body)
     print("\n" + table)
     print(f"wrote the targets section of {out / 'RESULTS.md'}")
     failures = t.failed(measured)

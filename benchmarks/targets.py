@@ -25,6 +25,11 @@ Each target is measured the way a user meets it, with the spread of paired repea
 * LayerDrop and token dropping (``bench_structured``): a train step at rate 0.5
   against the same step at rate 0 (LayerDrop: a stack of residual MLP blocks; token
   dropping: an encoder block on half the tokens), paired per repeat.
+* Compile time (``bench_compile``): a Transformer encoder's train step at 12 and 24
+  layers, Linen and NNX, each variant compiled in a fresh process: the XLA compile
+  time and the trace+lower time that dropmask's dropout adds over the step without
+  dropout, against what Flax's dropout adds (the best of the repeats of each). The
+  same under ``nn.scan``, and each bundled example's step, are reported beside them.
 * On a GPU only: dropout at ``x * c``'s bandwidth, and the train step against Flax's.
 
 A speed target's measured value is the median of the paired repeats, with their
@@ -46,7 +51,13 @@ from typing import Any
 import jax
 
 from benchmarks import _common as common
-from benchmarks import bench_attention, bench_mc, bench_structured, bench_transformer_step
+from benchmarks import (
+    bench_attention,
+    bench_compile,
+    bench_mc,
+    bench_structured,
+    bench_transformer_step,
+)
 from benchmarks._common import finite, quartiles
 
 SECTION = "targets"
@@ -69,6 +80,16 @@ class Size:
         default_factory=lambda: dict(bench_structured.LAYER_DROP_QUICK)
     )
     tokens: dict[str, int] = field(default_factory=lambda: dict(bench_structured.TOKENS_QUICK))
+    # bench_compile's: encoder depths, APIs, repeats, scanned depth, examples.
+    compile: dict[str, Any] = field(
+        default_factory=lambda: {
+            "layers": (2,),
+            "apis": ("linen",),
+            "repeats": 2,
+            "scan_layers": 2,
+            "examples": (),
+        }
+    )
 
 
 FULL = Size(
@@ -82,6 +103,13 @@ FULL = Size(
     mc=dict(bench_mc.FULL),
     layer_drop=dict(bench_structured.LAYER_DROP_FULL),
     tokens=dict(bench_structured.TOKENS_FULL),
+    compile={
+        "layers": (12, 24),
+        "apis": ("linen", "nnx"),
+        "repeats": 2,
+        "scan_layers": 24,
+        "examples": bench_compile.EXAMPLES,
+    },
 )
 QUICK = Size(
     (1024, 1024),
@@ -345,6 +373,61 @@ def structured_targets(size: Size) -> list[Target]:
     ]
 
 
+def compile_targets(size: Size) -> tuple[list[Target], str]:
+    """Added compile and trace+lower time against Flax's (``bench_compile``), and the
+    full compile table (scanned stack and examples included) for RESULTS.md."""
+    c = size.compile
+    out: list[Target] = []
+    results = []
+    for layers in c["layers"]:
+        for api in c["apis"]:
+            print(f"  compile time, {api} encoder, {layers} layers ...", flush=True)
+            result = bench_compile.encoder_rows(layers, api, c["repeats"])
+            results.append(result)
+            label = f"{api} {layers}-layer encoder train step"
+            for variant in bench_compile.VARIANTS[2:]:
+                added = bench_compile.added_ratios(result, variant)
+                each = ", ".join(f"{r:.2f}x" for r in added["per_repeat"])
+                best = added["best"]
+                out.append(
+                    Target(
+                        f"{label}: XLA compile time {variant} adds / Flax's dropout adds",
+                        1.0,
+                        True,
+                        [added["ratio"]],
+                        note=(
+                            f"best of {c['repeats']}: none {best['none']:.2f} s, Flax "
+                            f"{best['flax']:.2f} s, {variant} {best[variant]:.2f} s; "
+                            f"per repeat {each}"
+                        ),
+                    )
+                )
+            lower = bench_compile.added_ratios(result, bench_compile.VARIANTS[-1], "lower_s")
+            best = lower["best"]
+            out.append(
+                Target(
+                    f"{label}: trace+lower time dropmask's layers and attention add / "
+                    "Flax's dropout adds",
+                    1.0,
+                    True,
+                    [lower["ratio"]],
+                    note=(
+                        f"best of {c['repeats']}: none {best['none']:.2f} s, Flax "
+                        f"{best['flax']:.2f} s, dropmask {best[bench_compile.VARIANTS[-1]]:.2f} s"
+                    ),
+                )
+            )
+    print(f"  compile time, linen encoder under nn.scan, {c['scan_layers']} layers ...")
+    variants = bench_compile.VARIANTS[:3]
+    scanned = bench_compile.encoder_rows(
+        c["scan_layers"], "linen", c["repeats"], scan=True, variants=variants
+    )
+    results.append(scanned)
+    print(f"  compile time, examples {', '.join(c['examples']) or '(none)'} ...", flush=True)
+    examples = bench_compile.example_rows(c["examples"], c["repeats"])
+    return out, bench_compile.markdown(results, examples)
+
+
 def long_targets(size: Size) -> list[Target]:
     """The causal step at a long sequence against Flax, f32 and bf16, and dropmask's
     step alone at ``size.longest`` tokens (see ``bench_attention.long_step``)."""
@@ -459,16 +542,19 @@ def growth_targets(size: Size) -> list[Target]:
     return out
 
 
-def run(size: Size) -> list[Target]:
-    """Measures every target at ``size``."""
-    return (
+def run(size: Size) -> tuple[list[Target], str]:
+    """Measures every target at ``size``; also returns the full compile-time table."""
+    compile_rows, compile_table = compile_targets(size)
+    measured = (
         dropout_targets(size)
         + step_targets(size)
         + mc_targets(size)
         + structured_targets(size)
+        + compile_rows
         + long_targets(size)
         + growth_targets(size)
     )
+    return measured, compile_table
 
 
 def markdown(targets: list[Target], size: Size) -> str:

@@ -106,8 +106,15 @@ def test_whole_suite_at_a_tiny_size_with_the_gpu_rows(monkeypatch: pytest.Monkey
         quick=True,
         layer_drop={"batch": 4, "width": 16, "layers": 2},
         tokens={"batch": 2, "length": 16, "width": 8},
+        compile={
+            "layers": (1,),
+            "apis": ("linen", "nnx"),
+            "repeats": 1,
+            "scan_layers": 2,
+            "examples": ("digits",),
+        },
     )
-    measured = targets.run(tiny)
+    measured, compile_table = targets.run(tiny)
     names = [t.name for t in measured]
     assert sum("speedup over flax" in n for n in names) == 2
     assert sum(n.startswith("GPU ") for n in names) == 3  # fwd, fwd+bwd, train step
@@ -116,6 +123,9 @@ def test_whole_suite_at_a_tiny_size_with_the_gpu_rows(monkeypatch: pytest.Monkey
     assert sum("causal, attention dropout" in n for n in names) == 3  # time, memory, 128
     assert sum("fwd+bwd temporaries" in n for n in names) == 1
     assert sum("LayerDrop 0.5 / rate 0" in n or "token dropping 0.5" in n for n in names) == 2
+    assert sum("compile time" in n for n in names) == 4  # layers, + attention; Linen, NNX
+    assert sum("trace+lower" in n for n in names) == 2
+    assert "nn.scan" in compile_table and "| digits |" in compile_table
     for t in measured:
         row = t.row()
         assert row["status"].split()[0] in ("PASS", "FAIL", "n/a"), row
