@@ -11,6 +11,7 @@ einsums (forward and backward).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, Literal
@@ -290,76 +291,144 @@ def dot_product_attention(
     else:
         sizes = _block_sizes(block_q, block_k, q_len, kv_len)
 
-    # Non-finite entries are zeroed before the einsums (whose backward multiplies by
-    # every key and query, masked or not) and recorded per position instead.
-    q, bad_q = _finite_part(q, dtype)
-    k, bad_k = _finite_part(k, dtype)
-    v, bad_v = _finite_part(v, dtype)
-    q = q / jnp.sqrt(q.shape[-1]).astype(dtype)
-
-    if path != "dense":
-        # As in dropout: a Python number is a compile-time rate, a JAX scalar (even a
-        # concrete one) a run-time value, so every path draws with the same threshold.
-        keep = probability(dropout_rate, rate, keep=True, caller=_CALLER) if drops else None
-        static_keep = keep if isinstance(keep, float) else None
-        plan = bw.Plan(
-            batch=batch,
+    if path == "dense":
+        spec = _Dense(
+            dtype=dtype,
             kv_heads=kv_heads,
             groups=groups,
-            q_len=q_len,
-            kv_len=kv_len,
-            block_q=sizes[0],
-            block_k=sizes[1],
-            left=span[0],
-            right=span[1],
-            keep=static_keep,
-            dropout=drops,
-            broadcast_dropout=broadcast_dropout,
             precision=precision,
-            accumulate=compute_dtype(dtype),
+            logits_shape=logits_shape,
+            span=span,
+            broadcast_dropout=broadcast_dropout,
+            drops=drops,
+            impl=impl,
+            rate=None if drops and isinstance(dropout_rate, jax.Array) else rate,
         )
-        if path == "pallas":
-            # Imported here: jax.experimental.pallas loads only for the path that runs it.
-            from . import _pallas_attention as pa
+        run_time_rate = dropout_rate if drops and isinstance(dropout_rate, jax.Array) else None
+        arrays = (q, k, v, m, kv_valid, q_seg, kv_seg, bias, rng if drops else None)
+        if module is None and qk_attn_weights_einsum is None:
+            # One jitted computation per static spec: a model's layers of one shape
+            # trace it (and its derivative rules) once, not once per layer.
+            return _dense_jit(spec, None, *arrays, run_time_rate)
+        einsums = (qk_attn_weights_einsum, attn_weights_value_einsum)
+        return _dense(spec, (module, einsums), *arrays, run_time_rate)
 
-            kernel = pa.Kernel(
-                plan,
-                segments=q_seg is not None,
-                interpret=jax.default_backend() != "gpu",
-                run_time_bits=pa.run_time_bits() if drops and static_keep is None else None,
-                mask_dims=None if m is None else pa.mask_dims(m, batch),
-            )
-            out, tainted = pa.pallas_attention(
-                kernel,
-                q,
-                k,
-                v,
-                kv_valid=kv_valid,
-                q_segments=q_seg,
-                kv_segments=kv_seg,
-                bad_q=bad_q,
-                bad_kv=bad_k | bad_v,
-                key=rng,
-                run_time_keep=None if static_keep is not None else keep,
-                mask=m,
-            )
-            return _poison(out, q, tainted)
+    # Non-finite entries are zeroed before the einsums (whose backward multiplies by
+    # every key and query, masked or not) and recorded per position instead.
+    q, k, v, bad_q, bad_k, bad_v = _prepared(q, k, v, dtype)
+    # As in dropout: a Python number is a compile-time rate, a JAX scalar (even a
+    # concrete one) a run-time value, so every path draws with the same threshold.
+    keep = probability(dropout_rate, rate, keep=True, caller=_CALLER) if drops else None
+    static_keep = keep if isinstance(keep, float) else None
+    plan = bw.Plan(
+        batch=batch,
+        kv_heads=kv_heads,
+        groups=groups,
+        q_len=q_len,
+        kv_len=kv_len,
+        block_q=sizes[0],
+        block_k=sizes[1],
+        left=span[0],
+        right=span[1],
+        keep=static_keep,
+        dropout=drops,
+        broadcast_dropout=broadcast_dropout,
+        precision=precision,
+        accumulate=compute_dtype(dtype),
+    )
+    if path == "pallas":
+        # Imported here: jax.experimental.pallas loads only for the path that runs it.
+        from . import _pallas_attention as pa
 
-        side = bw.make_side(
+        kernel = pa.Kernel(
             plan,
+            segments=q_seg is not None,
+            interpret=jax.default_backend() != "gpu",
+            run_time_bits=pa.run_time_bits() if drops and static_keep is None else None,
+            mask_dims=None if m is None else pa.mask_dims(m, batch),
+        )
+        out, tainted = pa.pallas_attention(
+            kernel,
+            q,
+            k,
+            v,
             kv_valid=kv_valid,
             q_segments=q_seg,
             kv_segments=kv_seg,
-            mask=m,
-            bias=None if bias is None else _rank(jnp.asarray(bias), len(logits_shape)),
             bad_q=bad_q,
             bad_kv=bad_k | bad_v,
+            key=rng,
+            run_time_keep=None if static_keep is not None else keep,
+            mask=m,
         )
-        run_keep = None if static_keep is not None else keep
-        out, tainted = bw.blockwise_attention(plan, q, k, v, side, bw.Dropout(rng, run_keep))
         return _poison(out, q, tainted)
 
-    m = _dense_structure(m, logits_shape, span, kv_valid, q_seg, kv_seg)
+    side = bw.make_side(
+        plan,
+        kv_valid=kv_valid,
+        q_segments=q_seg,
+        kv_segments=kv_seg,
+        mask=m,
+        bias=None if bias is None else _rank(jnp.asarray(bias), len(logits_shape)),
+        bad_q=bad_q,
+        bad_kv=bad_k | bad_v,
+    )
+    run_keep = None if static_keep is not None else keep
+    out, tainted = bw.blockwise_attention(plan, q, k, v, side, bw.Dropout(rng, run_keep))
+    return _poison(out, q, tainted)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dense:
+    """Everything static about one dense attention call (hashable: it keys the jit cache)."""
+
+    dtype: Any
+    kv_heads: int
+    groups: int
+    precision: Any
+    logits_shape: tuple[int, ...]
+    span: tuple[int | None, int | None]
+    broadcast_dropout: bool
+    drops: bool
+    impl: Impl
+    rate: float | None  # None: a run-time rate, passed as an array
+
+
+def _prepared(q: jax.Array, k: jax.Array, v: jax.Array, dtype: Any) -> tuple[jax.Array, ...]:
+    """``q`` (scaled by ``1/sqrt(depth)``), ``k`` and ``v`` in ``dtype`` with non-finite
+    entries zeroed, and where they were: ``(q, k, v, bad_q, bad_k, bad_v)``. Zeroed
+    before the einsums, whose backward multiplies by every key and query, masked or not."""
+    q, bad_q = _finite_part(q, dtype)
+    k, bad_k = _finite_part(k, dtype)
+    v, bad_v = _finite_part(v, dtype)
+    return q / jnp.sqrt(q.shape[-1]).astype(dtype), k, v, bad_q, bad_k, bad_v
+
+
+def _dense(
+    spec: _Dense,
+    extras: tuple[Any, tuple[Any, Any]] | None,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    m: Any,
+    kv_valid: Any,
+    q_seg: Any,
+    kv_seg: Any,
+    bias: Any,
+    rng: Any,
+    run_time_rate: Any,
+) -> jax.Array:
+    """The dense path: ``[q, k]`` weights with the NaN-safe softmax, then dropout.
+
+    ``extras`` is ``(module, (qk einsum, weights-value einsum))`` when the call sows its
+    weights or brings its own einsums, None otherwise.
+    """
+    module, (qk_attn_weights_einsum, attn_weights_value_einsum) = extras or (None, (None, None))
+    dtype, kv_heads, groups, precision = spec.dtype, spec.kv_heads, spec.groups, spec.precision
+    logits_shape, drops, impl = spec.logits_shape, spec.drops, spec.impl
+    dropout_rate: Any = spec.rate if run_time_rate is None else run_time_rate
+    q, k, v, bad_q, bad_k, bad_v = _prepared(q, k, v, dtype)
+    m = _dense_structure(m, logits_shape, spec.span, kv_valid, q_seg, kv_seg)
     custom = qk_attn_weights_einsum is not None
     if custom:
         score = functools.partial(qk_attn_weights_einsum, "...qhd,...khd->...hqk")
@@ -382,7 +451,7 @@ def dot_product_attention(
     if module is not None:
         _sow(module, weights)
 
-    dims = tuple(range(len(logits_shape) - 2)) if broadcast_dropout else ()
+    dims = tuple(range(len(logits_shape) - 2)) if spec.broadcast_dropout else ()
 
     def weigh(weights: jax.Array, v: jax.Array) -> jax.Array:
         if drops and impl == "fast":
@@ -390,7 +459,7 @@ def dot_product_attention(
             # onto the weights: the gradient's matching multiply then also lands on a
             # small array, instead of a scalar that XLA's CPU backend broadcasts to a
             # whole [*b, heads, q, k] array to feed the fused softmax derivative.
-            p = probability(dropout_rate, rate, keep=True, caller=_CALLER)
+            p = probability(dropout_rate, spec.rate, keep=True, caller=_CALLER)
             shape = mask_shape(logits_shape, dims)
             flags, realised = draw(rng, shape, p, "fast", flags_and_realised, caller=_CALLER)
             scale, fill = scale_and_fill(realised, compute_dtype(dtype))
@@ -410,6 +479,9 @@ def dot_product_attention(
         # (XLA still holds them while that einsum's gradient runs).
         weigh = jax.checkpoint(weigh, policy=SAVE_MASK_WORDS)
     return _poison(weigh(weights, v), q, tainted)
+
+
+_dense_jit = jax.jit(_dense, static_argnums=(0, 1))
 
 
 def _rank(x: jax.Array, ndim: int) -> jax.Array:
