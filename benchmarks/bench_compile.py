@@ -18,8 +18,8 @@ lower) and ``.compile()`` (XLA). The rows are *added* times, a variant's minus
 ``none``'s, each taken as the best of the repeats, divided by Flax's added time; the
 note gives every repeat's own ratio (the variants of one repeat run back to back).
 Also measured: a 24-layer stack under ``nn.scan`` (one block compiled for all layers),
-and each bundled example's train step at its default config, against the same step at
-``rate = 0``.
+the 12-layer stack with every block under ``nn.remat``, and each bundled example's
+train step at its default config, against the same step at ``rate = 0``.
 
 Usage: ``python -m benchmarks.bench_compile [--layers 12,24] [--repeats 2] [--apis
 linen,nnx] [--examples digits,translate]``.
@@ -44,7 +44,9 @@ EXAMPLES = ("digits", "digits_nnx", "seq2seq", "sst2", "translate", "lm")
 # --- the worker: one compilation in this process --------------------------------------
 
 
-def _linen_model(variant: str, layers: int, scan: bool) -> tuple[Any, Callable[..., Any]]:
+def _linen_model(
+    variant: str, layers: int, scan: bool, remat: bool = False
+) -> tuple[Any, Callable[..., Any]]:
     """``(model, loss(params, x, key))`` of the Linen encoder."""
     import flax.linen as nn
     import jax.numpy as jnp
@@ -90,8 +92,9 @@ def _linen_model(variant: str, layers: int, scan: bool) -> tuple[Any, Callable[.
                     in_axes=nn.broadcast,
                 )
                 return stack()(x, deterministic)[0]
+            block = nn.remat(Block, static_argnums=(2,)) if remat else Block
             for _ in range(layers):
-                x = Block()(x, deterministic)
+                x = block()(x, deterministic)
             return x
 
     model = Encoder()
@@ -168,7 +171,9 @@ def _nnx_model(variant: str, layers: int) -> tuple[Any, Callable[..., Any]]:
     return (params, rest), loss
 
 
-def encoder(variant: str, layers: int, api: str, scan: bool = False) -> dict[str, Any]:
+def encoder(
+    variant: str, layers: int, api: str, scan: bool = False, remat: bool = False
+) -> dict[str, Any]:
     """Trace, lower and compile one encoder train step in this process."""
     import jax
     import jax.numpy as jnp
@@ -177,7 +182,7 @@ def encoder(variant: str, layers: int, api: str, scan: bool = False) -> dict[str
     x = jnp.ones((BATCH, LENGTH, WIDTH), jnp.float32)
     rest = None  # NNX: the model's other state (its random streams), not differentiated
     if api == "linen":
-        model, linen_loss = _linen_model(variant, layers, scan)
+        model, linen_loss = _linen_model(variant, layers, scan, remat)
         params = jax.jit(lambda k: model.init(k, x, True))(jax.random.key(0))["params"]
         loss = lambda params, x, key, rest: linen_loss(params, x, key)  # noqa: E731
     else:
@@ -251,14 +256,20 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def encoder_rows(
-    layers: int, api: str, repeats: int, scan: bool = False, variants: Sequence[str] = VARIANTS
+    layers: int,
+    api: str,
+    repeats: int,
+    scan: bool = False,
+    variants: Sequence[str] = VARIANTS,
+    remat: bool = False,
 ) -> dict[str, Any]:
     """Every variant ``repeats`` times, the variants of a repeat back to back."""
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    job = {"layers": layers, "api": api, "scan": scan, "remat": remat}
     for _ in range(repeats):
         for v in variants:
-            runs[v].append(measure({"variant": v, "layers": layers, "api": api, "scan": scan}))
-    return {"layers": layers, "api": api, "scan": scan, "runs": runs}
+            runs[v].append(measure({"variant": v, **job}))
+    return {**job, "runs": runs}
 
 
 def added_ratios(result: dict[str, Any], variant: str, what: str = "compile_s") -> dict[str, Any]:
@@ -304,7 +315,7 @@ def markdown(results: list[dict[str, Any]], examples: list[dict[str, Any]]) -> s
         ratios = [f"{added_ratios(r, v)['ratio']:.2f}x" if v in best else "" for v in VARIANTS[2:]]
         last = [v for v in VARIANTS[2:] if v in best][-1]
         lower = added_ratios(r, last, "lower_s")
-        scan = ", nn.scan" if r["scan"] else ""
+        scan = ", nn.scan" if r["scan"] else ", nn.remat" if r.get("remat") else ""
         lines.append(
             f"| {r['api']}, {r['layers']} layers{scan} | "
             + " | ".join(cells + ratios)
@@ -350,7 +361,13 @@ def main(argv: list[str] | None = None) -> int:
         if "example" in job:
             out = example_step(job["example"], job.get("rate"))
         else:
-            out = encoder(job["variant"], job["layers"], job["api"], job.get("scan", False))
+            out = encoder(
+                job["variant"],
+                job["layers"],
+                job["api"],
+                job.get("scan", False),
+                job.get("remat", False),
+            )
         print(json.dumps(out))
         return 0
     results = [encoder_rows(n, api, args.repeats) for n in args.layers for api in args.apis]

@@ -423,6 +423,11 @@ def compile_targets(size: Size) -> tuple[list[Target], str]:
         c["scan_layers"], "linen", c["repeats"], scan=True, variants=variants
     )
     results.append(scanned)
+    print(f"  compile time, linen encoder under nn.remat, {c['layers'][0]} layers ...")
+    rematted = bench_compile.encoder_rows(
+        c["layers"][0], "linen", c["repeats"], variants=variants, remat=True
+    )
+    results.append(rematted)
     print(f"  compile time, examples {', '.join(c['examples']) or '(none)'} ...", flush=True)
     examples = bench_compile.example_rows(c["examples"], c["repeats"])
     return out, bench_compile.markdown(results, examples)
