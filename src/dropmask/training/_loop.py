@@ -21,11 +21,11 @@ import ml_collections
 import numpy as np
 
 from .._errors import DropmaskValueError
+from .._workflow import Example, run_keys
 from . import _summary, _uncertainty
 from ._checkpoint import Checkpointer
 from ._config import check_config
 from ._errors import CheckpointError, DamagedCheckpointError, NonFiniteLossError
-from ._example import Example, run_keys
 from ._logging import MetricsLog, require
 from ._parallel import make_mesh, replicate, shard_batch
 from ._rate_schedule import RateSchedule

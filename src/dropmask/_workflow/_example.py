@@ -1,9 +1,11 @@
-"""What an application provides to the shared training loop.
+"""What an application provides to the training loop and to the audit.
 
 An example (``examples/<name>/train.py``) builds one :class:`Example` and names it
 ``example``; ``dropmask train <name>`` and :func:`dropmask.training.train` do the rest
-(devices, checkpoints, resume, logging, plots, rate comparisons). The example writes
-only what is specific to it: config, data, model and optimizer, the steps, metrics.
+(devices, checkpoints, resume, logging, plots, rate comparisons), and ``dropmask audit
+<name>`` audits its model and train step from the same keys (:func:`run_keys`). The
+example writes only what is specific to it: config, data, model and optimizer, the
+steps, metrics.
 """
 
 from __future__ import annotations
