@@ -34,28 +34,12 @@ import jax
 import numpy as np
 
 from .._errors import DropmaskValueError
+from .._workflow import RUN_LENGTH_ENTRIES
 from ._errors import CheckpointError, DamagedCheckpointError
 from ._serialization import keys_from_data, keys_to_data
 from ._serialization import leaf_dtype as _dtype
 
 __all__ = ["Checkpointer"]
-
-# Config entries that only say how long or how often a run does things, how or when
-# it is evaluated (mc_samples, evaluate_at_checkpoints) or how it reacts to a
-# non-finite loss; resuming with other values is how a run is extended, re-evaluated
-# or let past a bad batch, so they are not compared on restore.
-RUN_LENGTH_KEYS = frozenset(
-    {
-        "steps",
-        "log_every",
-        "eval_every",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "mc_samples",
-        "allow_nonfinite_loss",
-        "evaluate_at_checkpoints",
-    }
-)
 
 
 def _plain(value: Any) -> Any:
@@ -509,7 +493,7 @@ class Checkpointer:
 
     @staticmethod
     def _check_config(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:
-        names = sorted((set(saved) | set(current)) - RUN_LENGTH_KEYS)
+        names = sorted((set(saved) | set(current)) - RUN_LENGTH_ENTRIES)
         for name in names:
             if saved.get(name, "<absent>") != current.get(name, "<absent>"):
                 raise CheckpointError(
