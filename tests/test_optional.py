@@ -8,7 +8,7 @@ import pytest
 
 from dropmask import DropmaskError, DropmaskValueError
 from dropmask._optional import EXTRAS, require
-from dropmask.training._locate import locate
+from dropmask._workflow import locate
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "dropmask"
 

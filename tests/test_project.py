@@ -1,59 +1,92 @@
-"""Habits of the project itself: license, version, lint hooks, test targets, README size."""
+"""Habits of the project itself: license, version, what `make` and CI run, the README.
+
+The make targets are checked by what they do (``make -n`` prints the commands a
+target would run; ``make rngtest`` is run without dieharder on the PATH; CI's script
+is run with a ``make`` that only records its targets), not by the Makefile's text.
+"""
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import pathlib
 import re
+import shutil
+import subprocess
+
+import pytest
 
 import dropmask
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PYPROJECT = (ROOT / "pyproject.toml").read_text()
+MAKE = shutil.which("make")
+needs_make = pytest.mark.skipif(MAKE is None, reason="needs GNU make")
 
 
-def _make_recipe(target: str) -> list[str]:
-    text = (ROOT / "Makefile").read_text()
-    match = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)+)", text, re.M)
-    assert match, target
-    return [line.strip() for line in match.group(1).splitlines()]
+def _make_dry_run(target: str) -> list[str]:
+    """The commands ``make TARGET`` would run, the virtualenv taken as installed."""
+    assert MAKE is not None
+    done = subprocess.run(
+        [MAKE, "-n", "-o", ".venv/.installed-dev", "-o", ".venv/.installed-bench", target],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.splitlines()
 
 
-def test_the_license_file_is_the_license_pyproject_declares():
-    assert 'license = { text = "Apache-2.0" }' in PYPROJECT
+def test_the_license_file_is_the_license_the_package_declares():
+    assert importlib.metadata.metadata("dropmask")["License"] == "Apache-2.0"
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text  # the full text, not a pointer
 
 
-def test_the_version_lives_in_pyproject_alone():
-    assert len(re.findall(r'^version = "\d+\.\d+\.\d+"$', PYPROJECT, re.M)) == 1
+def test_the_version_is_the_installed_packages_and_no_module_hard_codes_one():
     assert dropmask.__version__ == importlib.metadata.version("dropmask")
     sources = "\n".join(p.read_text() for p in (ROOT / "src").rglob("*.py"))
     assert not re.search(r"__version__\s*=\s*['\"]\d+\.", sources)
 
 
+@needs_make
 def test_pre_commit_runs_what_make_lint_runs():
-    hooks = re.findall(
-        r"entry: \.venv/bin/python (.+)", (ROOT / ".pre-commit-config.yaml").read_text()
+    hooks = re.findall(r"entry: (.+)", (ROOT / ".pre-commit-config.yaml").read_text())
+    assert [line.strip() for line in hooks] == _make_dry_run("lint")
+
+
+@needs_make
+def test_make_test_is_the_fast_loop_and_make_test_slow_the_rest():
+    (fast,) = [line for line in _make_dry_run("test") if "pytest" in line]
+    (slow,) = [line for line in _make_dry_run("test-slow") if "pytest" in line]
+    assert '-m "not slow"' in fast and "-m slow" in slow, (fast, slow)
+
+
+def test_ci_runs_the_fast_and_slow_tests_lint_and_the_wheel_test(tmp_path):
+    log = tmp_path / "targets"
+    fake = tmp_path / "bin" / "make"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=env, check=True)
+    ran = log.read_text().split()
+    assert {"test", "test-slow", "lint", "wheel-test"} <= set(ran), ran
+
+
+@needs_make
+def test_rngtest_names_its_prerequisite_instead_of_installing_it(tmp_path):
+    assert MAKE is not None
+    done = subprocess.run(
+        [MAKE, "-o", ".venv/.installed-dev", "rngtest"],
+        cwd=ROOT,
+        env={"PATH": str(tmp_path)},  # no dieharder, and no apt-get either
+        capture_output=True,
+        text=True,
     )
-    lint = [line.replace("$(PY) ", "") for line in _make_recipe("lint")]
-    assert hooks == lint, (hooks, lint)
-    assert 'include = ["src", "tests", "examples"]' in PYPROJECT
-
-
-def test_make_test_is_the_fast_loop_and_ci_runs_the_rest():
-    (test,) = _make_recipe("test")
-    assert '-m "not slow"' in test and "--durations=10" in test
-    assert any("-m slow" in line for line in _make_recipe("test-slow"))
-    ci = (ROOT / ".ci" / "run").read_text()
-    for target in ("make test\n", "make test-slow", "make lint", "make wheel-test"):
-        assert target in ci, target
-
-
-def test_rngtest_names_its_prerequisite_instead_of_installing_it():
-    recipe = "\n".join(_make_recipe("rngtest"))
-    assert "dieharder" in recipe and "apt-get install -y" not in recipe
+    assert done.returncode != 0
+    assert "needs the dieharder program: apt-get install dieharder" in done.stderr, done.stderr
+    assert "not found" not in done.stderr, done.stderr  # nothing else was tried
 
 
 def test_no_module_puts_the_working_directory_on_sys_path():
@@ -61,14 +94,10 @@ def test_no_module_puts_the_working_directory_on_sys_path():
         assert "sys.path.insert" not in path.read_text(), path
 
 
-def test_the_readme_is_a_five_minute_read():
-    lines = (ROOT / "README.md").read_text().splitlines()
-    assert 120 <= len(lines) <= 200, len(lines)
-    text = "\n".join(lines)
+def test_the_readme_carries_no_run_history():
+    text = (ROOT / "README.md").read_text()
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "dates belong in RESULTS.md"
     assert not re.search(r"\bat [0-9a-f]{7,40}\b", text), "no commit hashes"
-    for section in ("## Install", "## Quick start", "make demo", "make test"):
-        assert section in text, section
 
 
 def _module_imports(path: pathlib.Path, name: str) -> set[str]:

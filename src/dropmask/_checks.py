@@ -1,9 +1,16 @@
-"""Boundary checks: every public function validates its arguments here, before any work.
+"""The argument checks that several modules share, in one message style.
 
-One message style: ``"{caller}: {name} must be <expected>, got <given>. <fix>"``, where
-``caller`` is the public function or module the user called. Each check runs on static
-(trace-time) information only, so a bad call fails before anything is computed, also
-under ``jit``. The exception classes live in ``_errors``.
+Here live the checks more than one public function makes: a rate, a key, ``impl`` and
+``residual``, an array and its floating dtype, a shape, axes and ``broadcast_dims``, a
+static int, a boolean mask and its broadcasting, integer ids, ``lengths``, label
+ranges, a tuple of names. Each raises ``"{caller}: {name} must be <expected>, got
+<given>. <fix>"``, where ``caller`` is the public function or module the user called,
+and runs on static (trace-time) information only, so a bad call fails before anything
+is computed, also under ``jit``.
+
+A check that one module alone makes (a checkpoint's ``keep``, an example's fields, a
+command's flags) is written in that module, before its work; the exception classes,
+one base for all, live in ``_errors``.
 """
 
 from __future__ import annotations

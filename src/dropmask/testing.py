@@ -4,11 +4,12 @@ dropmask's public API hides how a keep-mask is made. Checking the generator (a
 statistical battery on its raw stream), timing it apart from applying the mask, or
 proving that a hand-written kernel draws the same mask needs the pieces underneath.
 This module names those pieces, as thin wrappers over the functions the library
-itself runs, so that a test or benchmark never imports a private ``dropmask._x``
-module and there is one implementation of each mask. It is not meant for models:
-its signatures follow the implementation and may change with it.
+itself runs, so that benchmarks and the generator's statistical and kernel checks
+need no private ``dropmask._x`` module and there is one implementation of each mask
+(the library's own unit tests may still test a private module directly). It is not
+meant for models: its signatures follow the implementation and may change with it.
 
-What the ``"fast"`` mask is made of (see the README's "The fast generator"):
+What the ``"fast"`` mask is made of (see docs/design.md, "The generator"):
 
 * :func:`key_words`: the four ``uint32`` Threefry key words drawn from a JAX key;
 * :func:`threefry4x32`: the Threefry-4x32-20 block function itself;

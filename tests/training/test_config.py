@@ -100,3 +100,37 @@ def test_a_missing_entry_is_named():
     del config["steps"]
     with pytest.raises(DropmaskValueError, match=r"config\.steps must be an int >= 1, got None"):
         check_config(config, **_RULES)
+
+
+def test_the_loops_entries_are_one_table():
+    """A new entry of the loop is one row: the config, the schedule and the lists follow."""
+    import dataclasses
+
+    from dropmask._workflow import _entries
+    from dropmask.training._loop import Schedule
+
+    names = [entry.name for entry in _entries.ENTRIES]
+    assert sorted(base_config()) == sorted(names)
+    scheduled = [entry.name for entry in _entries.SCHEDULE_ENTRIES]
+    assert [field.name for field in dataclasses.fields(Schedule)] == scheduled
+    schedule = Schedule.from_config(base_config())
+    assert {name: getattr(schedule, name) for name in scheduled} == {
+        entry.name: entry.default for entry in _entries.SCHEDULE_ENTRIES
+    }
+    assert set(_entries.PER_RUN_ENTRIES) | set(_entries.RUN_LENGTH_ENTRIES) <= set(names)
+
+
+@pytest.mark.parametrize(
+    ("entry", "value", "message"),
+    [
+        ("seed", 1.5, "config.seed must be an int, got 1.5"),
+        ("evaluate_at_checkpoints", 1, "config.evaluate_at_checkpoints must be a bool, got 1"),
+        ("checkpoint_every", -1, "config.checkpoint_every must be an int >= 0, got -1"),
+    ],
+)
+def test_the_schedule_refuses_an_entry_of_the_wrong_kind(entry, value, message):
+    from dropmask.training._loop import Schedule
+
+    config = ml_collections.ConfigDict({**base_config().to_dict(), entry: value})
+    with pytest.raises(DropmaskValueError, match=message):
+        Schedule.from_config(config)

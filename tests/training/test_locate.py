@@ -8,8 +8,9 @@ import sys
 import pytest
 
 from dropmask import DropmaskTypeError, DropmaskValueError, cli
+from dropmask._workflow import _locate, available, load_example, locate
+from dropmask._workflow._locate import checkout_examples
 from dropmask.training import Example
-from dropmask.training._locate import available, load_example, locate
 
 USER_EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "user_example"
 
@@ -56,6 +57,25 @@ def test_list_says_where_each_example_lives(capsys):
     assert cli.main(["audit", "--list"]) == 0
     out = capsys.readouterr().out
     assert "dropmask.examples.digits.train" in out and "examples/translate" in out
+
+
+def test_the_checkout_examples_are_those_of_the_editable_install_or_the_current_directory(
+    tmp_path, monkeypatch
+):
+    root = pathlib.Path(__file__).resolve().parents[2]
+
+    editable = {"url": root.as_uri(), "dir_info": {"editable": True}}
+    monkeypatch.setattr(_locate, "_direct_url", lambda: json.dumps(editable))
+    monkeypatch.chdir(tmp_path)
+    assert checkout_examples() == root / "examples"
+
+    wheel = {"url": (tmp_path / "dropmask.whl").as_uri(), "archive_info": {}}
+    monkeypatch.setattr(_locate, "_direct_url", lambda: json.dumps(wheel))
+    assert checkout_examples() is None
+    assert ("sst2", "source checkout only: examples/sst2") in [r[:2] for r in available()]
+    monkeypatch.chdir(root / "examples" / "translate")
+    assert checkout_examples() == root / "examples"
+    assert load_example("translate").name == "translate"
 
 
 @pytest.mark.parametrize(

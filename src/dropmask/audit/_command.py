@@ -26,8 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Prints the report; 0 when it is clean, 1 with findings or when the example's own
     code raised (its traceback, then one line), 2 for a bad target."""
-    from ..training._locate import listing
-    from ..training._user_code import ExampleCodeError, report, report_exception
+    from .._workflow import ExampleCodeError, listing, report, report_exception
     from ._target import audit_target, load_target
 
     if args.list:

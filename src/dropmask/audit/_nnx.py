@@ -23,7 +23,7 @@ from ._mode import nnx_mode
 from ._sites import Recorder, watch_attention
 
 if TYPE_CHECKING:
-    from ..training._nnx_state import NnxTrainState
+    from ..training import NnxTrainState
 
 __all__ = ["audit_nnx", "audit_nnx_model", "audit_nnx_step"]
 
@@ -197,7 +197,7 @@ def audit_nnx_step(
         not callable.
       DropmaskValueError: fewer than two batches.
     """
-    from ..training._nnx_state import NnxTrainState
+    from ..training import NnxTrainState
 
     if not isinstance(state, NnxTrainState):
         raise DropmaskTypeError(

@@ -10,6 +10,7 @@ from typing import Any
 from flax import nnx
 
 from .._errors import DropmaskTypeError, DropmaskValueError
+from .._workflow import Example, checked, locate, run_keys
 from ._audit_report import AuditReport
 from ._linen import audit_model, audit_step
 from ._nnx import audit_nnx_model, audit_nnx_step
@@ -71,7 +72,7 @@ def audit_target(target: AuditTarget) -> AuditReport:
             "an AuditTarget needs a model or a train_step to audit, got neither. Pass "
             "AuditTarget(model=..., variables=..., args=...) or train_step=, state=, batches=."
         )
-    from ..training._nnx_state import NnxTrainState
+    from ..training import NnxTrainState
 
     is_nnx = isinstance(target.model, nnx.Module) or isinstance(target.state, NnxTrainState)
     report = None
@@ -132,8 +133,7 @@ def target_from_example(
       DropmaskTypeError: ``example`` is not an ``Example``, or, with
         ``model_inputs``, its state's ``apply_fn`` is not a bound Linen ``apply``.
     """
-    from ..training._example import Example, run_keys
-    from ..training._nnx_state import NnxTrainState
+    from ..training import NnxTrainState
 
     if fn is not None:
         warnings.warn(
@@ -208,10 +208,6 @@ def load_target(target: str) -> AuditTarget:
       DropmaskValueError: the target cannot be found or imported.
       DropmaskTypeError: it names something else.
     """
-    from ..training._example import Example
-    from ..training._locate import locate
-    from ..training._user_code import checked
-
     found = locate(target, attributes=("example", "audit_target"))
     value = found.value
     if isinstance(value, Example):

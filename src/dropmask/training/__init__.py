@@ -17,6 +17,9 @@ stream's path in the model) each time it rebuilds the model.
 devices and processes; ``dropmask train NAME`` is the command over them.
 """
 
+from .._workflow import Example as Example
+from .._workflow import base_config as base_config
+from .._workflow import run_keys as run_keys
 from ._batches import epoch_batch as epoch_batch
 from ._batches import epoch_position as epoch_position
 from ._checkpoint import Checkpointer as Checkpointer
@@ -26,9 +29,6 @@ from ._errors import CheckpointError as CheckpointError
 from ._errors import DamagedCheckpointError as DamagedCheckpointError
 from ._errors import DataError as DataError
 from ._errors import NonFiniteLossError as NonFiniteLossError
-from ._example import Example as Example
-from ._example import base_config as base_config
-from ._example import run_keys as run_keys
 from ._keys import step_key as step_key
 from ._keys import step_rngs as step_rngs
 from ._keys import stream_id as stream_id

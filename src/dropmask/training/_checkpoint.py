@@ -14,6 +14,10 @@ saved that is not. Here those cases are checked first and orbax is told to write
 (``force=True``), its return value is checked, and the step's directory must exist
 once the write has finished. A checkpoint that cannot be read back raises
 :class:`DamagedCheckpointError` naming its path.
+
+orbax is imported by the methods that use it, not with this module: every example
+imports :mod:`dropmask.training`, and ``dropmask audit`` runs examples without
+writing a checkpoint.
 """
 
 from __future__ import annotations
@@ -28,32 +32,14 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
-from orbax.checkpoint import checkpoint_managers
 
 from .._errors import DropmaskValueError
+from .._workflow import RUN_LENGTH_ENTRIES
 from ._errors import CheckpointError, DamagedCheckpointError
 from ._serialization import keys_from_data, keys_to_data
 from ._serialization import leaf_dtype as _dtype
 
 __all__ = ["Checkpointer"]
-
-# Config entries that only say how long or how often a run does things, how or when
-# it is evaluated (mc_samples, evaluate_at_checkpoints) or how it reacts to a
-# non-finite loss; resuming with other values is how a run is extended, re-evaluated
-# or let past a bad batch, so they are not compared on restore.
-RUN_LENGTH_KEYS = frozenset(
-    {
-        "steps",
-        "log_every",
-        "eval_every",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "mc_samples",
-        "allow_nonfinite_loss",
-        "evaluate_at_checkpoints",
-    }
-)
 
 
 def _plain(value: Any) -> Any:
@@ -170,6 +156,9 @@ class Checkpointer:
                 f"Checkpointer: directory must be a directory, but {existing} is a file. "
                 f"Pass a directory path (it is created on the first save)."
             )
+        import orbax.checkpoint as ocp
+        from orbax.checkpoint import checkpoint_managers
+
         self.best_metric = best_metric
         self.best_mode = best_mode
         policies: list[Any] = [checkpoint_managers.LatestN(n=keep)]
@@ -279,6 +268,8 @@ class Checkpointer:
             "metrics": _plain(dict(metrics)) if metrics is not None else None,
         }
         items = {f"leaf{i:05d}": leaf for i, leaf in enumerate(jax.tree.leaves(data))}
+        import orbax.checkpoint as ocp
+
         replaced = self._move_aside(step) if step in steps else None
         try:
             # force=True: the checks above decide; orbax's own policy would decline
@@ -371,6 +362,8 @@ class Checkpointer:
           DamagedCheckpointError: its record cannot be read.
         """
         step = self._require(step)
+        import orbax.checkpoint as ocp
+
         restored = self._read(step, "record", ocp.args.JsonRestore())
         if not isinstance(restored, Mapping) or not {"step", "config", "leaves"} <= set(restored):
             raise self._damaged(step, f"its record is not a checkpoint record: {restored!r:.80}")
@@ -444,6 +437,8 @@ class Checkpointer:
             )
             for i, leaf in enumerate(leaves)
         }
+        import orbax.checkpoint as ocp
+
         restored = self._read(step, "state", ocp.args.StandardRestore(abstract))
         values = [restored[f"leaf{i:05d}"] for i in range(len(leaves))]
         state = keys_from_data(jax.tree.unflatten(treedef, values), impls)
@@ -461,6 +456,8 @@ class Checkpointer:
 
     def _read(self, step: int, item: str, args: Any) -> Any:
         """One item of checkpoint ``step``; any failure to read it means it is damaged."""
+        import orbax.checkpoint as ocp
+
         _drop_closed_loop_reports()
         try:
             return self._manager.restore(step, args=ocp.args.Composite(**{item: args}))[item]
@@ -496,7 +493,7 @@ class Checkpointer:
 
     @staticmethod
     def _check_config(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:
-        names = sorted((set(saved) | set(current)) - RUN_LENGTH_KEYS)
+        names = sorted((set(saved) | set(current)) - RUN_LENGTH_ENTRIES)
         for name in names:
             if saved.get(name, "<absent>") != current.get(name, "<absent>"):
                 raise CheckpointError(

@@ -2,8 +2,8 @@
 
 The target names a :class:`dropmask.training.Example`: a bundled example, a
 directory whose ``train.py`` defines ``example``, a ``.py`` file, or
-``package.module:attribute`` (:mod:`dropmask.training._locate`, which ``dropmask
-audit`` shares).
+``package.module:attribute`` (found by :func:`dropmask._workflow.locate`, as ``dropmask
+audit`` finds it).
 """
 
 from __future__ import annotations
@@ -99,10 +99,10 @@ def run(args: argparse.Namespace) -> int:
     it. Any other exception prints its traceback, then one line: raised in the
     user's code, where; else a bug in dropmask, to report.
     """
-    from ._user_code import ExampleCodeError, report, report_exception
+    from .._workflow import ExampleCodeError, report, report_exception
 
     if args.list:
-        from ._locate import listing
+        from .._workflow import listing
 
         print(listing())
         return 0
@@ -209,7 +209,7 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
         )
     if args.example is None:
         raise DropmaskValueError("give a TARGET to train, or --list to see them")
-    from ._user_code import load_checked
+    from .._workflow import load_checked
 
     example = load_checked(args.example)
     args.example_name = example.name

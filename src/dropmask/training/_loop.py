@@ -21,11 +21,11 @@ import ml_collections
 import numpy as np
 
 from .._errors import DropmaskValueError
+from .._workflow import SCHEDULE_ENTRIES, Example, run_keys
 from . import _summary, _uncertainty
 from ._checkpoint import Checkpointer
 from ._config import check_config
 from ._errors import CheckpointError, DamagedCheckpointError, NonFiniteLossError
-from ._example import Example, run_keys
 from ._logging import MetricsLog, require
 from ._parallel import make_mesh, replicate, shard_batch
 from ._rate_schedule import RateSchedule
@@ -36,7 +36,11 @@ __all__ = ["RunResult", "compare_rates", "train"]
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """The loop's config entries, checked once: when to log, evaluate and save."""
+    """The loop's config entries, checked once: when to log, evaluate and save.
+
+    Its fields are the table's scheduled entries (``SCHEDULE_ENTRIES``), which
+    :meth:`from_config` reads and checks.
+    """
 
     seed: int
     steps: int
@@ -49,30 +53,36 @@ class Schedule:
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> Schedule:
-        """Reads and validates the entries of :func:`base_config` from ``config``.
+        """Reads and validates the scheduled entries of :func:`base_config` from ``config``.
 
         Raises:
-          DropmaskValueError: an entry is missing, not an int, or below its minimum,
-            or ``allow_nonfinite_loss`` (optional, False when absent) or
-            ``evaluate_at_checkpoints`` (optional, True when absent) is not a bool.
+          DropmaskValueError: an int entry is missing, not an int, or below its
+            minimum, or a bool entry (optional, its default when absent) is not a bool.
         """
-        flags = {}
-        for name, absent in (("allow_nonfinite_loss", False), ("evaluate_at_checkpoints", True)):
-            flags[name] = config.get(name, absent)
-            if not isinstance(flags[name], bool):
-                raise DropmaskValueError(
-                    f"config.{name} must be a bool, got {flags[name]!r}. Set it with "
-                    f"--config.{name}=True or False."
-                )
-        seed = config.get("seed")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise DropmaskValueError(
-                f"config.seed must be an int, got {seed!r}. Set it with --config.seed=N."
-            )
-        least = dict(steps=1, log_every=1, eval_every=1, checkpoint_every=0, keep_checkpoints=1)
+        values: dict[str, Any] = {}
+        least: dict[str, int] = {}
+        for entry in SCHEDULE_ENTRIES:
+            if isinstance(entry.default, bool):
+                value = config.get(entry.name, entry.default)
+                if not isinstance(value, bool):
+                    raise DropmaskValueError(
+                        f"config.{entry.name} must be a bool, got {value!r}. Set it with "
+                        f"--config.{entry.name}=True or False."
+                    )
+                values[entry.name] = value
+            elif entry.at_least is None:
+                value = config.get(entry.name)
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise DropmaskValueError(
+                        f"config.{entry.name} must be an int, got {value!r}. Set it with "
+                        f"--config.{entry.name}=N."
+                    )
+                values[entry.name] = value
+            else:
+                least[entry.name] = entry.at_least
         check_config(config, at_least=least)
-        values: dict[str, Any] = {name: config.get(name) for name in least}
-        return cls(seed=seed, **flags, **values)
+        values.update((name, config.get(name)) for name in least)
+        return cls(**values)
 
     def saves(self, done: int) -> bool:
         """Whether a checkpoint is written after step ``done`` (always after the last)."""

@@ -14,7 +14,7 @@ import numpy as np
 from ._logging import read_metrics, require
 
 if TYPE_CHECKING:
-    from ._example import Example
+    from .._workflow import Example
     from ._result import RunResult
 
 __all__ = ["comparison_table", "run_table", "summarize_comparison", "write_run"]

@@ -21,7 +21,7 @@ from .._errors import DropmaskValueError
 from ._keys import stream_key
 
 if TYPE_CHECKING:
-    from ._example import Example
+    from .._workflow import Example
 
 __all__ = ["SPLIT", "check", "metrics"]
 

@@ -4,9 +4,9 @@ A target is, in the order tried:
 
 1. the name of a bundled example: ``digits`` and its Flax NNX twin ``digits_nnx``
    ship with the package (``dropmask.examples``); ``sst2``, ``seq2seq``,
-   ``translate`` and ``lm`` live in
-   a dropmask source checkout's ``examples/`` and are found there when dropmask is
-   imported from that checkout;
+   ``translate`` and ``lm`` live in a dropmask source checkout's ``examples/`` and
+   are found there when dropmask is installed from that checkout in editable mode
+   (``pip install -e``), or when the current directory is in the checkout;
 2. a path: a directory whose ``train.py`` defines ``example``, or a ``.py`` file
    that defines it. A directory is imported as a package under a private name, so
    its modules import each other relatively (``from . import models``) and never
@@ -23,7 +23,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.machinery
+import importlib.metadata
 import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -31,14 +33,25 @@ import shlex
 import sys
 import traceback
 import types
+import urllib.parse
+import urllib.request
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import DropmaskTypeError, DropmaskValueError
 from .._optional import EXTRAS, extra_for
+from ._example import Example
 
-__all__ = ["Located", "available", "is_library", "load_example", "locate"]
+__all__ = [
+    "Located",
+    "available",
+    "checkout_examples",
+    "is_library",
+    "listing",
+    "load_example",
+    "locate",
+]
 
 # name -> (where it lives, what it trains). The digits examples are modules of the package;
 # the others are directories of a source checkout's examples/.
@@ -49,7 +62,7 @@ _BUNDLED = {
 _SUMMARIES = {
     "digits": "an MLP on scikit-learn's 8x8 digits (the Flax dropout guide's workflow)",
     "digits_nnx": "the digits MLP written in Flax NNX (NnxTrainState, the same loop)",
-    "sst2": "a GRU sentence classifier with word dropout",
+    "sst2": "a bidirectional LSTM sentence classifier with word dropout",
     "seq2seq": "an LSTM encoder-decoder that learns addition",
     "translate": "a Transformer on generated English-German pairs",
     "lm": "a Flax NNX byte-level Transformer language model at context 1024",
@@ -73,12 +86,48 @@ class Located:
 
 
 def checkout_examples() -> pathlib.Path | None:
-    """``examples/`` of the source checkout dropmask is imported from, if any."""
-    root = pathlib.Path(__file__).resolve().parents[3]
-    examples = root / "examples"
-    if (root / "pyproject.toml").is_file() and (root / "src" / "dropmask").is_dir():
-        return examples if examples.is_dir() else None
+    """``examples/`` of the dropmask source checkout in use, if any.
+
+    That is the checkout dropmask is installed from in editable mode (its
+    ``direct_url.json``, PEP 610), else the current directory or the nearest directory
+    above it that is a dropmask checkout. A wheel installed outside a checkout has none.
+    """
+    cwd = pathlib.Path.cwd()
+    for root in (*_editable_source(), cwd, *cwd.parents):
+        if _is_checkout(root):
+            return root / "examples"
     return None
+
+
+def _editable_source() -> tuple[pathlib.Path, ...]:
+    """The directory dropmask is installed from with ``pip install -e``, if it is."""
+    try:
+        record = json.loads(_direct_url() or "{}")
+    except json.JSONDecodeError:
+        return ()
+    if not isinstance(record, dict) or not record.get("dir_info", {}).get("editable", False):
+        return ()
+    url = urllib.parse.urlparse(str(record.get("url", "")))
+    if url.scheme != "file":
+        return ()
+    return (pathlib.Path(urllib.request.url2pathname(url.path)),)
+
+
+def _direct_url() -> str | None:
+    """dropmask's installation record (PEP 610's ``direct_url.json``), if it has one."""
+    try:
+        return importlib.metadata.distribution("dropmask").read_text("direct_url.json")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _is_checkout(root: pathlib.Path) -> bool:
+    """Whether ``root`` is a dropmask source checkout with its examples."""
+    return (
+        (root / "pyproject.toml").is_file()
+        and (root / "src" / "dropmask" / "__init__.py").is_file()
+        and (root / "examples").is_dir()
+    )
 
 
 def available() -> list[tuple[str, str, str]]:
@@ -168,8 +217,6 @@ def load_example(target: str) -> Any:
       DropmaskValueError: nothing matches, or the import failed.
       DropmaskTypeError: the object found is not an ``Example``.
     """
-    from ._example import Example
-
     found = locate(target)
     if not isinstance(found.value, Example):
         raise DropmaskTypeError(
@@ -199,7 +246,7 @@ def _private_name(path: pathlib.Path) -> str:
     return f"_dropmask_target_{stem}_{zlib.crc32(str(path).encode()):08x}"
 
 
-_PACKAGE = pathlib.Path(__file__).resolve().parents[1]  # src/dropmask
+_PACKAGE = pathlib.Path(__file__).resolve().parents[1]  # the dropmask package
 
 
 def is_library(filename: str) -> bool:

@@ -1,9 +1,11 @@
-"""What an application provides to the shared training loop.
+"""What an application provides to the training loop and to the audit.
 
 An example (``examples/<name>/train.py``) builds one :class:`Example` and names it
 ``example``; ``dropmask train <name>`` and :func:`dropmask.training.train` do the rest
-(devices, checkpoints, resume, logging, plots, rate comparisons). The example writes
-only what is specific to it: config, data, model and optimizer, the steps, metrics.
+(devices, checkpoints, resume, logging, plots, rate comparisons), and ``dropmask audit
+<name>`` audits its model and train step from the same keys (:func:`run_keys`). The
+example writes only what is specific to it: config, data, model and optimizer, the
+steps, metrics.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from ._compile_cache import share_static_fields
+from ._entries import ENTRIES
 
 __all__ = ["Example", "base_config", "run_keys"]
 
@@ -42,25 +45,15 @@ def base_config() -> ml_collections.ConfigDict:
       ``optax.apply_if_finite``; a non-finite state is never saved either way) and
       ``evaluate_at_checkpoints`` (True: every checkpoint is also evaluated, so that
       any of them can be kept as the best; False: only at ``eval_every`` steps and
-      the last, for runs whose evaluation costs much of their time).
+      the last, for runs whose evaluation costs much of their time). Each is a row of
+      the one table of the loop's entries (``dropmask._workflow._entries``).
 
     Example:
       >>> config = base_config()
       >>> config.seed, config.keep_checkpoints
       (0, 3)
     """
-    config = ml_collections.ConfigDict()
-    config.seed = 0
-    config.steps = 1000
-    config.rate = 0.1
-    config.log_every = 50
-    config.eval_every = 200
-    config.checkpoint_every = 500
-    config.keep_checkpoints = 3
-    config.mc_samples = 0
-    config.allow_nonfinite_loss = False
-    config.evaluate_at_checkpoints = True
-    return config
+    return ml_collections.ConfigDict({entry.name: entry.default for entry in ENTRIES})
 
 
 def run_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:

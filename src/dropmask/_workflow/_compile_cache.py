@@ -26,22 +26,9 @@ import ml_collections
 import numpy as np
 
 from .._errors import DropmaskValueError
+from ._entries import PER_RUN_ENTRIES
 
-__all__ = ["PER_RUN_ENTRIES", "share_static_fields"]
-
-# Entries of base_config that vary per run but never shape the model or optimizer:
-# the seed feeds the keys (which are pytree leaves), the others only the loop.
-# ``steps`` is not among them: a learning-rate schedule may end at it.
-PER_RUN_ENTRIES = (
-    "seed",
-    "log_every",
-    "eval_every",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "mc_samples",
-    "allow_nonfinite_loss",
-    "evaluate_at_checkpoints",
-)
+__all__ = ["config_key", "share_static_fields"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,10 +34,16 @@ import numpy as np
 
 from .._errors import DropmaskError, DropmaskTypeError
 from ._example import Example
+from ._locate import is_library, locate
 
-__all__ = ["ExampleCodeError", "checked", "definition", "report", "report_exception"]
-
-_PACKAGE = pathlib.Path(__file__).resolve().parents[1]  # src/dropmask
+__all__ = [
+    "ExampleCodeError",
+    "checked",
+    "definition",
+    "load_checked",
+    "report",
+    "report_exception",
+]
 
 
 class ExampleCodeError(DropmaskError):
@@ -85,11 +91,9 @@ def definition(fn: Any) -> str | None:
 
 
 def _is_users(filename: str, roots: tuple[pathlib.Path, ...]) -> bool:
-    if filename.startswith("<") or "site-packages" in filename or "dist-packages" in filename:
+    if is_library(filename):
         return False
     path = pathlib.Path(filename).resolve()
-    if path.is_relative_to(_PACKAGE):
-        return False
     return any(path.is_relative_to(root) for root in roots)
 
 
@@ -282,7 +286,7 @@ def checked(example: Any, where: str, file: str | None = None) -> Example:
 
     Args:
       example: what the target named; must be an :class:`Example`.
-      where: the target as :func:`~dropmask.training._locate.locate` found it.
+      where: the target as :func:`~dropmask._workflow.locate` found it.
       file: the file that defines ``example``; the user's code is what lives in its
         directory (none when it is dropmask's own).
 
@@ -296,10 +300,8 @@ def checked(example: Any, where: str, file: str | None = None) -> Example:
         )
     _check_fields(example, _example_line(file))
     roots: tuple[pathlib.Path, ...] = ()
-    if file is not None:
-        directory = pathlib.Path(file).resolve().parent
-        if not directory.is_relative_to(_PACKAGE):
-            roots = (directory,)
+    if file is not None and not is_library(file):
+        roots = (pathlib.Path(file).resolve().parent,)
     hooks = {
         field.name: _Hook(getattr(example, field.name), field.name, roots)
         for field in dataclasses.fields(example)
@@ -338,8 +340,6 @@ def load_checked(target: str) -> Example:
       DropmaskValueError: nothing matches, or the import failed.
       DropmaskTypeError: it is not an ``Example``, or a field has the wrong type.
     """
-    from ._locate import locate
-
     found = locate(target)
     return checked(found.value, found.where, found.file)
 
@@ -351,8 +351,6 @@ def report_exception(command: str, error: BaseException) -> None:
     installed packages, e.g. in their model's ``__call__``), it is theirs to fix;
     otherwise it is a bug in dropmask, to report.
     """
-    from ._locate import is_library
-
     traceback.print_exception(error)
     frames = traceback.extract_tb(error.__traceback__)
     mine = [f for f in frames if not is_library(f.filename)]
