@@ -223,6 +223,33 @@ class Checkpointer:
           DropmaskValueError: ``step`` is not an int >= 0, or ``metrics`` lacks
             ``best_metric``.
         """
+        step, steps = self._check_save(step, metrics, overwrite)
+        not_saved = f"Checkpointer.save: step {step} was not saved in {self.directory}"
+        data, impls = keys_to_data(state)
+        if not allow_nonfinite:
+            bad = _nonfinite_paths(data)
+            if bad:
+                more = f" (and {len(bad) - 1} more leaves)" if len(bad) > 1 else ""
+                raise CheckpointError(
+                    f"{not_saved}: the state's leaf {bad[0]}{more} holds NaN or inf, and a "
+                    f"non-finite state is never saved. Resume from the last checkpoint with "
+                    f"a lower learning rate, or pass allow_nonfinite=True if the state "
+                    f"holds inf on purpose."
+                )
+        record = {
+            "step": step,
+            "key_impls": impls,
+            "leaves": _leaf_records(data),
+            "config": _plain(dict(config)),
+            "data_position": _plain(dict(data_position)),
+            "metrics": _plain(dict(metrics)) if metrics is not None else None,
+        }
+        self._write(step, steps, data, record, metrics)
+
+    def _check_save(
+        self, step: Any, metrics: Mapping[str, float] | None, overwrite: bool
+    ) -> tuple[int, list[int]]:
+        """``(step, existing steps)`` once ``save`` may write ``step``; raises otherwise."""
         if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
             raise DropmaskValueError(
                 f"Checkpointer.save: step must be an int >= 0 (train steps taken), got "
@@ -248,25 +275,19 @@ class Checkpointer:
                 f"checkpoints only move forward (keeping the latest would delete it at "
                 f"once). Save it in another directory, or save a step after {steps[-1]}."
             )
-        data, impls = keys_to_data(state)
-        if not allow_nonfinite:
-            bad = _nonfinite_paths(data)
-            if bad:
-                more = f" (and {len(bad) - 1} more leaves)" if len(bad) > 1 else ""
-                raise CheckpointError(
-                    f"{not_saved}: the state's leaf {bad[0]}{more} holds NaN or inf, and a "
-                    f"non-finite state is never saved. Resume from the last checkpoint with "
-                    f"a lower learning rate, or pass allow_nonfinite=True if the state "
-                    f"holds inf on purpose."
-                )
-        record = {
-            "step": step,
-            "key_impls": impls,
-            "leaves": _leaf_records(data),
-            "config": _plain(dict(config)),
-            "data_position": _plain(dict(data_position)),
-            "metrics": _plain(dict(metrics)) if metrics is not None else None,
-        }
+        return step, steps
+
+    def _write(
+        self,
+        step: int,
+        steps: list[int],
+        data: Any,
+        record: dict[str, Any],
+        metrics: Mapping[str, float] | None,
+    ) -> None:
+        """Writes checked checkpoint ``step`` through orbax and confirms it is on disk;
+        an existing ``step`` is moved aside first and put back if the write fails."""
+        not_saved = f"Checkpointer.save: step {step} was not saved in {self.directory}"
         items = {f"leaf{i:05d}": leaf for i, leaf in enumerate(jax.tree.leaves(data))}
         import orbax.checkpoint as ocp
 
