@@ -29,6 +29,7 @@ from ._checks import (
     check_lengths,
     check_rate,
     check_static_int,
+    check_window,
 )
 from ._dense_weights import attention_weights
 from ._dropout import dropout, flags_and_realised, scale_and_fill
@@ -610,17 +611,9 @@ def _window(window: Any, is_causal: bool) -> tuple[int | None, int | None]:
     """``(left, right)`` reach of a query (None = unbounded) from ``window`` and causality."""
     left = right = None
     if window is not None:
-        if isinstance(window, tuple | list):
-            if len(window) != 2:
-                raise DropmaskValueError(
-                    f"{_CALLER}: window must be an int or (left, right), got {window!r}. Pass "
-                    f"e.g. window=(128, 0) for causal local attention."
-                )
-            left, right = window
-        else:
-            left = right = window
-        left = check_static_int(left, name="window[0] (left)", caller=_CALLER)
-        right = check_static_int(right, name="window[1] (right)", caller=_CALLER)
+        left, right = check_window(
+            window, caller=_CALLER, fix=" Pass e.g. window=(128, 0) for causal local attention."
+        )
     if is_causal:
         right = 0 if right is None else min(right, 0)
     return left, right

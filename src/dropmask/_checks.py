@@ -2,11 +2,11 @@
 
 Here live the checks more than one public function makes: a rate, a key, ``impl`` and
 ``residual``, an array and its floating dtype, a shape, axes and ``broadcast_dims``, a
-static int, a boolean mask and its broadcasting, integer ids, ``lengths``, label
-ranges, a tuple of names. Each raises ``"{caller}: {name} must be <expected>, got
-<given>. <fix>"``, where ``caller`` is the public function or module the user called,
-and runs on static (trace-time) information only, so a bad call fails before anything
-is computed, also under ``jit``.
+static int, a sliding window, a boolean mask and its broadcasting, integer ids,
+``lengths``, label ranges, a tuple of names. Each raises ``"{caller}: {name} must be
+<expected>, got <given>. <fix>"``, where ``caller`` is the public function or module
+the user called, and runs on static (trace-time) information only, so a bad call fails
+before anything is computed, also under ``jit``.
 
 A check that one module alone makes (a checkpoint's ``keep``, an example's fields, a
 command's flags) is written in that module, before its work; the exception classes,
@@ -51,6 +51,7 @@ __all__ = [
     "check_rate",
     "check_shape",
     "check_static_int",
+    "check_window",
     "concrete_value",
     "is_concrete",
     "normalize_axes",
@@ -325,6 +326,22 @@ def check_static_int(value: Any, *, name: str, caller: str, minimum: int = 0) ->
     if value < minimum:
         raise DropmaskValueError(f"{caller}: {name} must be >= {minimum}, got {value}.")
     return int(value)
+
+
+def check_window(window: Any, *, caller: str, fix: str = "") -> tuple[int, int]:
+    """``(left, right)`` of a sliding window given as that pair or as one int for both;
+    ``fix`` ends the message of a pair of the wrong length."""
+    if isinstance(window, tuple | list):
+        if len(window) != 2:
+            raise DropmaskValueError(
+                f"{caller}: window must be an int or (left, right), got {window!r}.{fix}"
+            )
+        left, right = window
+    else:
+        left = right = window
+    left = check_static_int(left, name="window[0] (left)", caller=caller)
+    right = check_static_int(right, name="window[1] (right)", caller=caller)
+    return left, right
 
 
 def check_bool_mask(mask: Any, *, caller: str, name: str = "mask") -> jax.Array:

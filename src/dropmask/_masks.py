@@ -21,8 +21,9 @@ from ._checks import check_broadcastable as check_broadcastable
 from ._checks import check_integer as _check_integer
 from ._checks import check_lengths as check_lengths
 from ._checks import check_static_int as check_static_int
+from ._checks import check_window
 from ._checks import is_concrete as is_concrete
-from ._errors import DropmaskTypeError, DropmaskValueError, DtypeError, MaskShapeError
+from ._errors import DropmaskTypeError, DtypeError, MaskShapeError
 
 __all__ = [
     "attention_mask",
@@ -220,16 +221,7 @@ def sliding_window_mask(
       [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
     """
     caller = "sliding_window_mask"
-    if isinstance(window, tuple | list):
-        if len(window) != 2:
-            raise DropmaskValueError(
-                f"{caller}: window must be an int or (left, right), got {window!r}."
-            )
-        left, right = window
-    else:
-        left = right = window
-    left = check_static_int(left, name="window[0] (left)", caller=caller)
-    right = check_static_int(right, name="window[1] (right)", caller=caller)
+    left, right = check_window(window, caller=caller)
     rel = _relative_positions(q_len, kv_len, offset, caller)
     return (rel >= -left) & (rel <= right)
 
