@@ -310,32 +310,32 @@ class Bidirectional(nn.Module):
             caller="dropmask.linen.Bidirectional",
             pair=True,
         )
-        forward_carry, backward_carry = initial_carry or (None, None)
+        carries = initial_carry or (None, None)
         keys = (None, None) if init_key is None else tuple(jax.random.split(init_key))
         rngs = (None, None) if rng is None else tuple(jax.random.fold_in(rng, i) for i in (0, 1))
-        carry_f, out_f = self.forward_rnn(
-            inputs,
-            mask=mask,
-            lengths=lengths,
-            initial_carry=forward_carry,
-            init_key=keys[0],
-            reverse=False,
-            keep_order=False,
-            return_carry=True,
-            deterministic=deterministic,
-            rng=rngs[0],
-        )
-        carry_b, out_b = self.backward_rnn(
-            inputs,
-            mask=mask,
-            lengths=lengths,
-            initial_carry=backward_carry,
-            init_key=keys[1],
-            reverse=True,
-            keep_order=True,
-            return_carry=True,
-            deterministic=deterministic,
-            rng=rngs[1],
+        # The backward direction reverses each sequence and puts its outputs back in
+        # input order.
+        (carry_f, out_f), (carry_b, out_b) = (
+            rnn(
+                inputs,
+                mask=mask,
+                lengths=lengths,
+                initial_carry=carry,
+                init_key=key,
+                reverse=backward,
+                keep_order=backward,
+                return_carry=True,
+                deterministic=deterministic,
+                rng=direction_rng,
+            )
+            for rnn, carry, key, direction_rng, backward in zip(
+                (self.forward_rnn, self.backward_rnn),
+                carries,
+                keys,
+                rngs,
+                (False, True),
+                strict=True,
+            )
         )
         outputs = self.merge_fn(out_f, out_b)
         return ((carry_f, carry_b), outputs) if return_carry else outputs
