@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from . import _blockwise_attention as bw
 from ._checks import (
     check_bool_mask,
+    check_choice,
     check_floating,
     check_impl,
     check_integer,
@@ -668,10 +669,7 @@ def _choose_path(
     bias: bool,
 ) -> str:
     """``"dense"``, ``"blockwise"`` or ``"pallas"``; raises if ``algorithm`` cannot serve."""
-    if algorithm not in _ALGORITHMS:
-        raise DropmaskValueError(
-            f"{_CALLER}: algorithm must be one of {_ALGORITHMS}, got {algorithm!r}."
-        )
+    check_choice(algorithm, _ALGORITHMS, caller=_CALLER, name="algorithm")
     dense_only = []
     if impl == "flax":
         dense_only.append(

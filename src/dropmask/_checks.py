@@ -2,11 +2,12 @@
 
 Here live the checks more than one public function makes: a rate, a key, ``impl`` and
 ``residual``, an array and its floating dtype, a shape, axes and ``broadcast_dims``, a
-static int, a sliding window, a boolean mask and its broadcasting, integer ids,
-``lengths``, label ranges, a tuple of names. Each raises ``"{caller}: {name} must be
-<expected>, got <given>. <fix>"``, where ``caller`` is the public function or module
-the user called, and runs on static (trace-time) information only, so a bad call fails
-before anything is computed, also under ``jit``.
+static int, an int with a lower bound, one of a few choices, a sliding window, a
+boolean mask and its broadcasting, integer ids, ``lengths``, label ranges, a tuple of
+names. Each raises ``"{caller}: {name} must be <expected>, got <given>. <fix>"``,
+where ``caller`` is the public function or module the user called, and runs on static
+(trace-time) information only, so a bad call fails before anything is computed, also
+under ``jit``.
 
 A check that one module alone makes (a checkpoint's ``keep``, an example's fields, a
 command's flags) is written in that module, before its work; the exception classes,
@@ -41,8 +42,10 @@ __all__ = [
     "check_array",
     "check_bool_mask",
     "check_broadcastable",
+    "check_choice",
     "check_floating",
     "check_impl",
+    "check_int_at_least",
     "check_integer",
     "check_key",
     "check_label_range",
@@ -326,6 +329,24 @@ def check_static_int(value: Any, *, name: str, caller: str, minimum: int = 0) ->
     if value < minimum:
         raise DropmaskValueError(f"{caller}: {name} must be >= {minimum}, got {value}.")
     return int(value)
+
+
+def check_int_at_least(
+    value: Any, minimum: int, *, caller: str, name: str, why: str = "", fix: str = ""
+) -> int:
+    """``value`` as an int, unless it is no int (a bool is none) or is below ``minimum``;
+    ``why`` follows the bound in the message and ``fix`` ends it."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise DropmaskValueError(
+            f"{caller}: {name} must be an int >= {minimum}{why}, got {value!r}.{fix}"
+        )
+    return int(value)
+
+
+def check_choice(value: Any, choices: tuple[Any, ...], *, caller: str, name: str) -> None:
+    """Raises DropmaskValueError unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise DropmaskValueError(f"{caller}: {name} must be one of {choices}, got {value!r}.")
 
 
 def check_window(window: Any, *, caller: str, fix: str = "") -> tuple[int, int]:

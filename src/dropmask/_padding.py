@@ -19,6 +19,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from ._checks import check_choice
 from ._errors import DropmaskTypeError, DropmaskValueError
 from ._masks import check_static_int
 
@@ -41,8 +42,7 @@ Side = Literal["right", "left"]
 
 def _check_choice(value: Any, name: str, caller: str, *, allow_none: bool) -> None:
     choices: tuple[Any, ...] = ("right", "left") + ((None,) if allow_none else ())
-    if value not in choices:
-        raise DropmaskValueError(f"{caller}: {name} must be one of {choices}, got {value!r}.")
+    check_choice(value, choices, caller=caller, name=name)
 
 
 class _Layout:

@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._checks import check_int_at_least
 from .._errors import DropmaskValueError
 from .._workflow import RUN_LENGTH_ENTRIES
 from ._errors import CheckpointError, DamagedCheckpointError
@@ -250,12 +251,14 @@ class Checkpointer:
         self, step: Any, metrics: Mapping[str, float] | None, overwrite: bool
     ) -> tuple[int, list[int]]:
         """``(step, existing steps)`` once ``save`` may write ``step``; raises otherwise."""
-        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-            raise DropmaskValueError(
-                f"Checkpointer.save: step must be an int >= 0 (train steps taken), got "
-                f"{step!r}. Pass e.g. int(state.step)."
-            )
-        step = int(step)
+        step = check_int_at_least(
+            step,
+            0,
+            caller="Checkpointer.save",
+            name="step",
+            why=" (train steps taken)",
+            fix=" Pass e.g. int(state.step).",
+        )
         if self.best_metric is not None and metrics is not None and self.best_metric not in metrics:
             raise DropmaskValueError(
                 f"Checkpointer.save: metrics must hold best_metric {self.best_metric!r}, got "
