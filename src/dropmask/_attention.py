@@ -28,6 +28,7 @@ from ._checks import (
     check_integer,
     check_key,
     check_lengths,
+    check_one_key,
     check_rate,
     check_static_int,
     check_window,
@@ -327,11 +328,7 @@ def _validate(
         )
     if qk_attn_weights_einsum is not None and precision is not None:
         raise DropmaskValueError(f"{_CALLER}: precision and custom einsums are mutually exclusive.")
-    if key is not None and dropout_rng is not None:
-        raise DropmaskValueError(
-            f"{_CALLER}: pass the dropout key as key= or dropout_rng=, not both."
-        )
-    rng = key if key is not None else dropout_rng
+    rng = check_one_key(key, dropout_rng, caller=_CALLER)
     rate = check_rate(dropout_rate, caller=_CALLER, name="dropout_rate")
     check_impl(impl, caller=_CALLER)
     drops = not deterministic and rate != 0.0

@@ -1,13 +1,13 @@
 """The argument checks that several modules share, in one message style.
 
-Here live the checks more than one public function makes: a rate, a key, ``impl`` and
-``residual``, an array and its floating dtype, a shape, axes and ``broadcast_dims``, a
-static int, an int with a lower bound, one of a few choices, a sliding window, a
-boolean mask and its broadcasting, integer ids, ``lengths``, label ranges, a tuple of
-names. Each raises ``"{caller}: {name} must be <expected>, got <given>. <fix>"``,
-where ``caller`` is the public function or module the user called, and runs on static
-(trace-time) information only, so a bad call fails before anything is computed, also
-under ``jit``.
+Here live the checks more than one public function makes: a rate, a key (also one
+given under either of its two names), ``impl`` and ``residual``, an array and its
+floating dtype, a shape, axes and ``broadcast_dims``, a static int, an int with a lower
+bound, one of a few choices, a sliding window, a boolean mask and its broadcasting,
+integer ids, ``lengths``, label ranges, a tuple of names. Each raises ``"{caller}:
+{name} must be <expected>, got <given>. <fix>"``, where ``caller`` is the public
+function or module the user called, and runs on static (trace-time) information only,
+so a bad call fails before anything is computed, also under ``jit``.
 
 A check that one module alone makes (a checkpoint's ``keep``, an example's fields, a
 command's flags) is written in that module, before its work; the exception classes,
@@ -51,6 +51,7 @@ __all__ = [
     "check_label_range",
     "check_lengths",
     "check_names",
+    "check_one_key",
     "check_rate",
     "check_shape",
     "check_static_int",
@@ -185,6 +186,16 @@ def check_key(
         f"key), got {got}. {fix}, or a key split from yours: "
         f"main_key, dropout_key = jax.random.split(jax.random.key(0))."
     )
+
+
+def check_one_key(key: Any, dropout_rng: Any, *, caller: str) -> Any:
+    """The dropout key, given as ``key`` or as Flax's ``dropout_rng`` (None if neither);
+    giving both is an error."""
+    if key is not None and dropout_rng is not None:
+        raise DropmaskValueError(
+            f"{caller}: pass the dropout key as key= or dropout_rng=, not both."
+        )
+    return key if key is not None else dropout_rng
 
 
 def check_impl(impl: Any, *, caller: str | None = None) -> None:
