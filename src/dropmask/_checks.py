@@ -3,11 +3,11 @@
 Here live the checks more than one public function makes: a rate, a key (also one
 given under either of its two names), ``impl`` and ``residual``, an array and its
 floating dtype, a shape, axes and ``broadcast_dims``, a static int, an int with a lower
-bound, one of a few choices, a sliding window, a boolean mask and its broadcasting,
-integer ids, ``lengths``, label ranges, a tuple of names. Each raises ``"{caller}:
-{name} must be <expected>, got <given>. <fix>"``, where ``caller`` is the public
-function or module the user called, and runs on static (trace-time) information only,
-so a bad call fails before anything is computed, also under ``jit``.
+bound, a scalar, one of a few choices, a sliding window, a boolean mask and its
+broadcasting, integer ids, ``lengths``, label ranges, a tuple of names. Each raises
+``"{caller}: {name} must be <expected>, got <given>. <fix>"``, where ``caller`` is the
+public function or module the user called, and runs on static (trace-time) information
+only, so a bad call fails before anything is computed, also under ``jit``.
 
 A check that one module alone makes (a checkpoint's ``keep``, an example's fields, a
 command's flags) is written in that module, before its work; the exception classes,
@@ -53,6 +53,7 @@ __all__ = [
     "check_names",
     "check_one_key",
     "check_rate",
+    "check_scalar",
     "check_shape",
     "check_static_int",
     "check_window",
@@ -241,6 +242,19 @@ def check_floating(x: Any, *, caller: str, hint: str = "", allow_complex: bool =
         f"{caller} expects a {kind} array, got dtype {dtype}. "
         f"Cast it first, e.g. x.astype(jnp.float32){hint}."
     )
+
+
+def check_scalar(
+    value: Any,
+    *,
+    caller: str,
+    name: str,
+    fix: str = "",
+    error: type[Exception] = DropmaskTypeError,
+) -> None:
+    """Raises ``error`` unless ``value`` is 0-d; ``fix`` ends the message."""
+    if np.ndim(value) != 0:
+        raise error(f"{caller}: {name} must be a scalar, got shape {np.shape(value)}.{fix}")
 
 
 def check_shape(shape: Any, *, caller: str, name: str = "shape") -> tuple[int, ...]:

@@ -19,7 +19,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from ._checks import check_choice
+from ._checks import check_choice, check_scalar
 from ._errors import DropmaskTypeError, DropmaskValueError
 from ._masks import check_static_int
 
@@ -165,10 +165,7 @@ def _common_dtype(arrays: Sequence[np.ndarray]) -> np.dtype:
 
 
 def _check_pad_value(pad_value: Any, dtype: np.dtype, caller: str) -> None:
-    if np.ndim(pad_value) != 0:
-        raise DropmaskValueError(
-            f"{caller}: pad_value must be a scalar, got shape {np.shape(pad_value)}."
-        )
+    check_scalar(pad_value, caller=caller, name="pad_value", error=DropmaskValueError)
     value = np.asarray(pad_value)
     if value.dtype.kind not in _NUMERIC_KINDS:
         raise DropmaskTypeError(
