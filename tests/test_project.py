@@ -24,11 +24,18 @@ needs_make = pytest.mark.skipif(MAKE is None, reason="needs GNU make")
 
 
 def _make_dry_run(target: str) -> list[str]:
-    """The commands ``make TARGET`` would run, the virtualenv taken as installed."""
+    """The commands ``make TARGET`` would run, the virtualenv taken as installed.
+
+    Run from a make (as ``make test`` runs the suite), a nested make inherits its
+    parent's flags and prints "Entering directory" lines: those are dropped here.
+    """
     assert MAKE is not None
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     done = subprocess.run(
-        [MAKE, "-n", "-o", ".venv/.installed-dev", "-o", ".venv/.installed-bench", target],
+        [MAKE, "-n", "--no-print-directory", "-o", ".venv/.installed-dev"]
+        + ["-o", ".venv/.installed-bench", target],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         check=True,

@@ -14,13 +14,14 @@ Speed. One Threefry call serves 8 to 32 elements on CPU and CUDA GPUs: a word's
 keep-flags are computed once, bit-packed into a ``uint32`` (1 bit per element in
 memory), and unpacked inside the consumer's fusion. XLA:CPU would fuse the generator
 into the elementwise consumer and recompute it for every element, so there the packed
-words come out of a loop over a word's Threefry calls (XLA does not fuse across a
-loop, and the program holds one copy of the rounds instead of one per call, a quarter
-of the generator's ops at a rate of 0.1), or, when one call fills a word, out of a
-``lax.cond`` whose predicate XLA cannot fold. XLA:GPU's cost model keeps the generator
-in its own fusion unaided (seen on an H200 at 2**24 and 2**26 elements; at 2**16 it
-fused them, where recomputing is cheap), and a ``cond`` or a loop there costs a
-device-to-host sync per call or iteration.
+words come out of a ``lax.cond`` whose predicate XLA cannot fold, a computation of
+their own that XLA does not fuse across. (A loop over a word's Threefry calls would
+hold one copy of the rounds instead of one per call and halve the XLA compile time a
+site adds, but the forward+backward pass ran 1.9-2.0x ``x * c``'s time against
+1.5-1.7x: docs/dropout_speed.md.) XLA:GPU's cost model keeps the generator in its own
+fusion unaided (seen on an H200 at 2**24 and 2**26 elements; at 2**16 it fused them,
+where recomputing is cheap), and a ``cond`` there costs a device-to-host sync per
+call.
 Other backends compute each element's field directly, which needs no materialised
 words. All paths give identical masks.
 
@@ -97,19 +98,13 @@ def key_source(key: Any) -> jax.Array:
     return key_words(key)
 
 
-def _words(source: jax.Array, salt: Any = None) -> list[jax.Array]:
+def _words(source: jax.Array) -> list[jax.Array]:
     """The four key words from :func:`key_source` (or :func:`key_words`): the same words
-    as ``jax.random.bits(key, (4,), uint32)``.
-
-    ``salt`` (a traced zero) makes them depend on a loop's counter, so that XLA derives
-    them inside the loop's kernel: hoisted out, each of their uses would become a
-    separate small computation, each with its own copy of the hash.
-    """
+    as ``jax.random.bits(key, (4,), uint32)``, derived inside the generator's own
+    computation (in the CPU path's ``cond``)."""
     if source.shape == (4,):
         return [source[i] for i in range(4)]
     k = [source[0], source[1]]
-    if salt is not None:
-        k[0] = k[0] ^ salt
     if jax.config.values["jax_threefry_partitionable"]:
         hi, lo = threefry2x32(k, (jnp.zeros(4, _U32), lax.iota(_U32, 4)))
         words = hi ^ lo
@@ -231,19 +226,15 @@ def _coords(shape: tuple[int, ...], start: Sequence[Any]) -> list[jax.Array]:
     return coords
 
 
-def _packed_flags(
-    words: jax.Array, index: jax.Array, thr: Threshold, *, rolled: bool = False
-) -> jax.Array:
+def _packed_flags(words: jax.Array, index: jax.Array, thr: Threshold) -> jax.Array:
     """uint32 keep-flags, bit ``l`` for lane ``l``, of the words numbered ``index``.
 
     One ``jax.jit`` per threshold kind and shape: a mask's generator ops are traced once
     and enter every enclosing program, and every transformation of it, as one call (XLA
-    inlines it before fusing). ``rolled`` computes a word's Threefry calls in a loop
-    (see :func:`_rolled_flags`) instead of side by side.
+    inlines it before fusing).
     """
     value, static_value = _split_value(thr)
-    core = _rolled_flags if rolled and _Fields(thr.nbits).calls > 1 else _jitted_flags
-    return core(words, index, value, thr.nbits, thr.shift, static_value)
+    return _jitted_flags(words, index, value, thr.nbits, thr.shift, static_value)
 
 
 def _split_value(thr: Threshold) -> tuple[Any, int | None]:
@@ -284,42 +275,6 @@ def _jitted_flags(
         outputs = threefry4x32((index, _U32(j), zero, zero), key)
         packed = _call_lanes(packed, outputs, j, fields, thr)
     return packed
-
-
-@functools.partial(jax.jit, static_argnums=(3, 4, 5))
-def _rolled_flags(
-    words: jax.Array,
-    index: jax.Array,
-    value: jax.Array | None,
-    nbits: int,
-    shift: int,
-    static_value: int | None,
-) -> jax.Array:
-    """:func:`_jitted_flags` with a word's Threefry calls as the iterations of one loop.
-
-    Compile time: a program then holds one copy of the 20 Threefry rounds per mask, not
-    one per call (4 for a rate such as 0.1, 8 for a run-time rate), so XLA's passes see
-    about a quarter of the ops. Run time: each iteration reads and writes only the
-    packed words (1 bit per element), and the loop's output is a buffer of its own, so
-    the words are never fused into, and recomputed by, their consumer.
-    """
-    thr = Threshold(nbits, shift, static_value if value is None else value, None)
-    fields = _Fields(thr.nbits)
-    zero = jnp.zeros((), _U32)
-
-    def call(j: jax.Array, packed: jax.Array) -> jax.Array:
-        # j >> 31 is 0 (j < calls); it keeps the key words' derivation in the loop.
-        key = _words(words, salt=j >> _U32(31))
-        outputs = threefry4x32((index, j, zero, zero), key)
-        return _call_lanes(packed, outputs, j, fields, thr)
-
-    return lax.fori_loop(_U32(0), _U32(fields.calls), call, _zeros_like(index))
-
-
-def _zeros_like(x: jax.Array) -> jax.Array:
-    """Zeros of ``x``'s shape and dtype that vary over the same ``shard_map`` mesh axes, so
-    that a loop carry or a ``cond`` branch agrees with computations on ``x``."""
-    return _varying_zeros(jax.typeof(x))
 
 
 def _varying_zeros(aval: Any) -> jax.Array:
@@ -366,8 +321,7 @@ def keep_from_words(
     ``thr.realised``; within ``block``'s global mask when given.
 
     ``path`` picks how it is computed; all give the same mask. ``"packed"``: packed
-    words kept out of the consumer's fusion (a word's Threefry calls in a loop, or a
-    single call inside a ``lax.cond``); ``"packed_inline"``:
+    words kept out of the consumer's fusion inside a ``lax.cond``; ``"packed_inline"``:
     packed words as plain ops; ``"per_element"``: one Threefry call per element. None
     means the fastest measured per backend: packed on CPU, packed_inline on CUDA,
     per_element elsewhere (the default backend's, when the mask is traced). The packed
@@ -394,12 +348,9 @@ def keep_from_words(
 
         def flags() -> jax.Array:
             index = _row_major(_coords(word_shape, word_start), global_word_shape)
-            return _packed_flags(words, index, thr, rolled=materialise)
+            return _packed_flags(words, index, thr)
 
-        # A word drawn in several Threefry calls comes out of a loop, which XLA already
-        # keeps out of the consumer's fusion; a single call needs the ``cond``.
-        rolled = materialise and _Fields(thr.nbits).calls > 1
-        packed = _materialised(flags) if materialise and not rolled else flags()
+        packed = _materialised(flags) if materialise else flags()
         return _unpack(checkpoint_name(packed, MASK_NAME), shape, axis, lane0)
 
     def per_element_path() -> jax.Array:

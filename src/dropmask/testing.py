@@ -60,9 +60,8 @@ MASK_NAME = _fast_mask.MASK_NAME
 ``jax.checkpoint`` policies (``"dropout_mask"``)."""
 
 PATHS = _fast_mask.PATHS
-"""The ways of computing the ``"fast"`` mask: ``"packed"`` (words kept out of the
-consumer's fusion by a loop over a word's Threefry calls or a ``lax.cond``, the CPU
-default), ``"packed_inline"`` (the CUDA default) and
+"""The ways of computing the ``"fast"`` mask: ``"packed"`` (words materialised inside a
+``lax.cond``, the CPU default), ``"packed_inline"`` (the CUDA default) and
 ``"per_element"`` (elsewhere). All give the same mask."""
 
 
