@@ -22,13 +22,16 @@ import jax.numpy as jnp
 from . import _blockwise_attention as bw
 from ._checks import (
     check_bool_mask,
+    check_choice,
     check_floating,
     check_impl,
     check_integer,
     check_key,
     check_lengths,
+    check_one_key,
     check_rate,
     check_static_int,
+    check_window,
 )
 from ._dense_weights import attention_weights
 from ._dropout import dropout, flags_and_realised, scale_and_fill
@@ -230,6 +233,94 @@ def dot_product_attention(
       ...                                block_k=1)[0, :, 0, 0].tolist()
       [1.0, 1.0]
     """
+    c = _validate(
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        dropout_rate=dropout_rate,
+        key=key,
+        dropout_rng=dropout_rng,
+        deterministic=deterministic,
+        is_causal=is_causal,
+        window=window,
+        kv_lengths=kv_lengths,
+        kv_mask=kv_mask,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        dtype=dtype,
+        precision=precision,
+        einsums=(qk_attn_weights_einsum, attn_weights_value_einsum),
+        impl=impl,
+    )
+    path = _choose_path(
+        algorithm,
+        impl,
+        module,
+        qk_attn_weights_einsum is not None,
+        c.q_len * c.kv_len >= AUTO_BLOCKWISE_SCORES[min(max(c.dtype.itemsize, 2), 4)],
+        bias=bias is not None,
+    )
+    if path == "pallas":
+        sizes = _pallas_block_sizes(block_q, block_k, c.q_len, c.kv_len)
+    else:
+        sizes = _block_sizes(block_q, block_k, c.q_len, c.kv_len)
+    if path == "dense":
+        einsums = (qk_attn_weights_einsum, attn_weights_value_einsum)
+        return _run_dense(c, dropout_rate, broadcast_dropout, precision, impl, module, einsums)
+    return _run_tiled(c, path, sizes, dropout_rate, broadcast_dropout, precision)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """One call's checked arguments: arrays in their final form, and the shapes."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    dtype: Any
+    rng: Any
+    rate: Any
+    drops: bool
+    batch: tuple[int, ...]
+    kv_heads: int
+    groups: int
+    q_len: int
+    kv_len: int
+    logits_shape: tuple[int, ...]
+    mask: Any
+    bias: Any
+    span: tuple[int | None, int | None]
+    kv_valid: Any
+    q_seg: Any
+    kv_seg: Any
+
+
+def _validate(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any,
+    bias: Any,
+    dropout_rate: Any,
+    key: Any,
+    dropout_rng: Any,
+    deterministic: bool,
+    is_causal: bool,
+    window: Any,
+    kv_lengths: Any,
+    kv_mask: Any,
+    q_segment_ids: Any,
+    kv_segment_ids: Any,
+    dtype: Any,
+    precision: Any,
+    einsums: tuple[Any, Any],
+    impl: Any,
+) -> _Checked:
+    """Every check of :func:`dot_product_attention`, in order, before any work."""
+    qk_attn_weights_einsum, attn_weights_value_einsum = einsums
     if (qk_attn_weights_einsum is None) != (attn_weights_value_einsum is None):
         raise DropmaskValueError(
             f"{_CALLER}: qk_attn_weights_einsum and attn_weights_value_einsum must be given "
@@ -237,11 +328,7 @@ def dot_product_attention(
         )
     if qk_attn_weights_einsum is not None and precision is not None:
         raise DropmaskValueError(f"{_CALLER}: precision and custom einsums are mutually exclusive.")
-    if key is not None and dropout_rng is not None:
-        raise DropmaskValueError(
-            f"{_CALLER}: pass the dropout key as key= or dropout_rng=, not both."
-        )
-    rng = key if key is not None else dropout_rng
+    rng = check_one_key(key, dropout_rng, caller=_CALLER)
     rate = check_rate(dropout_rate, caller=_CALLER, name="dropout_rate")
     check_impl(impl, caller=_CALLER)
     drops = not deterministic and rate != 0.0
@@ -278,103 +365,133 @@ def dot_product_attention(
     span = _window(window, is_causal)
     kv_valid = _kv_valid(kv_lengths, kv_mask, batch, kv_len)
     q_seg, kv_seg = _segments(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
-    path = _choose_path(
-        algorithm,
-        impl,
-        module,
-        qk_attn_weights_einsum is not None,
-        q_len * kv_len >= AUTO_BLOCKWISE_SCORES[min(max(dtype.itemsize, 2), 4)],
-        bias=bias is not None,
-    )
-    if path == "pallas":
-        sizes = _pallas_block_sizes(block_q, block_k, q_len, kv_len)
-    else:
-        sizes = _block_sizes(block_q, block_k, q_len, kv_len)
-
-    if path == "dense":
-        spec = _Dense(
-            dtype=dtype,
-            kv_heads=kv_heads,
-            groups=groups,
-            precision=precision,
-            logits_shape=logits_shape,
-            span=span,
-            broadcast_dropout=broadcast_dropout,
-            drops=drops,
-            impl=impl,
-            rate=None if drops and isinstance(dropout_rate, jax.Array) else rate,
-        )
-        run_time_rate = dropout_rate if drops and isinstance(dropout_rate, jax.Array) else None
-        arrays = (q, k, v, m, kv_valid, q_seg, kv_seg, bias, rng if drops else None)
-        if module is None and qk_attn_weights_einsum is None:
-            # One jitted computation per static spec: a model's layers of one shape
-            # trace it (and its derivative rules) once, not once per layer.
-            return _dense_jit(spec, None, *arrays, run_time_rate)
-        einsums = (qk_attn_weights_einsum, attn_weights_value_einsum)
-        return _dense(spec, (module, einsums), *arrays, run_time_rate)
-
-    # Non-finite entries are zeroed before the einsums (whose backward multiplies by
-    # every key and query, masked or not) and recorded per position instead.
-    q, k, v, bad_q, bad_k, bad_v = _prepared(q, k, v, dtype)
-    # As in dropout: a Python number is a compile-time rate, a JAX scalar (even a
-    # concrete one) a run-time value, so every path draws with the same threshold.
-    keep = probability(dropout_rate, rate, keep=True, caller=_CALLER) if drops else None
-    static_keep = keep if isinstance(keep, float) else None
-    plan = bw.Plan(
+    return _Checked(
+        q=q,
+        k=k,
+        v=v,
+        dtype=dtype,
+        rng=rng,
+        rate=rate,
+        drops=drops,
         batch=batch,
         kv_heads=kv_heads,
         groups=groups,
         q_len=q_len,
         kv_len=kv_len,
+        logits_shape=logits_shape,
+        mask=m,
+        bias=bias,
+        span=span,
+        kv_valid=kv_valid,
+        q_seg=q_seg,
+        kv_seg=kv_seg,
+    )
+
+
+def _run_dense(
+    c: _Checked,
+    dropout_rate: Any,
+    broadcast_dropout: bool,
+    precision: Any,
+    impl: Impl,
+    module: Any,
+    einsums: tuple[Any, Any],
+) -> jax.Array:
+    """The dense path for a checked call: through one jitted computation when it can."""
+    spec = _Dense(
+        dtype=c.dtype,
+        kv_heads=c.kv_heads,
+        groups=c.groups,
+        precision=precision,
+        logits_shape=c.logits_shape,
+        span=c.span,
+        broadcast_dropout=broadcast_dropout,
+        drops=c.drops,
+        impl=impl,
+        rate=None if c.drops and isinstance(dropout_rate, jax.Array) else c.rate,
+    )
+    run_time_rate = dropout_rate if c.drops and isinstance(dropout_rate, jax.Array) else None
+    rng = c.rng if c.drops else None
+    arrays = (c.q, c.k, c.v, c.mask, c.kv_valid, c.q_seg, c.kv_seg, c.bias, rng)
+    if module is None and einsums[0] is None:
+        # One jitted computation per static spec: a model's layers of one shape
+        # trace it (and its derivative rules) once, not once per layer.
+        return _dense_jit(spec, None, *arrays, run_time_rate)
+    return _dense(spec, (module, einsums), *arrays, run_time_rate)
+
+
+def _run_tiled(
+    c: _Checked,
+    path: str,
+    sizes: tuple[int, int],
+    dropout_rate: Any,
+    broadcast_dropout: bool,
+    precision: Any,
+) -> jax.Array:
+    """The blockwise or Pallas path for a checked call."""
+    # Non-finite entries are zeroed before the einsums (whose backward multiplies by
+    # every key and query, masked or not) and recorded per position instead.
+    q, k, v, bad_q, bad_k, bad_v = _prepared(c.q, c.k, c.v, c.dtype)
+    # As in dropout: a Python number is a compile-time rate, a JAX scalar (even a
+    # concrete one) a run-time value, so every path draws with the same threshold.
+    keep = probability(dropout_rate, c.rate, keep=True, caller=_CALLER) if c.drops else None
+    static_keep = keep if isinstance(keep, float) else None
+    plan = bw.Plan(
+        batch=c.batch,
+        kv_heads=c.kv_heads,
+        groups=c.groups,
+        q_len=c.q_len,
+        kv_len=c.kv_len,
         block_q=sizes[0],
         block_k=sizes[1],
-        left=span[0],
-        right=span[1],
+        left=c.span[0],
+        right=c.span[1],
         keep=static_keep,
-        dropout=drops,
+        dropout=c.drops,
         broadcast_dropout=broadcast_dropout,
         precision=precision,
-        accumulate=compute_dtype(dtype),
+        accumulate=compute_dtype(c.dtype),
     )
+    run_keep = None if static_keep is not None else keep
     if path == "pallas":
         # Imported here: jax.experimental.pallas loads only for the path that runs it.
         from . import _pallas_attention as pa
 
         kernel = pa.Kernel(
             plan,
-            segments=q_seg is not None,
+            segments=c.q_seg is not None,
             interpret=jax.default_backend() != "gpu",
-            run_time_bits=pa.run_time_bits() if drops and static_keep is None else None,
-            mask_dims=None if m is None else pa.mask_dims(m, batch),
+            run_time_bits=pa.run_time_bits() if c.drops and static_keep is None else None,
+            mask_dims=None if c.mask is None else pa.mask_dims(c.mask, c.batch),
         )
         out, tainted = pa.pallas_attention(
             kernel,
             q,
             k,
             v,
-            kv_valid=kv_valid,
-            q_segments=q_seg,
-            kv_segments=kv_seg,
+            kv_valid=c.kv_valid,
+            q_segments=c.q_seg,
+            kv_segments=c.kv_seg,
             bad_q=bad_q,
             bad_kv=bad_k | bad_v,
-            key=rng,
-            run_time_keep=None if static_keep is not None else keep,
-            mask=m,
+            key=c.rng,
+            run_time_keep=run_keep,
+            mask=c.mask,
         )
         return _poison(out, q, tainted)
 
+    bias = c.bias
     side = bw.make_side(
         plan,
-        kv_valid=kv_valid,
-        q_segments=q_seg,
-        kv_segments=kv_seg,
-        mask=m,
-        bias=None if bias is None else _rank(jnp.asarray(bias), len(logits_shape)),
+        kv_valid=c.kv_valid,
+        q_segments=c.q_seg,
+        kv_segments=c.kv_seg,
+        mask=c.mask,
+        bias=None if bias is None else _rank(jnp.asarray(bias), len(c.logits_shape)),
         bad_q=bad_q,
         bad_kv=bad_k | bad_v,
     )
-    run_keep = None if static_keep is not None else keep
-    out, tainted = bw.blockwise_attention(plan, q, k, v, side, bw.Dropout(rng, run_keep))
+    out, tainted = bw.blockwise_attention(plan, q, k, v, side, bw.Dropout(c.rng, run_keep))
     return _poison(out, q, tainted)
 
 
@@ -492,17 +609,9 @@ def _window(window: Any, is_causal: bool) -> tuple[int | None, int | None]:
     """``(left, right)`` reach of a query (None = unbounded) from ``window`` and causality."""
     left = right = None
     if window is not None:
-        if isinstance(window, tuple | list):
-            if len(window) != 2:
-                raise DropmaskValueError(
-                    f"{_CALLER}: window must be an int or (left, right), got {window!r}. Pass "
-                    f"e.g. window=(128, 0) for causal local attention."
-                )
-            left, right = window
-        else:
-            left = right = window
-        left = check_static_int(left, name="window[0] (left)", caller=_CALLER)
-        right = check_static_int(right, name="window[1] (right)", caller=_CALLER)
+        left, right = check_window(
+            window, caller=_CALLER, fix=" Pass e.g. window=(128, 0) for causal local attention."
+        )
     if is_causal:
         right = 0 if right is None else min(right, 0)
     return left, right
@@ -557,10 +666,7 @@ def _choose_path(
     bias: bool,
 ) -> str:
     """``"dense"``, ``"blockwise"`` or ``"pallas"``; raises if ``algorithm`` cannot serve."""
-    if algorithm not in _ALGORITHMS:
-        raise DropmaskValueError(
-            f"{_CALLER}: algorithm must be one of {_ALGORITHMS}, got {algorithm!r}."
-        )
+    check_choice(algorithm, _ALGORITHMS, caller=_CALLER, name="algorithm")
     dense_only = []
     if impl == "flax":
         dense_only.append(

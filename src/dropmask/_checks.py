@@ -1,12 +1,13 @@
 """The argument checks that several modules share, in one message style.
 
-Here live the checks more than one public function makes: a rate, a key, ``impl`` and
-``residual``, an array and its floating dtype, a shape, axes and ``broadcast_dims``, a
-static int, a boolean mask and its broadcasting, integer ids, ``lengths``, label
-ranges, a tuple of names. Each raises ``"{caller}: {name} must be <expected>, got
-<given>. <fix>"``, where ``caller`` is the public function or module the user called,
-and runs on static (trace-time) information only, so a bad call fails before anything
-is computed, also under ``jit``.
+Here live the checks more than one public function makes: a rate, a key (also one
+given under either of its two names), ``impl`` and ``residual``, an array and its
+floating dtype, a shape, axes and ``broadcast_dims``, a static int, an int with a lower
+bound, a scalar, one of a few choices, a sliding window, a boolean mask and its
+broadcasting, integer ids, ``lengths``, label ranges, a tuple of names. Each raises
+``"{caller}: {name} must be <expected>, got <given>. <fix>"``, where ``caller`` is the
+public function or module the user called, and runs on static (trace-time) information
+only, so a bad call fails before anything is computed, also under ``jit``.
 
 A check that one module alone makes (a checkpoint's ``keep``, an example's fields, a
 command's flags) is written in that module, before its work; the exception classes,
@@ -41,16 +42,21 @@ __all__ = [
     "check_array",
     "check_bool_mask",
     "check_broadcastable",
+    "check_choice",
     "check_floating",
     "check_impl",
+    "check_int_at_least",
     "check_integer",
     "check_key",
     "check_label_range",
     "check_lengths",
     "check_names",
+    "check_one_key",
     "check_rate",
+    "check_scalar",
     "check_shape",
     "check_static_int",
+    "check_window",
     "concrete_value",
     "is_concrete",
     "normalize_axes",
@@ -183,6 +189,16 @@ def check_key(
     )
 
 
+def check_one_key(key: Any, dropout_rng: Any, *, caller: str) -> Any:
+    """The dropout key, given as ``key`` or as Flax's ``dropout_rng`` (None if neither);
+    giving both is an error."""
+    if key is not None and dropout_rng is not None:
+        raise DropmaskValueError(
+            f"{caller}: pass the dropout key as key= or dropout_rng=, not both."
+        )
+    return key if key is not None else dropout_rng
+
+
 def check_impl(impl: Any, *, caller: str | None = None) -> None:
     """Raises DropmaskValueError unless ``impl`` names a mask generator."""
     impls = ("fast", "flax")
@@ -226,6 +242,19 @@ def check_floating(x: Any, *, caller: str, hint: str = "", allow_complex: bool =
         f"{caller} expects a {kind} array, got dtype {dtype}. "
         f"Cast it first, e.g. x.astype(jnp.float32){hint}."
     )
+
+
+def check_scalar(
+    value: Any,
+    *,
+    caller: str,
+    name: str,
+    fix: str = "",
+    error: type[Exception] = DropmaskTypeError,
+) -> None:
+    """Raises ``error`` unless ``value`` is 0-d; ``fix`` ends the message."""
+    if np.ndim(value) != 0:
+        raise error(f"{caller}: {name} must be a scalar, got shape {np.shape(value)}.{fix}")
 
 
 def check_shape(shape: Any, *, caller: str, name: str = "shape") -> tuple[int, ...]:
@@ -325,6 +354,40 @@ def check_static_int(value: Any, *, name: str, caller: str, minimum: int = 0) ->
     if value < minimum:
         raise DropmaskValueError(f"{caller}: {name} must be >= {minimum}, got {value}.")
     return int(value)
+
+
+def check_int_at_least(
+    value: Any, minimum: int, *, caller: str, name: str, why: str = "", fix: str = ""
+) -> int:
+    """``value`` as an int, unless it is no int (a bool is none) or is below ``minimum``;
+    ``why`` follows the bound in the message and ``fix`` ends it."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise DropmaskValueError(
+            f"{caller}: {name} must be an int >= {minimum}{why}, got {value!r}.{fix}"
+        )
+    return int(value)
+
+
+def check_choice(value: Any, choices: tuple[Any, ...], *, caller: str, name: str) -> None:
+    """Raises DropmaskValueError unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise DropmaskValueError(f"{caller}: {name} must be one of {choices}, got {value!r}.")
+
+
+def check_window(window: Any, *, caller: str, fix: str = "") -> tuple[int, int]:
+    """``(left, right)`` of a sliding window given as that pair or as one int for both;
+    ``fix`` ends the message of a pair of the wrong length."""
+    if isinstance(window, tuple | list):
+        if len(window) != 2:
+            raise DropmaskValueError(
+                f"{caller}: window must be an int or (left, right), got {window!r}.{fix}"
+            )
+        left, right = window
+    else:
+        left = right = window
+    left = check_static_int(left, name="window[0] (left)", caller=caller)
+    right = check_static_int(right, name="window[1] (right)", caller=caller)
+    return left, right
 
 
 def check_bool_mask(mask: Any, *, caller: str, name: str = "mask") -> jax.Array:

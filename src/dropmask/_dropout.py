@@ -299,6 +299,23 @@ def apply_dropout(
         offset=offset,
         residual=residual,
     )
+    return _masked(call, rate, key, deterministic, impl, residual, caller, combine=None)
+
+
+def _masked(
+    call: _Call,
+    rate: Any,
+    key: Any,
+    deterministic: bool,
+    impl: Any,
+    residual: Any,
+    caller: str,
+    *,
+    combine: Callable[..., jax.Array] | None,
+) -> jax.Array:
+    """A checked call's output: ``x`` as is in evaluation or at rate 0, zeros at rate 1,
+    else ``combine(x, keep-mask, ...)`` over the call's mask shape (None: dropout's own,
+    Flax's select for ``impl="flax"`` at a compile-time rate)."""
     x = call.x
     if deterministic or call.value == 0.0:
         return x
@@ -306,7 +323,8 @@ def apply_dropout(
         return jnp.zeros_like(x)
     p = probability(rate, call.value, keep=True, caller=caller)
     bshape = mask_shape(x.shape, call.axes)
-    combine = _flax_select if impl == "flax" and isinstance(p, float) else _select_scaled
+    if combine is None:
+        combine = _flax_select if impl == "flax" and isinstance(p, float) else _select_scaled
     return draw(key, bshape, p, impl, combine, x, call.block, residual=residual, caller=caller)
 
 
@@ -640,13 +658,4 @@ def apply_alpha_dropout(
         offset=offset,
         residual=residual,
     )
-    x = call.x
-    if deterministic or call.value == 0.0:
-        return x
-    if call.value == 1.0:
-        return jnp.zeros_like(x)
-    p = probability(rate, call.value, keep=True, caller=caller)
-    bshape = mask_shape(x.shape, call.axes)
-    return draw(
-        key, bshape, p, impl, _alpha_affine, x, call.block, residual=residual, caller=caller
-    )
+    return _masked(call, rate, key, deterministic, impl, residual, caller, combine=_alpha_affine)

@@ -6,16 +6,18 @@ one base without importing each other.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import flax.errors
 import flax.linen as nn
+import jax
 
-from . import _dropout
+from . import _dropout, _layer_specs
 from ._checks import check_key
 from ._errors import MissingKeyError
 
-__all__ = ["MissingStreamError", "Stochastic"]
+__all__ = ["MissingStreamError", "Sharded", "Stochastic"]
 
 
 class MissingStreamError(MissingKeyError, flax.errors.InvalidRngError):
@@ -64,3 +66,32 @@ class Stochastic(nn.Module):
             except MissingKeyError as err:
                 raise MissingStreamError(f'{self.name} needs PRNG for "{stream}". {err}') from None
         return det, self.make_rng(stream)
+
+
+class Sharded(Stochastic):
+    """A stochastic layer that can draw its block of a global mask inside ``shard_map``.
+
+    A layer sets ``_spec``, its kind (:mod:`dropmask._layer_specs`), and declares its
+    fields, ``shard_spec`` among them; the call is the same for every kind.
+    """
+
+    _spec: ClassVar[_layer_specs.Spec]
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs: jax.Array,
+        deterministic: bool | None = None,
+        rng: Any = None,
+        *,
+        global_shape: Sequence[int] | None = None,
+        offset: Sequence[Any] | None = None,
+    ) -> jax.Array:
+        """Applies the layer to ``inputs`` (shapes as in the layer's docstring).
+
+        ``global_shape`` / ``offset``: this call's block of a global array, as in
+        :func:`dropmask.dropout` (instead of ``shard_spec``).
+        """
+        return _layer_specs.apply(
+            self._spec, self, inputs, deterministic, rng, global_shape, offset
+        )

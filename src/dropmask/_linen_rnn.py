@@ -154,15 +154,7 @@ class MaskedRNN(nn.Module):
         zoneout_rates = carry_rates(self.zoneout, caller=caller)
         check_rate(self.weight_dropout, caller=caller, name="weight_dropout")
         kernel_names = recurrent_kernel_names(self.recurrent_kernels, caller=caller)
-        det = True
-        if zoneout_rates or concrete_value(self.weight_dropout) != 0.0:
-            if self.deterministic is None and deterministic is None:
-                raise DropmaskValueError(
-                    f"{caller}: deterministic must be True or False when zoneout or "
-                    "weight_dropout is on, got None. Pass MaskedRNN(..., deterministic=...) "
-                    "or call it with deterministic=not training."
-                )
-            det = bool(nn.merge_param("deterministic", self.deterministic, deterministic))
+        det = self._deterministic(deterministic, bool(zoneout_rates), caller=caller)
         x = jnp.asarray(inputs)
         step_shape = (batch, *x.shape[2:])
         if initial_carry is None:
@@ -172,6 +164,43 @@ class MaskedRNN(nn.Module):
         check_zoneout_carry(self.zoneout, initial_carry, caller=caller)
         if self.is_initializing():
             self.cell(initial_carry, jnp.zeros(step_shape, x.dtype))
+        step = self._step(initial_carry, zoneout_rates, kernel_names, det, rng, caller=caller)
+        carry, outputs = masked_rnn(
+            step,
+            initial_carry,
+            x,
+            mask_arr,
+            lengths_arr,
+            reverse=reverse,
+            keep_order=keep_order,
+            unroll=self.unroll,
+        )
+        return (carry, outputs) if return_carry else outputs
+
+    def _deterministic(self, deterministic: bool | None, zoneout: bool, *, caller: str) -> bool:
+        """Evaluation mode for the regularizers; True when none is on."""
+        if not zoneout and concrete_value(self.weight_dropout) == 0.0:
+            return True
+        if self.deterministic is None and deterministic is None:
+            raise DropmaskValueError(
+                f"{caller}: deterministic must be True or False when zoneout or "
+                "weight_dropout is on, got None. Pass MaskedRNN(..., deterministic=...) "
+                "or call it with deterministic=not training."
+            )
+        return bool(nn.merge_param("deterministic", self.deterministic, deterministic))
+
+    def _step(
+        self,
+        initial_carry: Any,
+        zoneout_rates: Any,
+        kernel_names: Any,
+        det: bool,
+        rng: Any,
+        *,
+        caller: str,
+    ) -> Callable[..., Any]:
+        """The cell as a pure step: this call's variables (recurrent kernels dropped in
+        training mode), a fresh key per time step for each stream, and zoneout."""
         cell, variables = self.cell.unbind()
         if concrete_value(self.weight_dropout) != 0.0:
             check_recurrent_kernels(variables.get("params", {}), kernel_names, caller=caller)
@@ -198,17 +227,7 @@ class MaskedRNN(nn.Module):
         step = regularized_step(
             cell_step, zoneout_rates, zoneout_key, initial_carry, deterministic=det, caller=caller
         )
-        carry, outputs = masked_rnn(
-            step,
-            initial_carry,
-            x,
-            mask_arr,
-            lengths_arr,
-            reverse=reverse,
-            keep_order=keep_order,
-            unroll=self.unroll,
-        )
-        return (carry, outputs) if return_carry else outputs
+        return step
 
     def _regularizer_key(self, rng: Any, *, caller: str) -> jax.Array:
         """This call's key: ``rng`` if given, else the next key of ``rng_collection``
@@ -291,32 +310,32 @@ class Bidirectional(nn.Module):
             caller="dropmask.linen.Bidirectional",
             pair=True,
         )
-        forward_carry, backward_carry = initial_carry or (None, None)
+        carries = initial_carry or (None, None)
         keys = (None, None) if init_key is None else tuple(jax.random.split(init_key))
         rngs = (None, None) if rng is None else tuple(jax.random.fold_in(rng, i) for i in (0, 1))
-        carry_f, out_f = self.forward_rnn(
-            inputs,
-            mask=mask,
-            lengths=lengths,
-            initial_carry=forward_carry,
-            init_key=keys[0],
-            reverse=False,
-            keep_order=False,
-            return_carry=True,
-            deterministic=deterministic,
-            rng=rngs[0],
-        )
-        carry_b, out_b = self.backward_rnn(
-            inputs,
-            mask=mask,
-            lengths=lengths,
-            initial_carry=backward_carry,
-            init_key=keys[1],
-            reverse=True,
-            keep_order=True,
-            return_carry=True,
-            deterministic=deterministic,
-            rng=rngs[1],
+        # The backward direction reverses each sequence and puts its outputs back in
+        # input order.
+        (carry_f, out_f), (carry_b, out_b) = (
+            rnn(
+                inputs,
+                mask=mask,
+                lengths=lengths,
+                initial_carry=carry,
+                init_key=key,
+                reverse=backward,
+                keep_order=backward,
+                return_carry=True,
+                deterministic=deterministic,
+                rng=direction_rng,
+            )
+            for rnn, carry, key, direction_rng, backward in zip(
+                (self.forward_rnn, self.backward_rnn),
+                carries,
+                keys,
+                rngs,
+                (False, True),
+                strict=True,
+            )
         )
         outputs = self.merge_fn(out_f, out_b)
         return ((carry_f, carry_b), outputs) if return_carry else outputs

@@ -12,16 +12,16 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from . import _dropout
+from . import _layer_specs
 from ._checks import concrete_value
-from ._linen_base import Stochastic
+from ._linen_base import Sharded, Stochastic
 from ._random import DEFAULT_RESIDUAL, Residual
-from ._structured import apply_drop_block, apply_drop_head, keep_layer
+from ._structured import keep_layer
 
 __all__ = ["DropBlock", "DropHead", "LayerDrop"]
 
 
-class DropBlock(Stochastic):
+class DropBlock(Sharded):
     """DropBlock on ``[batch, *spatial, channels]`` maps (see :func:`dropmask.drop_block`).
 
     Attributes:
@@ -48,35 +48,10 @@ class DropBlock(Stochastic):
     rng_collection: str = "dropout"
     shard_spec: Any = None
 
-    @nn.compact
-    def __call__(
-        self,
-        inputs: jax.Array,
-        deterministic: bool | None = None,
-        rng: Any = None,
-        *,
-        global_shape: Sequence[int] | None = None,
-        offset: Sequence[Any] | None = None,
-    ) -> jax.Array:
-        """Applies DropBlock to ``inputs: [batch, *spatial, channels]``."""
-        det, key = self._prepare(deterministic, rng)
-        global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
-        )
-        return apply_drop_block(
-            inputs,
-            self.rate,
-            key,
-            block_size=self.block_size,
-            per_channel=self.per_channel,
-            deterministic=det,
-            global_shape=global_shape,
-            offset=offset,
-            caller=self._caller,
-        )
+    _spec = _layer_specs.DROP_BLOCK
 
 
-class DropHead(Stochastic):
+class DropHead(Sharded):
     """Drops whole heads of ``[batch..., q_len, heads, depth]`` per example
     (see :func:`dropmask.drop_head`); put it between attention and the output projection.
 
@@ -94,31 +69,7 @@ class DropHead(Stochastic):
     shard_spec: Any = None
     residual: Residual = DEFAULT_RESIDUAL
 
-    @nn.compact
-    def __call__(
-        self,
-        inputs: jax.Array,
-        deterministic: bool | None = None,
-        rng: Any = None,
-        *,
-        global_shape: Sequence[int] | None = None,
-        offset: Sequence[Any] | None = None,
-    ) -> jax.Array:
-        """Applies DropHead to ``inputs: [batch..., q_len, heads, depth]``."""
-        det, key = self._prepare(deterministic, rng)
-        global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
-        )
-        return apply_drop_head(
-            inputs,
-            self.rate,
-            key,
-            deterministic=det,
-            global_shape=global_shape,
-            offset=offset,
-            residual=self.residual,
-            caller=self._caller,
-        )
+    _spec = _layer_specs.DROP_HEAD
 
 
 class LayerDrop(Stochastic):

@@ -20,9 +20,10 @@ from ._checks import check_bool_mask as check_bool_mask
 from ._checks import check_broadcastable as check_broadcastable
 from ._checks import check_integer as _check_integer
 from ._checks import check_lengths as check_lengths
+from ._checks import check_scalar, check_window
 from ._checks import check_static_int as check_static_int
 from ._checks import is_concrete as is_concrete
-from ._errors import DropmaskTypeError, DropmaskValueError, DtypeError, MaskShapeError
+from ._errors import DropmaskTypeError, DtypeError, MaskShapeError
 
 __all__ = [
     "attention_mask",
@@ -148,10 +149,7 @@ def padding_mask(tokens: jax.typing.ArrayLike, pad_id: Any = 0) -> jax.Array:
       >>> dropmask.padding_mask(jnp.array([[1, 2, 0], [4, 0, 0]])).tolist()
       [[True, True, False], [True, False, False]]
     """
-    if np.ndim(pad_id) != 0:
-        raise DropmaskTypeError(
-            f"padding_mask: pad_id must be a scalar, got shape {np.shape(pad_id)}."
-        )
+    check_scalar(pad_id, caller="padding_mask", name="pad_id")
     return jnp.asarray(tokens) != pad_id
 
 
@@ -220,16 +218,7 @@ def sliding_window_mask(
       [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
     """
     caller = "sliding_window_mask"
-    if isinstance(window, tuple | list):
-        if len(window) != 2:
-            raise DropmaskValueError(
-                f"{caller}: window must be an int or (left, right), got {window!r}."
-            )
-        left, right = window
-    else:
-        left = right = window
-    left = check_static_int(left, name="window[0] (left)", caller=caller)
-    right = check_static_int(right, name="window[1] (right)", caller=caller)
+    left, right = check_window(window, caller=caller)
     rel = _relative_positions(q_len, kv_len, offset, caller)
     return (rel >= -left) & (rel <= right)
 

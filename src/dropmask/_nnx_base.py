@@ -6,17 +6,18 @@ base without importing each other.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import jax
 from flax import nnx
 
-from . import _dropout
+from . import _dropout, _layer_specs
 from ._checks import check_rate
 from ._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
 from ._nnx_streams import own_stream
 
-__all__ = ["Stochastic"]
+__all__ = ["Sharded", "Stochastic"]
 
 _NO_DETERMINISTIC = (
     "No `deterministic` argument was provided to {name}. Pass it to the constructor "
@@ -86,3 +87,31 @@ class Stochastic(nnx.Module):
         """Used by ``nnx.view``: sets ``deterministic`` when given."""
         if deterministic is not None:
             self.deterministic = deterministic
+
+
+class Sharded(Stochastic):
+    """A stochastic layer that can draw its block of a global mask inside ``shard_map``.
+
+    A layer sets ``_spec``, its kind (:mod:`dropmask._layer_specs`), and stores its
+    arguments, ``shard_spec`` among them; the call is the same for every kind.
+    """
+
+    _spec: ClassVar[_layer_specs.Spec]
+
+    def __call__(
+        self,
+        inputs: jax.Array,
+        *,
+        deterministic: bool | None = None,
+        rngs: Any = None,
+        global_shape: Sequence[int] | None = None,
+        offset: Sequence[Any] | None = None,
+    ) -> jax.Array:
+        """Applies the layer to ``inputs`` (shapes as in the layer's docstring).
+
+        ``global_shape`` / ``offset``: this call's block of a global array, as in
+        :func:`dropmask.dropout` (instead of ``shard_spec``).
+        """
+        return _layer_specs.apply(
+            self._spec, self, inputs, deterministic, rngs, global_shape, offset
+        )

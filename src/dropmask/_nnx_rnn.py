@@ -320,29 +320,25 @@ class Bidirectional(nnx.Module):
             caller="dropmask.nnx.Bidirectional",
             pair=True,
         )
-        forward_carry, backward_carry = initial_carry or (None, None)
+        carries = initial_carry or (None, None)
         keys = (None, None) if rngs is None else tuple(jax.random.fold_in(rngs, i) for i in (0, 1))
-        carry_f, out_f = self.forward_rnn(
-            inputs,
-            mask=mask,
-            lengths=lengths,
-            initial_carry=forward_carry,
-            reverse=False,
-            keep_order=False,
-            return_carry=True,
-            deterministic=deterministic,
-            rngs=keys[0],
-        )
-        carry_b, out_b = self.backward_rnn(
-            inputs,
-            mask=mask,
-            lengths=lengths,
-            initial_carry=backward_carry,
-            reverse=True,
-            keep_order=True,
-            return_carry=True,
-            deterministic=deterministic,
-            rngs=keys[1],
+        # The backward direction reverses each sequence and puts its outputs back in
+        # input order.
+        (carry_f, out_f), (carry_b, out_b) = (
+            rnn(
+                inputs,
+                mask=mask,
+                lengths=lengths,
+                initial_carry=carry,
+                reverse=backward,
+                keep_order=backward,
+                return_carry=True,
+                deterministic=deterministic,
+                rngs=key,
+            )
+            for rnn, carry, key, backward in zip(
+                (self.forward_rnn, self.backward_rnn), carries, keys, (False, True), strict=True
+            )
         )
         outputs = self.merge_fn(out_f, out_b)
         return ((carry_f, carry_b), outputs) if return_carry else outputs

@@ -12,16 +12,16 @@ from typing import Any
 import jax
 from flax import nnx
 
-from . import _dropout
+from . import _layer_specs
 from ._checks import concrete_value
-from ._nnx_base import Stochastic
+from ._nnx_base import Sharded, Stochastic
 from ._random import DEFAULT_RESIDUAL, Residual
-from ._structured import apply_drop_block, apply_drop_head, keep_layer
+from ._structured import keep_layer
 
 __all__ = ["DropBlock", "DropHead", "LayerDrop"]
 
 
-class DropBlock(Stochastic):
+class DropBlock(Sharded):
     """DropBlock on ``[batch, *spatial, channels]`` maps (see :func:`dropmask.drop_block`).
 
     Args:
@@ -61,34 +61,10 @@ class DropBlock(Stochastic):
         self.per_channel = per_channel
         self.shard_spec = shard_spec
 
-    def __call__(
-        self,
-        inputs: jax.Array,
-        *,
-        deterministic: bool | None = None,
-        rngs: Any = None,
-        global_shape: Sequence[int] | None = None,
-        offset: Sequence[Any] | None = None,
-    ) -> jax.Array:
-        """Applies DropBlock to ``inputs: [batch, *spatial, channels]``."""
-        det, key = self._prepare(deterministic, rngs)
-        global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
-        )
-        return apply_drop_block(
-            inputs,
-            self.rate,
-            key,
-            block_size=self.block_size,
-            per_channel=self.per_channel,
-            deterministic=det,
-            global_shape=global_shape,
-            offset=offset,
-            caller=self._caller,
-        )
+    _spec = _layer_specs.DROP_BLOCK
 
 
-class DropHead(Stochastic):
+class DropHead(Sharded):
     """Drops whole heads of ``[batch..., q_len, heads, depth]`` per example
     (see :func:`dropmask.drop_head`); put it between attention and the output projection.
 
@@ -111,30 +87,7 @@ class DropHead(Stochastic):
         self.shard_spec = shard_spec
         self.residual = residual
 
-    def __call__(
-        self,
-        inputs: jax.Array,
-        *,
-        deterministic: bool | None = None,
-        rngs: Any = None,
-        global_shape: Sequence[int] | None = None,
-        offset: Sequence[Any] | None = None,
-    ) -> jax.Array:
-        """Applies DropHead to ``inputs: [batch..., q_len, heads, depth]``."""
-        det, key = self._prepare(deterministic, rngs)
-        global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
-        )
-        return apply_drop_head(
-            inputs,
-            self.rate,
-            key,
-            deterministic=det,
-            global_shape=global_shape,
-            offset=offset,
-            residual=self.residual,
-            caller=self._caller,
-        )
+    _spec = _layer_specs.DROP_HEAD
 
 
 class LayerDrop(Stochastic):

@@ -19,6 +19,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from ._checks import check_choice, check_scalar
 from ._errors import DropmaskTypeError, DropmaskValueError
 from ._masks import check_static_int
 
@@ -41,8 +42,7 @@ Side = Literal["right", "left"]
 
 def _check_choice(value: Any, name: str, caller: str, *, allow_none: bool) -> None:
     choices: tuple[Any, ...] = ("right", "left") + ((None,) if allow_none else ())
-    if value not in choices:
-        raise DropmaskValueError(f"{caller}: {name} must be one of {choices}, got {value!r}.")
+    check_choice(value, choices, caller=caller, name=name)
 
 
 class _Layout:
@@ -165,10 +165,7 @@ def _common_dtype(arrays: Sequence[np.ndarray]) -> np.dtype:
 
 
 def _check_pad_value(pad_value: Any, dtype: np.dtype, caller: str) -> None:
-    if np.ndim(pad_value) != 0:
-        raise DropmaskValueError(
-            f"{caller}: pad_value must be a scalar, got shape {np.shape(pad_value)}."
-        )
+    check_scalar(pad_value, caller=caller, name="pad_value", error=DropmaskValueError)
     value = np.asarray(pad_value)
     if value.dtype.kind not in _NUMERIC_KINDS:
         raise DropmaskTypeError(

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._checks import check_label_range, normalize_axes
-from ._errors import AxisError, DropmaskTypeError, DropmaskValueError, DtypeError, MaskShapeError
+from ._checks import check_label_range, check_scalar, normalize_axes
+from ._errors import AxisError, DropmaskValueError, DtypeError, MaskShapeError
 from ._masks import as_array, broadcast_mask
 
 __all__ = [
@@ -107,8 +107,7 @@ def _prepare(
 
 
 def _check_fill(fill: Any, caller: str) -> None:
-    if np.ndim(fill) != 0:
-        raise DropmaskTypeError(f"{caller}: fill must be a scalar, got shape {np.shape(fill)}.")
+    check_scalar(fill, caller=caller, name="fill")
 
 
 def compute_dtype(dtype: Any) -> Any:

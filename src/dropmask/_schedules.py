@@ -19,7 +19,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
-from ._checks import check_rate, check_static_int
+from ._checks import check_rate, check_scalar, check_static_int
 from ._errors import DropmaskTypeError, DropmaskValueError
 
 __all__ = ["depth_rates", "early_dropout", "late_dropout", "linear_warmdown"]
@@ -33,10 +33,7 @@ def _step(step: Any, caller: str) -> jax.Array:
             f"{caller}: step must be an integer (a Python int or an integer JAX scalar such as "
             f"state.step), got {step!r} of type {type(step).__name__}."
         )
-    if jnp.shape(step) != ():
-        raise DropmaskTypeError(
-            f"{caller}: step must be a scalar, got shape {jnp.shape(step)}. Pass one step."
-        )
+    check_scalar(step, caller=caller, name="step", fix=" Pass one step.")
     return jnp.asarray(step, jnp.int32)
 
 

@@ -30,8 +30,9 @@ from typing import Any
 import jax
 from flax import nnx
 
-from . import _dropout
+from . import _layer_specs
 from ._checks import as_dims
+from ._nnx_base import Sharded as _Sharded
 from ._nnx_base import Stochastic as _Stochastic
 from ._nnx_rnn import Bidirectional as Bidirectional
 from ._nnx_rnn import MaskedRNN as MaskedRNN
@@ -54,8 +55,11 @@ __all__ = [
 ]
 
 
-class Dropout(_Stochastic):
+class Dropout(_Sharded):
     """Drop-in replacement for ``flax.nnx.Dropout``.
+
+    In training mode it masks ``inputs: [...]`` and rescales what it keeps by
+    ``1/(1-rate)``.
 
     Args:
       rate: the dropout probability (not the keep rate).
@@ -102,36 +106,7 @@ class Dropout(_Stochastic):
         self.shard_spec = shard_spec
         self.residual = residual
 
-    def __call__(
-        self,
-        inputs: jax.Array,
-        *,
-        deterministic: bool | None = None,
-        rngs: Any = None,
-        global_shape: Sequence[int] | None = None,
-        offset: Sequence[Any] | None = None,
-    ) -> jax.Array:
-        """Masks ``inputs: [...]`` and rescales by ``1/(1-rate)`` in training mode.
-
-        ``global_shape`` / ``offset``: this call's block of a global array, as in
-        :func:`dropmask.dropout` (instead of ``shard_spec``).
-        """
-        det, key = self._prepare(deterministic, rngs)
-        global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
-        )
-        return _dropout.apply_dropout(
-            inputs,
-            self.rate,
-            key,
-            broadcast_dims=self.broadcast_dims,
-            deterministic=det,
-            impl=self.impl,
-            global_shape=global_shape,
-            offset=offset,
-            residual=self.residual,
-            caller=self._caller,
-        )
+    _spec = _layer_specs.DROPOUT
 
 
 class WordDropout(_Stochastic):
@@ -169,25 +144,14 @@ class WordDropout(_Stochastic):
         offset: Sequence[Any] | None = None,
     ) -> jax.Array:
         """Applies word dropout to ``tokens: int[..., time]``."""
-        det, key = self._prepare(deterministic, rngs)
-        global_shape, offset = _dropout.layer_block(
-            tokens, self.shard_spec, global_shape, offset, det, caller=self._caller
-        )
-        return _dropout.apply_word_dropout(
-            tokens,
-            self.rate,
-            key,
-            unk_id=self.unk_id,
-            deterministic=det,
-            impl=self.impl,
-            global_shape=global_shape,
-            offset=offset,
-            caller=self._caller,
+        return _layer_specs.apply(
+            _layer_specs.WORD_DROPOUT, self, tokens, deterministic, rngs, global_shape, offset
         )
 
 
-class DropPath(_Stochastic):
-    """Stochastic depth: drops a residual branch per example along ``batch_axis``.
+class DropPath(_Sharded):
+    """Stochastic depth: drops a residual branch of ``inputs: [batch, ...]`` per example
+    along ``batch_axis``.
 
     ``residual``: what the backward pass keeps, as in :class:`Dropout`.
     ``shard_spec`` (or call-time ``global_shape=`` / ``offset=``): inside
@@ -215,32 +179,7 @@ class DropPath(_Stochastic):
         self.shard_spec = shard_spec
         self.residual = residual
 
-    def __call__(
-        self,
-        inputs: jax.Array,
-        *,
-        deterministic: bool | None = None,
-        rngs: Any = None,
-        global_shape: Sequence[int] | None = None,
-        offset: Sequence[Any] | None = None,
-    ) -> jax.Array:
-        """Applies drop-path to ``inputs: [batch, ...]``."""
-        det, key = self._prepare(deterministic, rngs)
-        global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
-        )
-        return _dropout.apply_dropout(
-            inputs,
-            self.rate,
-            key,
-            batch_axis=self.batch_axis,
-            deterministic=det,
-            impl=self.impl,
-            global_shape=global_shape,
-            offset=offset,
-            residual=self.residual,
-            caller=self._caller,
-        )
+    _spec = _layer_specs.DROP_PATH
 
 
 class GaussianDropout(_Stochastic):
@@ -264,18 +203,10 @@ class GaussianDropout(_Stochastic):
         self, inputs: jax.Array, *, deterministic: bool | None = None, rngs: Any = None
     ) -> jax.Array:
         """Applies Gaussian dropout to ``inputs: [...]``."""
-        det, key = self._prepare(deterministic, rngs)
-        return _dropout.apply_gaussian_dropout(
-            inputs,
-            self.rate,
-            key,
-            broadcast_dims=self.broadcast_dims,
-            deterministic=det,
-            caller=self._caller,
-        )
+        return _layer_specs.apply(_layer_specs.GAUSSIAN_DROPOUT, self, inputs, deterministic, rngs)
 
 
-class AlphaDropout(_Stochastic):
+class AlphaDropout(_Sharded):
     """Alpha dropout for self-normalising (SELU) networks.
 
     ``residual``: what the backward pass keeps, as in :class:`Dropout`.
@@ -303,29 +234,4 @@ class AlphaDropout(_Stochastic):
         self.shard_spec = shard_spec
         self.residual = residual
 
-    def __call__(
-        self,
-        inputs: jax.Array,
-        *,
-        deterministic: bool | None = None,
-        rngs: Any = None,
-        global_shape: Sequence[int] | None = None,
-        offset: Sequence[Any] | None = None,
-    ) -> jax.Array:
-        """Applies alpha dropout to ``inputs: [...]``."""
-        det, key = self._prepare(deterministic, rngs)
-        global_shape, offset = _dropout.layer_block(
-            inputs, self.shard_spec, global_shape, offset, det, caller=self._caller
-        )
-        return _dropout.apply_alpha_dropout(
-            inputs,
-            self.rate,
-            key,
-            broadcast_dims=self.broadcast_dims,
-            deterministic=det,
-            impl=self.impl,
-            global_shape=global_shape,
-            offset=offset,
-            residual=self.residual,
-            caller=self._caller,
-        )
+    _spec = _layer_specs.ALPHA_DROPOUT

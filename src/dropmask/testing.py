@@ -31,7 +31,7 @@ from typing import Any
 import jax
 
 from . import _dropout, _fast_mask, _random
-from ._checks import check_rate, check_residual, check_shape
+from ._checks import check_choice, check_rate, check_residual, check_shape
 from ._errors import DropmaskValueError
 from ._fast_mask import Threshold as Threshold
 from ._random import DEFAULT_RESIDUAL, Residual
@@ -198,8 +198,7 @@ def path_dropout(
     """
     caller = "path_dropout"
     thr = _static_threshold(rate, caller)
-    if path not in PATHS:
-        raise DropmaskValueError(f"{caller}: path must be one of {PATHS}, got {path!r}.")
+    check_choice(path, PATHS, caller=caller, name="path")
     check_residual(residual, caller=caller)
 
     def body(x: jax.Array, words: jax.Array) -> jax.Array:

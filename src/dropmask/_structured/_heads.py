@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 from .._attention import dot_product_attention
-from .._checks import check_array, check_rate, concrete_value
+from .._checks import check_array, check_one_key, check_rate, concrete_value
 from .._dropout import apply_dropout
 from .._errors import DropmaskValueError
 from .._random import DEFAULT_RESIDUAL, Residual
@@ -152,11 +152,7 @@ def drop_head_attention(
       (2, 3, 4, 8)
     """
     caller = "drop_head_attention"
-    if key is not None and dropout_rng is not None:
-        raise DropmaskValueError(
-            f"{caller}: pass the dropout key as key= or dropout_rng=, not both."
-        )
-    rng = key if key is not None else dropout_rng
+    rng = check_one_key(key, dropout_rng, caller=caller)
     check_rate(weights_rate, caller=caller, name="weights_rate")
     drops_weights = not deterministic and concrete_value(weights_rate) != 0.0
     heads_key, weights_key = rng, None

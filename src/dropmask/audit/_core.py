@@ -9,17 +9,36 @@ phase per step; :func:`step_report` judges those.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import jax
 import numpy as np
 
+from .._errors import DropmaskTypeError, DropmaskValueError
 from . import _findings
 from ._audit_report import AuditReport, Finding
 from ._mode import Mode
 from ._sites import Recorder
 
-__all__ = ["model_report", "step_report", "trees_equal"]
+__all__ = ["checked_step", "model_report", "step_report", "trees_equal"]
+
+
+def checked_step(train_step: Any, batches: Iterable[Any], *, caller: str) -> list[Any]:
+    """The batches of a step audit as a list, once ``train_step`` is callable and there
+    are at least two batches to compare masks between."""
+    if not callable(train_step):
+        raise DropmaskTypeError(
+            f"{caller}: train_step must be callable as train_step(state, batch), got "
+            f"{type(train_step).__name__}. Pass the step function itself."
+        )
+    batches = list(batches)
+    if len(batches) < 2:
+        raise DropmaskValueError(
+            f"{caller}: batches must hold at least 2 batches to compare masks between "
+            f"steps, got {len(batches)}. Pass e.g. [batch, batch, batch]."
+        )
+    return batches
 
 
 def trees_equal(a: Any, b: Any) -> bool:

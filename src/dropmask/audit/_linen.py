@@ -18,10 +18,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
+from .._errors import DropmaskTypeError, MissingKeyError
 from . import _mode
 from ._audit_report import AuditReport
-from ._core import model_report, step_report, trees_equal
+from ._core import checked_step, model_report, step_report, trees_equal
 from ._sites import Recorder, watch_attention
 
 __all__ = ["audit_model", "audit_step"]
@@ -287,17 +287,7 @@ def audit_step(train_step: Callable[..., Any], state: Any, batches: Iterable[Any
       DropmaskValueError: fewer than two batches.
       DropmaskTypeError: ``train_step`` is not callable.
     """
-    if not callable(train_step):
-        raise DropmaskTypeError(
-            f"audit_step: train_step must be callable as train_step(state, batch), got "
-            f"{type(train_step).__name__}. Pass the step function itself."
-        )
-    batches = list(batches)
-    if len(batches) < 2:
-        raise DropmaskValueError(
-            f"audit_step: batches must hold at least 2 batches to compare masks between "
-            f"steps, got {len(batches)}. Pass e.g. [batch, batch, batch]."
-        )
+    batches = checked_step(train_step, batches, caller="audit_step")
     rec = Recorder()
     roots: list[tuple[Any, dict[str, Any]]] = []
     phases = [f"step{t}" for t in range(len(batches))]

@@ -16,9 +16,9 @@ import numpy as np
 from flax import nnx
 
 from .._checks import is_concrete
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._errors import DropmaskTypeError
 from ._audit_report import AuditReport
-from ._core import model_report, step_report, trees_equal
+from ._core import checked_step, model_report, step_report, trees_equal
 from ._mode import nnx_mode
 from ._sites import Recorder, watch_attention
 
@@ -204,17 +204,7 @@ def audit_nnx_step(
             f"audit_nnx_step: state must be a dropmask.training.NnxTrainState, got "
             f"{type(state).__name__}. For a Linen TrainState use audit_step."
         )
-    if not callable(train_step):
-        raise DropmaskTypeError(
-            f"audit_nnx_step: train_step must be callable as train_step(state, batch), got "
-            f"{type(train_step).__name__}. Pass the step function itself."
-        )
-    batches = list(batches)
-    if len(batches) < 2:
-        raise DropmaskValueError(
-            f"audit_nnx_step: batches must hold at least 2 batches to compare masks between "
-            f"steps, got {len(batches)}. Pass e.g. [batch, batch, batch]."
-        )
+    batches = checked_step(train_step, batches, caller="audit_nnx_step")
     rec = Recorder()
     clone = _recording_clone(state.model(training=None), rec)
     graphdef, _, _, _ = nnx.split(clone, nnx.Param, nnx.RngState, ...)

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._checks import check_int_at_least
 from .._errors import DropmaskValueError
 
 __all__ = ["epoch_batch", "epoch_position", "steps_per_epoch"]
@@ -26,8 +27,7 @@ def steps_per_epoch(*, num_examples: int, batch_size: int, caller: str = "steps_
       DropmaskValueError: ``batch_size`` is not in ``[1, num_examples]``.
     """
     for name, value in (("num_examples", num_examples), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-            raise DropmaskValueError(f"{caller}: {name} must be an int >= 1, got {value!r}.")
+        check_int_at_least(value, 1, caller=caller, name=name)
     if batch_size > num_examples:
         raise DropmaskValueError(
             f"{caller}: batch_size must be <= num_examples={num_examples}, got {batch_size}. "
@@ -70,8 +70,7 @@ def epoch_batch(
     per_epoch = steps_per_epoch(
         num_examples=num_examples, batch_size=batch_size, caller="epoch_batch"
     )
-    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-        raise DropmaskValueError(f"epoch_batch: step must be an int >= 0, got {step!r}.")
+    check_int_at_least(step, 0, caller="epoch_batch", name="step")
     epoch, index = divmod(int(step), per_epoch)
     order = _order(
         np.asarray(jax.random.key_data(data_key)).tobytes(),

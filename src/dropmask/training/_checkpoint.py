@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._checks import check_int_at_least
 from .._errors import DropmaskValueError
 from .._workflow import RUN_LENGTH_ENTRIES
 from ._errors import CheckpointError, DamagedCheckpointError
@@ -223,31 +224,8 @@ class Checkpointer:
           DropmaskValueError: ``step`` is not an int >= 0, or ``metrics`` lacks
             ``best_metric``.
         """
-        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-            raise DropmaskValueError(
-                f"Checkpointer.save: step must be an int >= 0 (train steps taken), got "
-                f"{step!r}. Pass e.g. int(state.step)."
-            )
-        step = int(step)
-        if self.best_metric is not None and metrics is not None and self.best_metric not in metrics:
-            raise DropmaskValueError(
-                f"Checkpointer.save: metrics must hold best_metric {self.best_metric!r}, got "
-                f"{sorted(metrics)}. Pass the eval metrics, or metrics=None to save a "
-                f"checkpoint that does not compete for best."
-            )
+        step, steps = self._check_save(step, metrics, overwrite)
         not_saved = f"Checkpointer.save: step {step} was not saved in {self.directory}"
-        steps = self.steps()
-        if step in steps and not overwrite:
-            raise CheckpointError(
-                f"{not_saved}: a checkpoint of step {step} already exists. Pass "
-                f"overwrite=True to replace it, or save under another step."
-            )
-        if step not in steps and steps and steps[-1] > step:
-            raise CheckpointError(
-                f"{not_saved}: it is older than the latest checkpoint, step {steps[-1]}, and "
-                f"checkpoints only move forward (keeping the latest would delete it at "
-                f"once). Save it in another directory, or save a step after {steps[-1]}."
-            )
         data, impls = keys_to_data(state)
         if not allow_nonfinite:
             bad = _nonfinite_paths(data)
@@ -267,6 +245,52 @@ class Checkpointer:
             "data_position": _plain(dict(data_position)),
             "metrics": _plain(dict(metrics)) if metrics is not None else None,
         }
+        self._write(step, steps, data, record, metrics)
+
+    def _check_save(
+        self, step: Any, metrics: Mapping[str, float] | None, overwrite: bool
+    ) -> tuple[int, list[int]]:
+        """``(step, existing steps)`` once ``save`` may write ``step``; raises otherwise."""
+        step = check_int_at_least(
+            step,
+            0,
+            caller="Checkpointer.save",
+            name="step",
+            why=" (train steps taken)",
+            fix=" Pass e.g. int(state.step).",
+        )
+        if self.best_metric is not None and metrics is not None and self.best_metric not in metrics:
+            raise DropmaskValueError(
+                f"Checkpointer.save: metrics must hold best_metric {self.best_metric!r}, got "
+                f"{sorted(metrics)}. Pass the eval metrics, or metrics=None to save a "
+                f"checkpoint that does not compete for best."
+            )
+        not_saved = f"Checkpointer.save: step {step} was not saved in {self.directory}"
+        steps = self.steps()
+        if step in steps and not overwrite:
+            raise CheckpointError(
+                f"{not_saved}: a checkpoint of step {step} already exists. Pass "
+                f"overwrite=True to replace it, or save under another step."
+            )
+        if step not in steps and steps and steps[-1] > step:
+            raise CheckpointError(
+                f"{not_saved}: it is older than the latest checkpoint, step {steps[-1]}, and "
+                f"checkpoints only move forward (keeping the latest would delete it at "
+                f"once). Save it in another directory, or save a step after {steps[-1]}."
+            )
+        return step, steps
+
+    def _write(
+        self,
+        step: int,
+        steps: list[int],
+        data: Any,
+        record: dict[str, Any],
+        metrics: Mapping[str, float] | None,
+    ) -> None:
+        """Writes checked checkpoint ``step`` through orbax and confirms it is on disk;
+        an existing ``step`` is moved aside first and put back if the write fails."""
+        not_saved = f"Checkpointer.save: step {step} was not saved in {self.directory}"
         items = {f"leaf{i:05d}": leaf for i, leaf in enumerate(jax.tree.leaves(data))}
         import orbax.checkpoint as ocp
 

@@ -211,60 +211,22 @@ def train(
     )
     primary = jax.process_index() == 0
     log = MetricsLog(workdir, start=start, enabled=primary)
-    bar = require("tqdm").tqdm(
-        total=schedule.steps,
-        initial=start,
-        desc=label or example.name,
-        unit="step",
-        disable=not (progress and primary),
-        leave=label is None,
-        dynamic_ncols=True,
-    )
-    losses: list[float] = []
-    window: list[Any] = []
-    final: dict[str, dict[str, float]] = {}
-    window_start = time.perf_counter()
+    bar = _progress_bar(schedule, start, label or example.name, progress and primary, label)
     try:
-        for step in range(start, schedule.steps):
-            batch = shard_batch(example.train_batch(config, data, data_key, step), mesh)
-            batch_size = len(next(iter(batch.values())))
-            if rates is not None:
-                batch = {**batch, "rate": replicate(rates(step), mesh)}
-            state, metrics = example.train_step(state, batch)
-            window.append(metrics)
-            done = step + 1
-            saving = schedule.saves(done)
-            log_row = done % schedule.log_every == 0 or done == schedule.steps
-            evaluating = schedule.evaluates(done)
-            if not schedule.allow_nonfinite_loss and (log_row or saving or evaluating):
-                # Checked where the loop syncs with the devices anyway, before
-                # anything of these steps is logged, evaluated or saved.
-                _check_finite(jax.device_get(window), done - len(window) + 1, checkpointer)
-            if log_row:
-                host = jax.device_get(window)
-                means = {name: float(np.mean([m[name] for m in host])) for name in host[0]}
-                losses.extend(float(m["loss"]) for m in host)
-                per_second = len(window) * batch_size / (time.perf_counter() - window_start)
-                window, window_start = [], time.perf_counter()
-                log.write(done, "train", means)
-                bar.set_postfix(loss=f"{means['loss']:.4f}", ex_per_s=f"{per_second:,.0f}")
-            bar.update(1)
-            if evaluating:
-                final = _evaluate(example, state, config, data, log, done)
-            if saving:
-                position = example.position(config, data, done)
-                checkpointer.save(
-                    done,
-                    state,
-                    config=config.to_dict(),
-                    data_position=position,
-                    # Only this step's metrics rank a checkpoint as the best.
-                    metrics=final.get("eval") if evaluating else None,
-                )
-        if start >= schedule.steps:
-            # Nothing left to train: report the restored state without logging its
-            # evaluation a second time.
-            final = _evaluate(example, state, config, data, None, start)
+        losses, final = _run_steps(
+            example,
+            config,
+            schedule,
+            rates,
+            mesh,
+            checkpointer,
+            data,
+            data_key,
+            state,
+            start,
+            log,
+            bar,
+        )
     finally:
         bar.close()
         log.close()
@@ -281,6 +243,83 @@ def train(
     if primary:
         _summary.write_run(result, example)
     return result
+
+
+def _progress_bar(schedule: Schedule, start: int, desc: str, show: bool, label: str | None) -> Any:
+    """The progress bar over the run's steps; a labelled bar (one of several runs) is
+    cleared when it closes."""
+    return require("tqdm").tqdm(
+        total=schedule.steps,
+        initial=start,
+        desc=desc,
+        unit="step",
+        disable=not show,
+        leave=label is None,
+        dynamic_ncols=True,
+    )
+
+
+def _run_steps(
+    example: Example,
+    config: ml_collections.ConfigDict,
+    schedule: Schedule,
+    rates: RateSchedule | None,
+    mesh: Any,
+    checkpointer: Checkpointer,
+    data: Any,
+    data_key: Any,
+    state: Any,
+    start: int,
+    log: MetricsLog,
+    bar: Any,
+) -> tuple[list[float], dict[str, dict[str, float]]]:
+    """Steps ``start`` to ``schedule.steps``, logging, evaluating and saving on schedule:
+    ``(every step's loss, the last evaluation)``."""
+    losses: list[float] = []
+    window: list[Any] = []
+    final: dict[str, dict[str, float]] = {}
+    window_start = time.perf_counter()
+    for step in range(start, schedule.steps):
+        batch = shard_batch(example.train_batch(config, data, data_key, step), mesh)
+        batch_size = len(next(iter(batch.values())))
+        if rates is not None:
+            batch = {**batch, "rate": replicate(rates(step), mesh)}
+        state, metrics = example.train_step(state, batch)
+        window.append(metrics)
+        done = step + 1
+        saving = schedule.saves(done)
+        log_row = done % schedule.log_every == 0 or done == schedule.steps
+        evaluating = schedule.evaluates(done)
+        if not schedule.allow_nonfinite_loss and (log_row or saving or evaluating):
+            # Checked where the loop syncs with the devices anyway, before
+            # anything of these steps is logged, evaluated or saved.
+            _check_finite(jax.device_get(window), done - len(window) + 1, checkpointer)
+        if log_row:
+            host = jax.device_get(window)
+            means = {name: float(np.mean([m[name] for m in host])) for name in host[0]}
+            losses.extend(float(m["loss"]) for m in host)
+            per_second = len(window) * batch_size / (time.perf_counter() - window_start)
+            window, window_start = [], time.perf_counter()
+            log.write(done, "train", means)
+            bar.set_postfix(loss=f"{means['loss']:.4f}", ex_per_s=f"{per_second:,.0f}")
+        bar.update(1)
+        if evaluating:
+            final = _evaluate(example, state, config, data, log, done)
+        if saving:
+            position = example.position(config, data, done)
+            checkpointer.save(
+                done,
+                state,
+                config=config.to_dict(),
+                data_position=position,
+                # Only this step's metrics rank a checkpoint as the best.
+                metrics=final.get("eval") if evaluating else None,
+            )
+    if start >= schedule.steps:
+        # Nothing left to train: report the restored state without logging its
+        # evaluation a second time.
+        final = _evaluate(example, state, config, data, None, start)
+    return losses, final
 
 
 def _start(
