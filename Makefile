@@ -62,7 +62,7 @@ bench-full: $(VENV)/.installed-bench
 # Under a minute; BENCH_TEST_FLAGS= also runs the whole target suite at a tiny size.
 BENCH_TEST_FLAGS ?= -m "not slow"
 bench-test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q -n 0 benchmarks/tests $(BENCH_TEST_FLAGS)
+	$(PY) -m pytest -q -n 2 benchmarks/tests $(BENCH_TEST_FLAGS)
 
 # Fused C dropout kernels timed beside XLA (benchmarks/bench_native.py): about 4 min on
 # 2 cores; needs gcc and an x86-64 CPU with AVX2 and AES-NI. NATIVE_FLAGS: --repeats N.
