@@ -25,12 +25,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from dropmask import uncertainty
-from dropmask.examples.digits import input_pipeline, train
-from dropmask.training import Checkpointer
+from dropmask.examples.digits import train
+from dropmask.training import restore_run
 
 SHIFT = 2  # pixels
 
@@ -46,21 +45,6 @@ def outside_sets(images: np.ndarray, seed: int = 0) -> dict[str, np.ndarray]:
         "inverted": (1.0 - images).astype(np.float32),
         "noise": noise,
     }
-
-
-def restore(run: pathlib.Path) -> tuple[Any, ml_collections.ConfigDict, input_pipeline.Data]:
-    """The final train state of the run in ``run``, its config and its data."""
-    config = ml_collections.ConfigDict(json.loads((run / "summary.json").read_text())["config"])
-    data = input_pipeline.load(config)
-    _, params_key, dropout_key = jax.random.split(jax.random.key(config.seed), 3)
-    # The runs of one config share one compilation of the prediction.
-    state = train.example.build_state(config, data, params_key, dropout_key)
-    checkpointer = Checkpointer(run / "checkpoints", keep=config.keep_checkpoints)
-    try:
-        state, _ = checkpointer.restore(state, config=config.to_dict())
-    finally:
-        checkpointer.close()
-    return state, config, data
 
 
 def scores(state: Any, images: np.ndarray, key: jax.Array, samples: int) -> dict[str, np.ndarray]:
@@ -80,7 +64,7 @@ def evaluate_run(run: pathlib.Path, samples: int) -> dict[str, Any]:
     """AUROC of every score against every outside set, for one run."""
     from sklearn.metrics import roc_auc_score
 
-    state, config, data = restore(run)
+    state, config, data = restore_run(run, train.example)
     key = jax.random.fold_in(jax.random.key(config.seed), 0x00D)
     inside = scores(state, data.test.image, key, samples)
     auroc: dict[str, dict[str, float]] = {}
@@ -116,7 +100,7 @@ def plot(run: pathlib.Path, samples: int, path: pathlib.Path) -> None:
     """Reliability diagrams (deterministic, K samples) and mutual information histograms."""
     from matplotlib.figure import Figure
 
-    state, config, data = restore(run)
+    state, config, data = restore_run(run, train.example)
     key = jax.random.fold_in(jax.random.key(config.seed), 0x00D)
     images, labels = jnp.asarray(data.test.image), jnp.asarray(data.test.label)
     logits = train.classifier.logits(state, (images,), None, 0)

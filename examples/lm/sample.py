@@ -18,11 +18,10 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from dropmask import DropmaskError, DropmaskValueError
-from dropmask.training import Checkpointer, NnxTrainState, run_keys
+from dropmask.training import NnxTrainState, restore_run
 
 from .train import example
 
@@ -34,22 +33,7 @@ def restore(workdir: str | pathlib.Path, step: int | None = None) -> NnxTrainSta
       DropmaskValueError: ``workdir`` holds no checkpoints.
       CheckpointError: the run has no such checkpoint.
     """
-    directory = pathlib.Path(workdir) / "checkpoints"
-    if not directory.is_dir():
-        raise DropmaskValueError(
-            f"restore: workdir must hold a run of dropmask train lm, but {directory} does not "
-            f"exist. Train first (dropmask train lm --workdir {workdir}), or pass its workdir."
-        )
-    checkpointer = Checkpointer(directory)
-    try:
-        record = checkpointer.record(step)
-        config = ml_collections.ConfigDict(record["config"])
-        data = example.load_data(config)
-        _, params_key, dropout_key = run_keys(config.seed)
-        target = example.build_state(config, data, params_key, dropout_key)
-        state, _ = checkpointer.restore(target, config=record["config"], step=record["step"])
-    finally:
-        checkpointer.close()
+    state, _, _ = restore_run(workdir, example, step=step)
     return state
 
 

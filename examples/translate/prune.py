@@ -16,26 +16,15 @@ import json
 import pathlib
 import sys
 
-import jax
-import ml_collections
-
 import dropmask
-from dropmask.training import Checkpointer
+from dropmask.training import restore_run
 
-from . import input_pipeline, train
+from . import train
 
 
 def evaluate_pruned(run: pathlib.Path, rate: float) -> dict[str, dict[str, float]]:
     """Held-out metrics of the run in ``run``: ``{'none' | 'encoder' | 'decoder': metrics}``."""
-    config = ml_collections.ConfigDict(json.loads((run / "summary.json").read_text())["config"])
-    data = input_pipeline.load(config)
-    _, params_key, dropout_key = jax.random.split(jax.random.key(config.seed), 3)
-    state = train.example.build_state(config, data, params_key, dropout_key)
-    checkpointer = Checkpointer(run / "checkpoints", keep=config.keep_checkpoints)
-    try:
-        state, _ = checkpointer.restore(state, config=config.to_dict())
-    finally:
-        checkpointer.close()
+    state, config, data = restore_run(run, train.example)
     kept = dropmask.kept_layers(int(config.num_layers), rate)
     pruned = tuple(i for i in range(int(config.num_layers)) if i not in kept)
     out = {}

@@ -17,6 +17,7 @@ from ._example import Example as Example
 from ._example import base_config as base_config
 from ._example import run_keys as run_keys
 from ._locate import Located as Located
+from ._locate import add_target_arguments as add_target_arguments
 from ._locate import available as available
 from ._locate import is_library as is_library
 from ._locate import listing as listing
@@ -35,6 +36,7 @@ __all__ = [
     "Example",
     "ExampleCodeError",
     "Located",
+    "add_target_arguments",
     "available",
     "base_config",
     "checked",

@@ -20,6 +20,7 @@ other package of that name, stays what it is.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib
 import importlib.machinery
@@ -45,6 +46,7 @@ from ._example import Example
 
 __all__ = [
     "Located",
+    "add_target_arguments",
     "available",
     "checkout_examples",
     "is_library",
@@ -161,6 +163,22 @@ def listing() -> str:
         "or package.module:attribute."
     )
     return "\n".join(lines)
+
+
+def add_target_arguments(parser: argparse.ArgumentParser, dest: str) -> None:
+    """Adds the optional ``TARGET`` (stored as ``dest``) and ``--list`` to ``parser``.
+
+    Every command that runs an example takes its target and lists the examples with
+    the same words, so that what ``--help`` says matches what :func:`locate` accepts.
+    """
+    parser.add_argument(
+        dest,
+        metavar="TARGET",
+        nargs="?",
+        help="a bundled example (e.g. digits), a directory whose train.py defines `example`, "
+        "a .py file, or package.module:attribute",
+    )
+    parser.add_argument("--list", action="store_true", help="list the examples and where each is")
 
 
 def locate(target: str, attributes: Sequence[str] = ("example",)) -> Located:

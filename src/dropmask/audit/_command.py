@@ -6,20 +6,14 @@ import argparse
 import sys
 
 from .._errors import DropmaskError
+from .._workflow import add_target_arguments
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds ``TARGET``, ``--list`` and ``--json`` to ``parser``."""
-    parser.add_argument(
-        "target",
-        metavar="TARGET",
-        nargs="?",
-        help="a bundled example (e.g. digits), a directory whose train.py defines `example`, "
-        "a .py file, or package.module:attribute",
-    )
-    parser.add_argument("--list", action="store_true", help="list the examples and where each is")
+    add_target_arguments(parser, "target")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 

@@ -12,7 +12,8 @@ Every stream's per-step key is ``fold_in(fold_in(key, stream_id(name)), step)``.
 :class:`NnxTrainState` is the Flax NNX counterpart: it keeps the model split
 (``nnx.split``) and re-keys every stream the model holds by the same rule (plus the
 stream's path in the model) each time it rebuilds the model.
-:class:`Checkpointer` saves and restores runs exactly (typed keys included);
+:class:`Checkpointer` saves and restores runs exactly (typed keys included), and
+:func:`restore_run` rebuilds a trained run's state from its checkpoint;
 :func:`train` and :func:`compare_rates` run an :class:`Example` on any number of
 devices and processes; ``dropmask train NAME`` is the command over them.
 """
@@ -41,6 +42,7 @@ from ._parallel import make_mesh as make_mesh
 from ._parallel import replicate as replicate
 from ._parallel import shard_batch as shard_batch
 from ._rate_schedule import RateSchedule as RateSchedule
+from ._restore import restore_run as restore_run
 from ._result import RunResult as RunResult
 from ._serialization import from_bytes as from_bytes
 from ._serialization import to_bytes as to_bytes
@@ -67,6 +69,7 @@ __all__ = [
     "initialize_distributed",
     "make_mesh",
     "replicate",
+    "restore_run",
     "run_keys",
     "shard_batch",
     "step_key",

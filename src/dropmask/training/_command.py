@@ -15,20 +15,14 @@ import sys
 from typing import Any
 
 from .._errors import DropmaskError, DropmaskValueError
+from .._workflow import add_target_arguments
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds ``dropmask train``'s flags to ``parser``."""
-    parser.add_argument(
-        "example",
-        metavar="TARGET",
-        nargs="?",
-        help="a bundled example (e.g. digits), a directory whose train.py defines `example`, "
-        "a .py file, or package.module:attribute",
-    )
-    parser.add_argument("--list", action="store_true", help="list the examples and where each is")
+    add_target_arguments(parser, "example")
     parser.add_argument(
         "--workdir", help="directory for metrics, events, plots, checkpoints (runs/NAME)"
     )

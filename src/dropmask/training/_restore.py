@@ -1,0 +1,80 @@
+"""A finished (or interrupted) run's state rebuilt from its checkpoint, for use after training."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+import ml_collections
+
+from .._errors import DropmaskTypeError, DropmaskValueError
+from .._workflow import Example, run_keys
+from ._checkpoint import Checkpointer
+
+__all__ = ["restore_run"]
+
+
+def restore_run(
+    workdir: str | os.PathLike[str],
+    example: Example,
+    *,
+    step: int | None = None,
+) -> tuple[Any, ml_collections.ConfigDict, Any]:
+    """The state of checkpoint ``step`` (default: the latest) of a run, its config and data.
+
+    Rebuilds what the loop built for the run in ``workdir``: the config saved with the
+    checkpoint, the example's data for that config, and a state from the run's keys
+    (:func:`run_keys` of ``config.seed``) into which the checkpoint is restored. The
+    state is built with :meth:`Example.build_state`, so runs of one config restored side
+    by side (the seeds of a rate comparison) share each jitted function's compilation.
+    Nothing in ``workdir`` is written.
+
+    Args:
+      workdir: the run's directory, which holds ``checkpoints/`` (for a
+        ``--compare-rates`` run, one of its ``rate_R/seed_S``).
+      example: the :class:`Example` the run trained.
+      step: which checkpoint; the latest by default.
+
+    Returns:
+      ``(state, config, data)``: the restored state (unsharded, on the default
+      device), the run's config as a ``ConfigDict`` and ``example.load_data(config)``.
+
+    Raises:
+      DropmaskTypeError: ``example`` is not an :class:`Example`.
+      DropmaskValueError: ``workdir`` holds no ``checkpoints/`` directory.
+      CheckpointError: no checkpoint ``step``, or it holds another model than
+        ``example`` builds for its config.
+      DamagedCheckpointError: the checkpoint's files cannot be read back.
+      DataError: ``example.load_data`` cannot read the run's data (e.g. its
+        ``data_path`` moved).
+
+    Example::
+
+        from dropmask.examples.digits.train import example
+        state, config, data = restore_run("runs/digits", example)
+        held_out = example.evaluate(state, config, data, "eval")
+    """
+    if not isinstance(example, Example):
+        raise DropmaskTypeError(
+            f"restore_run: example must be a dropmask.training.Example, got "
+            f"{type(example).__name__}. Pass the example the run trained, e.g. train.example."
+        )
+    directory = pathlib.Path(workdir) / "checkpoints"
+    if not directory.is_dir():
+        raise DropmaskValueError(
+            f"restore_run: workdir must hold a run's checkpoints/, but {directory} does not "
+            f"exist. Train first (dropmask train {example.name} --workdir {workdir}), or pass "
+            f"the run's workdir (for --compare-rates, one of its rate_R/seed_S)."
+        )
+    checkpointer = Checkpointer(directory)
+    try:
+        record = checkpointer.record(step)
+        config = ml_collections.ConfigDict(record["config"])
+        data = example.load_data(config)
+        _, params_key, dropout_key = run_keys(record["config"]["seed"])
+        target = example.build_state(config, data, params_key, dropout_key)
+        state, _ = checkpointer.restore(target, config=record["config"], step=record["step"])
+    finally:
+        checkpointer.close()
+    return state, config, data
