@@ -15,8 +15,8 @@ from scipy import stats
 
 import dropmask
 import dropmask.linen
-from dropmask import _fast_mask, _sharding
-from dropmask._threefry import threefry4x32
+from dropmask._random import _fast_mask, _sharding
+from dropmask._random._threefry import threefry4x32
 
 P_4SIGMA = 2 * stats.norm.sf(4.0)
 
@@ -244,17 +244,17 @@ def test_packed_keep_words_are_the_mask_bits():
 
 
 def test_every_mask_caller_goes_through_the_one_entry_point(monkeypatch):
-    from dropmask import _random
+    from dropmask._random import _draw
 
     specs = []
-    entry = _random._draw_and_combine_jit
+    entry = _draw._draw_and_combine_jit
 
     def spy(spec, combine, *args):
         hash(spec)  # the static spec keys the jit cache
         specs.append(spec)
         return entry(spec, combine, *args)
 
-    monkeypatch.setattr(_random, "_draw_and_combine_jit", spy)
+    monkeypatch.setattr(_draw, "_draw_and_combine_jit", spy)
     x, key, tokens = jnp.ones((4, 40)), jax.random.key(0), jnp.zeros((4, 40), jnp.int32)
     calls = [
         lambda r, impl: dropmask.dropout(x, r, key, impl=impl),
@@ -303,7 +303,7 @@ def test_cpu_path_draws_the_inline_paths_words_inside_one_cond(keep, calls):
     are the inline path's bit for bit."""
     words = _fast_mask.key_words(jax.random.key(0))
     thr = _fast_mask.threshold(keep)
-    assert _fast_mask._Fields(thr.nbits).calls == calls
+    assert _fast_mask.Fields(thr.nbits).calls == calls
 
     def conds(path: str) -> int:
         fn = lambda w: _fast_mask.keep_from_words(w, (8, 256), thr, path=path)  # noqa: E731

@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 
 import dropmask
-from dropmask import _fast_mask, _random
+from dropmask._random import _draw, _fast_mask
 
 MODES = ("mask", "none")
 SHAPE = (256, 512)
@@ -238,7 +238,7 @@ def test_only_the_packed_paths_name_their_words(path):
 
 
 def test_backends_without_packed_words_keep_only_the_key(monkeypatch):
-    monkeypatch.setattr(_random, "_packs_words", lambda: False)
+    monkeypatch.setattr(_draw, "_packs_words", lambda: False)
     x, key = _x(), jax.random.key(0)
     leaves = _residuals(lambda x: dropmask.dropout(x, 0.1, key), x)
     assert _avals(leaves) == [((2,), "uint32")]

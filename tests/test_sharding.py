@@ -11,9 +11,9 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import dropmask
-from dropmask import _fast_mask
 from dropmask import linen as dl
 from dropmask import nnx as dnnx
+from dropmask._random import _fast_mask
 
 SHAPE = (64, 128)
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")

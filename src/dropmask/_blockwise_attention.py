@@ -32,8 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._dropout import flags_and_realised, scale_and_fill
-from ._random import draw, mask_shape
-from ._sharding import Block
+from ._random import Block, draw, mask_shape
 
 __all__ = [
     "Dropout",

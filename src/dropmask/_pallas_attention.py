@@ -40,8 +40,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from . import _blockwise_attention as bw
-from ._fast_mask import Threshold, key_words, threshold
-from ._tile_mask import tile_keep_flags
+from ._random import Threshold, key_words, threshold, tile_keep_flags
 
 __all__ = [
     "DEFAULT_BLOCK_K",

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from ._errors import DropmaskTypeError, DropmaskValueError
+from .._errors import DropmaskTypeError, DropmaskValueError
 
 __all__ = ["Block", "block_from_spec", "local_block"]
 

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from ._errors import DropmaskValueError
+from .._errors import DropmaskValueError
 from ._sharding import Block
 from ._threefry import threefry2x32, threefry4x32
 
@@ -155,7 +155,7 @@ def _compare(field: jax.Array, thr: Threshold) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Fields:
+class Fields:
     """Where lane ``l`` of a word finds its ``nbits`` bits in the word's Threefry blocks."""
 
     nbits: int
@@ -243,7 +243,7 @@ def _split_value(thr: Threshold) -> tuple[Any, int | None]:
 
 
 def _call_lanes(
-    packed: jax.Array, outputs: list[jax.Array], j: Any, fields: _Fields, thr: Threshold
+    packed: jax.Array, outputs: list[jax.Array], j: Any, fields: Fields, thr: Threshold
 ) -> jax.Array:
     """``packed`` with the lanes of Threefry call ``j`` (its 128-bit block ``outputs``) set."""
     first = j * fields.per_call  # the call's first lane: an int, or a traced uint32
@@ -267,7 +267,7 @@ def _jitted_flags(
     """The packed keep-flags with a word's Threefry calls side by side (plain ops, which
     XLA may fuse into a consumer)."""
     thr = Threshold(nbits, shift, static_value if value is None else value, None)
-    fields = _Fields(thr.nbits)
+    fields = Fields(thr.nbits)
     key = _words(words)
     packed = jnp.zeros(index.shape, _U32)
     zero = jnp.zeros((), _U32)
@@ -407,7 +407,7 @@ def _per_element_flags(
     once per shape and threshold kind as ``_jitted_flags`` is. The start (per axis, then
     the packing axis's first word) is split into static and traced parts."""
     thr = Threshold(nbits, shift, static_value if value is None else value, None)
-    fields = _Fields(nbits)
+    fields = Fields(nbits)
     start = [t if s is None else s for s, t in zip(static_start, traced_start, strict=True)]
     coords = _coords(shape, start[:-1])
     position = coords[axis]  # counted from the start of the block's first word
@@ -450,7 +450,7 @@ def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
     ``i % 4`` of Threefry-4x32-20 at counter ``(i // 4, 0, 0, 0)`` under ``key_words(key)``.
 
     Example:
-      >>> import jax, dropmask._fast_mask as r
+      >>> import jax, dropmask._random._fast_mask as r
       >>> k = jax.random.key(0)
       >>> bool((r.random_bits(k, (4, 8))[1] == r.random_bits(k, (32,))[8:16]).all())
       True

@@ -19,30 +19,51 @@ weight computes its own call.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._blockwise_attention import Plan
+from ._draw import mask_shape
 from ._fast_mask import (
     LANES,
+    Fields,
     Threshold,
     _check_word_count,
     _compare,
-    _Fields,
     _packing_axis,
 )
-from ._random import mask_shape
 from ._threefry import threefry4x32
 
-__all__ = ["tile_keep_flags"]
+__all__ = ["TileGeometry", "tile_keep_flags"]
 
 _U32 = jnp.uint32
 
 
-def _mask_layout(plan: Plan) -> tuple[int, int]:
+class TileGeometry(Protocol):
+    """What the flags of a tile depend on: the attention weights' shape and the tiles.
+
+    The attention paths' ``Plan`` is one; only these fields are read.
+    """
+
+    @property
+    def batch(self) -> tuple[int, ...]: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def q_len(self) -> int: ...
+    @property
+    def kv_len(self) -> int: ...
+    @property
+    def block_q(self) -> int: ...
+    @property
+    def block_k(self) -> int: ...
+    @property
+    def broadcast_dropout(self) -> bool: ...
+
+
+def _mask_layout(plan: TileGeometry) -> tuple[int, int]:
     """``(packing axis from the end, its size)`` of the dense path's global mask.
 
     1 is the key axis; 2 the query axis (one key); 3 a batch or head axis (one query
@@ -65,7 +86,7 @@ def _select_output(outputs: list[jax.Array], which: jax.Array) -> jax.Array:
 
 
 def tile_keep_flags(
-    plan: Plan, thr: Threshold, words: list[jax.Array], bh: Any, rows: Any, col0: Any
+    plan: TileGeometry, thr: Threshold, words: list[jax.Array], bh: Any, rows: Any, col0: Any
 ) -> jax.Array:
     """``bool[bq, bk]``: the keep-flags of the weights at query ``rows`` (``int32[bq]``)
     and keys ``col0 + [0, bk)`` of batch-head ``bh`` (``batch_index * heads + head``).
@@ -77,7 +98,7 @@ def tile_keep_flags(
       words: the four ``uint32`` key words (scalars), ``key_words(key)``.
       bh, rows, col0: the tile's global position (traced scalars and a vector).
     """
-    fields = _Fields(thr.nbits)
+    fields = Fields(thr.nbits)
     bq, bk = plan.block_q, plan.block_k
     shape = (bq, bk)
     from_end, size = _mask_layout(plan)

@@ -43,14 +43,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
 
-from ._checks import (
+from .._checks import (
     check_impl,
     check_key,
     check_rate,
     check_shape,
     normalize_broadcast_dims,
 )
-from ._errors import DropmaskValueError
+from .._errors import DropmaskValueError
 from ._fast_mask import (
     MASK_NAME,
     Threshold,
@@ -137,7 +137,7 @@ def _draw_and_combine(
 
 
 SAVE_MASK_WORDS = jax.checkpoint_policies.save_only_these_names(MASK_NAME)
-_SAVE_NOTHING = jax.checkpoint_policies.nothing_saveable
+SAVE_NOTHING = jax.checkpoint_policies.nothing_saveable
 
 
 def _checkpointed(
@@ -147,7 +147,7 @@ def _checkpointed(
     only what ``spec.save_words`` asks for (the packed words, or just the key's words) and
     recomputes the rest, never a per-element array of flags or scaled values; ``jvp``
     still works."""
-    policy = SAVE_MASK_WORDS if spec.save_words else _SAVE_NOTHING
+    policy = SAVE_MASK_WORDS if spec.save_words else SAVE_NOTHING
     body = jax.checkpoint(_draw_and_combine, policy=policy, static_argnums=(0, 1))
     return body(spec, combine, x, source, dynamic, offset)
 
