@@ -14,7 +14,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 import dropmask as dm
-from dropmask import _blockwise_attention as bw
+from dropmask._attention import _blockwise as bw
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 B, LQ, LK, H, D = 2, 13, 70, 2, 4
@@ -289,7 +289,7 @@ def test_memory_grows_linearly_with_the_length():
 
 def test_causal_and_window_visit_only_the_tiles_they_need():
     def visited(**kw):
-        span = dm._attention._window(kw.get("window"), kw.get("is_causal", False))
+        span = dm._attention._dot_product._window(kw.get("window"), kw.get("is_causal", False))
         plan = bw.Plan((1,), 1, 1, 1024, 1024, 128, 128, *span, None, False, True, None)
         return sum(int(hi) - int(lo) for lo, hi in (bw.key_block_bounds(plan, i) for i in range(8)))
 
@@ -316,7 +316,7 @@ def test_auto_picks_blockwise_for_long_sequences_and_dense_for_flax_masks():
 
 
 def test_default_tiles_follow_the_length():
-    from dropmask import _blockwise_attention as bw
+    from dropmask._attention import _blockwise as bw
 
     assert [bw.default_block(n) for n in (1, 256, 512, 513, 4096)] == [64, 64, 64, 128, 128]
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import dropmask as dm
-from dropmask import _dense_weights as dw
-from dropmask._attention import _heads_major_scores
+from dropmask._attention import _dense_weights as dw
+from dropmask._attention._dot_product import _heads_major_scores
 
 B, T, H, D = 2, 6, 4, 8
 

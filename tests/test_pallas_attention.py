@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import dropmask as dm
-from dropmask import _blockwise_attention as bw
-from dropmask import _pallas_attention as pa
+from dropmask._attention import _blockwise as bw
+from dropmask._attention import _pallas as pa
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 SLOW = pytest.mark.slow

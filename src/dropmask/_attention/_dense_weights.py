@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._reductions import compute_dtype, narrow_softmax_tangent, softmax_flagging_nonfinite
+from .._reductions import compute_dtype, narrow_softmax_tangent, softmax_flagging_nonfinite
 
 __all__ = ["attention_weights"]
 

@@ -19,8 +19,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
-from . import _blockwise_attention as bw
-from ._checks import (
+from .._checks import (
     check_bool_mask,
     check_choice,
     check_floating,
@@ -33,18 +32,19 @@ from ._checks import (
     check_static_int,
     check_window,
 )
-from ._dense_weights import attention_weights
-from ._dropout import dropout, flags_and_realised, scale_and_fill
-from ._errors import DropmaskValueError, DtypeError
-from ._masks import (
+from .._dropout import dropout, flags_and_realised, scale_and_fill
+from .._errors import DropmaskValueError, DtypeError
+from .._masks import (
     as_array,
     check_broadcastable,
     segment_mask,
     sequence_mask,
     sliding_window_mask,
 )
-from ._random import DEFAULT_IMPL, SAVE_MASK_WORDS, Impl, draw, mask_shape, probability
-from ._reductions import compute_dtype
+from .._random import DEFAULT_IMPL, SAVE_MASK_WORDS, Impl, draw, mask_shape, probability
+from .._reductions import compute_dtype
+from . import _blockwise as bw
+from ._dense_weights import attention_weights
 
 __all__ = ["Algorithm", "dot_product_attention"]
 
@@ -455,7 +455,7 @@ def _run_tiled(
     run_keep = None if static_keep is not None else keep
     if path == "pallas":
         # Imported here: jax.experimental.pallas loads only for the path that runs it.
-        from . import _pallas_attention as pa
+        from . import _pallas as pa
 
         kernel = pa.Kernel(
             plan,
@@ -694,7 +694,7 @@ def _choose_path(
 
 def _pallas_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:
     """Power-of-two tiles of at least 16 (Triton's), at most the padded lengths."""
-    from . import _pallas_attention as pa
+    from . import _pallas as pa
 
     sizes = []
     for size, name, length, default in (

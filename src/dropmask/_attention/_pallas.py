@@ -12,11 +12,11 @@ Three kernels, tied with a ``jax.custom_vjp``:
 
 The backward kernels recompute each tile's scores and dropout flags; nothing of size
 ``[q_len, kv_len]`` is stored. The tile geometry, masks and taint rules are those of
-``_blockwise_attention`` (a :class:`~dropmask._blockwise_attention.Plan` describes
+``_blockwise`` (a :class:`~dropmask._attention._blockwise.Plan` describes
 the call), so both paths compute the same function.
 
 Dropout. Each kernel computes its tile's keep-flags from the four key words and the
-tile's global position (``_tile_mask``): they are the dense path's flags element by
+tile's global position (``_random._tile_mask``): they are the dense path's flags element by
 element, drawn again in the backward pass, never stored. A Python-number rate is
 compiled into the kernels; a JAX scalar arrives as an input (one compilation for every
 rate). A dense boolean ``mask`` is read a tile at a time; key tiles past a batch row's
@@ -39,8 +39,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import _blockwise_attention as bw
-from ._random import Threshold, key_words, threshold, tile_keep_flags
+from .._random import Threshold, key_words, threshold, tile_keep_flags
+from . import _blockwise as bw
 
 __all__ = [
     "DEFAULT_BLOCK_K",
@@ -659,7 +659,7 @@ def pallas_attention(
 ) -> tuple[jax.Array, jax.Array]:
     """Attention of ``q: [*batch, Lq, H, D]`` over ``k``, ``v``: ``[*batch, Lk, Hk, D]``.
 
-    As :func:`dropmask._blockwise_attention.blockwise_attention`: ``q`` is already
+    As :func:`dropmask._attention._blockwise.blockwise_attention`: ``q`` is already
     scaled by ``1/sqrt(D)`` and every input is finite (non-finite entries zeroed and
     recorded in ``bad_q: bool[*batch, Lq, H]`` and ``bad_kv: bool[*batch, Lk, Hk]``).
     ``kv_valid`` broadcasts to ``[*batch, Lk]``; segment ids to ``[*batch, L]``.

@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._dropout import flags_and_realised, scale_and_fill
-from ._random import Block, draw, mask_shape
+from .._dropout import flags_and_realised, scale_and_fill
+from .._random import Block, draw, mask_shape
 
 __all__ = [
     "Dropout",
