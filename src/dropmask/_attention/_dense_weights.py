@@ -46,7 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._reductions import compute_dtype, narrow_softmax_tangent, softmax_flagging_nonfinite
+from .._reductions import compute_dtype
+from ._softmax import narrow_softmax_tangent, softmax_flagging_nonfinite
 
 __all__ = ["attention_weights"]
 
