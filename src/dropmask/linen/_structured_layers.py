@@ -1,6 +1,6 @@
 """Linen layers of the structured variants: DropBlock, DropHead, LayerDrop.
 
-Each resolves ``deterministic`` and fetches a key through ``_linen_base.Stochastic`` and
+Each resolves ``deterministic`` and fetches a key through ``_base.Stochastic`` and
 calls the functional core in ``_structured``; ``dropmask.linen`` re-exports them.
 """
 
@@ -12,11 +12,11 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from . import _layer_specs
-from ._checks import concrete_value
-from ._linen_base import Sharded, Stochastic
-from ._random import DEFAULT_RESIDUAL, Residual
-from ._structured import keep_layer
+from .. import _layer_specs
+from .._checks import concrete_value
+from .._random import DEFAULT_RESIDUAL, Residual
+from .._structured import keep_layer
+from ._base import Sharded, Stochastic
 
 __all__ = ["DropBlock", "DropHead", "LayerDrop"]
 

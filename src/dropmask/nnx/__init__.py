@@ -30,16 +30,16 @@ from typing import Any
 import jax
 from flax import nnx
 
-from . import _layer_specs
-from ._checks import as_dims
-from ._nnx_base import Sharded as _Sharded
-from ._nnx_base import Stochastic as _Stochastic
-from ._nnx_rnn import Bidirectional as Bidirectional
-from ._nnx_rnn import MaskedRNN as MaskedRNN
-from ._nnx_structured import DropBlock as DropBlock
-from ._nnx_structured import DropHead as DropHead
-from ._nnx_structured import LayerDrop as LayerDrop
-from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
+from .. import _layer_specs
+from .._checks import as_dims
+from .._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
+from ._base import Sharded as _Sharded
+from ._base import Stochastic as _Stochastic
+from ._recurrent import Bidirectional as Bidirectional
+from ._recurrent import MaskedRNN as MaskedRNN
+from ._structured_layers import DropBlock as DropBlock
+from ._structured_layers import DropHead as DropHead
+from ._structured_layers import LayerDrop as LayerDrop
 
 __all__ = [
     "AlphaDropout",

@@ -14,10 +14,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from . import _dropout
-from ._checks import check_key, check_rate, concrete_value
-from ._errors import DropmaskValueError, MissingKeyError
-from ._rnn import (
+from .. import _dropout
+from .._checks import check_key, check_rate, concrete_value
+from .._errors import DropmaskValueError, MissingKeyError
+from .._rnn import (
     FLAX_RECURRENT_KERNELS,
     carry_rates,
     check_carry,

@@ -15,11 +15,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from . import _dropout
-from ._checks import check_key, check_rate, concrete_value
-from ._errors import MissingKeyError
-from ._nnx_streams import own_stream
-from ._rnn import (
+from .. import _dropout
+from .._checks import check_key, check_rate, concrete_value
+from .._errors import MissingKeyError
+from .._rnn import (
     FLAX_RECURRENT_KERNELS,
     carry_rates,
     check_carry,
@@ -34,6 +33,7 @@ from ._rnn import (
     regularizer_keys,
     resolve_mask,
 )
+from ._streams import own_stream
 
 __all__ = ["Bidirectional", "MaskedRNN"]
 

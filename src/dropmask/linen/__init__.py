@@ -29,16 +29,16 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from . import _layer_specs
-from ._linen_base import MissingStreamError as MissingStreamError
-from ._linen_base import Sharded as _Sharded
-from ._linen_base import Stochastic as _Stochastic
-from ._linen_rnn import Bidirectional as Bidirectional
-from ._linen_rnn import MaskedRNN as MaskedRNN
-from ._linen_structured import DropBlock as DropBlock
-from ._linen_structured import DropHead as DropHead
-from ._linen_structured import LayerDrop as LayerDrop
-from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
+from .. import _layer_specs
+from .._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
+from ._base import MissingStreamError as MissingStreamError
+from ._base import Sharded as _Sharded
+from ._base import Stochastic as _Stochastic
+from ._recurrent import Bidirectional as Bidirectional
+from ._recurrent import MaskedRNN as MaskedRNN
+from ._structured_layers import DropBlock as DropBlock
+from ._structured_layers import DropHead as DropHead
+from ._structured_layers import LayerDrop as LayerDrop
 
 __all__ = [
     "AlphaDropout",

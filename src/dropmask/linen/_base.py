@@ -1,6 +1,6 @@
 """What every Linen stochastic layer shares: resolving ``deterministic``, fetching a key.
 
-Its own module, so that the layers of ``linen.py`` and ``_linen_structured.py`` share
+Its own module, so that the layers of ``__init__.py`` and ``_structured_layers.py`` share
 one base without importing each other.
 """
 
@@ -13,9 +13,9 @@ import flax.errors
 import flax.linen as nn
 import jax
 
-from . import _dropout, _layer_specs
-from ._checks import check_key
-from ._errors import MissingKeyError
+from .. import _dropout, _layer_specs
+from .._checks import check_key
+from .._errors import MissingKeyError
 
 __all__ = ["MissingStreamError", "Sharded", "Stochastic"]
 

@@ -1,7 +1,7 @@
 """What every NNX stochastic layer shares: constructor, mode resolution, key fetching.
 
-Its own module, so that the layers of ``nnx.py`` and ``_nnx_structured.py`` share one
-base without importing each other.
+Its own module, so that the layers of ``__init__.py`` and ``_structured_layers.py`` share
+one base without importing each other.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 import jax
 from flax import nnx
 
-from . import _dropout, _layer_specs
-from ._checks import check_rate
-from ._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
-from ._nnx_streams import own_stream
+from .. import _dropout, _layer_specs
+from .._checks import check_rate
+from .._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
+from ._streams import own_stream
 
 __all__ = ["Sharded", "Stochastic"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from flax import nnx
 
-from ._errors import DropmaskTypeError
+from .._errors import DropmaskTypeError
 
 __all__ = ["own_stream"]
 
