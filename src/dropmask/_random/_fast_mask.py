@@ -146,7 +146,7 @@ def threshold(p: Any) -> Threshold:
     return Threshold(32, 32 - _TRACED_BITS, value.astype(_U32), realised)
 
 
-def _compare(field: jax.Array, thr: Threshold) -> jax.Array:
+def compare(field: jax.Array, thr: Threshold) -> jax.Array:
     """Boolean keep-flags from random fields (an integer compare, no floats)."""
     if isinstance(thr.value, int) and thr.value >= 2 ** (thr.nbits - thr.shift):
         return jnp.ones(field.shape, bool)
@@ -186,13 +186,13 @@ class Fields:
         return field & _U32(2**self.nbits - 1) if self.nbits < 32 else field
 
 
-def _packing_axis(global_shape: tuple[int, ...]) -> int:
+def packing_axis(global_shape: tuple[int, ...]) -> int:
     """The axis words run along: the last one longer than 1 (so [batch, time, 1] packs time)."""
     longer = [i for i, d in enumerate(global_shape) if d > 1]
     return longer[-1] if longer else len(global_shape) - 1
 
 
-def _check_word_count(global_word_shape: tuple[int, ...]) -> None:
+def check_word_count(global_word_shape: tuple[int, ...]) -> None:
     size = math.prod(global_word_shape)
     if size >= 2**32:
         raise DropmaskValueError(
@@ -249,7 +249,7 @@ def _call_lanes(
     first = j * fields.per_call  # the call's first lane: an int, or a traced uint32
     for within in range(min(fields.per_call, LANES)):
         _, o, bit = fields.locate(within)
-        keep = _compare(fields.extract(outputs[o], bit), thr)
+        keep = compare(fields.extract(outputs[o], bit), thr)
         lane = first + within if isinstance(first, int) else first + _U32(within)
         packed = packed | (keep.astype(_U32) << jnp.asarray(lane, _U32))
     return packed
@@ -289,9 +289,9 @@ def packed_keep_words(words: jax.Array, shape: tuple[int, ...], thr: Threshold) 
     ``uint32`` words along the packing axis, bit ``l`` of word ``w`` for element
     ``32 * w + l`` (for measuring the generator apart from applying the mask)."""
     shape = shape or (1,)
-    axis = _packing_axis(shape)
+    axis = packing_axis(shape)
     word_shape = _with(shape, axis, -(-shape[axis] // LANES))
-    _check_word_count(word_shape)
+    check_word_count(word_shape)
     index = _row_major(_coords(word_shape, (0,) * len(shape)), word_shape)
     return _packed_flags(words, index, thr)
 
@@ -335,9 +335,9 @@ def keep_from_words(
         return keep_from_words(words, (1,), thr, scalar, path=path)[0]
     global_shape = shape if block is None else block.global_shape
     offset = (0,) * len(shape) if block is None else block.offset
-    axis = _packing_axis(global_shape)
+    axis = packing_axis(global_shape)
     global_word_shape = _with(global_shape, axis, -(-global_shape[axis] // LANES))
-    _check_word_count(global_word_shape)
+    check_word_count(global_word_shape)
     lane0 = offset[axis] % LANES  # where the local block starts within its first word
     word_start = _with(offset, axis, offset[axis] // LANES)
 
@@ -419,7 +419,7 @@ def _per_element_flags(
     chosen = outputs[0]
     for k in range(1, 4):
         chosen = jnp.where(o == k, outputs[k], chosen)
-    return _compare(fields.extract(chosen, bit), thr)
+    return compare(fields.extract(chosen, bit), thr)
 
 
 def _with(values: Sequence[Any], axis: int, value: Any) -> tuple[Any, ...]:

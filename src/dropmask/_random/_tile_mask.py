@@ -30,9 +30,9 @@ from ._fast_mask import (
     LANES,
     Fields,
     Threshold,
-    _check_word_count,
-    _compare,
-    _packing_axis,
+    check_word_count,
+    compare,
+    packing_axis,
 )
 from ._threefry import threefry4x32
 
@@ -72,9 +72,9 @@ def _mask_layout(plan: TileGeometry) -> tuple[int, int]:
     nb = len(plan.batch)
     axes = tuple(range(nb + 1)) if plan.broadcast_dropout else ()
     shape = mask_shape((*plan.batch, plan.heads, plan.q_len, plan.kv_len), axes)
-    axis = _packing_axis(shape)
+    axis = packing_axis(shape)
     word_shape = tuple(-(-d // LANES) if a == axis else d for a, d in enumerate(shape))
-    _check_word_count(word_shape)
+    check_word_count(word_shape)
     return min(len(shape) - axis, 3), shape[axis]
 
 
@@ -128,7 +128,7 @@ def tile_keep_flags(
                 for o in range(used):
                     index = g * fields.calls * 4 + j * 4 + o
                     chosen = jnp.where(pick == _U32(index), outs[o], chosen)
-        return _compare(fields.extract(chosen, bit), thr)
+        return compare(fields.extract(chosen, bit), thr)
 
     if from_end == 1:
         prefix, coord = head_row + rows, cols
@@ -139,4 +139,4 @@ def tile_keep_flags(
     counter = zero + prefix * _U32(words_per_row) + coord // _U32(LANES)
     j, o, bit = fields.locate(zero + coord % _U32(LANES))
     outs = threefry4x32((counter, j, zero, zero), words)
-    return _compare(fields.extract(_select_output(outs, o), bit), thr)
+    return compare(fields.extract(_select_output(outs, o), bit), thr)
