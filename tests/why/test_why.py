@@ -17,7 +17,7 @@ import dropmask
 from dropmask import why
 from dropmask.why import _command as _why_command
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 VERDICTS = {why.HOLDS, why.NOT, why.DEPENDS}
 
 

@@ -505,7 +505,7 @@ def test_command_exits_nonzero_on_findings(tmp_path, capsys):
     hook.write_text(
         "import jax, jax.numpy as jnp\n"
         "from dropmask.audit import AuditTarget\n"
-        "from tests.test_audit import CustomModel, X\n"
+        "from tests.audit.test_audit import CustomModel, X\n"
         "def audit_target():\n"
         "    model = CustomModel('eval-on')\n"
         "    v = model.init(jax.random.key(0), X, training=False)\n"
