@@ -154,17 +154,16 @@ def test_no_import_cycle_between_modules():
 
 
 def test_front_ends_share_helpers_through_core_modules():
-    """Linen and NNX modules never import each other's private modules, and a layer
-    module takes from its recurrent module only the recurrent layers it re-exports."""
+    """Linen and NNX modules never import each other's modules, and a layer package
+    takes from its recurrent module only the recurrent layers it re-exports."""
     src = ROOT / "src" / "dropmask"
-    linen = {"dropmask.linen", "dropmask._linen_rnn"}
-    nnx = {"dropmask.nnx", "dropmask._nnx_rnn"}
-    for own, other in ((linen, nnx), (nnx, linen)):
-        for name in own:
-            path = src / f"{name.split('.')[-1]}.py"
-            crossing = _module_imports(path, name) & other
+    for own, other in (("linen", "nnx"), ("nnx", "linen")):
+        for path in (src / own).glob("*.py"):
+            name = f"dropmask.{own}" + ("" if path.name == "__init__.py" else f".{path.stem}")
+            found = _module_imports(path, name)
+            crossing = {m for m in found if (m + ".").startswith(f"dropmask.{other}.")}
             assert not crossing, (name, crossing)
-    for layers, rnn in (("linen", "_linen_rnn"), ("nnx", "_nnx_rnn")):
-        text = (src / f"{layers}.py").read_text()
-        taken = set(re.findall(rf"^from \.{rnn} import (\w+)", text, re.M))
+    for layers in ("linen", "nnx"):
+        text = (src / layers / "__init__.py").read_text()
+        taken = set(re.findall(r"^from \._recurrent import (\w+)", text, re.M))
         assert taken == {"Bidirectional", "MaskedRNN"}, (layers, taken)

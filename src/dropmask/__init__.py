@@ -21,7 +21,6 @@ from ._errors import DtypeError as DtypeError
 from ._errors import MaskShapeError as MaskShapeError
 from ._errors import MissingKeyError as MissingKeyError
 from ._errors import RateError as RateError
-from ._fast_mask import MASK_NAME as DROPOUT_MASK_NAME
 from ._masks import attention_mask as attention_mask
 from ._masks import causal_mask as causal_mask
 from ._masks import combine_masks as combine_masks
@@ -43,6 +42,7 @@ from ._padding import pack_sequences as pack_sequences
 from ._padding import pad_sequences as pad_sequences
 from ._padding import pad_to_bucket as pad_to_bucket
 from ._padding import unpack_sequences as unpack_sequences
+from ._random import MASK_NAME as DROPOUT_MASK_NAME
 from ._random import keep_mask as keep_mask
 from ._reductions import masked_cross_entropy as masked_cross_entropy
 from ._reductions import masked_log_softmax as masked_log_softmax

@@ -34,8 +34,18 @@ from ._checks import (
     normalize_broadcast_dims,
 )
 from ._errors import DropmaskTypeError, DropmaskValueError, DtypeError
-from ._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual, draw, mask_shape, probability
-from ._sharding import Block, block_from_spec, local_block
+from ._random import (
+    DEFAULT_IMPL,
+    DEFAULT_RESIDUAL,
+    Block,
+    Impl,
+    Residual,
+    block_from_spec,
+    draw,
+    local_block,
+    mask_shape,
+    probability,
+)
 
 __all__ = ["alpha_dropout", "drop_path", "dropout", "gaussian_dropout", "word_dropout"]
 

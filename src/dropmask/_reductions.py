@@ -383,7 +383,7 @@ def masked_min(
 # ----------------------------------------------------------------- log-sum-exp family
 
 
-def _shifted(
+def shifted_exp(
     x: jax.Array, m: jax.Array, axes: tuple[int, ...], extra: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """``(x - shift, exp(x - shift), sum exp, shift)`` over valid elements, in f32+.
@@ -404,7 +404,7 @@ def _shifted(
     return shifted, e, jnp.sum(e, axis=axes, keepdims=True), shift
 
 
-def _safe_denominator(s: jax.Array) -> jax.Array:
+def safe_denominator(s: jax.Array) -> jax.Array:
     # `s == 0` (not `s > 0`) so that a NaN from a *valid* element still propagates.
     return jnp.where(s == 0, 1, s)
 
@@ -414,7 +414,7 @@ def softmax_core(x: jax.Array, m: jax.Array, axes: tuple[int, ...]) -> jax.Array
     return _softmax_masked(x, m, axes)
 
 
-def _softmax_tangent(y: jax.Array, t: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+def softmax_tangent(y: jax.Array, t: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     # The closed form y * (t - <y, t>), as jax.nn.softmax uses: one fused pass in the
     # backward instead of differentiating exp, sum and divide separately. y is exactly
     # 0 at masked positions (and on emptied rows), so they get 0 from finite tangents
@@ -424,15 +424,15 @@ def _softmax_tangent(y: jax.Array, t: jax.Array, axes: tuple[int, ...]) -> jax.A
     return y * (t - jnp.sum(y * t, axis=axes, keepdims=True))
 
 
-def _zero_masked(x: jax.Array, m: jax.Array) -> jax.Array:
+def zero_masked(x: jax.Array, m: jax.Array) -> jax.Array:
     """Masked elements set to 0 before the cast to the compute dtype (no NaN passed on)."""
     return jnp.where(m, x, jnp.zeros((), x.dtype)).astype(compute_dtype(x.dtype))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
 def _softmax_masked(x: jax.Array, m: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-    _, e, s, _ = _shifted(_zero_masked(x, m), m, axes)
-    return e / _safe_denominator(s)
+    _, e, s, _ = shifted_exp(zero_masked(x, m), m, axes)
+    return e / safe_denominator(s)
 
 
 @_softmax_masked.defjvp
@@ -441,80 +441,7 @@ def _softmax_jvp(
 ) -> tuple[jax.Array, jax.Array]:
     x, m = primals
     y = _softmax_masked(x, m, axes)
-    return y, _softmax_tangent(y, tangents[0], axes)
-
-
-# Added to a tainted row's exponentials (each in [0, 1]): no sum of untainted ones
-# reaches it, and it is finite, so no NaN is built where none was given.
-_TAINT = 2.0**64
-
-
-def softmax_flagging_nonfinite(
-    x: jax.Array, m: jax.Array, axes: tuple[int, ...], taint: jax.Array, dtype: Any = None
-) -> tuple[jax.Array, jax.Array]:
-    """:func:`softmax_core`, except that a row with a non-finite valid element is 0.
-
-    ``m`` and ``taint`` (bool, broadcastable to ``x``; pass them unbroadcast, they
-    are read inside the fusions) mark valid elements and elements that count as
-    non-finite although ``x`` is finite there; only valid ones matter. Returns
-    ``(weights, nonfinite)`` with ``weights`` in the compute dtype and
-    ``nonfinite: bool``, 1 on the reduced axes.
-
-    Dense attention uses it (when some score may be NaN or +inf, see
-    ``_dense_weights``) to find the rows that see a non-finite input from the sum the
-    softmax computes anyway (``taint`` joins it inside the exp fusion, so no extra
-    pass over ``x``), and to empty them so that ``0 * NaN`` in the backward pass
-    cannot reach the other rows; it then writes NaN into their outputs itself. The
-    backward pass keeps the weights only: one array the size of ``x``.
-
-    ``dtype`` (default: the compute dtype) is the weights' output dtype. The softmax is
-    computed in f32+ either way; a narrower ``dtype`` (bf16 attention) is also the
-    array the backward pass keeps, so it holds half the bytes of the f32 weights; the
-    tangent is then computed in f32+ from those rounded weights, as a softmax run in
-    bf16 (Flax's default) differentiates from its bf16 output.
-    """
-    out = compute_dtype(x.dtype) if dtype is None else jnp.dtype(dtype)
-    return _softmax_flagged(x, m, taint, axes, out)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
-def _softmax_flagged(
-    x: jax.Array, m: jax.Array, taint: jax.Array, axes: tuple[int, ...], dtype: Any
-) -> tuple[jax.Array, jax.Array]:
-    # A NaN or +inf valid element makes the shift 0 and the sum NaN or inf; a
-    # tainted one makes it at least _TAINT.
-    xz = _zero_masked(x, m)
-    extra = jnp.where(taint, jnp.asarray(_TAINT, xz.dtype), jnp.zeros((), xz.dtype))
-    _, e, s, _ = _shifted(xz, m, axes, extra)
-    clean = s < _TAINT  # False for NaN too
-    return jnp.where(clean, e / _safe_denominator(s), 0).astype(dtype), ~clean
-
-
-@_softmax_flagged.defjvp
-def _softmax_flagged_jvp(
-    axes: tuple[int, ...],
-    dtype: Any,
-    primals: tuple[jax.Array, ...],
-    tangents: tuple[Any, ...],
-) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, Any]]:
-    x, m, taint = primals
-    y, nonfinite = _softmax_flagged(x, m, taint, axes, dtype)
-    flag_tangent = np.zeros(nonfinite.shape, dtype=jax.dtypes.float0)
-    return (y, nonfinite), (narrow_softmax_tangent(y, tangents[0], axes), flag_tangent)
-
-
-def narrow_softmax_tangent(y: jax.Array, t: jax.Array, axes: tuple[int, ...]) -> jax.Array:
-    """:func:`_softmax_tangent` in f32+ from weights ``y`` stored in a narrower dtype.
-
-    Inside ``jax.checkpoint`` the widening of ``y`` belongs to the tangent's own
-    computation, so the backward pass keeps ``y`` as given (bf16) and widens it
-    again, instead of keeping a widened f32 copy.
-    """
-    acc = compute_dtype(y.dtype)
-    if acc == y.dtype:
-        return _softmax_tangent(y, t, axes)
-    widened = jax.checkpoint(lambda y, t: _softmax_tangent(y.astype(acc), t.astype(acc), axes))
-    return widened(y, t).astype(y.dtype)
+    return y, softmax_tangent(y, tangents[0], axes)
 
 
 def masked_logsumexp(
@@ -546,7 +473,7 @@ def masked_logsumexp(
     """
     x, m, axes = _prepare(x, mask, axis, "masked_logsumexp")
     _check_fill(fill, "masked_logsumexp")
-    _, _, s, shift = _shifted(x, m, axes)
+    _, _, s, shift = shifted_exp(x, m, axes)
     nonzero = s != 0
     lse = jnp.log(jnp.where(nonzero, s, 1)) + shift
     anyvalid = jnp.any(m, axis=axes, keepdims=True)
@@ -610,8 +537,8 @@ def masked_log_softmax(
     """
     x, m, axes = _prepare(x, mask, axis, "masked_log_softmax")
     _check_fill(fill, "masked_log_softmax")
-    shifted, _, s, _ = _shifted(x, m, axes)
-    out = jnp.where(m, shifted - jnp.log(_safe_denominator(s)), jnp.asarray(fill, s.dtype))
+    shifted, _, s, _ = shifted_exp(x, m, axes)
+    out = jnp.where(m, shifted - jnp.log(safe_denominator(s)), jnp.asarray(fill, s.dtype))
     return out.astype(x.dtype)
 
 
@@ -687,8 +614,8 @@ def masked_cross_entropy(
             labels, None if mask is None else tok, classes, caller=caller, what="valid tokens"
         )
     row = jnp.broadcast_to(tok[..., None], logits.shape)
-    shifted, _, s, _ = _shifted(logits, row, (logits.ndim - 1,))
-    log_z = jnp.log(_safe_denominator(s))
+    shifted, _, s, _ = shifted_exp(logits, row, (logits.ndim - 1,))
+    log_z = jnp.log(safe_denominator(s))
     if sparse:
         in_range = (labels >= 0) & (labels < classes)
         safe = jnp.where(tok & in_range, labels, 0)[..., None]

@@ -30,12 +30,12 @@ from typing import Any
 
 import jax
 
-from . import _dropout, _fast_mask, _random
+from . import _dropout, _random
 from ._checks import check_choice, check_rate, check_residual, check_shape
 from ._errors import DropmaskValueError
-from ._fast_mask import Threshold as Threshold
 from ._random import DEFAULT_RESIDUAL, Residual
-from ._threefry import threefry4x32 as threefry4x32
+from ._random import Threshold as Threshold
+from ._random import threefry4x32 as threefry4x32
 
 __all__ = [
     "LANES",
@@ -52,14 +52,14 @@ __all__ = [
     "threshold",
 ]
 
-LANES = _fast_mask.LANES
+LANES = _random.LANES
 """Elements per packed word: bit ``l`` of a word is the keep-flag of its element ``l``."""
 
-MASK_NAME = _fast_mask.MASK_NAME
+MASK_NAME = _random.MASK_NAME
 """Alias of :data:`dropmask.DROPOUT_MASK_NAME`: the name of the packed words for
 ``jax.checkpoint`` policies (``"dropout_mask"``)."""
 
-PATHS = _fast_mask.PATHS
+PATHS = _random.PATHS
 """The ways of computing the ``"fast"`` mask: ``"packed"`` (words materialised inside a
 ``lax.cond``, the CPU default), ``"packed_inline"`` (the CUDA default) and
 ``"per_element"`` (elsewhere). All give the same mask."""
@@ -74,7 +74,7 @@ def key_words(key: Any) -> jax.Array:
     Returns:
       ``uint32[4]``.
     """
-    return _fast_mask.key_words(key)
+    return _random.key_words(key)
 
 
 def threshold(keep_prob: float | jax.Array) -> Threshold:
@@ -94,12 +94,12 @@ def threshold(keep_prob: float | jax.Array) -> Threshold:
       >>> (t.nbits, t.value, t.realised)
       (1, 1, 0.5)
     """
-    return _fast_mask.threshold(keep_prob)
+    return _random.threshold(keep_prob)
 
 
 def fields_per_call(nbits: int) -> int:
     """How many ``nbits``-bit fields one 128-bit Threefry call yields (128 // nbits)."""
-    return _fast_mask._Fields(nbits).per_call
+    return _random.Fields(nbits).per_call
 
 
 def _static_threshold(rate: float, caller: str) -> Threshold:
@@ -109,7 +109,7 @@ def _static_threshold(rate: float, caller: str) -> Threshold:
             f"{caller}: rate must be a Python float in (0, 1), got {rate!r}; a rate of 0 has "
             f"no mask to draw, and a traced rate has no static field width."
         )
-    return _fast_mask.threshold(1.0 - value)
+    return _random.threshold(1.0 - value)
 
 
 def packed_mask_words(key: Any, shape: Sequence[int], rate: float) -> jax.Array:
@@ -146,7 +146,7 @@ def packed_mask_words(key: Any, shape: Sequence[int], rate: float) -> jax.Array:
     caller = "packed_mask_words"
     shape = check_shape(shape, caller=caller)
     thr = _static_threshold(rate, caller)
-    return _fast_mask.packed_keep_words(_fast_mask.key_words(key), shape, thr)
+    return _random.packed_keep_words(_random.key_words(key), shape, thr)
 
 
 def path_keep_mask(key: Any, shape: Sequence[int], rate: float, *, path: str) -> jax.Array:
@@ -168,7 +168,7 @@ def path_keep_mask(key: Any, shape: Sequence[int], rate: float, *, path: str) ->
     caller = "path_keep_mask"
     shape = check_shape(shape, caller=caller)
     thr = _static_threshold(rate, caller)
-    return _fast_mask.keep_from_words(_fast_mask.key_words(key), shape, thr, path=path)
+    return _random.keep_from_words(_random.key_words(key), shape, thr, path=path)
 
 
 def path_dropout(
@@ -202,11 +202,11 @@ def path_dropout(
     check_residual(residual, caller=caller)
 
     def body(x: jax.Array, words: jax.Array) -> jax.Array:
-        keep = _fast_mask.keep_from_words(words, x.shape, thr, path=path)
+        keep = _random.keep_from_words(words, x.shape, thr, path=path)
         return _dropout._select_scaled(x, keep, thr.realised)
 
-    policy = _random.SAVE_MASK_WORDS if residual == "mask" else _random._SAVE_NOTHING
-    return jax.checkpoint(body, policy=policy)(x, _fast_mask.key_words(key))
+    policy = _random.SAVE_MASK_WORDS if residual == "mask" else _random.SAVE_NOTHING
+    return jax.checkpoint(body, policy=policy)(x, _random.key_words(key))
 
 
 def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
@@ -229,4 +229,4 @@ def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
       >>> bool((testing.random_bits(k, (4, 8))[1] == testing.random_bits(k, (32,))[8:16]).all())
       True
     """
-    return _fast_mask.random_bits(key, tuple(check_shape(shape, caller="random_bits")))
+    return _random.random_bits(key, tuple(check_shape(shape, caller="random_bits")))

@@ -29,8 +29,7 @@ from jax import lax
 
 from .._checks import check_array, check_floating, check_key, check_rate
 from .._errors import DropmaskTypeError, DropmaskValueError
-from .._random import draw, flags_only
-from .._sharding import local_block
+from .._random import draw, flags_only, local_block
 
 __all__ = ["apply_drop_block", "drop_block"]
 

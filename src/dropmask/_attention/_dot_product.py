@@ -1,0 +1,889 @@
+"""Masked dot-product attention, a drop-in ``attention_fn`` for Flax.
+
+It computes what ``flax.linen.dot_product_attention`` computes, except where Flax
+is wrong: a query with no valid key outputs zeros (Flax and
+``jax.nn.dot_product_attention`` output the mean of all values), with finite
+gradients, and a query depends only on the keys its mask allows. A NaN or inf in a
+key or value reaches exactly the queries that may attend to it, in values and in
+gradients: Flax and ``jax.nn`` spread it to every query through ``0 * NaN`` in the
+einsums (forward and backward).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+
+from .._checks import (
+    check_bool_mask,
+    check_choice,
+    check_floating,
+    check_impl,
+    check_integer,
+    check_key,
+    check_lengths,
+    check_one_key,
+    check_rate,
+    check_static_int,
+    check_window,
+)
+from .._dropout import dropout, flags_and_realised, scale_and_fill
+from .._errors import DropmaskValueError, DtypeError
+from .._masks import (
+    as_array,
+    check_broadcastable,
+    segment_mask,
+    sequence_mask,
+    sliding_window_mask,
+)
+from .._random import DEFAULT_IMPL, SAVE_MASK_WORDS, Impl, draw, mask_shape, probability
+from .._reductions import compute_dtype
+from . import _blockwise as bw
+from ._dense_weights import attention_weights
+
+__all__ = ["Algorithm", "dot_product_attention"]
+
+Algorithm = Literal["auto", "dense", "blockwise", "pallas"]
+_ALGORITHMS = ("auto", "dense", "blockwise", "pallas")
+# "auto" takes the blockwise path from this many scores per (batch, head) on, by the
+# inputs' itemsize: where it measured faster than the dense path in a Transformer
+# encoder layer's train step with dropout on CPU, or where the dense weights would
+# outgrow the machine (`python -m benchmarks.bench_transformer_step --paths`, in
+# benchmarks/RESULTS.md). In bf16 the dense path is faster at 256 tokens and the
+# blockwise one from 512 on; in f32 the dense path is faster through 2048 tokens.
+AUTO_BLOCKWISE_SCORES = {2: 512 * 512, 4: 4096 * 4096}
+
+_CALLER = "dot_product_attention"
+_HINT = (
+    "Attention masks and biases are [batch..., heads, q_len, kv_len] (heads may be 1); "
+    "build masks with dropmask.attention_mask, causal_mask or segment_mask."
+)
+_PAD_HINT = "kv_lengths is [batch...]; kv_mask and segment ids are [batch..., length]."
+
+
+def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
+    if not q.ndim == k.ndim == v.ndim or q.ndim < 3:
+        raise DropmaskValueError(
+            f"{_CALLER}: q, k, v must have the same rank >= 3 ([batch..., length, heads, "
+            f"depth]), got shapes {q.shape}, {k.shape}, {v.shape}."
+        )
+    if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3]:
+        raise DropmaskValueError(
+            f"{_CALLER}: q, k, v batch dims must match, got shapes {q.shape}, {k.shape}, {v.shape}."
+        )
+    if k.shape[-3] != v.shape[-3] or k.shape[-2] != v.shape[-2]:
+        raise DropmaskValueError(
+            f"{_CALLER}: k and v must have the same length and heads, got {k.shape} and {v.shape}."
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise DropmaskValueError(
+            f"{_CALLER}: q and k depths must match, got {q.shape[-1]} and {k.shape[-1]}."
+        )
+    if q.shape[-2] % k.shape[-2]:
+        raise DropmaskValueError(
+            f"{_CALLER}: query heads ({q.shape[-2]}) must be a multiple of key/value heads "
+            f"({k.shape[-2]}) (grouped-query attention)."
+        )
+
+
+def _as_mask(mask: Any, logits_shape: tuple[int, ...]) -> jax.Array:
+    """Bool mask of rank ``len(logits_shape)``; Flax 0/1 numeric masks are accepted."""
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_:
+        if not (jnp.issubdtype(mask.dtype, jnp.number)):
+            raise DtypeError(f"{_CALLER}: mask must be boolean or numeric, got {mask.dtype}.")
+        mask = mask != 0
+    check_broadcastable(mask.shape, logits_shape, caller=_CALLER, name="mask", hint=_HINT)
+    return mask.reshape((1,) * (len(logits_shape) - mask.ndim) + mask.shape)
+
+
+def dot_product_attention(
+    q: jax.typing.ArrayLike,
+    k: jax.typing.ArrayLike,
+    v: jax.typing.ArrayLike,
+    *,
+    mask: jax.typing.ArrayLike | None = None,
+    bias: jax.typing.ArrayLike | None = None,
+    dropout_rate: float | jax.Array = 0.0,
+    key: Any = None,
+    deterministic: bool = True,
+    broadcast_dropout: bool = True,
+    is_causal: bool = False,
+    window: int | tuple[int, int] | None = None,
+    kv_lengths: jax.typing.ArrayLike | None = None,
+    kv_mask: jax.typing.ArrayLike | None = None,
+    q_segment_ids: jax.typing.ArrayLike | None = None,
+    kv_segment_ids: jax.typing.ArrayLike | None = None,
+    algorithm: Algorithm = "auto",
+    block_q: int | None = None,
+    block_k: int | None = None,
+    dropout_rng: Any = None,
+    dtype: Any = None,
+    precision: Any = None,
+    module: Any = None,
+    force_fp32_for_softmax: bool = False,
+    qk_attn_weights_einsum: Callable[..., jax.Array] | None = None,
+    attn_weights_value_einsum: Callable[..., jax.Array] | None = None,
+    impl: Impl = DEFAULT_IMPL,
+) -> jax.Array:
+    """Scaled dot-product attention with boolean masks, bias and attention dropout.
+
+    Plugs into ``flax.linen.MultiHeadDotProductAttention(attention_fn=...)`` and
+    ``flax.nnx.MultiHeadAttention(attention_fn=...)``: it accepts the keywords they
+    pass (``dropout_rng``, ``dtype``, ``precision``, ``module``, ``is_causal``, ...).
+
+    Two algorithms compute the same result. ``"dense"`` builds the weights
+    ``[batch..., heads, q_len, kv_len]``. ``"blockwise"`` (FlashAttention-2) visits
+    them in ``[block_q, block_k]`` tiles with an online softmax and recomputes the
+    tiles in the backward pass, so memory grows linearly with the lengths; tiles that
+    ``is_causal``, ``window``, key padding or segments mask entirely are skipped.
+    Both drop exactly the same weights for the same key (``impl="fast"``).
+    ``"pallas"`` runs the blockwise algorithm as Pallas kernels (Triton on a GPU,
+    Pallas's interpreter elsewhere) that draw the same dropout flags inside.
+
+    Args:
+      q: ``[batch..., q_len, heads, depth]``.
+      k: ``[batch..., kv_len, kv_heads, depth]``; ``heads`` must be a multiple of
+        ``kv_heads`` (grouped-query attention, as in ``nnx``).
+      v: ``[batch..., kv_len, kv_heads, v_depth]``.
+      mask: broadcastable to ``[batch..., heads, q_len, kv_len]``; True (or, as in
+        Flax, nonzero) = may attend. A query row with no valid key outputs zeros.
+      bias: additive, broadcastable to ``[batch..., heads, q_len, kv_len]``; a -inf
+        bias acts as a mask, a finite one (e.g. ``finfo.min``) does not.
+      dropout_rate: probability of dropping an attention weight.
+      key: PRNG key for dropout (``dropout_rng`` is Flax's name for it).
+      deterministic: if True, no dropout.
+      broadcast_dropout: share the dropout mask across batch and head dims, as Flax.
+      is_causal: query ``i`` sees keys ``j <= i`` (:func:`causal_mask`'s alignment).
+      window: sliding window, as :func:`sliding_window_mask`: query ``i`` sees keys
+        ``i - left <= j <= i + right`` for ``window=(left, right)``; an int ``w`` means
+        ``(w, w)``. With ``is_causal`` the right side is 0.
+      kv_lengths: ``int[batch...]``: keys at index ``>= kv_lengths`` are padding.
+      kv_mask: ``bool[batch..., kv_len]``: False marks padding keys.
+      q_segment_ids: ``int[batch..., q_len]`` packed-sequence ids (0 = padding), as
+        :func:`segment_mask`: a query sees keys of its own segment only.
+      kv_segment_ids: ``int[batch..., kv_len]``; defaults to ``q_segment_ids`` when
+        ``q_len == kv_len``.
+      algorithm: ``"dense"``, ``"blockwise"``, ``"pallas"`` or ``"auto"``: blockwise from
+        ``q_len * kv_len >= 512 * 512`` on for 16-bit inputs and from ``4096 * 4096``
+        for f32 (where it measured faster, or the dense weights grow too large), dense
+        below, and dense whenever the blockwise path cannot serve the call
+        (``impl="flax"``, custom einsums, ``module`` to sow the weights into). The
+        blockwise path is a ``custom_vjp``: ``jvp``, and second derivatives with
+        ``is_causal`` or ``window``, need ``"dense"``. ``"pallas"`` (never chosen by
+        ``"auto"``) takes no ``bias``; see ``docs/attention.md``.
+      block_q, block_k: blockwise tile sizes (default 64 for a length up to 512, 128
+        above; at most the length); any size gives the same result, sizes that do not
+        divide the lengths included.
+        For ``"pallas"``: powers of two >= 16 (default 64 and 32).
+      dropout_rng: alias of ``key``; pass one or the other.
+      dtype: computation dtype; default: promote ``q``, ``k``, ``v``.
+      precision: passed to the einsums.
+      module: a Linen or NNX module to sow the weights into (``attention_weights``).
+      force_fp32_for_softmax: accepted for Flax; the softmax always runs in float32
+        for 16-bit inputs.
+      qk_attn_weights_einsum: Linen's optional ``'...qhd,...khd->...hqk'`` einsum.
+      attn_weights_value_einsum: Linen's optional ``'...hqk,...khd->...qhd'`` einsum.
+      impl: dropout mask generator, as in :func:`dropmask.dropout`; ``"flax"`` draws
+        the same mask as Flax's attention for the same key (bit-identical weights).
+
+    Returns:
+      ``[batch..., q_len, heads, v_depth]`` in the computation dtype.
+
+      Non-finite inputs (one convention on every path, see ``docs/attention.md``):
+      a query with no valid key outputs 0 whatever its ``q`` holds. A query that may
+      attend to some key (mask True and bias not -inf) *taints* when its own ``q``,
+      or a key or value it may attend to, holds NaN or inf, or one of its allowed
+      scores is not finite (a NaN or +inf bias, an overflow, which a product may
+      give as NaN, +inf or -inf). Scores accumulate in float32 for 16-bit inputs on
+      every path (a custom einsum gives its own dtype). A tainted query's
+      output row is NaN, its ``q`` gets a NaN gradient (on its first feature) and
+      it passes none to ``k`` or ``v``. Every other output, and the gradient
+      flowing through it to ``q``, ``k`` and ``v``, equals the result with the
+      offending entries replaced by any finite number; non-finite entries of ``k``
+      and ``v``, and of ``q`` past its first feature, get a zero gradient. The
+      check is made on per-row flags, and on the scores only where a bound on them
+      (row norms of ``q`` and ``k``, the bias) says one may be NaN or +inf; nothing
+      of size ``[q_len, kv_len, depth]`` is built, and the dense path's backward pass
+      keeps one array of the weights' size (the weights).
+
+    Raises:
+      ValueError: mismatched q/k/v shapes, both ``key`` and ``dropout_rng``, custom
+        einsums given without their partner or with ``precision``, an unknown
+        ``algorithm``, ``algorithm="blockwise"`` or ``"pallas"`` with what only the
+        dense path does (``impl="flax"``, custom einsums, ``module``), or
+        ``algorithm="pallas"`` with what it does not take, or tiles that are not
+        powers of two >= 16.
+      MaskShapeError: ``mask``, ``bias``, ``kv_lengths``, ``kv_mask`` or segment ids
+        do not broadcast to their shapes.
+      RateError, MissingKeyError: as for :func:`dropmask.dropout`.
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> q = k = v = jnp.ones((1, 2, 1, 4))
+      >>> mask = jnp.array([[True, True], [False, False]])
+      >>> dropmask.dot_product_attention(q, k, v, mask=mask)[0, :, 0, 0].tolist()
+      [1.0, 0.0]
+      >>> dropmask.dot_product_attention(q, k, v, is_causal=True, algorithm="blockwise",
+      ...                                block_k=1)[0, :, 0, 0].tolist()
+      [1.0, 1.0]
+    """
+    c = _validate(
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        dropout_rate=dropout_rate,
+        key=key,
+        dropout_rng=dropout_rng,
+        deterministic=deterministic,
+        is_causal=is_causal,
+        window=window,
+        kv_lengths=kv_lengths,
+        kv_mask=kv_mask,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        dtype=dtype,
+        precision=precision,
+        einsums=(qk_attn_weights_einsum, attn_weights_value_einsum),
+        impl=impl,
+    )
+    path = _choose_path(
+        algorithm,
+        impl,
+        module,
+        qk_attn_weights_einsum is not None,
+        c.q_len * c.kv_len >= AUTO_BLOCKWISE_SCORES[min(max(c.dtype.itemsize, 2), 4)],
+        bias=bias is not None,
+    )
+    if path == "pallas":
+        sizes = _pallas_block_sizes(block_q, block_k, c.q_len, c.kv_len)
+    else:
+        sizes = _block_sizes(block_q, block_k, c.q_len, c.kv_len)
+    if path == "dense":
+        einsums = (qk_attn_weights_einsum, attn_weights_value_einsum)
+        return _run_dense(c, dropout_rate, broadcast_dropout, precision, impl, module, einsums)
+    return _run_tiled(c, path, sizes, dropout_rate, broadcast_dropout, precision)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """One call's checked arguments: arrays in their final form, and the shapes."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    dtype: Any
+    rng: Any
+    rate: Any
+    drops: bool
+    batch: tuple[int, ...]
+    kv_heads: int
+    groups: int
+    q_len: int
+    kv_len: int
+    logits_shape: tuple[int, ...]
+    mask: Any
+    bias: Any
+    span: tuple[int | None, int | None]
+    kv_valid: Any
+    q_seg: Any
+    kv_seg: Any
+
+
+def _validate(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any,
+    bias: Any,
+    dropout_rate: Any,
+    key: Any,
+    dropout_rng: Any,
+    deterministic: bool,
+    is_causal: bool,
+    window: Any,
+    kv_lengths: Any,
+    kv_mask: Any,
+    q_segment_ids: Any,
+    kv_segment_ids: Any,
+    dtype: Any,
+    precision: Any,
+    einsums: tuple[Any, Any],
+    impl: Any,
+) -> _Checked:
+    """Every check of :func:`dot_product_attention`, in order, before any work."""
+    qk_attn_weights_einsum, attn_weights_value_einsum = einsums
+    if (qk_attn_weights_einsum is None) != (attn_weights_value_einsum is None):
+        raise DropmaskValueError(
+            f"{_CALLER}: qk_attn_weights_einsum and attn_weights_value_einsum must be given "
+            "together."
+        )
+    if qk_attn_weights_einsum is not None and precision is not None:
+        raise DropmaskValueError(f"{_CALLER}: precision and custom einsums are mutually exclusive.")
+    rng = check_one_key(key, dropout_rng, caller=_CALLER)
+    rate = check_rate(dropout_rate, caller=_CALLER, name="dropout_rate")
+    check_impl(impl, caller=_CALLER)
+    drops = not deterministic and rate != 0.0
+    if drops:
+        check_key(rng, caller=_CALLER)
+
+    q, k, v = as_array(q), as_array(k), as_array(v)
+    dtype = jnp.result_type(q, k, v) if dtype is None else jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        raise DtypeError(
+            f"{_CALLER}: q, k and v must be real, got dtype {dtype} (the softmax over scores "
+            f"needs an order). Attend over real features, e.g. concatenate x.real and "
+            f"x.imag on the depth axis."
+        )
+    check_floating(jnp.zeros((), dtype), caller=f"{_CALLER} (q, k, v)")
+    _check_qkv(q, k, v)
+    heads, kv_heads = q.shape[-2], k.shape[-2]
+    groups = heads // kv_heads
+    if groups > 1 and qk_attn_weights_einsum is not None:
+        raise DropmaskValueError(
+            f"{_CALLER}: custom einsums do not support grouped-query attention."
+        )
+    batch = q.shape[:-3]
+    q_len, kv_len = q.shape[-3], k.shape[-3]
+    logits_shape = (*batch, heads, q_len, kv_len)
+    m = None if mask is None else _as_mask(mask, logits_shape)
+    if bias is not None:
+        check_broadcastable(jnp.shape(bias), logits_shape, caller=_CALLER, name="bias", hint=_HINT)
+        if jnp.result_type(bias) == jnp.bool_:
+            raise DtypeError(
+                f"{_CALLER}: bias is added to the scores, so a boolean bias would add 1 where "
+                f"True; got dtype bool. Pass a boolean array as mask= (True = attend)."
+            )
+    span = _window(window, is_causal)
+    kv_valid = _kv_valid(kv_lengths, kv_mask, batch, kv_len)
+    q_seg, kv_seg = _segments(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
+    return _Checked(
+        q=q,
+        k=k,
+        v=v,
+        dtype=dtype,
+        rng=rng,
+        rate=rate,
+        drops=drops,
+        batch=batch,
+        kv_heads=kv_heads,
+        groups=groups,
+        q_len=q_len,
+        kv_len=kv_len,
+        logits_shape=logits_shape,
+        mask=m,
+        bias=bias,
+        span=span,
+        kv_valid=kv_valid,
+        q_seg=q_seg,
+        kv_seg=kv_seg,
+    )
+
+
+def _run_dense(
+    c: _Checked,
+    dropout_rate: Any,
+    broadcast_dropout: bool,
+    precision: Any,
+    impl: Impl,
+    module: Any,
+    einsums: tuple[Any, Any],
+) -> jax.Array:
+    """The dense path for a checked call: through one jitted computation when it can."""
+    spec = _Dense(
+        dtype=c.dtype,
+        kv_heads=c.kv_heads,
+        groups=c.groups,
+        precision=precision,
+        logits_shape=c.logits_shape,
+        span=c.span,
+        broadcast_dropout=broadcast_dropout,
+        drops=c.drops,
+        impl=impl,
+        rate=None if c.drops and isinstance(dropout_rate, jax.Array) else c.rate,
+    )
+    run_time_rate = dropout_rate if c.drops and isinstance(dropout_rate, jax.Array) else None
+    rng = c.rng if c.drops else None
+    arrays = (c.q, c.k, c.v, c.mask, c.kv_valid, c.q_seg, c.kv_seg, c.bias, rng)
+    if module is None and einsums[0] is None:
+        # One jitted computation per static spec: a model's layers of one shape
+        # trace it (and its derivative rules) once, not once per layer.
+        return _dense_jit(spec, None, *arrays, run_time_rate)
+    return _dense(spec, (module, einsums), *arrays, run_time_rate)
+
+
+def _run_tiled(
+    c: _Checked,
+    path: str,
+    sizes: tuple[int, int],
+    dropout_rate: Any,
+    broadcast_dropout: bool,
+    precision: Any,
+) -> jax.Array:
+    """The blockwise or Pallas path for a checked call."""
+    # Non-finite entries are zeroed before the einsums (whose backward multiplies by
+    # every key and query, masked or not) and recorded per position instead.
+    q, k, v, bad_q, bad_k, bad_v = _prepared(c.q, c.k, c.v, c.dtype)
+    # As in dropout: a Python number is a compile-time rate, a JAX scalar (even a
+    # concrete one) a run-time value, so every path draws with the same threshold.
+    keep = probability(dropout_rate, c.rate, keep=True, caller=_CALLER) if c.drops else None
+    static_keep = keep if isinstance(keep, float) else None
+    plan = bw.Plan(
+        batch=c.batch,
+        kv_heads=c.kv_heads,
+        groups=c.groups,
+        q_len=c.q_len,
+        kv_len=c.kv_len,
+        block_q=sizes[0],
+        block_k=sizes[1],
+        left=c.span[0],
+        right=c.span[1],
+        keep=static_keep,
+        dropout=c.drops,
+        broadcast_dropout=broadcast_dropout,
+        precision=precision,
+        accumulate=compute_dtype(c.dtype),
+    )
+    run_keep = None if static_keep is not None else keep
+    if path == "pallas":
+        # Imported here: jax.experimental.pallas loads only for the path that runs it.
+        from . import _pallas as pa
+
+        kernel = pa.Kernel(
+            plan,
+            segments=c.q_seg is not None,
+            interpret=jax.default_backend() != "gpu",
+            run_time_bits=pa.run_time_bits() if c.drops and static_keep is None else None,
+            mask_dims=None if c.mask is None else pa.mask_dims(c.mask, c.batch),
+        )
+        out, tainted = pa.pallas_attention(
+            kernel,
+            q,
+            k,
+            v,
+            kv_valid=c.kv_valid,
+            q_segments=c.q_seg,
+            kv_segments=c.kv_seg,
+            bad_q=bad_q,
+            bad_kv=bad_k | bad_v,
+            key=c.rng,
+            run_time_keep=run_keep,
+            mask=c.mask,
+        )
+        return _poison(out, q, tainted)
+
+    bias = c.bias
+    side = bw.make_side(
+        plan,
+        kv_valid=c.kv_valid,
+        q_segments=c.q_seg,
+        kv_segments=c.kv_seg,
+        mask=c.mask,
+        bias=None if bias is None else _rank(jnp.asarray(bias), len(c.logits_shape)),
+        bad_q=bad_q,
+        bad_kv=bad_k | bad_v,
+    )
+    out, tainted = bw.blockwise_attention(plan, q, k, v, side, bw.Dropout(c.rng, run_keep))
+    return _poison(out, q, tainted)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dense:
+    """Everything static about one dense attention call (hashable: it keys the jit cache)."""
+
+    dtype: Any
+    kv_heads: int
+    groups: int
+    precision: Any
+    logits_shape: tuple[int, ...]
+    span: tuple[int | None, int | None]
+    broadcast_dropout: bool
+    drops: bool
+    impl: Impl
+    rate: float | None  # None: a run-time rate, passed as an array
+
+
+def _prepared(q: jax.Array, k: jax.Array, v: jax.Array, dtype: Any) -> tuple[jax.Array, ...]:
+    """``q`` (scaled by ``1/sqrt(depth)``), ``k`` and ``v`` in ``dtype`` with non-finite
+    entries zeroed, and where they were: ``(q, k, v, bad_q, bad_k, bad_v)``. Zeroed
+    before the einsums, whose backward multiplies by every key and query, masked or not."""
+    q, bad_q = _finite_part(q, dtype)
+    k, bad_k = _finite_part(k, dtype)
+    v, bad_v = _finite_part(v, dtype)
+    return q / jnp.sqrt(q.shape[-1]).astype(dtype), k, v, bad_q, bad_k, bad_v
+
+
+def _dense(
+    spec: _Dense,
+    extras: tuple[Any, tuple[Any, Any]] | None,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    m: Any,
+    kv_valid: Any,
+    q_seg: Any,
+    kv_seg: Any,
+    bias: Any,
+    rng: Any,
+    run_time_rate: Any,
+) -> jax.Array:
+    """The dense path: ``[q, k]`` weights with the NaN-safe softmax, then dropout.
+
+    ``extras`` is ``(module, (qk einsum, weights-value einsum))`` when the call sows its
+    weights or brings its own einsums, None otherwise.
+    """
+    module, (qk_attn_weights_einsum, attn_weights_value_einsum) = extras or (None, (None, None))
+    dtype, kv_heads, groups, precision = spec.dtype, spec.kv_heads, spec.groups, spec.precision
+    logits_shape, drops, impl = spec.logits_shape, spec.drops, spec.impl
+    dropout_rate: Any = spec.rate if run_time_rate is None else run_time_rate
+    q, k, v, bad_q, bad_k, bad_v = _prepared(q, k, v, dtype)
+    m = _dense_structure(m, logits_shape, spec.span, kv_valid, q_seg, kv_seg)
+    custom = qk_attn_weights_einsum is not None
+    if custom:
+        score = functools.partial(qk_attn_weights_einsum, "...qhd,...khd->...hqk")
+    else:
+        score = functools.partial(
+            _heads_major_scores, kv_heads, groups, precision, compute_dtype(dtype)
+        )
+    acc = compute_dtype(dtype)
+    allowed = m
+    bias_arr = None
+    if bias is not None:
+        bias_arr = _rank(jnp.asarray(bias, acc), len(logits_shape))
+        # A -inf bias is a mask: such a key is unseen, so its garbage must not count.
+        not_neg_inf = bias_arr != -jnp.inf
+        allowed = not_neg_inf if allowed is None else allowed & not_neg_inf
+    bad_rows, bad_cols = _taint(bad_q, bad_k | bad_v, groups)
+    weights, tainted = attention_weights(
+        score, q, k, bias_arr, allowed, bad_rows, bad_cols, dtype, bounded=not custom
+    )
+    if module is not None:
+        _sow(module, weights)
+
+    dims = tuple(range(len(logits_shape) - 2)) if spec.broadcast_dropout else ()
+
+    def weigh(weights: jax.Array, v: jax.Array) -> jax.Array:
+        if drops and impl == "fast":
+            # The kept weights' 1/keep goes onto v, [*b, kv_len, kv_heads, depth], not
+            # onto the weights: the gradient's matching multiply then also lands on a
+            # small array, instead of a scalar that XLA's CPU backend broadcasts to a
+            # whole [*b, heads, q, k] array to feed the fused softmax derivative.
+            p = probability(dropout_rate, spec.rate, keep=True, caller=_CALLER)
+            shape = mask_shape(logits_shape, dims)
+            flags, realised = draw(rng, shape, p, "fast", flags_and_realised, caller=_CALLER)
+            scale, fill = scale_and_fill(realised, compute_dtype(dtype))
+            weights = jnp.where(flags, weights, fill.astype(weights.dtype))
+            v = (v.astype(scale.dtype) * scale).astype(v.dtype)
+        elif drops:
+            weights = dropout(weights, dropout_rate, rng, broadcast_dims=dims, impl=impl)
+        if attn_weights_value_einsum is not None:
+            return attn_weights_value_einsum("...hqk,...khd->...qhd", weights, v)
+        return _heads_major_values(kv_heads, groups, precision, weights, v)
+
+    if drops and impl == "fast":
+        # The backward pass of `dropped weights @ v` needs the dropped weights; kept,
+        # they would be a second [b, h, q, k] residual beside the softmax's weights.
+        # Recomputed from those weights and the saved 1-bit mask words, they cost one
+        # elementwise pass in the backward pass and are not kept between the passes
+        # (XLA still holds them while that einsum's gradient runs).
+        weigh = jax.checkpoint(weigh, policy=SAVE_MASK_WORDS)
+    return _poison(weigh(weights, v), q, tainted)
+
+
+_dense_jit = jax.jit(_dense, static_argnums=(0, 1))
+
+
+def _rank(x: jax.Array, ndim: int) -> jax.Array:
+    return x.reshape((1,) * (ndim - x.ndim) + x.shape)
+
+
+def _window(window: Any, is_causal: bool) -> tuple[int | None, int | None]:
+    """``(left, right)`` reach of a query (None = unbounded) from ``window`` and causality."""
+    left = right = None
+    if window is not None:
+        left, right = check_window(
+            window, caller=_CALLER, fix=" Pass e.g. window=(128, 0) for causal local attention."
+        )
+    if is_causal:
+        right = 0 if right is None else min(right, 0)
+    return left, right
+
+
+def _kv_valid(lengths: Any, kv_mask: Any, batch: tuple[int, ...], kv_len: int) -> Any:
+    """``bool`` broadcastable to ``[*batch, kv_len]`` from ``kv_lengths`` and ``kv_mask``."""
+    valid = None
+    if lengths is not None:
+        arr = check_lengths(lengths, kv_len, caller=_CALLER, name="kv_lengths")
+        check_broadcastable(arr.shape, batch, caller=_CALLER, name="kv_lengths", hint=_PAD_HINT)
+        valid = sequence_mask(arr, kv_len)
+    if kv_mask is not None:
+        km = check_bool_mask(kv_mask, caller=_CALLER, name="kv_mask")
+        check_broadcastable(
+            km.shape, (*batch, kv_len), caller=_CALLER, name="kv_mask", hint=_PAD_HINT
+        )
+        valid = km if valid is None else valid & km
+    return valid
+
+
+def _segments(
+    q_ids: Any, kv_ids: Any, batch: tuple[int, ...], q_len: int, kv_len: int
+) -> tuple[Any, Any]:
+    if q_ids is None and kv_ids is None:
+        return None, None
+    if q_ids is None:
+        raise DropmaskValueError(
+            f"{_CALLER}: kv_segment_ids needs q_segment_ids (the queries' segments). Pass both."
+        )
+    if kv_ids is None:
+        if q_len != kv_len:
+            raise DropmaskValueError(
+                f"{_CALLER}: q_segment_ids alone serves keys only when q_len == kv_len, got "
+                f"{q_len} and {kv_len}. Pass kv_segment_ids too."
+            )
+        kv_ids = q_ids
+    q_ids, kv_ids = jnp.asarray(q_ids), jnp.asarray(kv_ids)
+    for ids, name, length in ((q_ids, "q_segment_ids", q_len), (kv_ids, "kv_segment_ids", kv_len)):
+        check_integer(ids, caller=_CALLER, name=name)
+        check_broadcastable(ids.shape, (*batch, length), caller=_CALLER, name=name, hint=_PAD_HINT)
+    return q_ids, kv_ids
+
+
+def _choose_path(
+    algorithm: Any,
+    impl: str,
+    module: Any,
+    custom_einsums: bool,
+    long: bool,
+    *,
+    bias: bool,
+) -> str:
+    """``"dense"``, ``"blockwise"`` or ``"pallas"``; raises if ``algorithm`` cannot serve."""
+    check_choice(algorithm, _ALGORITHMS, caller=_CALLER, name="algorithm")
+    dense_only = []
+    if impl == "flax":
+        dense_only.append(
+            "impl='flax' (its masks are not counter-based: no tile can draw its part)"
+        )
+    if custom_einsums:
+        dense_only.append("custom einsums")
+    if module is not None:
+        dense_only.append("module= (sowing the weights needs them whole)")
+    if algorithm in ("blockwise", "pallas") and dense_only:
+        raise DropmaskValueError(
+            f"{_CALLER}: algorithm={algorithm!r} cannot take {dense_only[0]}. Use "
+            f"algorithm='dense' (or 'auto'), or drop that argument."
+        )
+    if algorithm == "pallas" and bias:
+        raise DropmaskValueError(
+            f"{_CALLER}: algorithm='pallas' does not take bias= yet (its gradient would be "
+            f"a [q_len, kv_len] array per batch and head). Use algorithm='blockwise', which "
+            f"computes the same function with it."
+        )
+    if algorithm == "auto":
+        return "blockwise" if not dense_only and long else "dense"
+    return algorithm
+
+
+def _pallas_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:
+    """Power-of-two tiles of at least 16 (Triton's), at most the padded lengths."""
+    from . import _pallas as pa
+
+    sizes = []
+    for size, name, length, default in (
+        (block_q, "block_q", q_len, pa.DEFAULT_BLOCK_Q),
+        (block_k, "block_k", kv_len, pa.DEFAULT_BLOCK_K),
+    ):
+        if size is None:
+            size = default
+        size = check_static_int(size, name=name, caller=_CALLER, minimum=1)
+        if size < 16 or size & (size - 1):
+            raise DropmaskValueError(
+                f"{_CALLER}: {name} must be a power of two >= 16 for algorithm='pallas' "
+                f"(Triton's tile sizes), got {size}. Pass e.g. {name}={default}."
+            )
+        sizes.append(min(size, max(16, _next_power_of_two(length))))
+    return sizes[0], sizes[1]
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 if n <= 1 else 2 ** (n - 1).bit_length()
+
+
+def _block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:
+    sizes = []
+    for size, name, length in ((block_q, "block_q", q_len), (block_k, "block_k", kv_len)):
+        size = (
+            bw.default_block(length)
+            if size is None
+            else check_static_int(size, name=name, caller=_CALLER, minimum=1)
+        )
+        sizes.append(max(min(size, length), 1))
+    return sizes[0], sizes[1]
+
+
+def _dense_structure(
+    m: Any,
+    logits_shape: tuple[int, ...],
+    span: tuple[int | None, int | None],
+    kv_valid: Any,
+    q_seg: Any,
+    kv_seg: Any,
+) -> Any:
+    """The dense mask: ``m`` and the structure arguments, built with the mask helpers."""
+    q_len, kv_len = logits_shape[-2:]
+    ndim = len(logits_shape)
+    parts = [m]
+    left, right = span
+    if left is not None or right is not None:
+        reach = (
+            q_len + kv_len if left is None else left,
+            q_len + kv_len if right is None else right,
+        )
+        parts.append(sliding_window_mask(q_len, reach, kv_len))
+    if kv_valid is not None:
+        parts.append(kv_valid[..., None, None, :])
+    if q_seg is not None:
+        parts.append(segment_mask(q_seg, kv_seg))
+    out = None
+    for part in parts:
+        if part is None:
+            continue
+        part = _rank(part, ndim)
+        out = part if out is None else out & part
+    return out
+
+
+def _finite_part(x: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    """``x`` in ``dtype`` with non-finite entries zeroed; ``bad: bool[*b, length, heads]``."""
+    return _zeroed(x, dtype), _nonfinite_rows(x, dtype)
+
+
+def _sanitised(x: jax.Array, dtype: Any) -> jax.Array:
+    """``x`` in ``dtype``, non-finite entries (before or after the cast) set to 0.
+
+    Zeroed before the cast, so no op passes a NaN along (``jax_debug_nans``); a cast
+    can overflow (float32 to float16), so its result is checked too.
+    """
+    out = jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype)).astype(dtype)
+    if x.dtype != dtype:
+        out = jnp.where(jnp.isfinite(out), out, jnp.zeros((), dtype))
+    return out
+
+
+def _nonfinite_rows(x: jax.Array, dtype: Any) -> jax.Array:
+    finite = jnp.isfinite(x)
+    if x.dtype != dtype:
+        safe = jnp.where(finite, x, jnp.zeros((), x.dtype)).astype(dtype)
+        finite = finite & jnp.isfinite(safe)
+    return ~jnp.all(finite, axis=-1)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _zeroed(x: jax.Array, dtype: Any) -> jax.Array:
+    """:func:`_sanitised` whose derivative is the identity, zeroed entries included.
+
+    No weight touches a zeroed entry (its query row or key column is emptied), so
+    its cotangent from the einsums is already exactly 0. The derivative of a
+    ``where`` would zero it again, a select over the whole ``[*b, length, heads,
+    depth]`` gradient that XLA writes out beside the einsum's output for each of
+    ``q``, ``k`` and ``v``; the identity keeps no residual and writes nothing.
+    """
+    return _sanitised(x, dtype)
+
+
+@_zeroed.defjvp
+def _zeroed_jvp(
+    dtype: Any, primals: tuple[jax.Array], tangents: tuple[jax.Array]
+) -> tuple[jax.Array, jax.Array]:
+    return _zeroed(primals[0], dtype), tangents[0].astype(dtype)
+
+
+def _taint(bad_q: jax.Array, bad_kv: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
+    """``(rows, cols)``: a non-finite query's row ``[*b, heads, q, 1]`` and a non-finite
+    key's or value's column ``[*b, heads, 1, k]``.
+
+    Together they mark the scores a non-finite input touches without being that large:
+    the softmax flags exactly the rows whose *allowed* part holds one, from the sums
+    it computes anyway or from these small arrays; nothing of size ``[q_len, kv_len,
+    depth]`` is built.
+    """
+    rows = jnp.swapaxes(bad_q, -1, -2)[..., None]  # [*b, heads, q, 1]
+    cols = jnp.swapaxes(bad_kv, -1, -2)  # [*b, kv_heads, k]
+    if groups > 1:
+        cols = jnp.repeat(cols, groups, axis=-2)
+    return rows, cols[..., None, :]
+
+
+def _heads_major_scores(
+    kv_heads: int, groups: int, precision: Any, accumulate: Any, q: jax.Array, k: jax.Array
+) -> jax.Array:
+    """``q . k`` as ``[*b, heads, q_len, kv_len]`` in ``accumulate``, computed heads-major.
+
+    The scores come out in ``accumulate`` (float32 for 16-bit inputs), as the
+    blockwise and Pallas paths accumulate them: a float16 score beyond 65504 is a
+    finite float32 number on every path, not an overflow on this one only.
+
+    ``q`` and ``k`` (``[*b, length, heads, depth]``) are transposed to ``[*b, kv_heads,
+    groups * q_len, depth]`` and ``[*b, kv_heads, depth, kv_len]`` first, so the product
+    is a plain batched matrix product whose output is already in the weights' layout.
+    Written as an einsum from the ``[*b, length, heads, depth]`` layout, XLA's CPU
+    backend chose transposed layouts for the attention products and their gradients,
+    and one of them ran several times slower (see ``docs/dropout_speed.md``).
+    """
+    q_len, depth = q.shape[-3], q.shape[-1]
+    qg = q.reshape(q.shape[:-2] + (kv_heads, groups, depth))
+    qg = jnp.moveaxis(qg, -4, -2)  # [*b, kv_heads, groups, q_len, depth]
+    qg = qg.reshape(qg.shape[:-3] + (groups * q_len, depth))
+    k_t = jnp.moveaxis(k, -3, -1)  # [*b, kv_heads, depth, kv_len]
+    logits = jnp.einsum(
+        "...mn,...np->...mp", qg, k_t, precision=precision, preferred_element_type=accumulate
+    )
+    return logits.reshape(logits.shape[:-3] + (kv_heads * groups, q_len, logits.shape[-1]))
+
+
+def _heads_major_values(
+    kv_heads: int, groups: int, precision: Any, weights: jax.Array, v: jax.Array
+) -> jax.Array:
+    """``weights @ v`` as ``[*b, q_len, heads, v_depth]``, heads-major as the scores."""
+    q_len, kv_len = weights.shape[-2:]
+    wg = weights.reshape(weights.shape[:-3] + (kv_heads, groups * q_len, kv_len))
+    vb = jnp.swapaxes(v, -2, -3)  # [*b, kv_heads, kv_len, v_depth]
+    out = jnp.einsum("...mn,...np->...mp", wg, vb, precision=precision)
+    out = out.reshape(out.shape[:-2] + (groups, q_len, out.shape[-1]))
+    out = jnp.moveaxis(out, -2, -4)  # [*b, q_len, kv_heads, groups, v_depth]
+    return out.reshape(out.shape[:-3] + (kv_heads * groups, out.shape[-1]))
+
+
+def _poison(out: jax.Array, q: jax.Array, tainted: jax.Array) -> jax.Array:
+    """Writes NaN into tainted query rows, with a NaN gradient to their ``q`` only.
+
+    Their attention rows were emptied, so the einsums above saw only finite inputs
+    and every other query's value and gradient is exact. ``q * 0 / 0`` is NaN in
+    value and derivative on tainted rows, and ``q * 0 / 1`` is 0 elsewhere, so a
+    tainted query's gradient is NaN as in plain attention, and no NaN is built when
+    there is none (``jax_debug_nans`` stays quiet). One entry of ``q``, not a sum
+    over depth, which XLA would recompute for every output feature. The NaN reaches
+    that entry whatever it held (:func:`_zeroed` passes gradients through): a
+    tainted query's first feature always gets a NaN gradient.
+    """
+    rows = jnp.swapaxes(tainted[..., 0], -1, -2)[..., None]  # [*b, q, heads, 1]
+    zero = q[..., :1].astype(out.dtype) * jnp.zeros((), out.dtype)
+    nan = zero / jnp.where(rows, jnp.zeros((), out.dtype), jnp.ones((), out.dtype))
+    return jnp.where(rows, nan, out)
+
+
+def _sow(module: Any, weights: jax.Array) -> None:
+    from flax import nnx
+
+    if isinstance(module, nnx.Module):
+        module.sow(nnx.Intermediate, "attention_weights", weights)
+    else:
+        module.sow("intermediates", "attention_weights", weights)

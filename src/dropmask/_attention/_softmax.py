@@ -1,0 +1,93 @@
+"""The dense attention path's softmax: a row that sees a non-finite input is emptied and flagged.
+
+The masked softmax of :mod:`dropmask._reductions` (its shift, sum and closed-form
+tangent), with two additions attention needs: a row whose valid elements include a
+NaN or +inf, or that the caller marks tainted, becomes 0 and is flagged, found from
+the sum the softmax computes anyway; and weights stored in a narrower dtype than the
+softmax computes in (bf16 attention) differentiate from what is stored.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._reductions import compute_dtype, safe_denominator, shifted_exp, softmax_tangent, zero_masked
+
+__all__ = ["narrow_softmax_tangent", "softmax_flagging_nonfinite"]
+
+# Added to a tainted row's exponentials (each in [0, 1]): no sum of untainted ones
+# reaches it, and it is finite, so no NaN is built where none was given.
+_TAINT = 2.0**64
+
+
+def softmax_flagging_nonfinite(
+    x: jax.Array, m: jax.Array, axes: tuple[int, ...], taint: jax.Array, dtype: Any = None
+) -> tuple[jax.Array, jax.Array]:
+    """``_reductions.softmax_core``, except that a row with a non-finite valid element is 0.
+
+    ``m`` and ``taint`` (bool, broadcastable to ``x``; pass them unbroadcast, they
+    are read inside the fusions) mark valid elements and elements that count as
+    non-finite although ``x`` is finite there; only valid ones matter. Returns
+    ``(weights, nonfinite)`` with ``weights`` in the compute dtype and
+    ``nonfinite: bool``, 1 on the reduced axes.
+
+    Dense attention uses it (when some score may be NaN or +inf, see
+    ``_dense_weights``) to find the rows that see a non-finite input from the sum the
+    softmax computes anyway (``taint`` joins it inside the exp fusion, so no extra
+    pass over ``x``), and to empty them so that ``0 * NaN`` in the backward pass
+    cannot reach the other rows; it then writes NaN into their outputs itself. The
+    backward pass keeps the weights only: one array the size of ``x``.
+
+    ``dtype`` (default: the compute dtype) is the weights' output dtype. The softmax is
+    computed in f32+ either way; a narrower ``dtype`` (bf16 attention) is also the
+    array the backward pass keeps, so it holds half the bytes of the f32 weights; the
+    tangent is then computed in f32+ from those rounded weights, as a softmax run in
+    bf16 (Flax's default) differentiates from its bf16 output.
+    """
+    out = compute_dtype(x.dtype) if dtype is None else jnp.dtype(dtype)
+    return _softmax_flagged(x, m, taint, axes, out)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _softmax_flagged(
+    x: jax.Array, m: jax.Array, taint: jax.Array, axes: tuple[int, ...], dtype: Any
+) -> tuple[jax.Array, jax.Array]:
+    # A NaN or +inf valid element makes the shift 0 and the sum NaN or inf; a
+    # tainted one makes it at least _TAINT.
+    xz = zero_masked(x, m)
+    extra = jnp.where(taint, jnp.asarray(_TAINT, xz.dtype), jnp.zeros((), xz.dtype))
+    _, e, s, _ = shifted_exp(xz, m, axes, extra)
+    clean = s < _TAINT  # False for NaN too
+    return jnp.where(clean, e / safe_denominator(s), 0).astype(dtype), ~clean
+
+
+@_softmax_flagged.defjvp
+def _softmax_flagged_jvp(
+    axes: tuple[int, ...],
+    dtype: Any,
+    primals: tuple[jax.Array, ...],
+    tangents: tuple[Any, ...],
+) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, Any]]:
+    x, m, taint = primals
+    y, nonfinite = _softmax_flagged(x, m, taint, axes, dtype)
+    flag_tangent = np.zeros(nonfinite.shape, dtype=jax.dtypes.float0)
+    return (y, nonfinite), (narrow_softmax_tangent(y, tangents[0], axes), flag_tangent)
+
+
+def narrow_softmax_tangent(y: jax.Array, t: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """``_reductions.softmax_tangent`` in f32+ from weights ``y`` stored in a narrower dtype.
+
+    Inside ``jax.checkpoint`` the widening of ``y`` belongs to the tangent's own
+    computation, so the backward pass keeps ``y`` as given (bf16) and widens it
+    again, instead of keeping a widened f32 copy.
+    """
+    acc = compute_dtype(y.dtype)
+    if acc == y.dtype:
+        return softmax_tangent(y, t, axes)
+    widened = jax.checkpoint(lambda y, t: softmax_tangent(y.astype(acc), t.astype(acc), axes))
+    return widened(y, t).astype(y.dtype)

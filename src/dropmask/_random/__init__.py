@@ -1,0 +1,63 @@
+"""How keep-masks are drawn from a JAX key (see README.md here).
+
+The library's one mask entry point is :func:`draw`; the rest of the library imports
+these names from here, never this package's modules.
+"""
+
+from ._draw import DEFAULT_IMPL as DEFAULT_IMPL
+from ._draw import DEFAULT_RESIDUAL as DEFAULT_RESIDUAL
+from ._draw import SAVE_MASK_WORDS as SAVE_MASK_WORDS
+from ._draw import SAVE_NOTHING as SAVE_NOTHING
+from ._draw import Impl as Impl
+from ._draw import Residual as Residual
+from ._draw import draw as draw
+from ._draw import flags_only as flags_only
+from ._draw import keep_mask as keep_mask
+from ._draw import mask_shape as mask_shape
+from ._draw import probability as probability
+from ._fast_mask import LANES as LANES
+from ._fast_mask import MASK_NAME as MASK_NAME
+from ._fast_mask import PATHS as PATHS
+from ._fast_mask import Fields as Fields
+from ._fast_mask import Threshold as Threshold
+from ._fast_mask import keep_from_words as keep_from_words
+from ._fast_mask import key_words as key_words
+from ._fast_mask import packed_keep_words as packed_keep_words
+from ._fast_mask import random_bits as random_bits
+from ._fast_mask import threshold as threshold
+from ._sharding import Block as Block
+from ._sharding import block_from_spec as block_from_spec
+from ._sharding import local_block as local_block
+from ._threefry import threefry4x32 as threefry4x32
+from ._tile_mask import TileGeometry as TileGeometry
+from ._tile_mask import tile_keep_flags as tile_keep_flags
+
+__all__ = [
+    "DEFAULT_IMPL",
+    "DEFAULT_RESIDUAL",
+    "LANES",
+    "MASK_NAME",
+    "PATHS",
+    "SAVE_MASK_WORDS",
+    "SAVE_NOTHING",
+    "Block",
+    "Fields",
+    "Impl",
+    "Residual",
+    "Threshold",
+    "TileGeometry",
+    "block_from_spec",
+    "draw",
+    "flags_only",
+    "keep_from_words",
+    "keep_mask",
+    "key_words",
+    "local_block",
+    "mask_shape",
+    "packed_keep_words",
+    "probability",
+    "random_bits",
+    "threefry4x32",
+    "threshold",
+    "tile_keep_flags",
+]

@@ -1,0 +1,287 @@
+"""How keep-masks are drawn from a JAX key: the one entry point for all mask RNG.
+
+Every caller (``dropout``, ``alpha_dropout``, ``word_dropout``, ``keep_mask``, attention
+dropout) goes through :func:`draw`: one jitted, checkpointed function keyed by a hashable
+:class:`MaskSpec` that draws the mask and hands it to the caller's ``combine``.
+
+Two generators:
+
+* ``"fast"`` (the default): counter-based, on Threefry-4x32-20 (``_threefry``), cut
+  into bit-packed words (``_fast_mask``). An element depends only on the key and its
+  global position, so the mask is the same under ``jit`` or not, under ``vmap`` over
+  keys and for any sharding; kept values are scaled by the keep probability that the
+  integer threshold realises.
+* ``"flax"``: ``jax.random.bernoulli(key, keep_prob, shape)``, exactly what
+  ``flax.linen.Dropout`` and ``flax.nnx.Dropout`` draw, so outputs match Flax bit for
+  bit for the same key.
+
+Backward pass. With ``residual="mask"`` (the default) reverse-mode autodiff keeps the
+packed keep-words of the CPU and CUDA paths (1 bit per element, named
+``"dropout_mask"``) and the backward pass unpacks them: a second Threefry pass costs
+more than writing and reading one bit per element. With ``residual="none"`` it keeps
+only the key (two words; four for a non-Threefry key) and draws the mask again.
+Backends on the per-element path (TPU, ROCm) always draw again. A ``jax.checkpoint``
+around the caller decides instead with its own policy:
+``save_only_these_names("dropout_mask")`` keeps the words, a policy that saves nothing
+draws again.
+
+Rates. A Python or NumPy number is a compile-time constant (``"fast"``: the fewest bits
+that represent it); a JAX scalar, concrete or traced, is always a run-time value (a
+24-bit threshold), so one program serves every value and an eager call draws the same
+mask as a jitted one. A run-time rate outside ``[0, 1]`` makes the drawn probability
+NaN: floating outputs become NaN, and nothing is kept (:func:`keep_mask` is all False);
+under ``checkify.checkify(f, errors=checkify.user_checks)`` it is an error instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import checkify
+
+from .._checks import (
+    check_impl,
+    check_key,
+    check_rate,
+    check_shape,
+    normalize_broadcast_dims,
+)
+from .._errors import DropmaskValueError
+from ._fast_mask import (
+    MASK_NAME,
+    Threshold,
+    keep_from_words,
+    key_source,
+    threshold,
+)
+from ._sharding import Block, local_block
+
+__all__ = ["Impl", "Residual", "keep_mask"]
+
+Impl = Literal["fast", "flax"]
+DEFAULT_IMPL: Impl = "fast"
+Residual = Literal["mask", "none"]
+DEFAULT_RESIDUAL: Residual = "mask"
+
+
+def mask_shape(shape: Sequence[int], axes: Sequence[int]) -> tuple[int, ...]:
+    """The shape a mask is drawn at: ``shape`` with every (normalized) axis in ``axes`` 1."""
+    return tuple(1 if i in axes else d for i, d in enumerate(shape))
+
+
+def probability(rate: Any, value: float | None, *, keep: bool, caller: str) -> Any:
+    """The probability that a drawn flag is True: ``1 - rate`` if ``keep``, else ``rate``.
+
+    One encoding per rate type: a Python or NumPy number (``value``, already checked)
+    stays a Python float; a JAX scalar becomes a float32 array even when concrete, so
+    eager and jitted calls take the same threshold. A traced rate is checked at run time
+    only under ``checkify``.
+    """
+    if not isinstance(rate, jax.Array):
+        static = float(rate) if value is None else value
+        return 1.0 - static if keep else static
+    rate = jnp.asarray(rate, jnp.float32)
+    if value is None:
+        checkify.debug_check(
+            (rate >= 0) & (rate <= 1), f"{caller}: rate must be in [0, 1], got {{rate}}.", rate=rate
+        )
+    return 1.0 - rate if keep else rate
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskSpec:
+    """Everything static about one mask draw; hashable, so it keys the jit cache.
+
+    Attributes:
+      shape: the shape the mask is drawn at (broadcast axes are 1).
+      impl: ``"fast"`` or ``"flax"``.
+      nbits, shift, value: the ``"fast"`` integer threshold (``value`` None when the
+        probability is a run-time value).
+      realised: the probability a flag is True, when static.
+      global_shape: for a block of a sharded mask, the global mask shape.
+      save_words: whether reverse-mode autodiff keeps the packed words (named
+        ``MASK_NAME``) instead of drawing them again in the backward pass.
+    """
+
+    shape: tuple[int, ...]
+    impl: str
+    nbits: int = 32
+    shift: int = 0
+    value: int | None = None
+    realised: float | None = None
+    global_shape: tuple[int, ...] | None = None
+    save_words: bool = False
+
+
+Combine = Callable[[Any, jax.Array, Any], Any]
+
+
+def _draw_and_combine(
+    spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, offset: Any
+) -> Any:
+    """``combine(x, flags, realised)`` with ``flags: bool[spec.shape]`` drawn from ``source``
+    (``key_source(key)`` for ``"fast"``, the key for ``"flax"``)."""
+    value, realised = (spec.value, spec.realised) if dynamic is None else dynamic
+    if spec.impl == "flax":
+        p: Any = realised if dynamic is None else value  # unclipped, as Flax draws it
+        flags = jax.random.bernoulli(source, p=p, shape=spec.shape)
+    else:
+        block = None if spec.global_shape is None else Block(spec.global_shape, tuple(offset))
+        thr = Threshold(spec.nbits, spec.shift, value, realised)
+        flags = keep_from_words(source, spec.shape, thr, block)
+    return combine(x, flags, realised)
+
+
+SAVE_MASK_WORDS = jax.checkpoint_policies.save_only_these_names(MASK_NAME)
+SAVE_NOTHING = jax.checkpoint_policies.nothing_saveable
+
+
+def _checkpointed(
+    spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, offset: Any
+) -> Any:
+    """``_draw_and_combine`` under ``jax.checkpoint``, so that reverse-mode autodiff keeps
+    only what ``spec.save_words`` asks for (the packed words, or just the key's words) and
+    recomputes the rest, never a per-element array of flags or scaled values; ``jvp``
+    still works."""
+    policy = SAVE_MASK_WORDS if spec.save_words else SAVE_NOTHING
+    body = jax.checkpoint(_draw_and_combine, policy=policy, static_argnums=(0, 1))
+    return body(spec, combine, x, source, dynamic, offset)
+
+
+# Jitted and module-level, so that eager calls hit a compilation cache instead of
+# re-tracing op by op; under an outer jit it is inlined.
+_draw_and_combine_jit = jax.jit(_checkpointed, static_argnums=(0, 1))
+
+
+def _packs_words() -> bool:
+    """Whether the default backend may take a packed path (CPU, CUDA). Elsewhere the words
+    never exist, and a saving policy would only add a zero-filled residual (ROCm also
+    reports ``"gpu"``, so there it does)."""
+    return jax.default_backend() in ("cpu", "gpu")
+
+
+def draw(
+    key: Any,
+    shape: tuple[int, ...],
+    p: Any,
+    impl: str,
+    combine: Combine,
+    x: Any = None,
+    block: Block | None = None,
+    *,
+    residual: str = DEFAULT_RESIDUAL,
+    caller: str,
+) -> Any:
+    """``combine(x, flags, realised)``: ``flags: bool[shape]`` True with probability ``p``.
+
+    ``realised`` is the probability the flags realise (what dropout divides by for an
+    unbiased output): ``p`` itself for ``"flax"``, the integer threshold's for
+    ``"fast"``; NaN when a run-time ``p`` is outside ``[0, 1]``. ``residual`` is what
+    the backward pass keeps: ``"mask"`` the packed words where the backend packs them,
+    ``"none"`` only the key's words.
+    """
+    if impl == "flax" and block is not None:
+        raise DropmaskValueError(
+            f"{caller}: global_shape/offset need impl='fast', got impl='flax' (its masks are not "
+            f"blockwise). Drop impl='flax', or draw the global mask outside shard_map."
+        )
+    save = residual == "mask" and _packs_words()
+    global_shape = None if block is None else block.global_shape
+    offset = None if block is None else block.offset
+    if impl == "flax" and isinstance(p, float):
+        # Only the draw goes through the entry point: the caller's arithmetic runs op by
+        # op as in Flax, so that outputs and gradients stay bit-identical to Flax's.
+        flags = _draw_and_combine_jit(
+            MaskSpec(shape, impl, realised=p), _flags, None, key, None, None
+        )
+        return combine(x, flags, p)
+    if impl == "flax":
+        realised = jnp.where((p >= 0) & (p <= 1), p, jnp.nan)
+        return _draw_and_combine_jit(MaskSpec(shape, impl), combine, x, key, (p, realised), None)
+    thr = threshold(p)
+    if isinstance(thr.value, int):  # a static rate: the threshold is a compile-time constant
+        spec = MaskSpec(
+            shape, impl, thr.nbits, thr.shift, thr.value, thr.realised, global_shape, save
+        )
+        return _draw_and_combine_jit(spec, combine, x, key_source(key), None, offset)
+    spec = MaskSpec(shape, impl, thr.nbits, thr.shift, global_shape=global_shape, save_words=save)
+    dynamic = (thr.value, thr.realised)
+    return _draw_and_combine_jit(spec, combine, x, key_source(key), dynamic, offset)
+
+
+def _flags(x: Any, flags: jax.Array, realised: Any) -> jax.Array:
+    del x, realised
+    return flags
+
+
+def flags_only(x: Any, flags: jax.Array, realised: Any) -> jax.Array:
+    """The drawn flags themselves; all False when a run-time probability is invalid."""
+    del x
+    if isinstance(realised, float):
+        return flags
+    return flags & ~jnp.isnan(realised)
+
+
+def keep_mask(
+    key: Any,
+    shape: Sequence[int],
+    rate: float | jax.Array,
+    *,
+    broadcast_dims: int | Sequence[int] = (),
+    impl: Impl = DEFAULT_IMPL,
+    global_shape: Sequence[int] | None = None,
+    offset: Sequence[Any] | None = None,
+) -> jax.Array:
+    """The boolean keep-mask that :func:`dropmask.dropout` applies for this key.
+
+    Args:
+      key: a JAX PRNG key (``jax.random.key`` or a raw ``uint32[2]`` key).
+      shape: the shape of the array to be masked (non-negative Python ints).
+      rate: probability of dropping an element, in ``[0, 1]``: a Python float, or a
+        JAX scalar (one compilation for all values; the same mask eagerly and under
+        ``jit``).
+      broadcast_dims: axes along which one mask value is shared (an int or ints).
+      impl: the generator: ``"fast"`` (counter-based, sharding-invariant) or
+        ``"flax"`` (matches ``flax.linen.Dropout`` bit for bit).
+      global_shape: inside ``shard_map``, the shape of the whole array ``shape`` is a
+        block of; with ``offset`` (the block's first global index per axis) the local
+        mask equals the matching block of the global one (``impl="fast"`` only).
+      offset: see ``global_shape``.
+
+    Returns:
+      ``bool[*shape]``, True where the element is kept. A traced ``rate`` outside
+      ``[0, 1]`` keeps nothing (all False) rather than being clipped; wrap the caller
+      in ``checkify.checkify(..., errors=checkify.user_checks)`` to raise instead.
+
+    Raises:
+      DropmaskTypeError: ``shape`` is not ints, ``rate`` not a real scalar, or ``key``
+        not a PRNG key.
+      RateError: a known ``rate`` outside ``[0, 1]``.
+      AxisError: a ``broadcast_dims`` axis out of range.
+      MissingKeyError: ``key`` is None and the mask is random.
+
+    Example:
+      >>> import jax, dropmask
+      >>> m = dropmask.keep_mask(jax.random.key(0), (2, 3), 0.5, broadcast_dims=(0,))
+      >>> bool((m[0] == m[1]).all())
+      True
+    """
+    caller = "keep_mask"
+    shape = check_shape(shape, caller=caller)
+    value = check_rate(rate, caller=caller)
+    check_impl(impl, caller=caller)
+    axes = normalize_broadcast_dims(broadcast_dims, len(shape), caller=caller)
+    block = local_block(shape, global_shape, offset, axes, caller=caller)
+    if key is not None or value not in (0.0, 1.0):
+        check_key(key, caller=caller)
+    if value == 0.0:
+        return jnp.ones(shape, dtype=bool)
+    if value == 1.0:
+        return jnp.zeros(shape, dtype=bool)
+    p = probability(rate, value, keep=True, caller=caller)
+    mask = draw(key, mask_shape(shape, axes), p, impl, flags_only, block=block, caller=caller)
+    return jnp.broadcast_to(mask, shape)

@@ -1,0 +1,138 @@
+"""Where a local block sits in a global array: the sharding facts a mask draw needs.
+
+Inside ``shard_map`` each device holds a block of the global array; the fast
+generator draws each element from its global position, so it needs the block's
+place. ``local_block`` checks ``global_shape`` / ``offset`` given by the caller;
+``block_from_spec`` derives them from the input's ``PartitionSpec``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+
+from .._errors import DropmaskTypeError, DropmaskValueError
+
+__all__ = ["Block", "block_from_spec", "local_block"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """Where a local array sits in a global one: for masks drawn inside ``shard_map``.
+
+    Attributes:
+      global_shape: the shape of the whole (unsharded) mask.
+      offset: the global index of the local block's first element, one entry per
+        axis (ints or traced scalars such as ``lax.axis_index('x') * local_size``).
+    """
+
+    global_shape: tuple[int, ...]
+    offset: tuple[Any, ...]
+
+
+def local_block(
+    shape: tuple[int, ...],
+    global_shape: Sequence[int] | None,
+    offset: Sequence[Any] | None,
+    axes: Sequence[int] = (),
+    *,
+    caller: str = "dropout",
+) -> Block | None:
+    """Validates ``global_shape`` / ``offset`` against a local ``shape``; None if unset.
+
+    ``axes`` are the (normalized) broadcast axes: the mask has one entry along each, so
+    its global extent there is 1 and its offset 0.
+    """
+    if global_shape is None and offset is None:
+        return None
+    if global_shape is None or offset is None:
+        raise DropmaskValueError(
+            f"{caller}: global_shape and offset go together (the local block's place in the "
+            f"global array), got global_shape={global_shape!r}, offset={offset!r}. Pass both."
+        )
+    dims = tuple(global_shape)
+    if any(isinstance(d, bool) or not isinstance(d, int | np.integer) for d in dims):
+        raise DropmaskTypeError(
+            f"{caller}: global_shape must be a tuple of Python ints, got {global_shape!r}. Pass "
+            f"the unsharded shape, e.g. global_shape=(local[0] * n_devices, local[1])."
+        )
+    dims = tuple(int(d) for d in dims)
+    offset = tuple(offset)
+    if len(dims) != len(shape) or len(offset) != len(shape):
+        raise DropmaskValueError(
+            f"{caller}: global_shape and offset need one entry per axis of the local shape "
+            f"{shape}, got global_shape={dims} and {len(offset)} offsets."
+        )
+    if any(g < d for g, d in zip(dims, shape, strict=True)):
+        raise DropmaskValueError(
+            f"{caller}: global_shape {dims} is smaller than the local shape {shape}; it is the "
+            f"shape of the whole (unsharded) array."
+        )
+    return Block(
+        tuple(1 if i in axes else d for i, d in enumerate(dims)),
+        tuple(0 if i in axes else o for i, o in enumerate(offset)),
+    )
+
+
+def _check_bound(names: Any, spec: Any, caller: str) -> None:
+    """Raises unless every mesh axis in one ``shard_spec`` entry is bound here.
+
+    JAX's own error is a bare ``NameError: unbound axis name``; this one names the
+    argument, the axis and the mesh axes that are in scope.
+    """
+    group = names if isinstance(names, tuple) else (names,)
+    if not group or not all(isinstance(name, str) for name in group):
+        raise DropmaskTypeError(
+            f"{caller}: shard_spec entries must be None, a mesh axis name or a tuple of names, "
+            f"got {names!r} in {spec!r}. Pass the input's PartitionSpec from shard_map's "
+            f"in_specs."
+        )
+    for name in group:
+        try:
+            lax.axis_size(name)
+        except NameError:
+            in_scope = tuple(jax.sharding.get_abstract_mesh().axis_names)
+            where = (
+                f"the mesh axes in scope are {in_scope}"
+                if in_scope
+                else "no mesh axis is in scope (this is not inside shard_map)"
+            )
+            raise DropmaskValueError(
+                f"{caller}: shard_spec {spec!r} names the mesh axis {name!r}, which is not bound "
+                f"here; {where}. Use shard_spec inside shard_map with the input's "
+                f"PartitionSpec from in_specs, or leave it None outside shard_map."
+            ) from None
+
+
+def block_from_spec(shape: tuple[int, ...], spec: Any, *, caller: str) -> Block:
+    """The block of a global array that this device holds inside ``shard_map``.
+
+    ``spec`` is the input's ``PartitionSpec`` (as in ``shard_map``'s ``in_specs``): one
+    entry per leading axis, ``None`` or a mesh axis name (or a tuple of names) that the
+    axis is split over. The global size along an axis is the local size times the
+    number of devices on those mesh axes; the offset is this device's index on them
+    (``lax.axis_index``, row-major over a tuple) times the local size.
+    """
+    entries = tuple(spec)
+    if len(entries) > len(shape):
+        raise DropmaskValueError(
+            f"{caller}: shard_spec {spec!r} has {len(entries)} entries but the input has "
+            f"{len(shape)} axes. Pass the PartitionSpec the input has inside shard_map."
+        )
+    entries = entries + (None,) * (len(shape) - len(entries))
+    global_shape, offset = [], []
+    for d, names in zip(shape, entries, strict=True):
+        if names is None:
+            global_shape.append(d)
+            offset.append(0)
+            continue
+        _check_bound(names, spec, caller)
+        size = lax.axis_size(names)
+        global_shape.append(d * size)
+        offset.append(lax.axis_index(names) * d)
+    return Block(tuple(global_shape), tuple(offset))

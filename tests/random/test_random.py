@@ -1,0 +1,353 @@
+"""The mask generators: known answers, counter-based invariants, statistics.
+
+Statistical tests use fixed seeds and 4-sigma bounds (or, for chi-square, the
+quantile with the same two-sided tail mass, p = 6.3e-5).
+"""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import dropmask
+import dropmask.linen
+from dropmask._random import _fast_mask, _sharding
+from dropmask._random._threefry import threefry4x32
+
+P_4SIGMA = 2 * stats.norm.sf(4.0)
+
+
+PI_COUNTER = (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344)
+PI_KEY = (0xA4093822, 0x299F31D0, 0x082EFA98, 0xEC4E6C89)
+
+
+@pytest.mark.parametrize(
+    ("counter", "key", "rounds", "expected"),
+    [  # Random123 known-answer vectors (tests/kat_vectors) for threefry4x32
+        ((0,) * 4, (0,) * 4, 20, (0x9C6CA96A, 0xE17EAE66, 0xFC10ECD4, 0x5256A7D8)),
+        (
+            (0xFFFFFFFF,) * 4,
+            (0xFFFFFFFF,) * 4,
+            20,
+            (0x2A881696, 0x57012287, 0xF6C7446E, 0xA16A6732),
+        ),
+        (PI_COUNTER, PI_KEY, 20, (0x59CD1DBB, 0xB8879579, 0x86B5D00C, 0xAC8B6D84)),
+        ((0,) * 4, (0,) * 4, 13, (0x531C7E4F, 0x39491EE5, 0x2C855A92, 0x3D6ABF9A)),
+        (PI_COUNTER, PI_KEY, 13, (0x4AA71D8F, 0x734738C2, 0x431FC6A8, 0xAE6DEBF1)),
+    ],
+)
+def test_threefry_known_answers(counter, key, rounds, expected):
+    u32 = jnp.uint32
+    out = threefry4x32([u32(c) for c in counter], [u32(k) for k in key], rounds=rounds)
+    assert tuple(int(w) for w in out) == expected
+
+
+SHAPES = [(64, 128), (3, 50), (7,), (5, 33, 1), (), (2, 3, 40), (4, 70), (1, 1)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("rate", [0.5, 0.25, 0.125, 0.1, 0.999])  # 1, 2, 4, 16, 32-bit fields
+def test_all_paths_give_the_same_mask(shape, rate):
+    words = _fast_mask.key_words(jax.random.key(3))
+    thr = _fast_mask.threshold(1 - rate)
+    paths = ("per_element", "packed", "packed_inline", None)
+    # One program holds every path: one compilation per case instead of four.
+    masks = jax.jit(lambda w: [_fast_mask.keep_from_words(w, shape, thr, path=p) for p in paths])(
+        words
+    )
+    for path, mask in zip(paths[1:], masks[1:], strict=True):
+        np.testing.assert_array_equal(np.asarray(mask), np.asarray(masks[0]), err_msg=str(path))
+
+
+def test_unknown_path_is_rejected():
+    words = _fast_mask.key_words(jax.random.key(3))
+    with pytest.raises(ValueError, match="path must be one of"):
+        _fast_mask.keep_from_words(words, (4, 4), _fast_mask.threshold(0.5), path="fast")
+
+
+@pytest.mark.parametrize("path", _fast_mask.PATHS)
+def test_blocks_match_the_global_mask_at_any_offset(path):
+    key, full_shape = jax.random.key(4), (6, 70, 8)
+    words = _fast_mask.key_words(key)
+    thr = _fast_mask.threshold(0.7)
+    full = np.asarray(_fast_mask.keep_from_words(words, full_shape, thr, path=path))
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def block(words, offset, shape):
+        return _fast_mask.keep_from_words(
+            words, shape, thr, _sharding.Block(full_shape, tuple(offset)), path=path
+        )
+
+    # Offsets along the packed (last) axis that are and are not multiples of 32 words,
+    # traced, so that the kernel cannot rely on alignment.
+    for offset, shape in [
+        ((0, 0, 0), (6, 70, 8)),
+        ((3, 33, 2), (2, 30, 4)),
+        ((1, 5, 3), (4, 65, 5)),
+    ]:
+        got = np.asarray(block(words, jnp.array(offset), shape))
+        want = full[tuple(slice(o, o + d) for o, d in zip(offset, shape, strict=True))]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_bits_depend_only_on_key_and_flat_index():
+    key = jax.random.key(0)
+    flat = np.asarray(_fast_mask.random_bits(key, (6 * 7 * 8,)))
+    cube = np.asarray(jax.jit(lambda k: _fast_mask.random_bits(k, (6, 7, 8)))(key))
+    np.testing.assert_array_equal(cube.ravel(), flat)
+    block = dropmask.keep_mask(key, (2, 3, 4), 0.5, global_shape=(6, 7, 8), offset=(3, 4, 2))
+    full = dropmask.keep_mask(key, (6, 7, 8), 0.5)
+    np.testing.assert_array_equal(np.asarray(block), np.asarray(full)[3:5, 4:7, 2:6])
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
+def test_any_key_impl_works_and_differs(impl):
+    k0, k1 = jax.random.key(0, impl=impl), jax.random.key(1, impl=impl)
+    a = np.asarray(dropmask.keep_mask(k0, (4096,), 0.5))
+    b = np.asarray(dropmask.keep_mask(k1, (4096,), 0.5))
+    assert 0.4 < a.mean() < 0.6 and (a != b).mean() > 0.4
+    raw = jax.random.key_data(k0) if impl == "threefry2x32" else None
+    if raw is not None:  # legacy raw uint32 keys give the same mask as typed keys
+        np.testing.assert_array_equal(a, np.asarray(dropmask.keep_mask(raw, (4096,), 0.5)))
+
+
+@pytest.mark.parametrize("rate", [0.001, 0.01, 0.1, 0.25, 0.5, 0.7, 0.9, 0.99, 0.999])
+@pytest.mark.parametrize("impl", ["fast", "flax"])
+def test_realised_keep_rate_within_4_sigma(rate, impl):
+    n = 1 << 21
+    mask = dropmask.keep_mask(jax.random.key(123), (n,), rate, impl=impl)
+    keep = float(jnp.mean(mask))
+    sigma = np.sqrt(rate * (1 - rate) / n)
+    assert abs(keep - (1 - rate)) < 4 * sigma, (keep, 1 - rate, sigma)
+
+
+@pytest.mark.parametrize(
+    ("rate", "nbits"),
+    [(0.5, 1), (0.25, 2), (0.75, 2), (0.125, 4), (0.1, 16), (0.3, 16), (0.001, 32), (0.999, 32)],
+)
+def test_fewest_bits_for_the_rate(rate, nbits):
+    thr = _fast_mask.threshold(1 - rate)
+    assert (thr.nbits, thr.shift) == (nbits, 0)
+    assert thr.realised == thr.value / 2**nbits
+    assert abs(thr.realised - (1 - rate)) <= 1e-3 * min(rate, 1 - rate)
+
+
+def test_traced_threshold_is_exact_in_float32():
+    thr = jax.jit(lambda p: _fast_mask.threshold(p).realised)(jnp.float32(0.9))
+    assert float(thr) * 2**24 == round(0.9 * 2**24)
+
+
+def test_raw_bytes_are_uniform():
+    bits = np.asarray(_fast_mask.random_bits(jax.random.key(5), (1 << 20,)))
+    for shift in (0, 8, 16, 24):
+        counts = np.bincount((bits >> shift) & 0xFF, minlength=256)
+        assert stats.chisquare(counts).pvalue > P_4SIGMA
+
+
+def _independent(a: np.ndarray, b: np.ndarray) -> float:
+    """p-value of a chi-square independence test on the joint counts of two masks."""
+    table = np.array([[np.sum(a & b), np.sum(a & ~b)], [np.sum(~a & b), np.sum(~a & ~b)]])
+    return stats.chi2_contingency(table, correction=False).pvalue
+
+
+def test_no_dependence_between_neighbours_rows_steps_splits_and_streams():
+    key, rate, shape = jax.random.key(77), 0.5, (1024, 1024)
+    m = np.asarray(dropmask.keep_mask(key, shape, rate))
+    pairs = {
+        "neighbouring elements": (m[:, :-1], m[:, 1:]),
+        "neighbouring rows": (m[:-1], m[1:]),
+    }
+    step = [np.asarray(dropmask.keep_mask(jax.random.fold_in(key, s), shape, rate)) for s in (0, 1)]
+    pairs["fold_in steps"] = tuple(step)
+    k1, k2 = jax.random.split(key)
+    pairs["split keys"] = tuple(np.asarray(dropmask.keep_mask(k, shape, rate)) for k in (k1, k2))
+
+    class TwoStreams(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            a = dropmask.linen.Dropout(rate, deterministic=False)(x)
+            b = dropmask.linen.Dropout(rate, deterministic=False, rng_collection="other")(x)
+            return a != 0, b != 0
+
+    a, b = TwoStreams().apply({}, jnp.ones(shape), rngs={"dropout": key, "other": key})
+    pairs["named streams (same root key)"] = (np.asarray(a), np.asarray(b))
+    for name, (a, b) in pairs.items():
+        assert _independent(a.ravel(), b.ravel()) > P_4SIGMA, name
+        assert (a != b).mean() > 0.49, name
+
+
+@pytest.mark.parametrize("rate", [0.5, 0.1, 0.3])
+def test_no_dependence_across_the_word_layout(rate):
+    """Lanes of one word, the same lane of neighbouring words, and lanes fed by
+    neighbouring Threefry calls (8 apart at 16 bits per element) are independent, and
+    every lane keeps at the same rate."""
+    m = np.asarray(dropmask.keep_mask(jax.random.key(78), (2048, 1024), rate))
+    lanes = m.reshape(2048, 32, 32)  # [row, word, lane]
+    pairs = {
+        "lanes 0 and 1 of a word": (lanes[:, :, 0], lanes[:, :, 1]),
+        "lanes 7 and 8 (neighbouring calls)": (lanes[:, :, 7], lanes[:, :, 8]),
+        "lane 0 and lane 31": (lanes[:, :, 0], lanes[:, :, 31]),
+        "same lane, neighbouring words": (lanes[:, :-1, 5], lanes[:, 1:, 5]),
+        "last lane of a word, first of the next": (lanes[:, :-1, 31], lanes[:, 1:, 0]),
+    }
+    for name, (a, b) in pairs.items():
+        assert _independent(a.ravel(), b.ravel()) > P_4SIGMA, name
+    per_lane = lanes.reshape(-1, 32).mean(axis=0)
+    sigma = np.sqrt(rate * (1 - rate) / (2048 * 32))
+    assert np.all(np.abs(per_lane - (1 - rate)) < 4.5 * sigma), per_lane
+
+
+def test_broadcast_masks_exactly_shared():
+    m = np.asarray(dropmask.keep_mask(jax.random.key(1), (16, 32, 8), 0.3, broadcast_dims=(1,)))
+    np.testing.assert_array_equal(m, np.broadcast_to(m[:, :1], m.shape))
+
+
+def test_too_many_words_error():
+    def draw(shape):
+        return jax.eval_shape(lambda k: dropmask.keep_mask(k, shape, 0.5), jax.random.key(0))
+
+    draw((1 << 16, 1 << 16))  # 2**32 elements are 2**27 words: fine
+    with pytest.raises(ValueError, match="2\\*\\*32 words"):
+        draw((1 << 16, 1 << 21))
+
+
+def test_block_arguments_validated():
+    with pytest.raises(ValueError, match="go together"):
+        dropmask.keep_mask(jax.random.key(0), (2, 2), 0.5, global_shape=(4, 4))
+    with pytest.raises(ValueError, match="one entry per axis"):
+        dropmask.keep_mask(jax.random.key(0), (2, 2), 0.5, global_shape=(4,), offset=(0,))
+    with pytest.raises(ValueError, match="impl='fast'"):
+        dropmask.dropout(
+            jnp.ones((2, 2)),
+            0.5,
+            jax.random.key(0),
+            impl="flax",
+            global_shape=(4, 4),
+            offset=(0, 0),
+        )
+
+
+def test_packed_keep_words_are_the_mask_bits():
+    shape = (3, 70)
+    words = _fast_mask.key_words(jax.random.key(5))
+    thr = _fast_mask.threshold(0.9)
+    packed = np.asarray(_fast_mask.packed_keep_words(words, shape, thr))
+    assert packed.shape == (3, 3) and packed.dtype == np.uint32
+    lanes = (packed[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+    unpacked = lanes.reshape(3, 96)[:, :70].astype(bool)
+    expected = np.asarray(_fast_mask.keep_from_words(words, shape, thr, path="per_element"))
+    np.testing.assert_array_equal(unpacked, expected)
+
+
+def test_every_mask_caller_goes_through_the_one_entry_point(monkeypatch):
+    from dropmask._random import _draw
+
+    specs = []
+    entry = _draw._draw_and_combine_jit
+
+    def spy(spec, combine, *args):
+        hash(spec)  # the static spec keys the jit cache
+        specs.append(spec)
+        return entry(spec, combine, *args)
+
+    monkeypatch.setattr(_draw, "_draw_and_combine_jit", spy)
+    x, key, tokens = jnp.ones((4, 40)), jax.random.key(0), jnp.zeros((4, 40), jnp.int32)
+    calls = [
+        lambda r, impl: dropmask.dropout(x, r, key, impl=impl),
+        lambda r, impl: dropmask.drop_path(x, r, key, impl=impl),
+        lambda r, impl: dropmask.alpha_dropout(x, r, key, impl=impl),
+        lambda r, impl: dropmask.word_dropout(tokens, r, key, unk_id=1, impl=impl),
+        lambda r, impl: dropmask.keep_mask(key, x.shape, r, impl=impl),
+        lambda r, impl: dropmask.dot_product_attention(
+            x[None, :, None, :],
+            x[None, :, None, :],
+            x[None, :, None, :],
+            dropout_rate=r,
+            key=key,
+            deterministic=False,
+            impl=impl,
+        ),
+    ]
+    for call in calls:
+        for impl in ("fast", "flax"):
+            for rate in (0.3, jnp.float32(0.3)):
+                before = len(specs)
+                call(rate, impl)
+                assert len(specs) == before + 1
+                assert specs[-1].impl == impl
+                assert (specs[-1].value is None) == (impl == "flax" or not isinstance(rate, float))
+
+
+@pytest.mark.parametrize("rate", [0.3, "traced"])
+@pytest.mark.parametrize("impl", ["fast", "flax"])
+def test_keep_mask_is_the_mask_every_variant_applies(rate, impl):
+    x, key = jnp.ones((8, 40)), jax.random.key(6)
+    r = jnp.float32(0.3) if rate == "traced" else rate
+    mask = np.asarray(dropmask.keep_mask(key, x.shape, r, impl=impl))
+    np.testing.assert_array_equal(np.asarray(dropmask.dropout(x, r, key, impl=impl)) != 0, mask)
+    tokens = jnp.ones((8, 40), jnp.int32)
+    words = np.asarray(dropmask.word_dropout(tokens, 1 - r, key, unk_id=0, impl=impl))
+    assert 0 < (words == 0).mean() < 1
+
+
+@pytest.mark.parametrize(
+    ("keep", "calls"), [(0.9, 4), (0.98, 4), (jnp.float32(0.7), 8), (129 / 256, 2)]
+)
+def test_cpu_path_draws_the_inline_paths_words_inside_one_cond(keep, calls):
+    """The CPU path keeps a mask's words out of the consumer's fusion with one ``cond``
+    around the generator, whatever the number of Threefry calls a word takes; the masks
+    are the inline path's bit for bit."""
+    words = _fast_mask.key_words(jax.random.key(0))
+    thr = _fast_mask.threshold(keep)
+    assert _fast_mask.Fields(thr.nbits).calls == calls
+
+    def conds(path: str) -> int:
+        fn = lambda w: _fast_mask.keep_from_words(w, (8, 256), thr, path=path)  # noqa: E731
+        return str(jax.make_jaxpr(fn)(words)).count(" cond[")
+
+    assert (conds("packed"), conds("packed_inline")) == (1, 0)
+    np.testing.assert_array_equal(
+        _fast_mask.keep_from_words(words, (8, 256), thr, path="packed"),
+        _fast_mask.keep_from_words(words, (8, 256), thr, path="packed_inline"),
+    )
+
+
+@pytest.mark.parametrize("partitionable", [True, False])
+def test_key_words_derived_inside_the_generator_are_jax_randoms(partitionable):
+    """A Threefry key's four words, derived from its own two inside the generator's
+    computation, are ``jax.random.bits(key, (4,), uint32)`` under either setting of
+    ``jax_threefry_partitionable``; other impls hand over the four words themselves."""
+    with jax.threefry_partitionable(partitionable):
+        for seed in (0, 1, 7, 2**31 + 5):
+            key = jax.random.key(seed)
+            want = np.asarray(jax.random.bits(key, (4,), jnp.uint32))
+            source = _fast_mask.key_source(key)
+            assert source.shape == (2,)
+            got = jax.jit(lambda s: jnp.stack(_fast_mask._words(s)))(source)
+            np.testing.assert_array_equal(np.asarray(got), want)
+            raw = jax.random.PRNGKey(seed)
+            np.testing.assert_array_equal(
+                np.asarray(jnp.stack(_fast_mask._words(_fast_mask.key_source(raw)))),
+                np.asarray(jax.random.bits(raw, (4,), jnp.uint32)),
+            )
+    rbg = jax.random.key(3, impl="rbg")
+    np.testing.assert_array_equal(
+        np.asarray(_fast_mask.key_source(rbg)), np.asarray(_fast_mask.key_words(rbg))
+    )
+
+
+def test_a_dropout_site_compiles_no_loop_of_its_own_for_the_key_words():
+    """JAX lowers its Threefry hash on CPU to a loop that XLA compiles as a separate
+    small kernel at every call site; the mask's key words are derived inside the
+    generator's own computation instead, so a site holds no loop at all."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the loop lowering is XLA:CPU's")
+    x, key = jnp.ones((512, 2048)), jax.random.key(0)
+    hlo = jax.jit(lambda x, k: dropmask.dropout(x, 0.1, k)).lower(x, key).compile().as_text()
+    assert hlo.count(" while(") == 0, hlo
+    assert hlo.count(" conditional(") == 1, hlo
+    assert 'xla_cpu_small_call="true"' not in hlo
