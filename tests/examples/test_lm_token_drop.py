@@ -1,10 +1,12 @@
 """The lm example with random layerwise token dropping (Random-LTD)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from examples.lm import configs, input_pipeline, models, train
+from examples.lm import configs, input_pipeline, models, token_speed, train
 from flax import nnx
 from tests.examples.checks import assert_step_changes_every_parameter_and_uses_the_key
 
@@ -217,3 +219,30 @@ def test_tiny_run_with_token_drop_lowers_the_loss(tmp_path):
     run = run_training(train.example, _config(0.5), tmp_path, devices=1, progress=False)
     assert run.losses[-1] < run.losses[0]
     assert np.isfinite(run.final["eval"]["bpc"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        (["--depth", "2"], "--depth must be >= 3"),
+        (["--token-drop", "0"], r"--token-drop must be in \(0, 1\), got 0.0"),
+        (["--context", "1"], "--context must be >= 2"),
+        (["--steps", "0"], "--repeats and --steps must be >= 1"),
+    ],
+)
+def test_token_speed_answers_bad_flags_in_one_line(flags, match, capsys):
+    assert token_speed.main(flags) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("token_speed: ")
+    assert re.search(match, err), err
+
+
+@pytest.mark.slow
+def test_token_speed_times_both_arms(capsys):
+    flags = ["--depth", "3", "--context", "64", "--repeats", "2", "--steps", "1"]
+    assert token_speed.main(flags) == 0
+    out = capsys.readouterr().out
+    assert "blocks dropping tokens 1" in out
+    assert re.search(r"token_drop 0: \d+\.\d+ s per step", out), out
+    assert re.search(r"token_drop 0.5: \d+\.\d+ s per step", out), out
+    assert re.search(r"ratio token_drop 0.5 / token_drop 0: \d+\.\d+ \(median of 2", out), out
