@@ -30,6 +30,14 @@ def get_config() -> ml_collections.ConfigDict:
         ``'blockwise'``); ``attention_block`` its tile size (0: its default). The
         blockwise path is the default: at context 1024 its step took 2.6 s against
         the dense path's 5.7 s (2 busy CPU cores), and it never holds ``[q, k]``.
+      token_drop: random layerwise token dropping (Random-LTD): in training, the
+        blocks between the first and last ``token_drop_ends`` each see a random
+        ``1 - token_drop`` of each window's tokens, drawn afresh per block and step;
+        the other tokens skip that block. In ``[0, 1)``; 0 (the default) is off and
+        builds the model without it. Evaluation and sampling see every token.
+      token_drop_ends: blocks at each end of the stack that always see every token
+        (Random-LTD's choice is 1: the first and the last); ``depth`` must leave at
+        least one block between them when ``token_drop > 0``.
       learning_rate: AdamW's peak step size, after ``warmup_steps`` of linear warmup
         from a tenth of it, then a cosine decay to a tenth of it at ``steps``.
       weight_decay: AdamW's decoupled weight decay.
@@ -47,6 +55,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.attention = "dropmask"
     config.attention_algorithm = "blockwise"
     config.attention_block = 0
+    config.token_drop = 0.0
+    config.token_drop_ends = 1
     config.learning_rate = 3e-3
     config.warmup_steps = 20
     config.weight_decay = 0.01

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from dropmask import DropmaskValueError
 from dropmask.training import DataError, check_config
 
 VOCAB_SIZE = 256
@@ -81,10 +82,28 @@ def load(config: ml_collections.ConfigDict) -> Data:
     """
     check_config(
         config,
-        at_least={"context": 2, "batch_size": 1, "depth": 1, "heads": 1, "mlp_ratio": 1},
-        in_range={"eval_fraction": (0.0, 1.0)},
+        at_least={
+            "context": 2,
+            "batch_size": 1,
+            "depth": 1,
+            "heads": 1,
+            "mlp_ratio": 1,
+            "token_drop_ends": 0,
+        },
+        in_range={"eval_fraction": (0.0, 1.0), "token_drop": (0.0, 1.0)},
         positive=["learning_rate"],
     )
+    if config.token_drop == 1.0:
+        raise DropmaskValueError(
+            "config.token_drop must be in [0, 1) (the fraction of tokens a middle block "
+            "drops), got 1.0. Set it with --config.token_drop=VALUE."
+        )
+    if config.token_drop and config.depth <= 2 * config.token_drop_ends:
+        raise DropmaskValueError(
+            f"config.token_drop_ends must leave a block between the ends that drops tokens, "
+            f"got token_drop_ends={config.token_drop_ends} with depth={config.depth}. Set "
+            f"--config.token_drop_ends below depth / 2, or --config.token_drop=0."
+        )
     if config.width % config.heads:
         raise DataError(
             f"config.width must be a multiple of config.heads, got width={config.width} and "

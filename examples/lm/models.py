@@ -8,6 +8,15 @@ the blockwise path skips the tiles above the diagonal), which drops attention we
 with the module's own ``'dropout'`` stream. ``attention='flax'`` keeps Flax's own
 ``nnx.dot_product_attention``: the same parameters and function, for the memory
 comparison in the README.
+
+Random layerwise token dropping (Random-LTD, Yao et al., 2022), ``config.token_drop``:
+in training, each block but the ``token_drop_ends`` at either end of the stack works
+on a random subset of each window's tokens, drawn afresh per block and step by
+``dropmask.drop_tokens``; the other tokens pass that block unchanged. The kept tokens
+stay in their original order, so causal attention on the subset (``is_causal`` on the
+shorter sequence) is exactly "position ``i`` sees the kept positions ``<= i``", and the
+blockwise path still skips the tiles above the diagonal. Evaluation and sampling see
+every token.
 """
 
 from __future__ import annotations
@@ -72,13 +81,52 @@ class Block(nnx.Module):
         return x + self.mlp_dropout(y)
 
 
+class RandomLTD(nnx.Module):
+    """A block that sees a random ``1 - rate`` of each window's tokens in training.
+
+    The kept tokens (``dropmask.drop_tokens``, in their original order) go through the
+    block, and its outputs are written back to their positions; a dropped token leaves
+    the block as it came in, as if the block were the identity for it. In evaluation
+    (``deterministic=True``, set by ``model.eval()``) the block sees every token.
+
+    Args:
+      block: the wrapped ``Block``.
+      rate: the fraction of tokens dropped, a Python float in ``(0, 1)``.
+      rngs: ``nnx.Rngs`` with a ``'dropout'`` stream; the wrapper forks its own, so
+        every wrapped block draws its own subset.
+    """
+
+    def __init__(self, block: Block, rate: float, *, rngs: nnx.Rngs):
+        self.block = block
+        self.rate = rate
+        self.deterministic = False
+        self.rngs = rngs.dropout.fork()
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``x: float32[batch, time, width]`` to the same shape."""
+        if self.deterministic:
+            return self.block(x)
+        # A training window has no padding: every one of the ``kept`` slots is a token.
+        kept = dropmask.drop_tokens(x, self.rate, self.rngs())
+        rows = jnp.arange(x.shape[0])[:, None]
+        return x.at[rows, kept.positions].set(self.block(kept.tokens))
+
+
+def token_drop_blocks(config: ml_collections.ConfigDict) -> range:
+    """The blocks that drop tokens in training: none at ``token_drop = 0``, else all but
+    ``token_drop_ends`` blocks at each end of the stack."""
+    if not config.token_drop:
+        return range(0)
+    return range(config.token_drop_ends, config.depth - config.token_drop_ends)
+
+
 class LanguageModel(nnx.Module):
     """Byte embeddings plus learned positions, ``depth`` blocks, a tied output layer.
 
     Args:
       config: the example's config (``width``, ``heads``, ``depth``, ``mlp_ratio``,
         ``context``, ``rate``, ``attention``, ``attention_algorithm``,
-        ``attention_block``).
+        ``attention_block``, ``token_drop``, ``token_drop_ends``).
       vocab_size: the number of token ids.
       rngs: ``nnx.Rngs`` with ``'params'`` and ``'dropout'`` streams; every dropout
         site (the embedding's, each block's residual branches and attention weights)
@@ -90,7 +138,10 @@ class LanguageModel(nnx.Module):
         self.embed = nnx.Embed(vocab_size, config.width, rngs=rngs)
         self.positions = nnx.Embed(config.context, config.width, rngs=rngs)
         self.embed_dropout = dnnx.Dropout(config.rate, rngs=rngs)
-        self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.depth)])
+        blocks: list[nnx.Module] = [Block(config, rngs=rngs) for _ in range(config.depth)]
+        for i in token_drop_blocks(config):
+            blocks[i] = RandomLTD(blocks[i], config.token_drop, rngs=rngs)
+        self.blocks = nnx.List(blocks)
         self.norm = nnx.LayerNorm(config.width, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
