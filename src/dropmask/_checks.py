@@ -15,9 +15,12 @@ The raises written elsewhere are of kinds that belong to their module:
 - relations between one function's arguments that no other function shares (attention's
   q, k and v shapes and its path options, DropBlock's block against the map, a pack
   that needs more rows than given), checked by that function before its work;
+- a check of one argument that one function alone makes, in words about that function
+  (``to_bias``'s ``dtype``, ``audit_model``'s ``rngs``, ``word_dropout``'s token dtype);
 - the contents of host-side data (a ragged or non-numeric sequence in ``_padding``, a
-  value the batch dtype cannot hold) and command-line flags or config entries parsed
-  from text (``training``, ``audit``);
+  value the batch dtype cannot hold), and command-line flags, config entries and an
+  example's fields, each reported against the user's own flag or line (``training``,
+  ``_workflow``);
 - conditions met while running rather than in the arguments: a checkpoint that does not
   match the run or cannot be read or written, a non-finite state, a user's layer, model
   or example that returned or did something else than promised, an error of Flax or
