@@ -1,17 +1,32 @@
-"""The argument checks that several modules share, in one message style.
+"""The argument checks of the library's public functions, in one message style.
 
-Here live the checks more than one public function makes: a rate, a key (also one
-given under either of its two names), ``impl`` and ``residual``, an array and its
-floating dtype, a shape, axes and ``broadcast_dims``, a static int, an int with a lower
-bound, a scalar, one of a few choices, a sliding window, a boolean mask and its
-broadcasting, integer ids, ``lengths``, label ranges, a tuple of names. Each raises
+Here live the checks that recur across modules: a rate, a key (also one given under
+either of its two names), ``impl`` and ``residual``, an array and its floating dtype, a
+callable, an instance of given types, a shape, a rank, an exact shape, axes and
+``broadcast_dims``, a Python int (static, or with a lower bound), a scalar, one of a few
+choices, a sliding window, a boolean mask and its broadcasting, integer ids,
+``lengths``, label ranges, a tuple of names. Each raises
 ``"{caller}: {name} must be <expected>, got <given>. <fix>"``, where ``caller`` is the
-public function or module the user called, and runs on static (trace-time) information
+public function or class the user called, and runs on static (trace-time) information
 only, so a bad call fails before anything is computed, also under ``jit``.
 
-A check that one module alone makes (a checkpoint's ``keep``, an example's fields, a
-command's flags) is written in that module, before its work; the exception classes,
-one base for all, live in ``_errors``.
+The raises written elsewhere are of kinds that belong to their module:
+
+- relations between one function's arguments that no other function shares (attention's
+  q, k and v shapes and its path options, DropBlock's block against the map, a pack
+  that needs more rows than given), checked by that function before its work;
+- a check of one argument that one function alone makes, in words about that function
+  (``to_bias``'s ``dtype``, ``audit_model``'s ``rngs``, ``word_dropout``'s token dtype);
+- the contents of host-side data (a ragged or non-numeric sequence in ``_padding``, a
+  value the batch dtype cannot hold), and command-line flags, config entries and an
+  example's fields, each reported against the user's own flag or line (``training``,
+  ``_workflow``);
+- conditions met while running rather than in the arguments: a checkpoint that does not
+  match the run or cannot be read or written, a non-finite state, a user's layer, model
+  or example that returned or did something else than promised, an error of Flax or
+  orbax raised again with the fix.
+
+The exception classes, one base for all, live in ``_errors``.
 """
 
 from __future__ import annotations
@@ -42,19 +57,24 @@ __all__ = [
     "check_array",
     "check_bool_mask",
     "check_broadcastable",
+    "check_callable",
     "check_choice",
     "check_floating",
     "check_impl",
+    "check_instance",
+    "check_int",
     "check_int_at_least",
     "check_integer",
     "check_key",
     "check_label_range",
     "check_lengths",
     "check_names",
+    "check_ndim",
     "check_one_key",
     "check_rate",
     "check_scalar",
     "check_shape",
+    "check_shape_is",
     "check_static_int",
     "check_window",
     "concrete_value",
@@ -344,13 +364,29 @@ def normalize_broadcast_dims(broadcast_dims: Any, ndim: int, *, caller: str) -> 
     )
 
 
-def check_static_int(value: Any, *, name: str, caller: str, minimum: int = 0) -> int:
-    """Validates a Python int that fixes a shape, e.g. ``max_len``."""
+def check_int(value: Any, *, caller: str, name: str, why: str = "", fix: str = "") -> int:
+    """``value`` as an int, unless it is no Python or NumPy int (a bool is none); ``why``
+    follows "a Python int" in the message and ``fix`` ends it.
+
+    Raises:
+      DropmaskTypeError: ``value`` is not an int.
+    """
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise DropmaskTypeError(
-            f"{caller}: {name} must be a Python int (it fixes an array shape), got "
-            f"{type(value).__name__}. Pass a static value, e.g. {name}=128."
+            f"{caller}: {name} must be a Python int{why}, got {type(value).__name__}.{fix}"
         )
+    return int(value)
+
+
+def check_static_int(value: Any, *, name: str, caller: str, minimum: int = 0) -> int:
+    """Validates a Python int that fixes a shape, e.g. ``max_len``."""
+    check_int(
+        value,
+        caller=caller,
+        name=name,
+        why=" (it fixes an array shape)",
+        fix=f" Pass a static value, e.g. {name}=128.",
+    )
     if value < minimum:
         raise DropmaskValueError(f"{caller}: {name} must be >= {minimum}, got {value}.")
     return int(value)
@@ -368,10 +404,70 @@ def check_int_at_least(
     return int(value)
 
 
-def check_choice(value: Any, choices: tuple[Any, ...], *, caller: str, name: str) -> None:
-    """Raises DropmaskValueError unless ``value`` is one of ``choices``."""
+def check_choice(
+    value: Any, choices: tuple[Any, ...], *, caller: str, name: str, fix: str = ""
+) -> None:
+    """Raises DropmaskValueError unless ``value`` is one of ``choices``; ``fix`` ends the
+    message."""
     if value not in choices:
-        raise DropmaskValueError(f"{caller}: {name} must be one of {choices}, got {value!r}.")
+        raise DropmaskValueError(f"{caller}: {name} must be one of {choices}, got {value!r}.{fix}")
+
+
+def check_callable(value: Any, *, caller: str, name: str, what: str, fix: str) -> None:
+    """Raises DropmaskTypeError unless ``value`` is callable: ``what`` says how it is
+    called (e.g. "callable as f(x, key)") and ``fix`` ends the message."""
+    if not callable(value):
+        raise DropmaskTypeError(
+            f"{caller}: {name} must be {what}, got {type(value).__name__}. {fix}"
+        )
+
+
+def check_instance(
+    value: Any, types: type | tuple[type, ...], *, caller: str, name: str, what: str, fix: str
+) -> None:
+    """Raises DropmaskTypeError unless ``value`` is an instance of ``types``: ``what``
+    names them for the user (e.g. "an nnx.Module") and ``fix`` ends the message."""
+    if not isinstance(value, types):
+        raise DropmaskTypeError(
+            f"{caller}: {name} must be {what}, got {type(value).__name__}. {fix}"
+        )
+
+
+def check_ndim(
+    shape: Sequence[int],
+    *,
+    caller: str,
+    name: str,
+    layout: str,
+    minimum: int,
+    maximum: int | None = None,
+    fix: str = "",
+) -> None:
+    """Raises DropmaskValueError unless ``len(shape)`` is in ``[minimum, maximum]``
+    (no upper bound when ``maximum`` is None); ``layout`` describes the expected axes
+    (e.g. "[batch, time, ...] (at least 2-d)") and ``fix`` ends the message."""
+    ndim = len(shape)
+    if ndim < minimum or (maximum is not None and ndim > maximum):
+        raise DropmaskValueError(
+            f"{caller}: {name} must be {layout}, got shape {tuple(shape)}.{fix}"
+        )
+
+
+def check_shape_is(
+    shape: Sequence[int],
+    expected: Sequence[int],
+    *,
+    caller: str,
+    name: str,
+    layout: str,
+    fix: str = "",
+) -> None:
+    """Raises MaskShapeError unless ``shape`` is exactly ``expected`` (no broadcasting);
+    ``layout`` names its axes (e.g. "bool[batch, time]"), ``fix`` ends the message."""
+    if tuple(shape) != tuple(expected):
+        raise MaskShapeError(
+            f"{caller}: {name} must be {layout} = {tuple(expected)}, got shape {tuple(shape)}.{fix}"
+        )
 
 
 def check_window(window: Any, *, caller: str, fix: str = "") -> tuple[int, int]:

@@ -26,6 +26,7 @@ from ._checks import (
     check_array,
     check_floating,
     check_impl,
+    check_int,
     check_key,
     check_rate,
     check_residual,
@@ -33,7 +34,7 @@ from ._checks import (
     normalize_axes,
     normalize_broadcast_dims,
 )
-from ._errors import DropmaskTypeError, DropmaskValueError, DtypeError
+from ._errors import DropmaskValueError, DtypeError
 from ._random import (
     DEFAULT_IMPL,
     DEFAULT_RESIDUAL,
@@ -488,11 +489,12 @@ def apply_word_dropout(
     )
     tokens = call.x
     info = np.iinfo(tokens.dtype)
-    if isinstance(unk_id, bool) or not isinstance(unk_id, int | np.integer):
-        raise DropmaskTypeError(
-            f"{caller}: unk_id must be a Python int, got {type(unk_id).__name__}. Pass the id "
-            f"of the unknown-word token, e.g. unk_id=1."
-        )
+    check_int(
+        unk_id,
+        caller=caller,
+        name="unk_id",
+        fix=" Pass the id of the unknown-word token, e.g. unk_id=1.",
+    )
     if not info.min <= int(unk_id) <= info.max:
         raise DropmaskValueError(
             f"{caller}: unk_id={unk_id} does not fit the token dtype {tokens.dtype} (range "

@@ -18,12 +18,12 @@ from jax import lax
 
 from ._checks import check_bool_mask as check_bool_mask
 from ._checks import check_broadcastable as check_broadcastable
+from ._checks import check_int, check_scalar, check_window
 from ._checks import check_integer as _check_integer
 from ._checks import check_lengths as check_lengths
-from ._checks import check_scalar, check_window
 from ._checks import check_static_int as check_static_int
 from ._checks import is_concrete as is_concrete
-from ._errors import DropmaskTypeError, DtypeError, MaskShapeError
+from ._errors import DtypeError, MaskShapeError
 
 __all__ = [
     "attention_mask",
@@ -154,11 +154,7 @@ def padding_mask(tokens: jax.typing.ArrayLike, pad_id: Any = 0) -> jax.Array:
 
 
 def _check_offset(offset: Any, caller: str) -> int:
-    if isinstance(offset, bool) or not isinstance(offset, int | np.integer):
-        raise DropmaskTypeError(
-            f"{caller}: offset must be a Python int, got {type(offset).__name__}."
-        )
-    return int(offset)
+    return check_int(offset, caller=caller, name="offset")
 
 
 def _relative_positions(q_len: int, kv_len: int | None, offset: int, caller: str) -> jax.Array:

@@ -25,7 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._checks import check_label_range, check_scalar, normalize_axes
+from ._checks import (
+    check_choice,
+    check_int_at_least,
+    check_label_range,
+    check_scalar,
+    normalize_axes,
+)
 from ._errors import AxisError, DropmaskValueError, DtypeError, MaskShapeError
 from ._masks import as_array, broadcast_mask
 
@@ -205,8 +211,7 @@ def _masked_var(
 ) -> tuple[jax.Array, jax.Array, Any]:
     """Returns ``(var, defined, out_dtype)``, var in the compute dtype, 0 where undefined."""
     x, m, axes = _prepare(x, mask, axis, caller, integers=True)
-    if isinstance(ddof, bool) or not isinstance(ddof, int | np.integer) or ddof < 0:
-        raise DropmaskValueError(f"{caller}: ddof must be a non-negative int, got {ddof!r}.")
+    check_int_at_least(ddof, 0, caller=caller, name="ddof")
     out_dtype = _result_float(x.dtype)
     acc = compute_dtype(out_dtype)
     xs = jnp.where(m, x, 0).astype(acc)
@@ -587,10 +592,7 @@ def masked_cross_entropy(
     _check_dtype(logits, caller, integers=False)
     if isinstance(mask, list | tuple):  # like labels, a nested list is read as an array
         mask = np.asarray(mask)
-    if reduction not in ("mean", "sum", "none"):
-        raise DropmaskValueError(
-            f"{caller}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}."
-        )
+    check_choice(reduction, ("mean", "sum", "none"), caller=caller, name="reduction")
     if logits.ndim == 0:
         raise MaskShapeError(
             f"{caller}: logits need a class axis [..., num_classes], got a scalar."

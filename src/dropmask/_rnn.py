@@ -28,6 +28,7 @@ from ._checks import (
     check_lengths,
     check_names,
     check_rate,
+    check_shape_is,
     concrete_value,
 )
 from ._dropout import apply_dropout
@@ -93,20 +94,22 @@ def resolve_mask(
             "mask=dropmask.sequence_mask(n, time)."
         )
     if lengths is not None:
-        if tuple(jnp.shape(lengths)) != (batch,):
-            raise MaskShapeError(
-                f"{caller}: lengths must be [batch] = {(batch,)}, got shape {jnp.shape(lengths)}."
-            )
+        check_shape_is(
+            jnp.shape(lengths), (batch,), caller=caller, name="lengths", layout="[batch]"
+        )
         mask_arr = sequence_mask(check_lengths(lengths, steps, caller=caller), steps)
         return mask_arr, jnp.sum(mask_arr, axis=-1, dtype=jnp.int32), batch, steps
     if mask is None:
         return jnp.ones((batch, steps), bool), jnp.full((batch,), steps, jnp.int32), batch, steps
     mask_arr = check_bool_mask(mask, caller=caller)
-    if tuple(mask_arr.shape) != (batch, steps):
-        raise MaskShapeError(
-            f"{caller}: mask must be bool[batch, time] = {(batch, steps)}, got shape "
-            f"{mask_arr.shape}. Build one from lengths with dropmask.sequence_mask."
-        )
+    check_shape_is(
+        mask_arr.shape,
+        (batch, steps),
+        caller=caller,
+        name="mask",
+        layout="bool[batch, time]",
+        fix=" Build one from lengths with dropmask.sequence_mask.",
+    )
     return mask_arr, jnp.sum(mask_arr, axis=-1, dtype=jnp.int32), batch, steps
 
 

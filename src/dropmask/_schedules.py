@@ -19,8 +19,8 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
-from ._checks import check_rate, check_scalar, check_static_int
-from ._errors import DropmaskTypeError, DropmaskValueError
+from ._checks import check_choice, check_rate, check_scalar, check_static_int
+from ._errors import DropmaskTypeError
 
 __all__ = ["depth_rates", "early_dropout", "late_dropout", "linear_warmdown"]
 
@@ -135,11 +135,13 @@ def depth_rates(
     caller = "depth_rates"
     num_layers = check_static_int(num_layers, name="num_layers", caller=caller, minimum=1)
     r = _rate(rate, caller)
+    check_choice(
+        rule,
+        ("linear", "timm"),
+        caller=caller,
+        name="rule",
+        fix=" 'linear' is stochastic depth's l / L, 'timm' is linspace(0, rate, L).",
+    )
     if rule == "linear":
         return r * jnp.arange(1, num_layers + 1, dtype=jnp.float32) / num_layers
-    if rule == "timm":
-        return r * jnp.linspace(0.0, 1.0, num_layers, dtype=jnp.float32)
-    raise DropmaskValueError(
-        f"{caller}: rule must be 'linear' (stochastic depth's l / L) or 'timm' "
-        f"(linspace(0, rate, L)), got {rule!r}."
-    )
+    return r * jnp.linspace(0.0, 1.0, num_layers, dtype=jnp.float32)

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._checks import check_array, check_floating, check_key, check_rate
+from .._checks import check_array, check_floating, check_key, check_ndim, check_rate
 from .._errors import DropmaskTypeError, DropmaskValueError
 from .._random import draw, flags_only, local_block
 
@@ -173,11 +173,15 @@ def apply_drop_block(
     """:func:`drop_block` on behalf of ``caller``."""
     x = check_array(x, caller=caller)
     check_floating(x, caller=caller)
-    if not 3 <= x.ndim <= 5:
-        raise DropmaskValueError(
-            f"{caller}: x must be [batch, *spatial, channels] with 1 to 3 spatial axes (3-d "
-            f"to 5-d), got shape {x.shape}. Add a channel axis with x[..., None]."
-        )
+    check_ndim(
+        x.shape,
+        caller=caller,
+        name="x",
+        layout="[batch, *spatial, channels] with 1 to 3 spatial axes (3-d to 5-d)",
+        minimum=3,
+        maximum=5,
+        fix=" Add a channel axis with x[..., None].",
+    )
     value = check_rate(rate, caller=caller)
     spatial = x.shape[1:-1]
     sizes = _block_sizes(block_size, spatial, caller)

@@ -15,9 +15,8 @@ from typing import Any
 import jax
 
 from .._attention import dot_product_attention
-from .._checks import check_array, check_one_key, check_rate, concrete_value
+from .._checks import check_array, check_ndim, check_one_key, check_rate, concrete_value
 from .._dropout import apply_dropout
-from .._errors import DropmaskValueError
 from .._random import DEFAULT_RESIDUAL, Residual
 
 __all__ = ["apply_drop_head", "drop_head", "drop_head_attention"]
@@ -36,11 +35,14 @@ def apply_drop_head(
 ) -> jax.Array:
     """:func:`drop_head` on behalf of ``caller``."""
     arr = check_array(x, caller=caller)
-    if arr.ndim < 3:
-        raise DropmaskValueError(
-            f"{caller}: x must be an attention output [batch..., q_len, heads, depth] (at "
-            f"least 3-d), got shape {arr.shape}. Drop heads before the output projection."
-        )
+    check_ndim(
+        arr.shape,
+        caller=caller,
+        name="x",
+        layout="an attention output [batch..., q_len, heads, depth] (at least 3-d)",
+        minimum=3,
+        fix=" Drop heads before the output projection.",
+    )
     return apply_dropout(
         arr,
         rate,

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 import jax
 from jax import lax
 
-from .._checks import check_key, check_rate, check_static_int
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._checks import check_callable, check_key, check_rate, check_static_int
+from .._errors import DropmaskValueError
 from .._random import draw, flags_only, probability
 
 __all__ = ["keep_layer", "kept_layers", "layer_drop"]
@@ -38,11 +38,13 @@ def keep_layer(rate: Any, key: Any, *, caller: str) -> jax.Array:
 
 
 def _check_layer(layer: Any, caller: str) -> None:
-    if not callable(layer):
-        raise DropmaskTypeError(
-            f"{caller}: layer must be a callable (inputs -> outputs of the same shape), got "
-            f"{type(layer).__name__}. Pass e.g. lambda h: block(h, mask)."
-        )
+    check_callable(
+        layer,
+        caller=caller,
+        name="layer",
+        what="a callable (inputs -> outputs of the same shape)",
+        fix="Pass e.g. lambda h: block(h, mask).",
+    )
 
 
 def layer_drop(

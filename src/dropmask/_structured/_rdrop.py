@@ -16,8 +16,15 @@ from typing import Any, TypeVar
 import jax
 import jax.numpy as jnp
 
-from .._checks import check_array, check_bool_mask, check_broadcastable, check_floating, check_key
-from .._errors import DropmaskTypeError, MaskShapeError
+from .._checks import (
+    check_array,
+    check_bool_mask,
+    check_broadcastable,
+    check_callable,
+    check_floating,
+    check_key,
+)
+from .._errors import MaskShapeError
 from .._reductions import masked_log_softmax, masked_mean
 
 __all__ = ["r_drop_passes", "symmetric_kl"]
@@ -111,11 +118,13 @@ def r_drop_passes(apply: Callable[[Any], T], key: Any) -> tuple[T, T]:
       True
     """
     caller = "r_drop_passes"
-    if not callable(apply):
-        raise DropmaskTypeError(
-            f"{caller}: apply must be a callable key -> outputs, got {type(apply).__name__}. "
-            f"Pass e.g. lambda k: model.apply(variables, x, rngs={{'dropout': k}})."
-        )
+    check_callable(
+        apply,
+        caller=caller,
+        name="apply",
+        what="a callable key -> outputs",
+        fix="Pass e.g. lambda k: model.apply(variables, x, rngs={'dropout': k}).",
+    )
     check_key(key, caller=caller)
     both = jax.vmap(apply)(jax.random.split(key))
     first = jax.tree.map(lambda t: t[0], both)

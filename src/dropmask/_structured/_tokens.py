@@ -18,8 +18,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._checks import check_array, check_bool_mask, check_key, check_rate
-from .._errors import DropmaskTypeError, DropmaskValueError, MaskShapeError
+from .._checks import (
+    check_array,
+    check_bool_mask,
+    check_key,
+    check_ndim,
+    check_rate,
+    check_shape_is,
+)
+from .._errors import DropmaskTypeError
 from .._random import draw, flags_only
 
 __all__ = ["TokenSubset", "drop_tokens"]
@@ -100,22 +107,28 @@ def drop_tokens(
     """
     caller = "drop_tokens"
     arr = check_array(x, caller=caller)
-    if arr.ndim < 2:
-        raise DropmaskValueError(
-            f"{caller}: x must be [batch, time, ...] (at least 2-d), got shape {arr.shape}. "
-            f"Add a batch axis with x[None]."
-        )
+    check_ndim(
+        arr.shape,
+        caller=caller,
+        name="x",
+        layout="[batch, time, ...] (at least 2-d)",
+        minimum=2,
+        fix=" Add a batch axis with x[None].",
+    )
     batch, time = arr.shape[:2]
     if mask is None:
         valid = jnp.ones((batch, time), bool)
     else:
         valid = check_bool_mask(mask, caller=caller)
-        if valid.shape != (batch, time):
-            raise MaskShapeError(
-                f"{caller}: mask must be [batch, time] = {(batch, time)} (one flag per token "
-                f"of x), got shape {valid.shape}. Build it with dropmask.sequence_mask or "
-                f"segment_ids > 0."
-            )
+        check_shape_is(
+            valid.shape,
+            (batch, time),
+            caller=caller,
+            name="mask",
+            layout="[batch, time]",
+            fix=" One flag per token of x: build it with dropmask.sequence_mask or "
+            "segment_ids > 0.",
+        )
     value = check_rate(rate, caller=caller, allow_one=False)
     if value is None:
         raise DropmaskTypeError(

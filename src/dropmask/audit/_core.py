@@ -15,7 +15,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._checks import check_callable
+from .._errors import DropmaskValueError
 from . import _findings
 from ._audit_report import AuditReport, Finding
 from ._mode import Mode
@@ -27,11 +28,13 @@ __all__ = ["checked_step", "model_report", "step_report", "trees_equal"]
 def checked_step(train_step: Any, batches: Iterable[Any], *, caller: str) -> list[Any]:
     """The batches of a step audit as a list, once ``train_step`` is callable and there
     are at least two batches to compare masks between."""
-    if not callable(train_step):
-        raise DropmaskTypeError(
-            f"{caller}: train_step must be callable as train_step(state, batch), got "
-            f"{type(train_step).__name__}. Pass the step function itself."
-        )
+    check_callable(
+        train_step,
+        caller=caller,
+        name="train_step",
+        what="callable as train_step(state, batch)",
+        fix="Pass the step function itself.",
+    )
     batches = list(batches)
     if len(batches) < 2:
         raise DropmaskValueError(

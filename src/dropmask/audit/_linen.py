@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from .._checks import check_instance
 from .._errors import DropmaskTypeError, MissingKeyError
 from . import _mode
 from ._audit_report import AuditReport
@@ -157,12 +158,14 @@ def audit_model(
     """
     given = {"model": model} if eval_model is None else {"model": model, "eval_model": eval_model}
     for name, module in given.items():
-        if not isinstance(module, nn.Module):
-            raise DropmaskTypeError(
-                f"audit_model: {name} must be a flax.linen.Module, got "
-                f"{type(module).__name__}. For an nnx.Module use "
-                "dropmask.audit.audit_nnx_model(model, *args)."
-            )
+        check_instance(
+            module,
+            nn.Module,
+            caller="audit_model",
+            name=name,
+            what="a flax.linen.Module",
+            fix="For an nnx.Module use dropmask.audit.audit_nnx_model(model, *args).",
+        )
     modules = {"eval": model if eval_model is None else eval_model, "train": model}
     rngs_a = _check_rngs(rngs)
     rngs_b = _other_rngs(rngs_a)

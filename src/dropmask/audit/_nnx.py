@@ -15,8 +15,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from .._checks import is_concrete
-from .._errors import DropmaskTypeError
+from .._checks import check_instance, is_concrete
 from ._audit_report import AuditReport
 from ._core import checked_step, model_report, step_report, trees_equal
 from ._mode import nnx_mode
@@ -122,11 +121,14 @@ def audit_nnx_model(
       >>> audit_nnx_model(MLP(nnx.Rngs(0, dropout=1)), jnp.ones((8, 4))).ok
       True
     """
-    if not isinstance(model, nnx.Module):
-        raise DropmaskTypeError(
-            f"audit_nnx_model expects an nnx.Module, got {type(model).__name__}. For a Linen "
-            "module use dropmask.audit.audit_model(model, variables, *args)."
-        )
+    check_instance(
+        model,
+        nnx.Module,
+        caller="audit_nnx_model",
+        name="model",
+        what="an nnx.Module",
+        fix="For a Linen module use dropmask.audit.audit_model(model, variables, *args).",
+    )
     rec = Recorder()
     clone = _recording_clone(model, rec)
     outputs = {}
@@ -199,11 +201,14 @@ def audit_nnx_step(
     """
     from ..training import NnxTrainState
 
-    if not isinstance(state, NnxTrainState):
-        raise DropmaskTypeError(
-            f"audit_nnx_step: state must be a dropmask.training.NnxTrainState, got "
-            f"{type(state).__name__}. For a Linen TrainState use audit_step."
-        )
+    check_instance(
+        state,
+        NnxTrainState,
+        caller="audit_nnx_step",
+        name="state",
+        what="a dropmask.training.NnxTrainState",
+        fix="For a Linen TrainState use audit_step.",
+    )
     batches = checked_step(train_step, batches, caller="audit_nnx_step")
     rec = Recorder()
     clone = _recording_clone(state.model(training=None), rec)

@@ -9,6 +9,7 @@ from typing import Any
 
 from flax import nnx
 
+from .._checks import check_instance, check_int_at_least
 from .._errors import DropmaskTypeError, DropmaskValueError
 from .._workflow import Example, checked, locate, run_keys
 from ._audit_report import AuditReport
@@ -142,15 +143,17 @@ def target_from_example(
             stacklevel=2,
         )
         caller = fn
-    if not isinstance(example, Example):
-        raise DropmaskTypeError(
-            f"{caller}: example must be a dropmask.training.Example, got {type(example).__name__}."
-        )
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-        raise DropmaskValueError(
-            f"{caller}: steps must be an int >= 2 (masks are compared between steps), "
-            f"got {steps!r}."
-        )
+    check_instance(
+        example,
+        Example,
+        caller=caller,
+        name="example",
+        what="a dropmask.training.Example",
+        fix="Pass the example to audit, e.g. train.example.",
+    )
+    steps = check_int_at_least(
+        steps, 2, caller=caller, name="steps", why=" (masks are compared between steps)"
+    )
     if config is None:
         config = (example.get_tiny_config or example.get_config)()
     data = example.load_data(config)

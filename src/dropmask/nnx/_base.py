@@ -13,8 +13,8 @@ import jax
 from flax import nnx
 
 from .. import _dropout, _layer_specs
-from .._checks import check_rate
-from .._errors import DropmaskTypeError, DropmaskValueError, MissingKeyError
+from .._checks import check_instance, check_rate
+from .._errors import DropmaskValueError, MissingKeyError
 from ._streams import own_stream
 
 __all__ = ["Sharded", "Stochastic"]
@@ -72,16 +72,19 @@ class Stochastic(nnx.Module):
             raise MissingKeyError(
                 _NO_RNGS.format(name=type(self).__name__, stream=self.rng_collection)
             )
+        check_instance(
+            source,
+            (nnx.Rngs, nnx.RngStream, jax.Array),
+            caller=self._caller,
+            name="rngs",
+            what="an nnx.Rngs, nnx.RngStream or jax.Array key",
+            fix=f"Pass e.g. rngs=nnx.Rngs({self.rng_collection}=0).",
+        )
         if isinstance(source, nnx.Rngs):
             return det, source[self.rng_collection]()
         if isinstance(source, nnx.RngStream):
             return det, source()
-        if isinstance(source, jax.Array):
-            return det, source
-        raise DropmaskTypeError(
-            f"{self._caller}: rngs must be an nnx.Rngs, nnx.RngStream or jax.Array key, got "
-            f"{type(source).__name__}. Pass e.g. rngs=nnx.Rngs({self.rng_collection}=0)."
-        )
+        return det, source
 
     def set_view(self, deterministic: bool | None = None) -> None:
         """Used by ``nnx.view``: sets ``deterministic`` when given."""

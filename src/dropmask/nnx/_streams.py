@@ -10,7 +10,7 @@ from typing import Any
 
 from flax import nnx
 
-from .._errors import DropmaskTypeError
+from .._checks import check_instance
 
 __all__ = ["own_stream"]
 
@@ -18,13 +18,16 @@ __all__ = ["own_stream"]
 def own_stream(rngs: Any, rng_collection: str, *, caller: str) -> Any:
     """The layer's own fork of ``rngs``' ``rng_collection`` stream (``nnx.data(None)`` for
     None), shared by every dropmask NNX layer that draws masks."""
+    check_instance(
+        rngs,
+        (nnx.Rngs, nnx.RngStream, type(None)),
+        caller=caller,
+        name="rngs",
+        what="an nnx.Rngs, nnx.RngStream or None",
+        fix=f"Pass e.g. rngs=nnx.Rngs({rng_collection}=0).",
+    )
     if isinstance(rngs, nnx.Rngs):
         return rngs[rng_collection].fork()
     if isinstance(rngs, nnx.RngStream):
         return rngs.fork()
-    if rngs is None:
-        return nnx.data(None)
-    raise DropmaskTypeError(
-        f"{caller}: rngs must be an nnx.Rngs, nnx.RngStream or None, got "
-        f"{type(rngs).__name__}. Pass e.g. rngs=nnx.Rngs({rng_collection}=0)."
-    )
+    return nnx.data(None)

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._checks import check_int_at_least
+from .._checks import check_choice, check_int_at_least
 from .._errors import DropmaskValueError
 from .._workflow import RUN_LENGTH_ENTRIES
 from ._errors import CheckpointError, DamagedCheckpointError
@@ -144,12 +144,10 @@ class Checkpointer:
         best_metric: str | None = None,
         best_mode: str = "max",
     ) -> None:
-        if not isinstance(keep, int) or keep < 1:
-            raise DropmaskValueError(
-                f"keep must be an int >= 1 (checkpoints to keep), got {keep!r}."
-            )
-        if best_mode not in ("max", "min"):
-            raise DropmaskValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}.")
+        keep = check_int_at_least(
+            keep, 1, caller="Checkpointer", name="keep", why=" (checkpoints to keep)"
+        )
+        check_choice(best_mode, ("max", "min"), caller="Checkpointer", name="best_mode")
         self.directory = pathlib.Path(directory).absolute()
         existing = next(p for p in (self.directory, *self.directory.parents) if p.exists())
         if not existing.is_dir():

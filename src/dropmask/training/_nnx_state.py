@@ -30,8 +30,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from .._checks import check_key
-from .._errors import DropmaskTypeError
+from .._checks import check_instance, check_key
 from ._keys import stream_key
 
 __all__ = ["NnxTrainState", "rekeyed_streams"]
@@ -156,12 +155,15 @@ class NnxTrainState(struct.PyTreeNode):
           DropmaskTypeError: ``model`` is not an ``nnx.Module`` (a Linen module
             belongs in ``TrainState``), or ``key`` is not one PRNG key.
         """
-        if not isinstance(model, nnx.Module):
-            raise DropmaskTypeError(
-                f"NnxTrainState.create: model must be an nnx.Module, got "
-                f"{type(model).__name__}. For a Linen module use dropmask.training."
-                f"TrainState.create(apply_fn=model.apply, params=..., tx=..., key=...)."
-            )
+        check_instance(
+            model,
+            nnx.Module,
+            caller="NnxTrainState.create",
+            name="model",
+            what="an nnx.Module",
+            fix="For a Linen module use dropmask.training.TrainState.create("
+            "apply_fn=model.apply, params=..., tx=..., key=...).",
+        )
         check_key(key, caller="NnxTrainState.create")
         graphdef, params, rng_state, other = nnx.split(model, nnx.Param, nnx.RngState, ...)
         return cls(

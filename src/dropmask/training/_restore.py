@@ -8,7 +8,8 @@ from typing import Any
 
 import ml_collections
 
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._checks import check_instance
+from .._errors import DropmaskValueError
 from .._workflow import Example, run_keys
 from ._checkpoint import Checkpointer
 
@@ -55,11 +56,14 @@ def restore_run(
         state, config, data = restore_run("runs/digits", example)
         held_out = example.evaluate(state, config, data, "eval")
     """
-    if not isinstance(example, Example):
-        raise DropmaskTypeError(
-            f"restore_run: example must be a dropmask.training.Example, got "
-            f"{type(example).__name__}. Pass the example the run trained, e.g. train.example."
-        )
+    check_instance(
+        example,
+        Example,
+        caller="restore_run",
+        name="example",
+        what="a dropmask.training.Example",
+        fix="Pass the example the run trained, e.g. train.example.",
+    )
     directory = pathlib.Path(workdir) / "checkpoints"
     if not directory.is_dir():
         raise DropmaskValueError(

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._checks import check_instance
+from .._errors import DropmaskValueError
 
 __all__ = ["from_bytes", "keys_from_data", "keys_to_data", "to_bytes"]
 
@@ -133,11 +134,14 @@ def from_bytes(target: Any, encoded: bytes) -> Any:
       DropmaskValueError: ``encoded`` is not :func:`to_bytes` output, or holds
         another structure, shape or dtype than ``target`` (the message names the leaf).
     """
-    if not isinstance(encoded, bytes | bytearray | memoryview):
-        raise DropmaskTypeError(
-            f"from_bytes: encoded must be bytes from dropmask.training.to_bytes, got "
-            f"{type(encoded).__name__}. Read the file in binary mode ('rb')."
-        )
+    check_instance(
+        encoded,
+        (bytes, bytearray, memoryview),
+        caller="from_bytes",
+        name="encoded",
+        what="bytes from dropmask.training.to_bytes",
+        fix="Read the file in binary mode ('rb').",
+    )
     data_target, impls = keys_to_data(target)
     try:
         saved = flax.serialization.msgpack_restore(bytes(encoded))

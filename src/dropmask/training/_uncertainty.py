@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from .. import uncertainty
+from .._checks import check_int_at_least
 from .._errors import DropmaskValueError
 from ._keys import stream_key
 
@@ -35,13 +36,14 @@ def num_samples(config: ml_collections.ConfigDict) -> int:
     Raises:
       DropmaskValueError: not an int ``>= 0``.
     """
-    value = config.get("mc_samples", 0)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise DropmaskValueError(
-            f"config.mc_samples must be an int >= 0 (0: no Monte Carlo evaluation), got "
-            f"{value!r}. Set it with --mc-samples K."
-        )
-    return value
+    return check_int_at_least(
+        config.get("mc_samples", 0),
+        0,
+        caller="train",
+        name="config.mc_samples",
+        why=" (0: no Monte Carlo evaluation)",
+        fix=" Set it with --mc-samples K.",
+    )
 
 
 def check(example: Example, config: ml_collections.ConfigDict) -> None:

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .. import nnx as dnnx
-from .._checks import check_key, check_static_int
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._checks import check_callable, check_instance, check_key, check_static_int
+from .._errors import DropmaskValueError
 
 __all__ = ["sample", "sample_keys", "sample_linen", "sample_nnx"]
 
@@ -122,11 +122,14 @@ def sample(
       True
     """
     caller = "uncertainty.sample"
-    if not callable(f):
-        raise DropmaskTypeError(
-            f"{caller}: f must be callable as f(x, key), got {type(f).__name__}. Pass the "
-            "prediction, e.g. lambda x, key: model.apply(variables, x, rngs={'dropout': key})."
-        )
+    check_callable(
+        f,
+        caller=caller,
+        name="f",
+        what="callable as f(x, key)",
+        fix="Pass the prediction, e.g. lambda x, key: model.apply(variables, x, "
+        "rngs={'dropout': key}).",
+    )
     return _over_keys(lambda k: f(x, k), key, num_samples, chunk_size, caller)
 
 
@@ -192,11 +195,14 @@ def sample_linen(
       (10, 5, 3)
     """
     caller = "uncertainty.sample_linen"
-    if not isinstance(model, nn.Module):
-        raise DropmaskTypeError(
-            f"{caller}: model must be a flax.linen.Module, got {type(model).__name__}. For an "
-            "nnx.Module use uncertainty.sample_nnx(model, *args, key=..., num_samples=...)."
-        )
+    check_instance(
+        model,
+        nn.Module,
+        caller=caller,
+        name="model",
+        what="a flax.linen.Module",
+        fix="For an nnx.Module use uncertainty.sample_nnx(model, *args, key=..., num_samples=...).",
+    )
     call = {**kwargs, **(train_kwargs if train_kwargs is not None else {"training": True})}
 
     def one(k: jax.Array) -> Any:
@@ -293,12 +299,15 @@ def sample_nnx(
       ((10, 5, 3), True)
     """
     caller = "uncertainty.sample_nnx"
-    if not isinstance(model, nnx.Module):
-        raise DropmaskTypeError(
-            f"{caller}: model must be an nnx.Module, got {type(model).__name__}. For a Linen "
-            "module use uncertainty.sample_linen(model, variables, *args, key=..., "
-            "num_samples=...)."
-        )
+    check_instance(
+        model,
+        nnx.Module,
+        caller=caller,
+        name="model",
+        what="an nnx.Module",
+        fix="For a Linen module use uncertainty.sample_linen(model, variables, *args, "
+        "key=..., num_samples=...).",
+    )
     graphdef, keys, counts, rest = nnx.split(model, nnx.RngKey, nnx.RngCount, ...)
 
     def one(k: jax.Array) -> Any:

@@ -28,8 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._checks import check_array, check_floating
-from .._errors import DropmaskValueError
+from .._checks import check_array, check_floating, check_ndim
 from .._reductions import compute_dtype, masked_logsumexp, masked_sum
 
 __all__ = [
@@ -46,11 +45,14 @@ __all__ = [
 def _samples(logits: Any, caller: str, *, min_ndim: int = 2) -> jax.Array:
     x = check_array(logits, caller=caller, name="logits")
     check_floating(x, caller=caller)
-    if x.ndim < min_ndim:
-        raise DropmaskValueError(
-            f"{caller}: logits must be [samples, ..., classes], got shape {x.shape}. Stack the "
-            "samples on axis 0, e.g. with uncertainty.sample_linen."
-        )
+    check_ndim(
+        x.shape,
+        caller=caller,
+        name="logits",
+        layout="[samples, ..., classes]",
+        minimum=min_ndim,
+        fix=" Stack the samples on axis 0, e.g. with uncertainty.sample_linen.",
+    )
     return x
 
 
