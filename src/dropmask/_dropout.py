@@ -156,6 +156,10 @@ def scale_and_fill(realised: Any, dtype: Any) -> tuple[jax.Array, jax.Array]:
     Both are NaN when ``realised`` is NaN (a traced rate outside [0, 1]), so that the
     whole output is NaN; they are scalars, so no per-element residual is needed.
     """
+    if isinstance(realised, float):  # a static rate: constants, no ops in the program
+        kind = np.dtype(dtype).type
+        scale = kind(1) / kind(realised) if realised > 0 else kind(0)
+        return jnp.asarray(scale, dtype), jnp.zeros((), dtype)
     realised = jnp.asarray(realised, dtype)
     positive = realised > 0
     scale = jnp.where(positive, 1.0 / jnp.where(positive, realised, 1.0), 0.0)
@@ -237,11 +241,11 @@ def dropout(
       offset: the global index of ``x``'s first element, one per axis (may be traced).
       residual: what reverse-mode autodiff keeps for the backward pass with
         ``impl="fast"``. ``"mask"`` (default): the packed keep-flags, 1 bit per element
-        (0.125 B, ``uint32[..., ceil(n / 32)]``), so that the backward pass only
-        unpacks them; drawing the mask a second time costs more than writing and
-        reading that bit. ``"none"``: only the key (8 B), and the backward pass draws
-        the mask again. Backends without the packed words (TPU) always draw again.
-        The words are named ``"dropout_mask"``: a ``jax.checkpoint`` around the call
+        (0.125 B; at a rate of 0.1 ``uint8[..., ceil(n / 32) * 4]``), so that the
+        backward pass only unpacks them; drawing the mask a second time costs more than
+        writing and reading that bit. ``"none"``: only the key (8 B), and the backward
+        pass draws the mask again. Backends without the packed flags (TPU) always draw
+        again. The flags are named ``"dropout_mask"``: a ``jax.checkpoint`` around the call
         decides by its own policy (``save_only_these_names("dropout_mask")`` keeps
         them; ``nothing_saveable`` draws again; a policy that saves everything else,
         such as ``save_anything_except_these_names("dropout_mask")``, lets JAX keep

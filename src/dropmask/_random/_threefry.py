@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["threefry2x32", "threefry4x32"]
+__all__ = ["Ops", "threefry2x32", "threefry4x32"]
 
 # Random123's rotation constants for Threefry-4x32, one pair per round (mod 8).
 _ROTATIONS = ((10, 26), (11, 21), (13, 27), (23, 5), (6, 20), (17, 11), (25, 10), (18, 20))
@@ -35,12 +35,49 @@ def _u32(x: Any) -> jax.Array:
 
 # The rounds call lax directly: each ``jnp`` operator is a small jitted function that
 # tracing inlines, which made tracing one dropout about 1.7 times slower. Same ops.
-def _rotl(x: jax.Array, r: int) -> jax.Array:
-    return lax.bitwise_or(lax.shift_left(x, _U32(r)), lax.shift_right_logical(x, _U32(32 - r)))
+class Ops:
+    """uint32 add, xor and rotate whose smaller operand (a shift amount, a key word, a
+    counter word) is broadcast to the other's shape once per call of the block function,
+    not at every use: lax broadcasts a scalar operand again each time, which put 195
+    broadcasts of 20 distinct values into one mask's program."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[tuple[int, ...], Any], tuple[Any, jax.Array]] = {}
+
+    def like(self, x: Any, value: int) -> Any:
+        """The constant ``value`` in ``x``'s shape (a uint32 scalar for a scalar ``x``)."""
+        return self._like(jnp.shape(x), value)
+
+    def _like(self, shape: tuple[int, ...], y: Any) -> Any:
+        if jnp.shape(y) == shape:
+            return _u32(y)
+        key = (shape, y if isinstance(y, int) else id(y))
+        if key not in self._made:  # keeps ``y`` alive, so its id is not reused
+            self._made[key] = (y, lax.broadcast_in_dim(_u32(y), shape, ()))
+        return self._made[key][1]
+
+    def _pair(self, x: Any, y: Any) -> tuple[Any, Any]:
+        shape = jnp.broadcast_shapes(jnp.shape(x), jnp.shape(y))
+        return self._like(shape, _u32(x) if isinstance(x, int) else x), self._like(shape, y)
+
+    def add(self, x: Any, y: Any) -> jax.Array:
+        return lax.add(*self._pair(_u32(x), y if isinstance(y, int) else _u32(y)))
+
+    def xor(self, x: Any, y: Any) -> jax.Array:
+        return lax.bitwise_xor(*self._pair(_u32(x), y if isinstance(y, int) else _u32(y)))
+
+    def rotl(self, x: jax.Array, r: int) -> jax.Array:
+        shape = jnp.shape(x)
+        left = lax.shift_left(x, self._like(shape, r) if shape else _U32(r))
+        right = lax.shift_right_logical(x, self._like(shape, 32 - r) if shape else _U32(32 - r))
+        return lax.bitwise_or(left, right)
 
 
 def threefry4x32(
-    counter: Sequence[jax.Array], key: Sequence[jax.Array], rounds: int = ROUNDS
+    counter: Sequence[jax.Array],
+    key: Sequence[jax.Array],
+    rounds: int = ROUNDS,
+    ops: Ops | None = None,
 ) -> list[jax.Array]:
     """Threefry-4x32 of ``counter`` under ``key``.
 
@@ -48,32 +85,34 @@ def threefry4x32(
       counter: four uint32 arrays (broadcastable against each other).
       key: four uint32 scalars or arrays.
       rounds: the number of rounds (20, the Random123 default, unless testing).
+      ops: the broadcasts to share with the caller's own ops on the outputs.
 
     Returns:
       Four uint32 arrays, the 128 output bits.
     """
-    add, xor = lax.add, lax.bitwise_xor
+    ops = Ops() if ops is None else ops
     schedule = [_u32(k) for k in key]
-    schedule.append(
-        xor(xor(xor(xor(_U32(_PARITY), schedule[0]), schedule[1]), schedule[2]), schedule[3])
-    )
-    x = [add(_u32(c), schedule[i]) for i, c in enumerate(counter)]
+    parity = ops.xor(_U32(_PARITY), schedule[0])
+    for word in schedule[1:]:
+        parity = ops.xor(parity, word)
+    schedule.append(parity)
+    x = [ops.add(_u32(c), schedule[i]) for i, c in enumerate(counter)]
     for r in range(rounds):
         a, b = _ROTATIONS[r % 8]
         if r % 2 == 0:
-            x[0] = add(x[0], x[1])
-            x[1] = xor(_rotl(x[1], a), x[0])
-            x[2] = add(x[2], x[3])
-            x[3] = xor(_rotl(x[3], b), x[2])
+            x[0] = ops.add(x[0], x[1])
+            x[1] = ops.xor(ops.rotl(x[1], a), x[0])
+            x[2] = ops.add(x[2], x[3])
+            x[3] = ops.xor(ops.rotl(x[3], b), x[2])
         else:
-            x[0] = add(x[0], x[3])
-            x[3] = xor(_rotl(x[3], a), x[0])
-            x[2] = add(x[2], x[1])
-            x[1] = xor(_rotl(x[1], b), x[2])
+            x[0] = ops.add(x[0], x[3])
+            x[3] = ops.xor(ops.rotl(x[3], a), x[0])
+            x[2] = ops.add(x[2], x[1])
+            x[1] = ops.xor(ops.rotl(x[1], b), x[2])
         if r % 4 == 3:  # key injection every four rounds
             s = r // 4 + 1
-            x = [add(x[i], schedule[(s + i) % 5]) for i in range(4)]
-            x[3] = add(x[3], _U32(s))
+            x = [ops.add(x[i], schedule[(s + i) % 5]) for i in range(4)]
+            x[3] = ops.add(x[3], s)
     return x
 
 
@@ -81,7 +120,9 @@ def threefry4x32(
 _ROTATIONS_2X32 = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
-def threefry2x32(key: Sequence[jax.Array], counter: Sequence[jax.Array]) -> list[jax.Array]:
+def threefry2x32(
+    key: Sequence[jax.Array], counter: Sequence[jax.Array], ops: Ops | None = None
+) -> list[jax.Array]:
     """JAX's ``threefry2x32`` hash, unrolled: the same bits as ``jax.random``'s.
 
     On CPU JAX lowers its own hash to a loop, which XLA compiles as a separate kernel at
@@ -90,18 +131,19 @@ def threefry2x32(key: Sequence[jax.Array], counter: Sequence[jax.Array]) -> list
     Args:
       key: two uint32 scalars.
       counter: two uint32 arrays (broadcastable against each other).
+      ops: the broadcasts to share with the caller's own ops on the outputs.
 
     Returns:
       Two uint32 arrays.
     """
-    add, xor = lax.add, lax.bitwise_xor
+    ops = Ops() if ops is None else ops
     k = [_u32(w) for w in key]
-    schedule = [k[0], k[1], xor(xor(k[0], k[1]), _U32(_PARITY))]
-    x = [add(_u32(counter[0]), schedule[0]), add(_u32(counter[1]), schedule[1])]
+    schedule = [k[0], k[1], ops.xor(ops.xor(k[0], k[1]), _U32(_PARITY))]
+    x = [ops.add(_u32(counter[0]), schedule[0]), ops.add(_u32(counter[1]), schedule[1])]
     for group in range(5):
         for r in _ROTATIONS_2X32[group % 2]:
-            x[0] = add(x[0], x[1])
-            x[1] = xor(x[0], _rotl(x[1], r))
-        x[0] = add(x[0], schedule[(group + 1) % 3])
-        x[1] = add(add(x[1], schedule[(group + 2) % 3]), _U32(group + 1))
+            x[0] = ops.add(x[0], x[1])
+            x[1] = ops.xor(x[0], ops.rotl(x[1], r))
+        x[0] = ops.add(x[0], schedule[(group + 1) % 3])
+        x[1] = ops.add(ops.add(x[1], schedule[(group + 2) % 3]), group + 1)
     return x
