@@ -167,8 +167,8 @@ def test_residuals_name_what_grows_with_the_input():
     by_name = {c.name: c for c in common.contestants()[0]}
     ours = common.residuals(by_name[common.dropmask_name()], jnp.float32)
     assert ours["residual_bytes_per_element"] == pytest.approx(0.125)
-    assert ours["growing_residuals"] == ["uint32[2048,64]"]  # 1 bit per element
-    assert ours["residual_bytes_constant"] == pytest.approx(0)  # nothing but the words
+    assert ours["growing_residuals"] == ["uint8[2048,256]"]  # 1 bit per element, in bytes
+    assert ours["residual_bytes_constant"] == pytest.approx(0)  # nothing but the flags
     limit = common.residuals(by_name[common.LIMIT], jnp.float32)
     assert limit["residual_bytes_per_element"] == 0 and limit["growing_residuals"] == []
     for choice in common.residual_choices():

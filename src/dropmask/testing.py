@@ -60,8 +60,8 @@ MASK_NAME = _random.MASK_NAME
 ``jax.checkpoint`` policies (``"dropout_mask"``)."""
 
 PATHS = _random.PATHS
-"""The ways of computing the ``"fast"`` mask: ``"packed"`` (words materialised inside a
-``lax.cond``, the CPU default), ``"packed_inline"`` (the CUDA default) and
+"""The ways of computing the ``"fast"`` mask: ``"packed"`` (packed flags kept out of the
+consumer's fusion, the CPU default), ``"packed_inline"`` (the CUDA default) and
 ``"per_element"`` (elsewhere). All give the same mask."""
 
 

@@ -185,8 +185,10 @@ def test_residual_field_reaches_the_core(layer, fn):
         want, want_vjp = jax.vjp(lambda x, m=mode: fn(x, 0.2, key, residual=m), x)
         leaves = [(leaf.shape, str(leaf.dtype)) for leaf in jax.tree.leaves(vjp_fn)]
         assert leaves == [(leaf.shape, str(leaf.dtype)) for leaf in jax.tree.leaves(want_vjp)]
-        # A key's own data (2 or 4 words) is not a saved mask.
-        words = [s for s, dtype in leaves if dtype == "uint32" and s not in ((2,), (4,))]
+        # A key's own data (2 or 4 words) is not a saved mask; the packed flags are
+        # bytes, halves or words, by the rate's field width.
+        packed = ("uint8", "uint16", "uint32")
+        words = [s for s, dtype in leaves if dtype in packed and s not in ((2,), (4,))]
         assert bool(words) == keeps_words, (mode, leaves)
         np.testing.assert_array_equal(np.asarray(y), np.asarray(want))
         np.testing.assert_array_equal(np.asarray(vjp_fn(x)[0]), np.asarray(want_vjp(x)[0]))

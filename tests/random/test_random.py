@@ -295,25 +295,48 @@ def test_keep_mask_is_the_mask_every_variant_applies(rate, impl):
 
 
 @pytest.mark.parametrize(
-    ("keep", "calls"), [(0.9, 4), (0.98, 4), (jnp.float32(0.7), 8), (129 / 256, 2)]
+    ("keep", "calls", "per_part", "part"),
+    [
+        (0.9, 4, 1, "u8[8,32]"),
+        (0.98, 4, 1, "u8[8,32]"),
+        (jnp.float32(0.7), 8, 2, "u8[8,32]"),
+        (129 / 256, 2, 1, "u16[8,16]"),
+        (0.5, 1, 1, "u32[8,8]"),
+    ],
 )
-def test_cpu_path_draws_the_inline_paths_words_inside_one_cond(keep, calls):
-    """The CPU path keeps a mask's words out of the consumer's fusion with one ``cond``
-    around the generator, whatever the number of Threefry calls a word takes; the masks
-    are the inline path's bit for bit."""
+def test_packed_paths_hold_one_copy_of_the_rounds_per_call_of_a_part(
+    keep, calls, per_part, part, monkeypatch
+):
+    """A word's Threefry calls are spread over its parts (bytes, halves or the word), so
+    a mask's program holds the rounds once per call of a part, not once per call of a
+    word; on CPU the parts come out of a fusion of their own (not fused into, and so
+    recomputed for, every element), with no ``cond``; the masks are the per-element
+    path's bit for bit."""
     words = _fast_mask.key_words(jax.random.key(0))
     thr = _fast_mask.threshold(keep)
     assert _fast_mask.Fields(thr.nbits).calls == calls
-
-    def conds(path: str) -> int:
-        fn = lambda w: _fast_mask.keep_from_words(w, (8, 256), thr, path=path)  # noqa: E731
-        return str(jax.make_jaxpr(fn)(words)).count(" cond[")
-
-    assert (conds("packed"), conds("packed_inline")) == (1, 0)
-    np.testing.assert_array_equal(
-        _fast_mask.keep_from_words(words, (8, 256), thr, path="packed"),
-        _fast_mask.keep_from_words(words, (8, 256), thr, path="packed_inline"),
+    traced = []
+    real = _fast_mask.threefry4x32
+    monkeypatch.setattr(
+        _fast_mask, "threefry4x32", lambda *a, **k: traced.append(1) or real(*a, **k)
     )
+    for path in ("packed", "packed_inline"):
+        jax.clear_caches()
+        traced.clear()
+        jax.make_jaxpr(lambda w, p=path: _fast_mask.keep_from_words(w, (8, 256), thr, path=p))(
+            words
+        )
+        assert len(traced) == per_part, path
+    x = jnp.ones((8, 256))
+    apply = jax.jit(lambda w, x: jnp.where(_fast_mask.keep_from_words(w, (8, 256), thr), x, 0.0))
+    hlo = apply.lower(words, x).compile().as_text()
+    assert " conditional(" not in hlo
+    assert any(" fusion(" in line and f"= {part}" in line for line in hlo.splitlines()), hlo
+    for path in ("packed", "packed_inline"):
+        np.testing.assert_array_equal(
+            _fast_mask.keep_from_words(words, (8, 256), thr, path=path),
+            _fast_mask.keep_from_words(words, (8, 256), thr, path="per_element"),
+        )
 
 
 @pytest.mark.parametrize("partitionable", [True, False])
@@ -343,11 +366,12 @@ def test_key_words_derived_inside_the_generator_are_jax_randoms(partitionable):
 def test_a_dropout_site_compiles_no_loop_of_its_own_for_the_key_words():
     """JAX lowers its Threefry hash on CPU to a loop that XLA compiles as a separate
     small kernel at every call site; the mask's key words are derived inside the
-    generator's own computation instead, so a site holds no loop at all."""
+    generator's own computation instead, so a site holds no loop at all (and no
+    ``cond``: the packed flags are kept apart by a division, not a conditional)."""
     if jax.default_backend() != "cpu":
         pytest.skip("the loop lowering is XLA:CPU's")
     x, key = jnp.ones((512, 2048)), jax.random.key(0)
     hlo = jax.jit(lambda x, k: dropmask.dropout(x, 0.1, k)).lower(x, key).compile().as_text()
     assert hlo.count(" while(") == 0, hlo
-    assert hlo.count(" conditional(") == 1, hlo
+    assert hlo.count(" conditional(") == 0, hlo
     assert 'xla_cpu_small_call="true"' not in hlo

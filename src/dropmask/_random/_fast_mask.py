@@ -10,22 +10,23 @@ of 1e-3 (32 bits with a 24-bit threshold for a rate given as a JAX scalar). Elem
 values depend only on ``(key, global position)``, so the mask is the same under ``jit``
 or not, under ``vmap`` over keys and for any sharding.
 
-Speed. One Threefry call serves 8 to 32 elements on CPU and CUDA GPUs: a word's
-keep-flags are computed once, bit-packed into a ``uint32`` (1 bit per element in
-memory), and unpacked inside the consumer's fusion. XLA:CPU would fuse the generator
-into the elementwise consumer and recompute it for every element, so there the packed
-words come out of a ``lax.cond`` whose predicate XLA cannot fold, a computation of
-their own that XLA does not fuse across. (A loop over a word's Threefry calls would
-hold one copy of the rounds instead of one per call and halve the XLA compile time a
-site adds, but the forward+backward pass ran 1.9-2.0x ``x * c``'s time against
-1.5-1.7x: docs/dropout_speed.md.) XLA:GPU's cost model keeps the generator in its own
-fusion unaided (seen on an H200 at 2**24 and 2**26 elements; at 2**16 it fused them,
-where recomputing is cheap), and a ``cond`` there costs a device-to-host sync per
-call.
-Other backends compute each element's field directly, which needs no materialised
-words. All paths give identical masks.
+Speed. One Threefry call serves 8 to 32 elements on CPU and CUDA GPUs: a call's
+keep-flags are computed once, bit-packed (1 bit per element in memory) and unpacked
+inside the consumer's fusion. A word's flags are stored in the parts its calls fill:
+a byte per call for 16-bit fields (per two calls for 32-bit ones), a half-word for
+8-bit fields, the whole word when one call serves all 32 elements (the parts of a word
+are its ``uint32``'s little-endian bytes). So a mask's program holds the 20 rounds once
+(twice for a run-time rate), not once per call of a word, which halved the XLA compile
+time a dropout site adds, and the parts are unpacked as they are, never joined. XLA:CPU would fuse
+the generator into the elementwise consumer and recompute it for every element, so
+there the parts end in an integer division by a run-time 1, which XLA counts as
+expensive and does not duplicate into a consumer that reads each part many times
+(``_jitted_flags``). XLA:GPU's cost model keeps the generator in its own fusion unaided
+(seen on an H200 at 2**24 and 2**26 elements; at 2**16 it fused them, where
+recomputing is cheap). Other backends compute each element's field directly, which
+needs no materialised flags. All paths give identical masks.
 
-Backward pass. The packed paths name their words ``MASK_NAME`` (``"dropout_mask"``)
+Backward pass. The packed paths name their flags ``MASK_NAME`` (``"dropout_mask"``)
 with ``jax.ad_checkpoint.checkpoint_name``, so that a ``jax.checkpoint`` policy can keep
 them as the residual of reverse-mode autodiff (``_random``'s entry point does by
 default): the backward pass is then one unpack-and-select. The per-element path names
@@ -48,7 +49,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from .._errors import DropmaskValueError
 from ._sharding import Block
-from ._threefry import threefry2x32, threefry4x32
+from ._threefry import Ops, threefry2x32, threefry4x32
 
 __all__ = [
     "MASK_NAME",
@@ -172,6 +173,24 @@ class Fields:
     def calls(self) -> int:  # Threefry calls per word of LANES elements
         return -(-LANES // self.per_call)
 
+    @property
+    def part_bits(self) -> int:
+        """Bits of one packed part: the lanes of one call (of two for 32-bit fields), at
+        least a byte, at most a word."""
+        return min(LANES, max(self.per_call, 8))
+
+    @property
+    def parts(self) -> int:  # parts per word of LANES elements
+        return LANES // self.part_bits
+
+    @property
+    def calls_per_part(self) -> int:
+        return self.calls // self.parts
+
+    @property
+    def part_dtype(self) -> Any:
+        return {8: jnp.uint8, 16: jnp.uint16, 32: _U32}[self.part_bits]
+
     def locate(self, lane: Any) -> tuple[Any, Any, Any]:
         """(call ``j``, output word ``o``, bit offset) of ``lane``'s field."""
         within = lane % self.per_call
@@ -226,15 +245,19 @@ def _coords(shape: tuple[int, ...], start: Sequence[Any]) -> list[jax.Array]:
     return coords
 
 
-def _packed_flags(words: jax.Array, index: jax.Array, thr: Threshold) -> jax.Array:
-    """uint32 keep-flags, bit ``l`` for lane ``l``, of the words numbered ``index``.
+def _packed_flags(
+    words: jax.Array, index: jax.Array, part: Any, thr: Threshold, apart: bool = False
+) -> jax.Array:
+    """Keep-flags of part ``part`` of the words numbered ``index``: bit ``l`` for lane
+    ``l`` of the part, in ``Fields(thr.nbits).part_dtype``; kept out of the consumer's
+    fusion when ``apart``.
 
     One ``jax.jit`` per threshold kind and shape: a mask's generator ops are traced once
     and enter every enclosing program, and every transformation of it, as one call (XLA
     inlines it before fusing).
     """
     value, static_value = _split_value(thr)
-    return _jitted_flags(words, index, value, thr.nbits, thr.shift, static_value)
+    return _jitted_flags(words, index, part, value, thr.nbits, thr.shift, static_value, apart)
 
 
 def _split_value(thr: Threshold) -> tuple[Any, int | None]:
@@ -243,37 +266,77 @@ def _split_value(thr: Threshold) -> tuple[Any, int | None]:
 
 
 def _call_lanes(
-    packed: jax.Array, outputs: list[jax.Array], j: Any, fields: Fields, thr: Threshold
+    packed: jax.Array, outputs: list[jax.Array], j: int, fields: Fields, thr: Threshold, ops: Ops
 ) -> jax.Array:
-    """``packed`` with the lanes of Threefry call ``j`` (its 128-bit block ``outputs``) set."""
-    first = j * fields.per_call  # the call's first lane: an int, or a traced uint32
+    """``packed`` with the lanes of the ``j``-th Threefry call of a part (its 128-bit block
+    ``outputs``) set; in lax ops on constants broadcast once, as the rounds are."""
+    value = ops.like(packed, thr.value) if isinstance(thr.value, int) else None
+    if value is None:
+        value = lax.broadcast_in_dim(thr.value, packed.shape, ())
+    full = isinstance(thr.value, int) and thr.value >= 2 ** (thr.nbits - thr.shift)
     for within in range(min(fields.per_call, LANES)):
         _, o, bit = fields.locate(within)
-        keep = compare(fields.extract(outputs[o], bit), thr)
-        lane = first + within if isinstance(first, int) else first + _U32(within)
-        packed = packed | (keep.astype(_U32) << jnp.asarray(lane, _U32))
+        if full:
+            keep = ops.like(packed, 1)
+        else:
+            field = outputs[o]
+            if bit:
+                field = lax.shift_right_logical(field, ops.like(field, bit))
+            if fields.nbits < 32:
+                field = lax.bitwise_and(field, ops.like(field, 2**fields.nbits - 1))
+            if thr.shift:
+                field = lax.shift_right_logical(field, ops.like(field, thr.shift))
+            keep = lax.convert_element_type(lax.lt(field, value), _U32)
+        lane = j * fields.per_call + within
+        if lane:
+            keep = lax.shift_left(keep, ops.like(keep, lane))
+        packed = lax.bitwise_or(packed, keep)
     return packed
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+@functools.partial(jax.jit, static_argnums=(4, 5, 6, 7))
 def _jitted_flags(
     words: jax.Array,
     index: jax.Array,
+    part: jax.Array | None,
     value: jax.Array | None,
     nbits: int,
     shift: int,
     static_value: int | None,
+    apart: bool,
 ) -> jax.Array:
-    """The packed keep-flags with a word's Threefry calls side by side (plain ops, which
-    XLA may fuse into a consumer)."""
+    """The packed keep-flags, one part per element of ``index``.
+
+    A word's calls are spread over its parts, not written side by side: the program
+    holds one copy of the 20 rounds (two for 32-bit fields) instead of one per call, and
+    the parts need no reduction to join, since the consumer unpacks them as they are.
+
+    ``apart``: the parts end in an integer division by a run-time 1 (derived from a key
+    word, so XLA cannot fold it). XLA counts such a division as expensive and does not
+    fuse an expensive producer into a consumer that reads each of its elements many
+    times, as unpacking does; so the rounds run once per part, in a fusion of their
+    own, and are not recomputed for each of a part's elements. It replaced a
+    ``lax.cond`` that did the same at a higher compile cost (docs/dropout_speed.md).
+    """
     thr = Threshold(nbits, shift, static_value if value is None else value, None)
     fields = Fields(thr.nbits)
     key = _words(words)
-    packed = jnp.zeros(index.shape, _U32)
-    zero = jnp.zeros((), _U32)
-    for j in range(fields.calls):
-        outputs = threefry4x32((index, _U32(j), zero, zero), key)
-        packed = _call_lanes(packed, outputs, j, fields, thr)
+    ops = Ops()
+    packed = ops.like(index, 0)
+    zero = _U32(0)
+    for c in range(fields.calls_per_part):
+        if part is None:
+            j = _U32(c)
+        elif fields.calls_per_part == 1:
+            j = part
+        else:
+            j = ops.add(lax.mul(part, ops.like(part, fields.calls_per_part)), c)
+        outputs = threefry4x32((index, j, zero, zero), key, ops=ops)
+        packed = _call_lanes(packed, outputs, c, fields, thr, ops)
+    packed = lax.convert_element_type(packed, fields.part_dtype)
+    if apart:
+        one = lax.bitwise_or(lax.shift_right_logical(key[0], _U32(31)), _U32(1))
+        packed = lax.div(packed, lax.broadcast_in_dim(one.astype(packed.dtype), packed.shape, ()))
     return packed
 
 
@@ -285,24 +348,47 @@ def _varying_zeros(aval: Any) -> jax.Array:
 
 
 def packed_keep_words(words: jax.Array, shape: tuple[int, ...], thr: Threshold) -> jax.Array:
-    """The keep-flags of a whole ``shape`` mask as the packed paths compute them, unexpanded:
-    ``uint32`` words along the packing axis, bit ``l`` of word ``w`` for element
-    ``32 * w + l`` (for measuring the generator apart from applying the mask)."""
+    """The keep-flags of a whole ``shape`` mask as the packed paths compute them, unexpanded
+    and joined into ``uint32`` words along the packing axis: bit ``l`` of word ``w`` for
+    element ``32 * w + l`` (for measuring the generator apart from applying the mask)."""
     shape = shape or (1,)
     axis = packing_axis(shape)
+    fields = Fields(thr.nbits)
     word_shape = _with(shape, axis, -(-shape[axis] // LANES))
     check_word_count(word_shape)
-    index = _row_major(_coords(word_shape, (0,) * len(shape)), word_shape)
-    return _packed_flags(words, index, thr)
+    part_shape = _with(shape, axis, word_shape[axis] * fields.parts)
+    index, part = _part_counters(part_shape, (0,) * len(shape), axis, word_shape, fields)
+    parts = _packed_flags(words, index, part, thr)
+    if fields.parts == 1:
+        return parts
+    split = (*word_shape[: axis + 1], fields.parts, *word_shape[axis + 1 :])
+    return _join_parts(jnp.moveaxis(parts.reshape(split), axis + 1, -1))
 
 
-def _materialised(fn: Any) -> Any:
-    """``fn()`` computed in its own XLA computation, so that it is not fused (and so not
-    recomputed) into every element of its consumers. The predicate is always True; the
-    barrier only hides that from XLA's simplifier."""
-    always = lax.optimization_barrier(jnp.ones((), bool))
-    out = jax.eval_shape(fn)
-    return lax.cond(always, fn, lambda: _varying_zeros(out))
+def _join_parts(parts: jax.Array) -> jax.Array:
+    """``uint32`` words from their parts along the last axis (part ``p`` holds lanes
+    ``p * bits`` onwards)."""
+    bits = jnp.iinfo(parts.dtype).bits
+    shifts = lax.broadcasted_iota(_U32, parts.shape, parts.ndim - 1) * _U32(bits)
+    return (parts.astype(_U32) << shifts).sum(axis=-1, dtype=_U32)
+
+
+def _part_counters(
+    part_shape: tuple[int, ...],
+    part_start: Sequence[Any],
+    axis: int,
+    global_word_shape: tuple[int, ...],
+    fields: Fields,
+) -> tuple[jax.Array, jax.Array | None]:
+    """The word numbers (row-major among the global words) and part numbers within them
+    of a block of parts starting at global part coordinates ``part_start``."""
+    coords = _coords(part_shape, part_start)
+    if fields.parts == 1:
+        return _row_major(coords, global_word_shape), None
+    # parts is 2 or 4: a mask and a shift, not jnp's floor_divide and remainder.
+    part = lax.bitwise_and(coords[axis], _U32(fields.parts - 1))
+    coords[axis] = lax.shift_right_logical(coords[axis], _U32(fields.parts.bit_length() - 1))
+    return _row_major(coords, global_word_shape), part
 
 
 PATHS = ("packed", "packed_inline", "per_element")
@@ -321,12 +407,13 @@ def keep_from_words(
     ``thr.realised``; within ``block``'s global mask when given.
 
     ``path`` picks how it is computed; all give the same mask. ``"packed"``: packed
-    words kept out of the consumer's fusion inside a ``lax.cond``; ``"packed_inline"``:
-    packed words as plain ops; ``"per_element"``: one Threefry call per element. None
-    means the fastest measured per backend: packed on CPU, packed_inline on CUDA,
-    per_element elsewhere (the default backend's, when the mask is traced). The packed
-    paths name their ``uint32`` words ``MASK_NAME``
-    for ``jax.checkpoint`` policies (1 bit per element to save for the backward pass).
+    flags kept out of the consumer's fusion (by a division XLA counts as expensive);
+    ``"packed_inline"``: packed flags as plain ops; ``"per_element"``: one Threefry call
+    per element. None means the fastest measured per backend: packed on CPU,
+    packed_inline on CUDA, per_element elsewhere (the default backend's, when the mask
+    is traced). The packed paths name their flags (``uint8``, ``uint16`` or ``uint32``
+    parts of the words) ``MASK_NAME`` for ``jax.checkpoint`` policies (1 bit per
+    element to save for the backward pass).
     """
     if path is not None and path not in PATHS:
         raise DropmaskValueError(f"path must be one of {PATHS} or None, got {path!r}.")
@@ -341,17 +428,18 @@ def keep_from_words(
     lane0 = offset[axis] % LANES  # where the local block starts within its first word
     word_start = _with(offset, axis, offset[axis] // LANES)
 
-    def packed_path(materialise: bool) -> jax.Array:
-        # One word more when the block may start mid-word (its last word then spills).
-        spill = 0 if isinstance(lane0, int) and lane0 == 0 else 1
-        word_shape = _with(shape, axis, -(-shape[axis] // LANES) + spill)
+    def packed_path(apart: bool) -> jax.Array:
+        fields = Fields(thr.nbits)
+        bits = fields.part_bits
+        first = offset[axis] % bits  # where the local block starts within its first part
+        # One part more when the block may start mid-part (its last part then spills).
+        spill = 0 if isinstance(first, int) and first == 0 else 1
+        part_shape = _with(shape, axis, -(-shape[axis] // bits) + spill)
+        part_start = _with(offset, axis, offset[axis] // bits)
 
-        def flags() -> jax.Array:
-            index = _row_major(_coords(word_shape, word_start), global_word_shape)
-            return _packed_flags(words, index, thr)
-
-        packed = _materialised(flags) if materialise else flags()
-        return _unpack(checkpoint_name(packed, MASK_NAME), shape, axis, lane0)
+        index, part = _part_counters(part_shape, part_start, axis, global_word_shape, fields)
+        packed = _packed_flags(words, index, part, thr, apart)
+        return _unpack(checkpoint_name(packed, MASK_NAME), shape, axis, first)
 
     def per_element_path() -> jax.Array:
         # Static starts stay Python ints (constants XLA folds, nothing a backward pass
@@ -367,9 +455,9 @@ def keep_from_words(
 
     path = _default_path() if path is None else path
     if path == "packed":
-        return packed_path(materialise=True)
+        return packed_path(apart=True)
     if path == "packed_inline":
-        return packed_path(materialise=False)
+        return packed_path(apart=False)
     return per_element_path()
 
 
@@ -427,22 +515,24 @@ def _with(values: Sequence[Any], axis: int, value: Any) -> tuple[Any, ...]:
 
 
 def _unpack(flags: jax.Array, shape: tuple[int, ...], axis: int, lane0: Any) -> jax.Array:
-    """``bool[*shape]`` from packed words along ``axis``, starting at bit ``lane0``."""
-    n_words = flags.shape[axis]
+    """``bool[*shape]`` from packed parts along ``axis`` (as many lanes each as the bits
+    of their dtype), starting at bit ``lane0`` of the first."""
+    n_parts, dtype = flags.shape[axis], flags.dtype
+    bits = jnp.iinfo(dtype).bits
     spread = jnp.broadcast_to(
         jnp.expand_dims(flags, axis + 1),
-        (*flags.shape[: axis + 1], LANES, *flags.shape[axis + 1 :]),
-    ).reshape(_with(flags.shape, axis, n_words * LANES))
+        (*flags.shape[: axis + 1], bits, *flags.shape[axis + 1 :]),
+    ).reshape(_with(flags.shape, axis, n_parts * bits))
     if isinstance(lane0, int):
         spread = lax.slice_in_dim(spread, lane0, lane0 + shape[axis], axis=axis)
     else:
         spread = lax.dynamic_slice_in_dim(spread, lane0, shape[axis], axis=axis)
     lane = (lax.broadcasted_iota(_U32, shape, axis) + jnp.asarray(lane0).astype(_U32)) & _U32(
-        LANES - 1
+        bits - 1
     )
     # Testing the bit in place, not shifting it down: the bf16 forward pass ran 6% faster
     # per pass on CPU (median of 81 paired passes at [4096, 4096]; f32 unchanged).
-    return (spread & (_U32(1) << lane)) != 0
+    return (spread & (jnp.ones((), dtype) << lane.astype(dtype))) != 0
 
 
 def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:

@@ -208,7 +208,7 @@ def _residuals() -> Claim:
         HOLDS if flax >= 1 and ours <= 0.13 and none < 0.01 else NOT,
         f"vjp residuals: bernoulli + select {flax:.3f} B/element (its bool mask "
         f"{per['bernoulli + select: bool mask']:.0f} B, the rest a broadcast zeros array), "
-        f"dropmask.dropout {ours:.4f} B/element (its packed keep-words), with "
+        f"dropmask.dropout {ours:.4f} B/element (its packed keep-flags), with "
         f"residual='none' {none:.4f} B/element (its key words)",
         per,
     )

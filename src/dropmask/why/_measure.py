@@ -274,22 +274,25 @@ def residual_bytes(n: int = 1 << 16, rate: float = 0.1) -> dict[str, float]:
 def generator_programs(shape: tuple[int, int] = (256, 256), rate: float = 0.1) -> dict[str, Any]:
     """How XLA compiles dropmask's packed generator around its consumer on this backend.
 
-    Counts the generator's own computations (the ``conditional`` or loop whose result
-    is the packed words, ``uint32[rows, columns / 32]``) in the forward program of each
-    residual mode, and in the backward pass jitted apart, as the passes of a network's
-    layers are.
+    Counts the generator's own computations (the fusion, ``conditional`` or loop whose
+    result is the packed keep-flags: at a rate of 0.1 one byte per 8 elements,
+    ``u8[rows, columns / 8]``) in the forward program of each residual mode, and in the
+    backward pass jitted apart, as the passes of a network's layers are.
     """
     from .._dropout import dropout
-    from .._random import Residual
+    from .._random import Fields, Residual, threshold
 
     x, key = jnp.ones(shape, jnp.float32), jax.random.key(0)
-    words = f"u32[{shape[0]},{-(-shape[1] // 32)}]"
+    fields = Fields(threshold(1.0 - rate).nbits)
+    kind = {8: "u8", 16: "u16", 32: "u32"}[fields.part_bits]
+    parts = f"{kind}[{shape[0]},{-(-shape[1] // 32) * fields.parts}]"
+    producers = (" fusion(", " conditional(", " while(")
 
     def generators(hlo: str) -> int:
         return sum(
             1
             for line in hlo.splitlines()
-            if (" conditional(" in line or " while(" in line) and words in line.split("=")[1]
+            if any(p in line for p in producers) and f"= {parts}" in line
         )
 
     out: dict[str, Any] = {}
