@@ -90,14 +90,10 @@ def load(config: ml_collections.ConfigDict) -> Data:
             "mlp_ratio": 1,
             "token_drop_ends": 0,
         },
-        in_range={"eval_fraction": (0.0, 1.0), "token_drop": (0.0, 1.0)},
+        in_range={"eval_fraction": (0.0, 1.0)},
+        below={"token_drop": (0.0, 1.0)},
         positive=["learning_rate"],
     )
-    if config.token_drop == 1.0:
-        raise DropmaskValueError(
-            "config.token_drop must be in [0, 1) (the fraction of tokens a middle block "
-            "drops), got 1.0. Set it with --config.token_drop=VALUE."
-        )
     if config.token_drop and config.depth <= 2 * config.token_drop_ends:
         raise DropmaskValueError(
             f"config.token_drop_ends must leave a block between the ends that drops tokens, "

@@ -199,7 +199,7 @@ def test_evaluation_sees_every_token(data, tokens):
     ("changes", "match"),
     [
         ({"token_drop": 1.0}, r"config.token_drop must be in \[0, 1\)"),
-        ({"token_drop": -0.1}, r"config.token_drop must be in \[0, 1\]"),
+        ({"token_drop": -0.1}, r"config.token_drop must be in \[0, 1\)"),
         ({"token_drop": float("nan")}, "config.token_drop must be in"),
         ({"token_drop_ends": -1}, "config.token_drop_ends must be an int >= 0"),
         ({"token_drop": 0.5, "depth": 2}, "config.token_drop_ends must leave a block"),

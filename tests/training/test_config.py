@@ -57,18 +57,20 @@ _RULES = {
     "widths": ["hidden", "width"],
     "at_least": {"steps": 1, "warmup": 0},
     "in_range": {"rate": (0.0, 1.0), "digits": (1, 6)},
+    "below": {"drop": (0.0, 1.0)},
     "positive": ["learning_rate"],
 }
 
 
 def _entries(**changes):
     entries = {"hidden": (8, 8), "width": 4, "steps": 3, "warmup": 0, "rate": 0.0, "digits": 6}
+    entries |= {"drop": 0.0}
     return ml_collections.ConfigDict(entries | {"learning_rate": 1e-3} | changes)
 
 
 def test_entries_within_their_bounds_pass():
     check_config(_entries(), **_RULES)
-    check_config(_entries(rate=1.0, digits=1, hidden=[1]), **_RULES)
+    check_config(_entries(rate=1.0, digits=1, hidden=[1], drop=0.999), **_RULES)
 
 
 @pytest.mark.parametrize(
@@ -85,6 +87,9 @@ def test_entries_within_their_bounds_pass():
         ({"rate": 1.5}, "config.rate must be in [0, 1], got 1.5. Set it with --config.rate=VALUE."),
         ({"rate": float("nan")}, "config.rate must be in [0, 1], got nan"),
         ({"digits": 7}, "config.digits must be in [1, 6], got 7"),
+        ({"drop": 1.0}, "config.drop must be in [0, 1), got 1.0. Set it with --config.drop=VALUE."),
+        ({"drop": -0.1}, "config.drop must be in [0, 1), got -0.1"),
+        ({"drop": float("nan")}, "config.drop must be in [0, 1), got nan"),
         ({"learning_rate": 0.0}, "config.learning_rate must be > 0, got 0.0. Set it with "),
         ({"learning_rate": "fast"}, "config.learning_rate must be > 0, got 'fast'"),
     ],

@@ -131,6 +131,7 @@ def check_config(
     widths: Sequence[str] = (),
     at_least: Mapping[str, int] | None = None,
     in_range: Mapping[str, tuple[float, float]] | None = None,
+    below: Mapping[str, tuple[float, float]] | None = None,
     positive: Sequence[str] = (),
 ) -> None:
     """Refuses config entries outside their bounds, naming the entry and the flag that sets it.
@@ -145,6 +146,8 @@ def check_config(
       widths: entries that are an int ``>= 1``, or a tuple or list of them (layer widths).
       at_least: ``{entry: bound}``: an int ``>= bound``.
       in_range: ``{entry: (low, high)}``: a real number in ``[low, high]`` (NaN is not).
+      below: ``{entry: (low, high)}``: a real number in ``[low, high)`` (a fraction to
+        drop, where dropping everything leaves nothing to compute).
       positive: entries that are a real number ``> 0``.
 
     Raises:
@@ -175,6 +178,10 @@ def check_config(
         value: Any = config.get(name)
         ok = _is_real(value) and low <= value <= high
         rules.append((name, ok, f"in [{_bound(low)}, {_bound(high)}]", "VALUE"))
+    for name, (low, high) in (below or {}).items():
+        value: Any = config.get(name)
+        ok = _is_real(value) and low <= value < high
+        rules.append((name, ok, f"in [{_bound(low)}, {_bound(high)})", "VALUE"))
     for name in positive:
         value: Any = config.get(name)
         rules.append((name, _is_real(value) and value > 0, "> 0", "VALUE"))
