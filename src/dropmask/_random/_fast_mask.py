@@ -15,11 +15,11 @@ keep-flags are computed once, bit-packed (1 bit per element in memory) and unpac
 inside the consumer's fusion. A word's flags are stored in the parts its calls fill:
 a byte per call for 16-bit fields (per two calls for 32-bit ones), a half-word for
 8-bit fields, the whole word when one call serves all 32 elements (the parts of a word
-are its ``uint32``'s little-endian bytes). So a mask's program holds the 20 rounds once
-(twice for a run-time rate), not once per call of a word, which halved the XLA compile
-time a dropout site adds, and the parts are unpacked as they are, never joined. XLA:CPU would fuse
-the generator into the elementwise consumer and recompute it for every element, so
-there the parts end in an integer division by a run-time 1, which XLA counts as
+are its ``uint32``'s little-endian bytes). So a mask's program holds the 20 rounds
+once (twice for a run-time rate), not once per call of a word, which halved the XLA
+compile time a dropout site adds, and the parts are unpacked as they are, never joined.
+XLA:CPU would fuse the generator into the elementwise consumer and recompute it for
+every element, so there the parts end in an integer division by a run-time 1, which XLA counts as
 expensive and does not duplicate into a consumer that reads each part many times
 (``_jitted_flags``). XLA:GPU's cost model keeps the generator in its own fusion unaided
 (seen on an H200 at 2**24 and 2**26 elements; at 2**16 it fused them, where
@@ -351,13 +351,6 @@ def _jitted_flags(
         one = lax.bitwise_or(lax.shift_right_logical(key[0], _U32(31)), _U32(1))
         packed = lax.div(packed, lax.broadcast_in_dim(one.astype(packed.dtype), packed.shape, ()))
     return packed
-
-
-def _varying_zeros(aval: Any) -> jax.Array:
-    zeros = jnp.zeros(aval.shape, aval.dtype)
-    axis_type = getattr(aval, "manual_axis_type", None)
-    varying = tuple(sorted(axis_type.varying)) if axis_type is not None else ()
-    return lax.pcast(zeros, varying, to="varying") if varying else zeros
 
 
 def packed_keep_words(words: jax.Array, shape: tuple[int, ...], thr: Threshold) -> jax.Array:
