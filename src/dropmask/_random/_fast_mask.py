@@ -442,8 +442,9 @@ def keep_from_words(
         spill = 0 if isinstance(first, int) and first == 0 else 1
         part_shape = _with(shape, axis, -(-shape[axis] // bits) + spill)
         part_start = _with(offset, axis, offset[axis] // bits)
-        if apart:
-            part_start = tuple(_run_time_zero(words) + s for s in part_start)
+        if apart:  # every axis: an invariant axis's share of the counter would be hoisted
+            zero = _run_time_zero(words)
+            part_start = tuple(zero + s for s in part_start)
 
         index, part = _part_counters(part_shape, part_start, axis, global_word_shape, fields)
         packed = _packed_flags(words, index, part, thr, apart)

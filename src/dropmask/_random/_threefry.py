@@ -120,9 +120,7 @@ def threefry4x32(
 _ROTATIONS_2X32 = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
-def threefry2x32(
-    key: Sequence[jax.Array], counter: Sequence[jax.Array], ops: Ops | None = None
-) -> list[jax.Array]:
+def threefry2x32(key: Sequence[jax.Array], counter: Sequence[jax.Array]) -> list[jax.Array]:
     """JAX's ``threefry2x32`` hash, unrolled: the same bits as ``jax.random``'s.
 
     On CPU JAX lowers its own hash to a loop, which XLA compiles as a separate kernel at
@@ -131,12 +129,11 @@ def threefry2x32(
     Args:
       key: two uint32 scalars.
       counter: two uint32 arrays (broadcastable against each other).
-      ops: the broadcasts to share with the caller's own ops on the outputs.
 
     Returns:
       Two uint32 arrays.
     """
-    ops = Ops() if ops is None else ops
+    ops = Ops()
     k = [_u32(w) for w in key]
     schedule = [k[0], k[1], ops.xor(ops.xor(k[0], k[1]), _U32(_PARITY))]
     x = [ops.add(_u32(counter[0]), schedule[0]), ops.add(_u32(counter[1]), schedule[1])]
