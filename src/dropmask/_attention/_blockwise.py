@@ -42,6 +42,7 @@ __all__ = [
     "default_block",
     "key_block_bounds",
     "make_side",
+    "query_block_bounds",
 ]
 
 
@@ -138,16 +139,19 @@ def key_block_bounds(plan: Plan, i: Any) -> tuple[Any, Any]:
     return lo, hi
 
 
-def _query_block_bounds(plan: Plan, j: Any) -> tuple[Any, Any]:
-    """Query tiles ``[lo, hi)`` that may see key tile ``j`` (the transpose of the above)."""
-    first, last = j * plan.block_k, (j + 1) * plan.block_k - 1
-    lo = 0 if plan.right is None else jnp.maximum(first - plan.right, 0) // plan.block_q
-    hi = (
-        plan.n_q
-        if plan.left is None
-        else jnp.clip((last + plan.left) // plan.block_q + 1, 0, plan.n_q)
+def query_block_bounds(plan: Plan, j: Any) -> tuple[Any, Any]:
+    """Query tiles ``[lo, hi)`` that may see key tile ``j``: the key bounds of the
+    transposed plan (key ``j`` is seen by queries ``j - right <= i <= j + left``)."""
+    transposed = dataclasses.replace(
+        plan,
+        q_len=plan.kv_len,
+        kv_len=plan.q_len,
+        block_q=plan.block_k,
+        block_k=plan.block_q,
+        left=plan.right,
+        right=plan.left,
     )
-    return lo, hi
+    return key_block_bounds(transposed, j)
 
 
 def _slice(x: jax.Array, axis: int, start: Any, size: int) -> jax.Array:
@@ -367,7 +371,7 @@ def _backward(plan: Plan, q, k, v, side: Side, dropout: Dropout, out, lse, taint
             vary(jnp.zeros(v_tile.shape, plan.accumulate)),
             d_q_and_bias,
         )
-        lo, hi = _query_block_bounds(plan, j)
+        lo, hi = query_block_bounds(plan, j)
         d_k, d_v, d_q_and_bias = lax.fori_loop(lo, hi, query_tile, init)
         return d_q_and_bias, (d_k, d_v)
 

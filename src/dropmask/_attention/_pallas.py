@@ -121,20 +121,6 @@ class _Inputs(NamedTuple):
     key_tiles: jax.Array
 
 
-def _query_tiles(plan: bw.Plan, j: Any) -> tuple[Any, Any]:
-    """Query tiles ``[lo, hi)`` that may see key tile ``j``: the key bounds transposed."""
-    transposed = dataclasses.replace(
-        plan,
-        q_len=plan.kv_len,
-        kv_len=plan.q_len,
-        block_q=plan.block_k,
-        block_k=plan.block_q,
-        left=plan.right,
-        right=plan.left,
-    )
-    return bw.key_block_bounds(transposed, j)
-
-
 def _dropout(kernel: Kernel, words_ref: Any, rate_ref: Any) -> _Dropout | None:
     if words_ref is None:
         return None
@@ -345,7 +331,7 @@ def _dkdv_kernel(kernel: Kernel, *refs: Any) -> None:
         jnp.zeros((bk, k_ref.shape[-1]), plan.accumulate),
         jnp.zeros((bk, v_ref.shape[-1]), plan.accumulate),
     )
-    lo, hi = _query_tiles(plan, j)
+    lo, hi = bw.query_block_bounds(plan, j)
     hi = jnp.where(j < key_tiles, hi, lo)  # past the last valid key: nothing to do
     dk, dv = lax.fori_loop(lo, hi, body, init)
     dk_ref[...] = dk.astype(dk_ref.dtype)
