@@ -221,23 +221,25 @@ def check_one_key(key: Any, dropout_rng: Any, *, caller: str) -> Any:
 
 def check_impl(impl: Any, *, caller: str | None = None) -> None:
     """Raises DropmaskValueError unless ``impl`` names a mask generator."""
-    impls = ("fast", "flax")
-    if impl not in impls:
-        raise DropmaskValueError(
-            f"{_prefix(caller)}impl must be one of {impls}, got {impl!r}. Use 'fast' (the "
-            f"default) or 'flax' for masks bit-identical to Flax's."
-        )
+    check_choice(
+        impl,
+        ("fast", "flax"),
+        caller=caller,
+        name="impl",
+        fix=" Use 'fast' (the default) or 'flax' for masks bit-identical to Flax's.",
+    )
 
 
 def check_residual(residual: Any, *, caller: str | None = None) -> None:
     """Raises DropmaskValueError unless ``residual`` names what the backward pass keeps."""
-    residuals = ("mask", "none")
-    if residual not in residuals:
-        raise DropmaskValueError(
-            f"{_prefix(caller)}residual must be one of {residuals}, got {residual!r}. Use "
-            f"'mask' (the default: keep 1 bit per element) or 'none' (keep only the key "
-            f"and draw the mask again in the backward pass)."
-        )
+    check_choice(
+        residual,
+        ("mask", "none"),
+        caller=caller,
+        name="residual",
+        fix=" Use 'mask' (the default: keep 1 bit per element) or 'none' (keep only the key "
+        "and draw the mask again in the backward pass).",
+    )
 
 
 def check_array(x: Any, *, caller: str, name: str = "x") -> jax.Array:
@@ -405,12 +407,14 @@ def check_int_at_least(
 
 
 def check_choice(
-    value: Any, choices: tuple[Any, ...], *, caller: str, name: str, fix: str = ""
+    value: Any, choices: tuple[Any, ...], *, caller: str | None, name: str, fix: str = ""
 ) -> None:
     """Raises DropmaskValueError unless ``value`` is one of ``choices``; ``fix`` ends the
     message."""
     if value not in choices:
-        raise DropmaskValueError(f"{caller}: {name} must be one of {choices}, got {value!r}.{fix}")
+        raise DropmaskValueError(
+            f"{_prefix(caller)}{name} must be one of {choices}, got {value!r}.{fix}"
+        )
 
 
 def check_callable(value: Any, *, caller: str, name: str, what: str, fix: str) -> None:
