@@ -17,6 +17,8 @@ workflow is the guide's, with ``dropmask.linen.Dropout`` in place of
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -73,10 +75,24 @@ def train_step(
     rngs = state.rngs("dropout")
     rate = {"rate": batch["rate"]} if "rate" in batch else {}
 
-    def loss_fn(params: dict) -> tuple[jax.Array, jax.Array]:
-        logits = state.apply_fn(
-            {"params": params}, batch["image"], training=True, rngs=rngs, **rate
-        )
+    def logits_fn(params: dict) -> jax.Array:
+        return state.apply_fn({"params": params}, batch["image"], training=True, rngs=rngs, **rate)
+
+    return cross_entropy_step(state, batch, logits_fn)
+
+
+def cross_entropy_step(
+    state: Any, batch: dict[str, jax.Array], logits_fn: Callable[[Any], jax.Array]
+) -> tuple[Any, dict[str, jax.Array]]:
+    """One optimizer step on the mean cross-entropy of ``logits_fn(params)`` against
+    ``batch['label']``: the new state and ``{'loss', 'accuracy'}``.
+
+    The Linen and the NNX train steps differ only in ``logits_fn``, how they call the
+    model in training mode.
+    """
+
+    def loss_fn(params: Any) -> tuple[jax.Array, jax.Array]:
+        logits = logits_fn(params)
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
         return loss, logits
 

@@ -17,18 +17,18 @@ are those of ``dropmask train digits``; only the model's API differs:
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from flax import nnx
 
-from dropmask.training import ClassifierEval, Example, NnxTrainState
+from dropmask.training import ClassifierEval, NnxTrainState
 
-from ..digits import configs, input_pipeline
+from ..digits import input_pipeline
+from ..digits import train as digits
 from .models import MLP
 
 
@@ -60,45 +60,29 @@ def train_step(
       ``(new_state, {'loss', 'accuracy'})`` under this step's masks.
     """
 
-    def loss_fn(params: nnx.State) -> tuple[jax.Array, jax.Array]:
-        logits = state.model(params)(batch["image"])
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
-        return loss, logits
+    def logits_fn(params: nnx.State) -> jax.Array:
+        return state.model(params)(batch["image"])
 
-    (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
-    return state.apply_gradients(grads=grads), {"loss": loss, "accuracy": accuracy}
-
-
-def model_inputs(batch: dict[str, np.ndarray]) -> tuple[jax.Array]:
-    """The MLP's one positional input, ``image: f32[b, 64]``."""
-    return (jnp.asarray(batch["image"]),)
+    return digits.cross_entropy_step(state, batch, logits_fn)
 
 
 # NNX selects the mode with .train() / .eval(), not a call argument: no mode keywords.
 classifier = ClassifierEval(
     split_batch=input_pipeline.split_batch,
-    model_inputs=model_inputs,
+    model_inputs=digits.model_inputs,
     train_kwargs={},
     eval_kwargs={},
 )
 
 
-example = Example(
+# Everything but the model's API is digits' own: data, configs, best metric, hooks.
+example = dataclasses.replace(
+    digits.example,
     name="digits_nnx",
-    get_config=configs.get_config,
-    load_data=input_pipeline.load,
     create_state=create_state,
-    train_batch=input_pipeline.train_batch,
     train_step=train_step,
     evaluate=classifier.evaluate,
-    eval_splits=("train_eval", "eval"),
-    best_metric="accuracy",
-    best_mode="max",
-    data_position=input_pipeline.position,
     predict=classifier.predict,
-    get_tiny_config=configs.get_tiny_config,
-    model_inputs=model_inputs,
     train_kwargs={},
     eval_kwargs={},
 )
