@@ -8,6 +8,7 @@ from ._heads import drop_head_attention as drop_head_attention
 from ._layerdrop import keep_layer as keep_layer
 from ._layerdrop import kept_layers as kept_layers
 from ._layerdrop import layer_drop as layer_drop
+from ._layerdrop import layer_drop_module as layer_drop_module
 from ._rdrop import r_drop_passes as r_drop_passes
 from ._rdrop import symmetric_kl as symmetric_kl
 from ._tokens import TokenSubset as TokenSubset
@@ -24,6 +25,7 @@ __all__ = [
     "keep_layer",
     "kept_layers",
     "layer_drop",
+    "layer_drop_module",
     "r_drop_passes",
     "symmetric_kl",
 ]

@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 import jax
 from jax import lax
 
-from .._checks import check_callable, check_key, check_rate, check_static_int
+from .._checks import check_callable, check_key, check_rate, check_static_int, concrete_value
 from .._errors import DropmaskValueError
 from .._random import draw, flags_only, probability
 
-__all__ = ["keep_layer", "kept_layers", "layer_drop"]
+__all__ = ["keep_layer", "kept_layers", "layer_drop", "layer_drop_module"]
 
 T = TypeVar("T")
 
@@ -107,6 +107,39 @@ def layer_drop(
         )
     keep = keep_layer(rate, key, caller=caller)
     return lax.cond(keep, layer, lambda t: t, inputs)
+
+
+def layer_drop_module(
+    layer: Any,
+    inputs: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    rate: Any,
+    key: Any,
+    deterministic: bool,
+    cond: Callable[..., Any],
+    *,
+    caller: str,
+) -> Any:
+    """The call of a Linen or NNX ``LayerDrop``: ``layer(inputs, *args, **kwargs)``, or
+    ``inputs``.
+
+    ``key`` is None when the layer's front end draws nothing (evaluation, or a rate of 0
+    or 1); else one decision is drawn and ``cond`` (``nn.cond`` or ``nnx.cond``, which
+    take the module as their first operand) runs one branch.
+    """
+    if key is None:
+        skip = not deterministic and concrete_value(rate) == 1.0
+        return inputs if skip else layer(inputs, *args, **kwargs)
+    keep = keep_layer(rate, key, caller=caller)
+    return cond(
+        keep,
+        lambda module, x, *a: module(x, *a, **kwargs),
+        lambda module, x, *a: x,
+        layer,
+        inputs,
+        *args,
+    )
 
 
 def kept_layers(num_layers: int, rate: float) -> tuple[int, ...]:

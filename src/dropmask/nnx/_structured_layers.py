@@ -13,9 +13,8 @@ import jax
 from flax import nnx
 
 from .. import _layer_specs
-from .._checks import concrete_value
 from .._random import DEFAULT_RESIDUAL, Residual
-from .._structured import keep_layer
+from .._structured import layer_drop_module
 from ._base import Sharded, Stochastic
 
 __all__ = ["DropBlock", "DropHead", "LayerDrop"]
@@ -140,15 +139,6 @@ class LayerDrop(Stochastic):
         if self.pruned:
             return inputs
         det, key = self._prepare(None, None)
-        if key is None:
-            skip = not det and concrete_value(self.rate) == 1.0
-            return inputs if skip else self.layer(inputs, *args, **kwargs)
-        keep = keep_layer(self.rate, key, caller=self._caller)
-        return nnx.cond(
-            keep,
-            lambda layer, x, *a: layer(x, *a, **kwargs),
-            lambda layer, x, *a: x,
-            self.layer,
-            inputs,
-            *args,
+        return layer_drop_module(
+            self.layer, inputs, args, kwargs, self.rate, key, det, nnx.cond, caller=self._caller
         )
