@@ -31,17 +31,16 @@ from .models import Transformer, TransformerConfig
 # Flax's WMT example does; evaluation scores the plain cross-entropy.
 LABEL_SMOOTHING = 0.1
 
+# The config entries that are the model's shape, each a TransformerConfig field of the
+# same name.
+_SHAPE_ENTRIES = ("emb_dim", "num_heads", "num_layers", "qkv_dim", "mlp_dim", "max_len")
+
 
 def model_config(config: ml_collections.ConfigDict, data: input_pipeline.Data) -> TransformerConfig:
     """The training model's config (``deterministic=False``) for ``config`` and ``data``."""
     return TransformerConfig(
         vocab_size=data.tokenizer.vocab_size,
-        emb_dim=int(config.emb_dim),
-        num_heads=int(config.num_heads),
-        num_layers=int(config.num_layers),
-        qkv_dim=int(config.qkv_dim),
-        mlp_dim=int(config.mlp_dim),
-        max_len=int(config.max_len),
+        **{name: int(config[name]) for name in _SHAPE_ENTRIES},
         dropout_rate=float(config.rate),
         attention_dropout_rate=float(config.rate),
         attention_algorithm=str(config.attention_algorithm),
