@@ -33,6 +33,7 @@ from flax import nnx
 from .. import _layer_specs
 from .._checks import as_dims
 from .._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
+from ._base import DropoutLike as _DropoutLike
 from ._base import Sharded as _Sharded
 from ._base import Stochastic as _Stochastic
 from ._recurrent import Bidirectional as Bidirectional
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 
-class Dropout(_Sharded):
+class Dropout(_DropoutLike):
     """Drop-in replacement for ``flax.nnx.Dropout``.
 
     In training mode it masks ``inputs: [...]`` and rescales what it keeps by
@@ -85,26 +86,6 @@ class Dropout(_Sharded):
       >>> layer(jnp.ones((2, 3))).shape
       (2, 3)
     """
-
-    def __init__(
-        self,
-        rate: float | jax.Array,
-        *,
-        broadcast_dims: int | Sequence[int] = (),
-        deterministic: bool | None = False,
-        rng_collection: str = "dropout",
-        rngs: nnx.Rngs | nnx.RngStream | None = None,
-        impl: Impl = DEFAULT_IMPL,
-        shard_spec: Any = None,
-        residual: Residual = DEFAULT_RESIDUAL,
-    ):
-        super().__init__(
-            rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
-        )
-        self.broadcast_dims = as_dims(broadcast_dims, caller=self._caller)
-        self.impl = impl
-        self.shard_spec = shard_spec
-        self.residual = residual
 
     _spec = _layer_specs.DROPOUT
 
@@ -206,32 +187,12 @@ class GaussianDropout(_Stochastic):
         return _layer_specs.apply(_layer_specs.GAUSSIAN_DROPOUT, self, inputs, deterministic, rngs)
 
 
-class AlphaDropout(_Sharded):
+class AlphaDropout(_DropoutLike):
     """Alpha dropout for self-normalising (SELU) networks.
 
     ``residual``: what the backward pass keeps, as in :class:`Dropout`.
     ``shard_spec`` (or call-time ``global_shape=`` / ``offset=``): inside
     ``shard_map``, as in :class:`Dropout`.
     """
-
-    def __init__(
-        self,
-        rate: float | jax.Array,
-        *,
-        broadcast_dims: int | Sequence[int] = (),
-        deterministic: bool | None = False,
-        rng_collection: str = "dropout",
-        rngs: nnx.Rngs | nnx.RngStream | None = None,
-        impl: Impl = DEFAULT_IMPL,
-        shard_spec: Any = None,
-        residual: Residual = DEFAULT_RESIDUAL,
-    ):
-        super().__init__(
-            rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
-        )
-        self.broadcast_dims = as_dims(broadcast_dims, caller=self._caller)
-        self.impl = impl
-        self.shard_spec = shard_spec
-        self.residual = residual
 
     _spec = _layer_specs.ALPHA_DROPOUT

@@ -13,11 +13,12 @@ import jax
 from flax import nnx
 
 from .. import _dropout, _layer_specs
-from .._checks import check_instance, check_rate
+from .._checks import as_dims, check_instance, check_rate
 from .._errors import DropmaskValueError, MissingKeyError
+from .._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
 from ._streams import own_stream
 
-__all__ = ["Sharded", "Stochastic"]
+__all__ = ["DropoutLike", "Sharded", "Stochastic"]
 
 _NO_DETERMINISTIC = (
     "No `deterministic` argument was provided to {name}. Pass it to the constructor "
@@ -118,3 +119,28 @@ class Sharded(Stochastic):
         return _layer_specs.apply(
             self._spec, self, inputs, deterministic, rngs, global_shape, offset
         )
+
+
+class DropoutLike(Sharded):
+    """A sharded layer that takes exactly :class:`Dropout`'s arguments
+    (``Dropout``, ``AlphaDropout``); a variant sets only its ``_spec``."""
+
+    def __init__(
+        self,
+        rate: float | jax.Array,
+        *,
+        broadcast_dims: int | Sequence[int] = (),
+        deterministic: bool | None = False,
+        rng_collection: str = "dropout",
+        rngs: nnx.Rngs | nnx.RngStream | None = None,
+        impl: Impl = DEFAULT_IMPL,
+        shard_spec: Any = None,
+        residual: Residual = DEFAULT_RESIDUAL,
+    ):
+        super().__init__(
+            rate, deterministic=deterministic, rng_collection=rng_collection, rngs=rngs
+        )
+        self.broadcast_dims = as_dims(broadcast_dims, caller=self._caller)
+        self.impl = impl
+        self.shard_spec = shard_spec
+        self.residual = residual
