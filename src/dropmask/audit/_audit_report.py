@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CODES", "AuditReport", "Finding", "Site"]
+__all__ = ["CODES", "AuditReport", "Finding", "Site", "SiteFields"]
 
 # Stable codes: scripts may match on them, so a code is never renamed or reused.
 CODES: dict[str, str] = {
@@ -42,7 +42,20 @@ class Finding:
 
 
 @dataclasses.dataclass(frozen=True)
-class Site:
+class SiteFields:
+    """What a dropout site is, known when its call is traced: the first fields of the
+    report's :class:`Site` and of the recorder's ``SiteInfo``."""
+
+    path: str
+    kind: str
+    module: str
+    rate: float | None
+    input_shape: tuple[int, ...]
+    broadcast_dims: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Site(SiteFields):
     """One dropout site as the audit saw it in training mode.
 
     Attributes:
@@ -60,12 +73,6 @@ class Site:
       decisions: independent keep/drop decisions behind ``drop_fraction``.
     """
 
-    path: str
-    kind: str
-    module: str
-    rate: float | None
-    input_shape: tuple[int, ...]
-    broadcast_dims: tuple[int, ...]
     drop_fraction: float | None
     decisions: int
 

@@ -25,6 +25,7 @@ from jax.core import Tracer
 
 from .._attention import dot_product_attention as _dropmask_attention
 from .._checks import concrete_value
+from ._audit_report import SiteFields
 
 __all__ = ["Observation", "Recorder", "SiteInfo", "classify", "watch_attention"]
 
@@ -34,15 +35,9 @@ _ALPHA_PRIME = -1.7580993408473766
 
 
 @dataclasses.dataclass(frozen=True)
-class SiteInfo:
+class SiteInfo(SiteFields):
     """What is known about a site when its call is traced (static, Python-side)."""
 
-    path: str
-    kind: str
-    module: str
-    rate: float | None
-    input_shape: tuple[int, ...]
-    broadcast_dims: tuple[int, ...]
     decision_shape: tuple[int, ...]
     drew: bool
     vmapped: bool = False
