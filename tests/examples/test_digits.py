@@ -5,9 +5,8 @@ import json
 import jax
 import numpy as np
 import pytest
-from examples.digits import ood
 
-from dropmask.examples.digits import configs, input_pipeline, train
+from dropmask.examples.digits import configs, input_pipeline, ood, train
 from dropmask.training import DataError
 from dropmask.training import train as run_training
 

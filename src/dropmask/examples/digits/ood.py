@@ -3,7 +3,7 @@
 Run after ``dropmask train digits --compare-rates ... --mc-samples K`` (or any run with
 checkpoints)::
 
-    python -m examples.digits.ood --workdir runs/mc_digits/rate_0.5 --plot digits_mc.png
+    python -m dropmask.examples.digits.ood --workdir runs/mc_digits/rate_0.5 --plot digits_mc.png
 
 For every ``seed_S/`` run under ``--workdir`` (or the run itself), the final checkpoint
 is restored and its held-out images are scored against three sets it never saw:
