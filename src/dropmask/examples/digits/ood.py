@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dropmask import uncertainty
+from dropmask._optional import require
 from dropmask.examples.digits import train
 from dropmask.training import restore_run
 
@@ -62,8 +63,7 @@ def scores(state: Any, images: np.ndarray, key: jax.Array, samples: int) -> dict
 
 def evaluate_run(run: pathlib.Path, samples: int) -> dict[str, Any]:
     """AUROC of every score against every outside set, for one run."""
-    from sklearn.metrics import roc_auc_score
-
+    roc_auc_score = require("sklearn.metrics", caller="ood").roc_auc_score
     state, config, data = restore_run(run, train.example)
     key = jax.random.fold_in(jax.random.key(config.seed), 0x00D)
     inside = scores(state, data.test.image, key, samples)
@@ -98,8 +98,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def plot(run: pathlib.Path, samples: int, path: pathlib.Path) -> None:
     """Reliability diagrams (deterministic, K samples) and mutual information histograms."""
-    from matplotlib.figure import Figure
-
+    Figure = require("matplotlib.figure", caller="ood").Figure  # noqa: N806
     state, config, data = restore_run(run, train.example)
     key = jax.random.fold_in(jax.random.key(config.seed), 0x00D)
     images, labels = jnp.asarray(data.test.image), jnp.asarray(data.test.label)
