@@ -1,7 +1,7 @@
 """``make rngtest``: a bounded dieharder battery on dropmask's raw mask bit stream.
 
 Dumps ``dropmask.testing.random_bits(jax.random.key(seed), (n,))`` (uint32,
-little-endian: the Threefry-4x32-20 blocks that masks are cut from, at consecutive
+little-endian: the Threefry-4x32-13 blocks that masks are cut from, at consecutive
 counters under one key) to a file and runs a fixed list of dieharder tests on it with ``-g 201``
 (file_input_raw), each as its own dieharder process reading the file from the start.
 With ``--reference`` the same battery runs on ``jax.random.bits`` (threefry) for

@@ -37,15 +37,14 @@ def test_check_exact_catches_a_wrong_mask(native: ctypes.CDLL) -> None:
     words = np.asarray(testing.key_words(jax.random.key(7)))
     right, wrong = np.zeros(32, np.uint32), np.zeros(32, np.uint32)
     mask = bench_native.Mask.at(bench_native.RATE)
-    native.packed_words(0, words, right, 32, mask.value, 1)
-    native.packed_words(1, words, wrong, 32, mask.value, 1)  # 13 rounds: another mask
+    native.packed_words(bench_native.DROPMASK, words, right, 32, mask.value, 1)
+    native.packed_words(0, words, wrong, 32, mask.value, 1)  # 20 rounds: another mask
     assert not np.array_equal(right, wrong)
 
 
-def test_mask_needs_16_bit_fields() -> None:
+def test_mask_is_dropmasks_16_bit_threshold() -> None:
     assert bench_native.Mask.at(0.1).value == round(0.9 * 2**16)
-    with pytest.raises(ValueError, match="16-bit fields"):
-        bench_native.Mask.at(0.5)  # one bit per element
+    assert bench_native.Mask.at(0.5).value == 2**15
 
 
 @pytest.mark.skipif("vaes" not in bench_native.cpu_flags(), reason="no VAES on this CPU")

@@ -336,7 +336,7 @@ def _masked(
         return x
     if call.value == 1.0:
         return jnp.zeros_like(x)
-    p = probability(rate, call.value, keep=True, caller=caller)
+    p = probability(rate, call.value, keep=True, caller=caller, impl=impl)
     bshape = mask_shape(x.shape, call.axes)
     if combine is None:
         combine = _flax_select if impl == "flax" and isinstance(p, float) else _select_scaled

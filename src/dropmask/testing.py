@@ -12,8 +12,8 @@ meant for models: its signatures follow the implementation and may change with i
 What the ``"fast"`` mask is made of (see docs/design.md, "The generator"):
 
 * :func:`key_words`: the four ``uint32`` Threefry key words drawn from a JAX key;
-* :func:`threefry4x32`: the Threefry-4x32-20 block function itself;
-* :func:`threshold`: the integer threshold and field width for a keep probability;
+* :func:`threefry4x32`: the Threefry-4x32-13 block function itself;
+* :func:`threshold`: the integer threshold for a keep probability;
 * :func:`packed_mask_words`: a whole mask's keep-flags packed 32 to a ``uint32`` word,
   as the CPU and CUDA paths compute them before unpacking;
 * :func:`path_keep_mask` and :func:`path_dropout`: the mask (and dropout) computed by
@@ -42,7 +42,6 @@ __all__ = [
     "MASK_NAME",
     "PATHS",
     "Threshold",
-    "fields_per_call",
     "key_words",
     "packed_mask_words",
     "path_dropout",
@@ -66,7 +65,10 @@ consumer's fusion, the CPU default), ``"packed_inline"`` (the CUDA default) and
 
 
 def key_words(key: Any) -> jax.Array:
-    """The Threefry key of the ``"fast"`` mask: ``uint32[4]`` drawn from ``key``.
+    """The Threefry key of the ``"fast"`` mask: ``uint32[4]`` from ``key``.
+
+    A Threefry key's two words ``(k0, k1)`` give ``(k0, k1, k0 ^ 0x9E3779B9, k1 ^
+    0xBB67AE85)``; a key of another impl gives ``jax.random.bits(key, (4,), uint32)``.
 
     Args:
       key: a JAX PRNG key of any impl, or a raw ``uint32`` key.
@@ -81,25 +83,20 @@ def threshold(keep_prob: float | jax.Array) -> Threshold:
     """The integer threshold that keeps an element with probability about ``keep_prob``.
 
     Args:
-      keep_prob: ``1 - rate``: a Python float (the fewest field bits that represent it
-        to 0.1 %), or a JAX scalar (a 24-bit run-time threshold).
+      keep_prob: ``1 - rate``, a Python float or a JAX scalar: either way rounded in
+        float32 to a multiple of ``2**-16``.
 
     Returns:
-      A :class:`Threshold`: ``nbits`` (field width), ``shift``, ``value`` (keep when
-      ``field >> shift < value``) and ``realised`` (the exact keep probability).
+      A :class:`Threshold`: ``value`` (keep when a 16-bit field is below it) and
+      ``realised`` (the exact keep probability, ``value / 2**16``).
 
     Example:
       >>> from dropmask import testing
       >>> t = testing.threshold(0.5)
-      >>> (t.nbits, t.value, t.realised)
-      (1, 1, 0.5)
+      >>> (t.value, t.realised)
+      (32768, 0.5)
     """
     return _random.threshold(keep_prob)
-
-
-def fields_per_call(nbits: int) -> int:
-    """How many ``nbits``-bit fields one 128-bit Threefry call yields (128 // nbits)."""
-    return _random.Fields(nbits).per_call
 
 
 def _static_threshold(rate: float, caller: str) -> Threshold:
@@ -107,9 +104,9 @@ def _static_threshold(rate: float, caller: str) -> Threshold:
     if value is None or value == 0.0:
         raise DropmaskValueError(
             f"{caller}: rate must be a Python float in (0, 1), got {rate!r}; a rate of 0 has "
-            f"no mask to draw, and a traced rate has no static field width."
+            f"no mask to draw, and a traced rate has no static threshold."
         )
-    return _random.threshold(1.0 - value)
+    return _random.threshold(_random.probability(value, value, keep=True, caller=caller))
 
 
 def packed_mask_words(key: Any, shape: Sequence[int], rate: float) -> jax.Array:
@@ -212,7 +209,7 @@ def path_dropout(
 def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
     """The generator's raw stream: ``uint32[*shape]``.
 
-    Flat element ``i`` is output word ``i % 4`` of Threefry-4x32-20 at counter
+    Flat element ``i`` is output word ``i % 4`` of Threefry-4x32-13 at counter
     ``(i // 4, 0, 0, 0)`` under ``key_words(key)`` (for statistical test batteries).
 
     Args:

@@ -256,10 +256,9 @@ def test_kernels_lower_to_triton_for_a_gpu(keep):
         left=None, right=0, keep=keep, dropout=True, broadcast_dropout=False,
         precision=None, accumulate=jnp.float32,
     )  # fmt: skip
-    bits = None if keep is not None else pa.run_time_bits()
     mask = None if keep is not None else jnp.ones((2, 1, 40, 70), bool)  # with a dense mask
     dims = None if mask is None else pa.mask_dims(mask, plan.batch)
-    kernel = pa.Kernel(plan, segments=True, interpret=False, run_time_bits=bits, mask_dims=dims)
+    kernel = pa.Kernel(plan, segments=True, interpret=False, mask_dims=dims)
     run_time_keep = None if keep is not None else jnp.float32(0.9)
 
     def loss(q, k, v):

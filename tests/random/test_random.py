@@ -4,7 +4,10 @@ Statistical tests use fixed seeds and 4-sigma bounds (or, for chi-square, the
 quantile with the same two-sided tail mass, p = 6.3e-5).
 """
 
+import collections
+import dataclasses
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -37,6 +40,12 @@ PI_KEY = (0xA4093822, 0x299F31D0, 0x082EFA98, 0xEC4E6C89)
         ),
         (PI_COUNTER, PI_KEY, 20, (0x59CD1DBB, 0xB8879579, 0x86B5D00C, 0xAC8B6D84)),
         ((0,) * 4, (0,) * 4, 13, (0x531C7E4F, 0x39491EE5, 0x2C855A92, 0x3D6ABF9A)),
+        (
+            (0xFFFFFFFF,) * 4,
+            (0xFFFFFFFF,) * 4,
+            13,
+            (0xC4189358, 0x1C9CC83A, 0xD5881C67, 0x6A0A89E0),
+        ),
         (PI_COUNTER, PI_KEY, 13, (0x4AA71D8F, 0x734738C2, 0x431FC6A8, 0xAE6DEBF1)),
     ],
 )
@@ -46,11 +55,33 @@ def test_threefry_known_answers(counter, key, rounds, expected):
     assert tuple(int(w) for w in out) == expected
 
 
+def test_the_generator_is_threefry_4x32_13():
+    u32 = jnp.uint32
+    out = threefry4x32([u32(c) for c in PI_COUNTER], [u32(k) for k in PI_KEY])
+    assert tuple(int(w) for w in out) == (0x4AA71D8F, 0x734738C2, 0x431FC6A8, 0xAE6DEBF1)
+
+
+def test_mask_layout_from_the_block_function():
+    """Element ``i`` of a 1-d mask: word ``i // 32``, lane ``l = i % 32``; call ``l // 8``
+    of the word (counter ``(word, call, 0, 0)``), output word ``(l % 8) // 2``, 16-bit
+    half ``l % 2``; kept when that field is below ``round((1 - rate) * 2**16)``."""
+    key, rate, n = jax.random.key(11), 0.3, 96
+    words = [jnp.uint32(w) for w in np.asarray(_fast_mask.key_words(key))]
+    limit = int(np.round((np.float32(1) - np.float32(rate)) * np.float32(2**16)))
+    want = []
+    for i in range(n):
+        lane = i % 32
+        out = threefry4x32([jnp.uint32(i // 32), jnp.uint32(lane // 8), 0, 0], words)
+        field = (int(out[(lane % 8) // 2]) >> (16 * (lane % 2))) & 0xFFFF
+        want.append(field < limit)
+    np.testing.assert_array_equal(np.asarray(dropmask.keep_mask(key, (n,), rate)), want)
+
+
 SHAPES = [(64, 128), (3, 50), (7,), (5, 33, 1), (), (2, 3, 40), (4, 70), (1, 1)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("rate", [0.5, 0.25, 0.125, 0.1, 0.999])  # 1, 2, 4, 16, 32-bit fields
+@pytest.mark.parametrize("rate", [0.5, 0.25, 0.1, 0.999])
 def test_all_paths_give_the_same_mask(shape, rate):
     words = _fast_mask.key_words(jax.random.key(3))
     thr = _fast_mask.threshold(1 - rate)
@@ -125,20 +156,29 @@ def test_realised_keep_rate_within_4_sigma(rate, impl):
     assert abs(keep - (1 - rate)) < 4 * sigma, (keep, 1 - rate, sigma)
 
 
-@pytest.mark.parametrize(
-    ("rate", "nbits"),
-    [(0.5, 1), (0.25, 2), (0.75, 2), (0.125, 4), (0.1, 16), (0.3, 16), (0.001, 32), (0.999, 32)],
-)
-def test_fewest_bits_for_the_rate(rate, nbits):
-    thr = _fast_mask.threshold(1 - rate)
-    assert (thr.nbits, thr.shift) == (nbits, 0)
-    assert thr.realised == thr.value / 2**nbits
-    assert abs(thr.realised - (1 - rate)) <= 1e-3 * min(rate, 1 - rate)
+@pytest.mark.parametrize("rate", [0.5, 0.25, 0.1, 0.3, 0.001, 0.999, 0.123456789])
+def test_one_precision_for_every_rate(rate):
+    """Every rate is drawn to 2**-16: the threshold is ``1 - rate`` in float32, rounded
+    half to even, whether the rate is a Python number or a float32 scalar."""
+    static = _fast_mask.threshold(float(np.float32(1) - np.float32(rate)))
+    traced = _fast_mask.Threshold(
+        *jax.jit(lambda r: dataclasses.astuple(_fast_mask.threshold(1.0 - r)))(jnp.float32(rate))
+    )
+    want = int(np.round((np.float32(1) - np.float32(rate)) * np.float32(2**16)))
+    assert static.value == int(traced.value) == want
+    assert static.realised == float(traced.realised) == want / 2**16
+    assert abs(static.realised - (1 - rate)) <= 2**-17 + 1e-7
 
 
-def test_traced_threshold_is_exact_in_float32():
-    thr = jax.jit(lambda p: _fast_mask.threshold(p).realised)(jnp.float32(0.9))
-    assert float(thr) * 2**24 == round(0.9 * 2**24)
+def test_static_rates_that_round_to_0_or_1_are_refused():
+    x, key = jnp.ones((4, 64)), jax.random.key(0)
+    for rate in (1e-6, 1 - 1e-6):
+        with pytest.raises(dropmask.RateError, match="dropout: rate must be 0, 1, or at least"):
+            dropmask.dropout(x, rate, key)
+    # Either end of the resolution is still drawn, and impl="flax" takes any rate.
+    dropped = int((~dropmask.keep_mask(key, (1 << 20,), 2**-16)).sum())
+    assert 0 < dropped < 16 + 4 * 4  # 16 expected, sigma 4
+    assert float((dropmask.dropout(x, 1e-6, key, impl="flax") == 0).mean()) == 0
 
 
 def test_raw_bytes_are_uniform():
@@ -294,27 +334,15 @@ def test_keep_mask_is_the_mask_every_variant_applies(rate, impl):
     assert 0 < (words == 0).mean() < 1
 
 
-@pytest.mark.parametrize(
-    ("keep", "calls", "per_part", "part"),
-    [
-        (0.9, 4, 1, "u8[8,32]"),
-        (0.98, 4, 1, "u8[8,32]"),
-        (jnp.float32(0.7), 8, 2, "u8[8,32]"),
-        (129 / 256, 2, 1, "u16[8,16]"),
-        (0.5, 1, 1, "u32[8,8]"),
-    ],
-)
-def test_packed_paths_hold_one_copy_of_the_rounds_per_call_of_a_part(
-    keep, calls, per_part, part, monkeypatch
-):
-    """A word's Threefry calls are spread over its parts (bytes, halves or the word), so
-    a mask's program holds the rounds once per call of a part, not once per call of a
-    word; on CPU the parts come out of a fusion of their own (not fused into, and so
-    recomputed for, every element), with no ``cond``; the masks are the per-element
-    path's bit for bit."""
+@pytest.mark.parametrize("keep", [0.9, 0.5, jnp.float32(0.7)])
+def test_packed_paths_hold_one_copy_of_the_rounds(keep, monkeypatch):
+    """A word's four Threefry calls are spread over its four byte parts, so a mask's
+    program holds the rounds once, static rate or run-time; on CPU the parts come out of
+    a fusion of their own (not fused into, and so recomputed for, every element), with
+    no ``cond``; the masks are the per-element path's bit for bit."""
     words = _fast_mask.key_words(jax.random.key(0))
     thr = _fast_mask.threshold(keep)
-    assert _fast_mask.Fields(thr.nbits).calls == calls
+    assert _fast_mask.FIELDS.calls == 4 and _fast_mask.FIELDS.parts == 4
     traced = []
     real = _fast_mask.threefry4x32
     monkeypatch.setattr(
@@ -326,12 +354,12 @@ def test_packed_paths_hold_one_copy_of_the_rounds_per_call_of_a_part(
         jax.make_jaxpr(lambda w, p=path: _fast_mask.keep_from_words(w, (8, 256), thr, path=p))(
             words
         )
-        assert len(traced) == per_part, path
+        assert len(traced) == 1, path
     x = jnp.ones((8, 256))
     apply = jax.jit(lambda w, x: jnp.where(_fast_mask.keep_from_words(w, (8, 256), thr), x, 0.0))
     hlo = apply.lower(words, x).compile().as_text()
     assert " conditional(" not in hlo
-    assert any(" fusion(" in line and f"= {part}" in line for line in hlo.splitlines()), hlo
+    assert any(" fusion(" in line and "= u8[8,32]" in line for line in hlo.splitlines()), hlo
     for path in ("packed", "packed_inline"):
         np.testing.assert_array_equal(
             _fast_mask.keep_from_words(words, (8, 256), thr, path=path),
@@ -339,28 +367,57 @@ def test_packed_paths_hold_one_copy_of_the_rounds_per_call_of_a_part(
         )
 
 
-@pytest.mark.parametrize("partitionable", [True, False])
-def test_key_words_derived_inside_the_generator_are_jax_randoms(partitionable):
-    """A Threefry key's four words, derived from its own two inside the generator's
-    computation, are ``jax.random.bits(key, (4,), uint32)`` under either setting of
-    ``jax_threefry_partitionable``; other impls hand over the four words themselves."""
-    with jax.threefry_partitionable(partitionable):
-        for seed in (0, 1, 7, 2**31 + 5):
-            key = jax.random.key(seed)
-            want = np.asarray(jax.random.bits(key, (4,), jnp.uint32))
-            source = _fast_mask.key_source(key)
-            assert source.shape == (2,)
-            got = jax.jit(lambda s: jnp.stack(_fast_mask._words(s)))(source)
-            np.testing.assert_array_equal(np.asarray(got), want)
-            raw = jax.random.PRNGKey(seed)
-            np.testing.assert_array_equal(
-                np.asarray(jnp.stack(_fast_mask._words(_fast_mask.key_source(raw)))),
-                np.asarray(jax.random.bits(raw, (4,), jnp.uint32)),
-            )
+def test_a_traced_rate_compiles_to_the_program_of_a_static_one():
+    """A run-time rate's site holds the same generator as a static one's: the same
+    compiled count of every op the rounds and the packing use; what it adds is the
+    threshold and the scale computed from the rate, a few dozen scalar ops."""
+
+    def count(rate):
+        def loss(x, key, r):
+            y = dropmask.dropout(x, r if rate is None else rate, key)
+            return jnp.sum(y * y)
+
+        args = (jnp.ones((8, 128, 512)), jax.random.key(0), jnp.float32(0.1))
+        hlo = jax.jit(jax.grad(loss)).lower(*args).compile().as_text()
+        return collections.Counter(re.findall(r"= \S+ ([a-z][\w-]*)\(", hlo))
+
+    static, traced = count(0.1), count(None)
+    for op in ("add", "xor", "or", "shift-left", "shift-right-logical"):
+        assert traced[op] == static[op], (op, static[op], traced[op])
+    assert sum(traced.values()) <= sum(static.values()) + 64, (static, traced)
+
+
+@pytest.mark.parametrize("rate", [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.123456789])
+def test_a_static_rate_and_the_same_rate_as_a_jax_scalar_draw_the_same_mask(rate):
+    x, key = jax.random.normal(jax.random.key(1), (16, 300)), jax.random.key(2)
+    static = dropmask.dropout(x, rate, key)
+    np.testing.assert_array_equal(static, dropmask.dropout(x, jnp.float32(rate), key))
+    jitted = jax.jit(lambda x, r: dropmask.dropout(x, r, key))(x, jnp.float32(rate))
+    np.testing.assert_array_equal(static, jitted)
+    np.testing.assert_array_equal(
+        dropmask.keep_mask(key, x.shape, rate), dropmask.keep_mask(key, x.shape, jnp.float32(rate))
+    )
+
+
+def test_key_words_are_the_keys_own_words_and_two_spread_ones():
+    """A Threefry key's words ``(k0, k1)`` give the generator's key ``(k0, k1, k0 ^
+    0x9E3779B9, k1 ^ 0xBB67AE85)``, derived inside the generator's computation from the
+    two words alone (raw and typed keys alike); other impls hand over
+    ``jax.random.bits(key, (4,), uint32)``."""
+    for seed in (0, 1, 7, 2**31 + 5):
+        key = jax.random.key(seed)
+        k0, k1 = (int(w) for w in jax.random.key_data(key))
+        want = np.array([k0, k1, k0 ^ 0x9E3779B9, k1 ^ 0xBB67AE85], np.uint32)
+        source = _fast_mask.key_source(key)
+        assert source.shape == (2,)
+        got = jax.jit(lambda s: jnp.stack(_fast_mask._words(s)))(source)
+        np.testing.assert_array_equal(np.asarray(got), want)
+        np.testing.assert_array_equal(_fast_mask.key_words(jax.random.PRNGKey(seed)), want)
     rbg = jax.random.key(3, impl="rbg")
     np.testing.assert_array_equal(
-        np.asarray(_fast_mask.key_source(rbg)), np.asarray(_fast_mask.key_words(rbg))
+        np.asarray(_fast_mask.key_source(rbg)), np.asarray(jax.random.bits(rbg, (4,), jnp.uint32))
     )
+    np.testing.assert_array_equal(_fast_mask.key_source(rbg), _fast_mask.key_words(rbg))
 
 
 def test_a_dropout_site_compiles_no_loop_of_its_own_for_the_key_words():

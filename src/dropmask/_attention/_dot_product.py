@@ -461,7 +461,6 @@ def _run_tiled(
             plan,
             segments=c.q_seg is not None,
             interpret=jax.default_backend() != "gpu",
-            run_time_bits=pa.run_time_bits() if c.drops and static_keep is None else None,
             mask_dims=None if c.mask is None else pa.mask_dims(c.mask, c.batch),
         )
         out, tainted = pa.pallas_attention(

@@ -48,7 +48,6 @@ __all__ = [
     "Kernel",
     "mask_dims",
     "pallas_attention",
-    "run_time_bits",
 ]
 
 # Tile sizes until measured on a GPU: a key tile of 32 is one mask word per row, the
@@ -68,8 +67,6 @@ class Kernel:
         ``tiles.keep`` is the keep probability when static (None for a run-time one).
       segments: whether segment ids are given.
       interpret: run the kernels in Pallas's interpreter (off a GPU).
-      run_time_bits: ``(nbits, shift)`` of a run-time threshold (a traced rate, whose
-        value and realised probability arrive as an input); None for a static rate.
       mask_dims: for a dense ``mask``, which of its (batch, head, query, key) axes are
         whole (the others broadcast); None without one.
       num_warps, num_stages: Triton's launch parameters (GPU only).
@@ -78,7 +75,6 @@ class Kernel:
     tiles: bw.Plan
     segments: bool
     interpret: bool
-    run_time_bits: tuple[int, int] | None = None
     mask_dims: tuple[bool, bool, bool, bool] | None = None
     num_warps: int = 4
     num_stages: int = 2
@@ -128,9 +124,7 @@ def _dropout(kernel: Kernel, words_ref: Any, rate_ref: Any) -> _Dropout | None:
     if rate_ref is None:
         assert kernel.tiles.keep is not None
         return _Dropout(words, threshold(kernel.tiles.keep))
-    assert kernel.run_time_bits is not None
-    nbits, shift = kernel.run_time_bits
-    return _Dropout(words, Threshold(nbits, shift, rate_ref[0].astype(jnp.uint32), rate_ref[1]))
+    return _Dropout(words, Threshold(rate_ref[0].astype(jnp.uint32), rate_ref[1]))
 
 
 def _kept_scale(kernel: Kernel, dropout: _Dropout | None, bh: Any, rows: Any, col0: Any) -> Any:
@@ -574,14 +568,8 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 # --- the entry point ------------------------------------------------------------------
 
 
-def run_time_bits() -> tuple[int, int]:
-    """``(nbits, shift)`` of every run-time threshold (they depend on no value)."""
-    thr = threshold(jnp.float32(0.5))
-    return thr.nbits, thr.shift
-
-
 def _run_time_threshold(keep: Any) -> jax.Array:
-    """``float32[2]``: a run-time threshold's value (an integer below 2**24, exact in
+    """``float32[2]``: a run-time threshold's value (an integer of at most 2**16, exact in
     float32) and the probability it realises (NaN for a keep probability outside [0, 1])."""
     thr = threshold(keep)
     return jnp.stack([jnp.asarray(thr.value).astype(jnp.float32), thr.realised])
@@ -650,7 +638,7 @@ def pallas_attention(
     recorded in ``bad_q: bool[*batch, Lq, H]`` and ``bad_kv: bool[*batch, Lk, Hk]``).
     ``kv_valid`` broadcasts to ``[*batch, Lk]``; segment ids to ``[*batch, L]``.
     ``run_time_keep``: the keep probability as a ``float32`` scalar when the rate is a
-    run-time value (``kernel.run_time_bits`` set), else None. ``mask``: boolean, rank
+    run-time value (``kernel.run_time_rate``), else None. ``mask``: boolean, rank
     ``len(batch) + 3``, each axis 1 or whole (as ``kernel.mask_dims`` says).
 
     Returns:

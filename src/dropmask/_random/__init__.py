@@ -15,10 +15,11 @@ from ._draw import flags_only as flags_only
 from ._draw import keep_mask as keep_mask
 from ._draw import mask_shape as mask_shape
 from ._draw import probability as probability
+from ._fast_mask import FIELD_BITS as FIELD_BITS
+from ._fast_mask import FIELDS as FIELDS
 from ._fast_mask import LANES as LANES
 from ._fast_mask import MASK_NAME as MASK_NAME
 from ._fast_mask import PATHS as PATHS
-from ._fast_mask import Fields as Fields
 from ._fast_mask import Threshold as Threshold
 from ._fast_mask import keep_from_words as keep_from_words
 from ._fast_mask import key_words as key_words
@@ -35,13 +36,14 @@ from ._tile_mask import tile_keep_flags as tile_keep_flags
 __all__ = [
     "DEFAULT_IMPL",
     "DEFAULT_RESIDUAL",
+    "FIELDS",
+    "FIELD_BITS",
     "LANES",
     "MASK_NAME",
     "PATHS",
     "SAVE_MASK_WORDS",
     "SAVE_NOTHING",
     "Block",
-    "Fields",
     "Impl",
     "Residual",
     "Threshold",

@@ -6,7 +6,7 @@ dropout) goes through :func:`draw`: one jitted, checkpointed function keyed by a
 
 Two generators:
 
-* ``"fast"`` (the default): counter-based, on Threefry-4x32-20 (``_threefry``), cut
+* ``"fast"`` (the default): counter-based, on Threefry-4x32-13 (``_threefry``), cut
   into bit-packed words (``_fast_mask``). An element depends only on the key and its
   global position, so the mask is the same under ``jit`` or not, under ``vmap`` over
   keys and for any sharding; kept values are scaled by the keep probability that the
@@ -25,12 +25,16 @@ around the caller decides instead with its own policy:
 ``save_only_these_names("dropout_mask")`` keeps the words, a policy that saves nothing
 draws again.
 
-Rates. A Python or NumPy number is a compile-time constant (``"fast"``: the fewest bits
-that represent it); a JAX scalar, concrete or traced, is always a run-time value (a
-24-bit threshold), so one program serves every value and an eager call draws the same
-mask as a jitted one. A run-time rate outside ``[0, 1]`` makes the drawn probability
-NaN: floating outputs become NaN, and nothing is kept (:func:`keep_mask` is all False);
-under ``checkify.checkify(f, errors=checkify.user_checks)`` it is an error instead.
+Rates. A Python or NumPy number is a compile-time constant; a JAX scalar, concrete or
+traced, is always a run-time value, so one program serves every value and an eager call
+draws the same mask as a jitted one. ``"fast"`` draws both at one precision: the keep
+probability ``1 - rate``, computed in float32, rounded to a multiple of ``2**-16``; so a
+rate and the same rate as a float32 scalar draw the same mask, in programs of the same
+size. A static rate that this rounds to 0 or 1 (below ``2**-17`` from either end) is
+refused rather than drawn as another rate. A run-time rate outside ``[0, 1]`` makes the
+drawn probability NaN: floating outputs become NaN, and nothing is kept
+(:func:`keep_mask` is all False); under ``checkify.checkify(f, errors=checkify.user_checks)``
+it is an error instead.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 
 from .._checks import (
@@ -50,7 +55,7 @@ from .._checks import (
     check_shape,
     normalize_broadcast_dims,
 )
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, RateError
 from ._fast_mask import (
     MASK_NAME,
     Threshold,
@@ -73,17 +78,25 @@ def mask_shape(shape: Sequence[int], axes: Sequence[int]) -> tuple[int, ...]:
     return tuple(1 if i in axes else d for i, d in enumerate(shape))
 
 
-def probability(rate: Any, value: float | None, *, keep: bool, caller: str) -> Any:
+def probability(
+    rate: Any, value: float | None, *, keep: bool, caller: str, impl: str = DEFAULT_IMPL
+) -> Any:
     """The probability that a drawn flag is True: ``1 - rate`` if ``keep``, else ``rate``.
 
     One encoding per rate type: a Python or NumPy number (``value``, already checked)
     stays a Python float; a JAX scalar becomes a float32 array even when concrete, so
     eager and jitted calls take the same threshold. A traced rate is checked at run time
-    only under ``checkify``.
+    only under ``checkify``. For ``"fast"`` a static ``1 - rate`` is computed in float32,
+    as it is for a JAX scalar, so that both give one threshold; ``"flax"`` keeps
+    Flax's float64 ``1.0 - rate``.
     """
     if not isinstance(rate, jax.Array):
         static = float(rate) if value is None else value
-        return 1.0 - static if keep else static
+        if not keep:
+            return static
+        if impl == "flax":
+            return 1.0 - static
+        return float(np.float32(1.0) - np.float32(static))
     rate = jnp.asarray(rate, jnp.float32)
     if value is None:
         checkify.debug_check(
@@ -99,8 +112,8 @@ class MaskSpec:
     Attributes:
       shape: the shape the mask is drawn at (broadcast axes are 1).
       impl: ``"fast"`` or ``"flax"``.
-      nbits, shift, value: the ``"fast"`` integer threshold (``value`` None when the
-        probability is a run-time value).
+      value: the ``"fast"`` integer threshold (None when the probability is a
+        run-time value).
       realised: the probability a flag is True, when static.
       global_shape: for a block of a sharded mask, the global mask shape.
       save_words: whether reverse-mode autodiff keeps the packed words (named
@@ -109,8 +122,6 @@ class MaskSpec:
 
     shape: tuple[int, ...]
     impl: str
-    nbits: int = 32
-    shift: int = 0
     value: int | None = None
     realised: float | None = None
     global_shape: tuple[int, ...] | None = None
@@ -131,7 +142,7 @@ def _draw_and_combine(
         flags = jax.random.bernoulli(source, p=p, shape=spec.shape)
     else:
         block = None if spec.global_shape is None else Block(spec.global_shape, tuple(offset))
-        thr = Threshold(spec.nbits, spec.shift, value, realised)
+        thr = Threshold(value, realised)
         flags = keep_from_words(source, spec.shape, thr, block)
     return combine(x, flags, realised)
 
@@ -204,13 +215,23 @@ def draw(
         return _draw_and_combine_jit(MaskSpec(shape, impl), combine, x, key, (p, realised), None)
     thr = threshold(p)
     if isinstance(thr.value, int):  # a static rate: the threshold is a compile-time constant
-        spec = MaskSpec(
-            shape, impl, thr.nbits, thr.shift, thr.value, thr.realised, global_shape, save
-        )
+        _check_resolution(p, thr, caller)
+        spec = MaskSpec(shape, impl, thr.value, thr.realised, global_shape, save)
         return _draw_and_combine_jit(spec, combine, x, key_source(key), None, offset)
-    spec = MaskSpec(shape, impl, thr.nbits, thr.shift, global_shape=global_shape, save_words=save)
+    spec = MaskSpec(shape, impl, global_shape=global_shape, save_words=save)
     dynamic = (thr.value, thr.realised)
     return _draw_and_combine_jit(spec, combine, x, key_source(key), dynamic, offset)
+
+
+def _check_resolution(p: float, thr: Threshold, caller: str) -> None:
+    """Refuses a static probability that the ``"fast"`` threshold would round to 0 or 1."""
+    if thr.realised in (0.0, 1.0) and p not in (0.0, 1.0):
+        raise RateError(
+            f"{caller}: rate must be 0, 1, or at least 2**-17 from both with impl='fast' "
+            f"(it draws probabilities to 2**-16), got a flag probability of {p:.6g} "
+            f"(1 - rate for dropout), which rounds to {thr.realised:g}. Pass rate=0 or 1 "
+            f"itself, or impl='flax' where the function takes it."
+        )
 
 
 def _flags(x: Any, flags: jax.Array, realised: Any) -> jax.Array:
@@ -282,6 +303,6 @@ def keep_mask(
         return jnp.ones(shape, dtype=bool)
     if value == 1.0:
         return jnp.zeros(shape, dtype=bool)
-    p = probability(rate, value, keep=True, caller=caller)
+    p = probability(rate, value, keep=True, caller=caller, impl=impl)
     mask = draw(key, mask_shape(shape, axes), p, impl, flags_only, block=block, caller=caller)
     return jnp.broadcast_to(mask, shape)

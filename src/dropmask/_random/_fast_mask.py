@@ -2,29 +2,27 @@
 
 The mask is cut into words of 32 consecutive elements along its *packing axis* (its
 last axis longer than 1). Word ``n`` (its row-major index among all words of the
-global mask) takes 128-bit Threefry-4x32-20 blocks at counters ``(n, j, 0, 0)`` under
-the four key words; its element ``l`` reads the ``l``-th ``b``-bit field of those
-blocks and is kept when the field is below an integer threshold. ``b`` (1, 2, 4, 8,
-16 or 32) is the fewest bits that represent the keep probability to a relative error
-of 1e-3 (32 bits with a 24-bit threshold for a rate given as a JAX scalar). Element
-values depend only on ``(key, global position)``, so the mask is the same under ``jit``
-or not, under ``vmap`` over keys and for any sharding.
+global mask) takes four 128-bit Threefry-4x32-13 blocks at counters ``(n, j, 0, 0)``
+under the four key words; its element ``l`` reads the ``l``-th 16-bit field of those
+blocks and is kept when the field is below an integer threshold, ``round(p * 2**16)``
+for a keep probability ``p`` in float32. Every rate, a Python number or a JAX scalar,
+is drawn at that one precision, so a static rate and the same rate as a JAX scalar draw
+the same mask. Element values depend only on ``(key, global position)``, so the mask is
+the same under ``jit`` or not, under ``vmap`` over keys and for any sharding.
 
-Speed. One Threefry call serves 8 to 32 elements on CPU and CUDA GPUs: a call's
-keep-flags are computed once, bit-packed (1 bit per element in memory) and unpacked
-inside the consumer's fusion. A word's flags are stored in the parts its calls fill:
-a byte per call for 16-bit fields (per two calls for 32-bit ones), a half-word for
-8-bit fields, the whole word when one call serves all 32 elements (the parts of a word
-are its ``uint32``'s little-endian bytes). So a mask's program holds the 20 rounds
-once (twice for a run-time rate), not once per call of a word, which halved the XLA
-compile time a dropout site adds, and the parts are unpacked as they are, never joined.
-XLA:CPU would fuse the generator into the elementwise consumer and recompute it for
-every element, so there the parts end in an integer division by a run-time 1, which XLA counts as
-expensive and does not duplicate into a consumer that reads each part many times
-(``_jitted_flags``). XLA:GPU's cost model keeps the generator in its own fusion unaided
-(seen on an H200 at 2**24 and 2**26 elements; at 2**16 it fused them, where
-recomputing is cheap). Other backends compute each element's field directly, which
-needs no materialised flags. All paths give identical masks.
+Speed. One Threefry call serves 8 elements on CPU and CUDA GPUs: a call's keep-flags
+are computed once, bit-packed (1 bit per element in memory) and unpacked inside the
+consumer's fusion. A word's flags are stored in the four bytes its four calls fill
+(the parts of a word are its ``uint32``'s little-endian bytes), so a mask's program
+holds the rounds once, not once per call of a word, and the parts are unpacked as they
+are, never joined. XLA:CPU would fuse the generator into the elementwise consumer and
+recompute it for every element, so there the parts end in an integer division by a
+run-time 1, which XLA counts as expensive and does not duplicate into a consumer that
+reads each part many times (``_jitted_flags``). XLA:GPU's cost model keeps the
+generator in its own fusion unaided (seen on an H200 at 2**24 and 2**26 elements; at
+2**16 it fused them, where recomputing is cheap). Other backends compute each
+element's field directly, which needs no materialised flags. All paths give identical
+masks.
 
 Backward pass. The packed paths name their flags ``MASK_NAME`` (``"dropout_mask"``)
 with ``jax.ad_checkpoint.checkpoint_name``, so that a ``jax.checkpoint`` policy can keep
@@ -44,14 +42,16 @@ from typing import Any
 import jax
 import jax.extend
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from .._errors import DropmaskValueError
 from ._sharding import Block
-from ._threefry import Ops, threefry2x32, threefry4x32
+from ._threefry import Ops, threefry4x32
 
 __all__ = [
+    "FIELD_BITS",
     "MASK_NAME",
     "Threshold",
     "keep_from_words",
@@ -69,90 +69,80 @@ __all__ = [
 MASK_NAME = "dropout_mask"
 LANES = 32  # elements per packed word: one uint32 of keep-flags
 _BLOCK_BITS = 128  # bits per Threefry-4x32 call
-_FIELD_BITS = (1, 2, 4, 8, 16, 32)
 _U32 = jnp.uint32
-# A static rate is represented with the fewest bits whose threshold is within this
-# relative error of both the rate and the keep probability.
-_RATE_REL_TOL = 1e-3
-_TRACED_BITS = 24  # thresholds up to 2**24 are exact in float32
-
-
-def key_words(key: Any) -> jax.Array:
-    """Four uint32 words (the Threefry key) from a key of any impl or a raw uint32 key."""
-    return jax.random.bits(key, (4,), _U32)
+# Every "fast" mask compares 16-bit fields: a keep probability is drawn to 2**-16, static
+# or run-time alike, and the threshold (at most 2**16) is exact in float32.
+FIELD_BITS = 16
+_LEVELS = 2**FIELD_BITS
+# The two key words a Threefry key adds to its own two: its words xor these constants
+# (the fractional parts of the golden ratio and of sqrt(3), as in TEA and SHA-256), so
+# that all four Threefry key words vary with the key from the first round on.
+_KEY_SPREAD = (0x9E3779B9, 0xBB67AE85)
 
 
 def key_source(key: Any) -> jax.Array:
-    """What the generator takes from ``key``: the key's own two words for a Threefry key
-    (the four key words are then derived inside the generator's computation, as
-    :func:`key_words` derives them), or the four key words for another impl.
-
-    ``key_words`` is JAX's Threefry-2x32 hash, which JAX lowers on CPU to a loop that
-    XLA compiles as a kernel of its own at every mask; derived inside the generator it
-    is a few dozen scalar ops in a kernel every mask of a shape shares.
-    """
+    """What the generator takes from ``key``: a Threefry key's own two words (the
+    generator derives the other two, so a backward pass that draws again keeps only
+    these), or the four key words of another impl (:func:`key_words`)."""
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         if str(jax.random.key_impl(key)) == "threefry2x32":
             return jax.random.key_data(key)
     elif jax.config.values["jax_default_prng_impl"] == "threefry2x32":
         return jnp.asarray(key, _U32)
-    return key_words(key)
+    return jax.random.bits(key, (4,), _U32)
 
 
 def _words(source: jax.Array) -> list[jax.Array]:
-    """The four key words from :func:`key_source` (or :func:`key_words`): the same words
-    as ``jax.random.bits(key, (4,), uint32)``, derived inside the generator's own
-    computation (in the CPU path's ``cond``)."""
+    """The four Threefry key words from :func:`key_source`: a Threefry key's own two
+    words ``(k0, k1)`` give ``(k0, k1, k0 ^ c0, k1 ^ c1)``; no hash, so a mask's program
+    computes no key of its own (``split`` and ``fold_in`` already hash their keys)."""
     if source.shape == (4,):
         return [source[i] for i in range(4)]
-    k = [source[0], source[1]]
-    if jax.config.values["jax_threefry_partitionable"]:
-        hi, lo = threefry2x32(k, (jnp.zeros(4, _U32), lax.iota(_U32, 4)))
-        words = hi ^ lo
-        return [words[i] for i in range(4)]
-    first, second = threefry2x32(k, (jnp.array([0, 1], _U32), jnp.array([2, 3], _U32)))
-    return [first[0], first[1], second[0], second[1]]
+    k0, k1 = source[0], source[1]
+    return [k0, k1, k0 ^ _U32(_KEY_SPREAD[0]), k1 ^ _U32(_KEY_SPREAD[1])]
+
+
+def key_words(key: Any) -> jax.Array:
+    """``uint32[4]``: the Threefry key words of ``key`` (a key of any impl, or raw): a
+    Threefry key's ``(k0, k1, k0 ^ c0, k1 ^ c1)``, another impl's ``jax.random.bits(key,
+    (4,), uint32)``."""
+    return jnp.stack(_words(key_source(key)))
 
 
 @dataclasses.dataclass(frozen=True)
 class Threshold:
-    """``keep = (field >> shift) < value`` for a ``nbits``-bit random field.
+    """``keep = field < value`` for a ``FIELD_BITS``-bit random field.
 
-    True with probability ``realised``.
+    True with probability ``realised = value / 2**FIELD_BITS``.
     """
 
-    nbits: int
-    shift: int
-    value: Any  # int, or a traced uint32 scalar
+    value: Any  # int in [0, 2**16], or a traced uint32 scalar
     realised: Any  # float, or a traced float32 scalar
 
 
 def threshold(p: Any) -> Threshold:
-    """The integer threshold for "True with probability p", static or traced ``p``."""
+    """The integer threshold for "True with probability p", static or traced ``p``.
+
+    ``round(float32(p) * 2**16)`` (half to even) either way, so a Python ``p`` and the
+    same value as a float32 scalar give the same threshold.
+    """
     if isinstance(p, int | float):
-        for nbits in _FIELD_BITS:
-            scale = 2**nbits
-            value = min(round(p * scale), scale - 1) if p < 1 else scale
-            realised = value / scale
-            err = abs(realised - p)
-            if nbits == 32 or err <= _RATE_REL_TOL * min(p, 1 - p):
-                return Threshold(nbits, 0, value, realised)
+        value = int(np.round(np.float32(p) * np.float32(_LEVELS)))
+        return Threshold(value, value / _LEVELS)
     p = jnp.asarray(p, jnp.float32)
-    scale = float(2**_TRACED_BITS)
-    value = jnp.round(jnp.clip(p, 0.0, 1.0) * scale)
+    value = jnp.round(jnp.clip(p, 0.0, 1.0) * jnp.float32(_LEVELS))
     # A run-time probability cannot be validated at trace time; outside [0, 1] (or NaN)
     # it yields realised = NaN, which callers turn into NaN outputs or an all-dropped
     # mask, never a clip.
-    realised = jnp.where((p >= 0) & (p <= 1), value / scale, jnp.nan)
-    return Threshold(32, 32 - _TRACED_BITS, value.astype(_U32), realised)
+    realised = jnp.where((p >= 0) & (p <= 1), value / _LEVELS, jnp.nan)
+    return Threshold(value.astype(_U32), realised)
 
 
 def compare(field: jax.Array, thr: Threshold) -> jax.Array:
     """Boolean keep-flags from random fields (an integer compare, no floats)."""
-    if isinstance(thr.value, int) and thr.value >= 2 ** (thr.nbits - thr.shift):
+    if isinstance(thr.value, int) and thr.value >= _LEVELS:
         return jnp.ones(field.shape, bool)
-    shifted = field >> _U32(thr.shift) if thr.shift else field
-    return shifted < jnp.asarray(thr.value, _U32)
+    return field < jnp.asarray(thr.value, _U32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +195,9 @@ class Fields:
         return field & _U32(2**self.nbits - 1) if self.nbits < 32 else field
 
 
+FIELDS = Fields(FIELD_BITS)  # the layout of every "fast" mask
+
+
 def packing_axis(global_shape: tuple[int, ...]) -> int:
     """The axis words run along: the last one longer than 1 (so [batch, time, 1] packs time)."""
     longer = [i for i, d in enumerate(global_shape) if d > 1]
@@ -246,18 +239,18 @@ def _coords(shape: tuple[int, ...], start: Sequence[Any]) -> list[jax.Array]:
 
 
 def _packed_flags(
-    words: jax.Array, index: jax.Array, part: Any, thr: Threshold, apart: bool = False
+    words: jax.Array, index: jax.Array, part: jax.Array, thr: Threshold, apart: bool = False
 ) -> jax.Array:
     """Keep-flags of part ``part`` of the words numbered ``index``: bit ``l`` for lane
-    ``l`` of the part, in ``Fields(thr.nbits).part_dtype``; kept out of the consumer's
-    fusion when ``apart``.
+    ``l`` of the part, in ``FIELDS.part_dtype``; kept out of the consumer's fusion when
+    ``apart``.
 
     One ``jax.jit`` per threshold kind and shape: a mask's generator ops are traced once
     and enter every enclosing program, and every transformation of it, as one call (XLA
     inlines it before fusing).
     """
     value, static_value = _split_value(thr)
-    return _jitted_flags(words, index, part, value, thr.nbits, thr.shift, static_value, apart)
+    return _jitted_flags(words, index, part, value, static_value, apart)
 
 
 def _run_time_zero(source: jax.Array) -> jax.Array:
@@ -278,51 +271,40 @@ def _split_value(thr: Threshold) -> tuple[Any, int | None]:
     return (None, thr.value) if isinstance(thr.value, int) else (thr.value, None)
 
 
-def _call_lanes(
-    packed: jax.Array, outputs: list[jax.Array], j: int, fields: Fields, thr: Threshold, ops: Ops
-) -> jax.Array:
-    """``packed`` with the lanes of the ``j``-th Threefry call of a part (its 128-bit block
-    ``outputs``) set; in lax ops on constants broadcast once, as the rounds are."""
-    value = ops.like(packed, thr.value) if isinstance(thr.value, int) else None
-    if value is None:
-        value = lax.broadcast_in_dim(thr.value, packed.shape, ())
-    full = isinstance(thr.value, int) and thr.value >= 2 ** (thr.nbits - thr.shift)
-    for within in range(min(fields.per_call, LANES)):
-        _, o, bit = fields.locate(within)
-        if full:
-            keep = ops.like(packed, 1)
+def _call_lanes(packed: jax.Array, outputs: list[jax.Array], value: Any, ops: Ops) -> jax.Array:
+    """``packed`` with the lanes of one Threefry call (its 128-bit block ``outputs``) set;
+    in lax ops on constants broadcast once, as the rounds are."""
+    if value is None:  # a static threshold of 2**16: every field is below it
+        return ops.like(packed, 2**FIELDS.per_call - 1)
+    for lane in range(FIELDS.per_call):
+        _, o, bit = FIELDS.locate(lane)
+        field = outputs[o]
+        if bit:  # the high half: the shift leaves 16 bits
+            field = lax.shift_right_logical(field, ops.like(field, bit))
         else:
-            field = outputs[o]
-            if bit:
-                field = lax.shift_right_logical(field, ops.like(field, bit))
-            if fields.nbits < 32:
-                field = lax.bitwise_and(field, ops.like(field, 2**fields.nbits - 1))
-            if thr.shift:
-                field = lax.shift_right_logical(field, ops.like(field, thr.shift))
-            keep = lax.convert_element_type(lax.lt(field, value), _U32)
-        lane = j * fields.per_call + within
+            field = lax.bitwise_and(field, ops.like(field, _LEVELS - 1))
+        keep = lax.convert_element_type(lax.lt(field, value), _U32)
         if lane:
             keep = lax.shift_left(keep, ops.like(keep, lane))
         packed = lax.bitwise_or(packed, keep)
     return packed
 
 
-@functools.partial(jax.jit, static_argnums=(4, 5, 6, 7))
+@functools.partial(jax.jit, static_argnums=(4, 5))
 def _jitted_flags(
     words: jax.Array,
     index: jax.Array,
-    part: jax.Array | None,
+    part: jax.Array,
     value: jax.Array | None,
-    nbits: int,
-    shift: int,
     static_value: int | None,
     apart: bool,
 ) -> jax.Array:
     """The packed keep-flags, one part per element of ``index``.
 
-    A word's calls are spread over its parts, not written side by side: the program
-    holds one copy of the 20 rounds (two for 32-bit fields) instead of one per call, and
-    the parts need no reduction to join, since the consumer unpacks them as they are.
+    A word's four calls are spread over its four parts (call ``j`` fills part ``j``),
+    not written side by side: the program holds one copy of the rounds instead of one
+    per call, and the parts need no reduction to join, since the consumer unpacks them
+    as they are.
 
     ``apart``: the parts end in an integer division by a run-time 1 (derived from a key
     word, so XLA cannot fold it). XLA counts such a division as expensive and does not
@@ -331,22 +313,21 @@ def _jitted_flags(
     own, and are not recomputed for each of a part's elements. It replaced a
     ``lax.cond`` that did the same at a higher compile cost (docs/dropout_speed.md).
     """
-    thr = Threshold(nbits, shift, static_value if value is None else value, None)
-    fields = Fields(thr.nbits)
     key = _words(words)
     ops = Ops()
+    if value is not None:
+        value = lax.broadcast_in_dim(value, index.shape, ())
+    elif static_value is not None and static_value < _LEVELS:
+        value = ops.like(index, static_value)
     packed = ops.like(index, 0)
-    zero = _U32(0)
-    for c in range(fields.calls_per_part):
-        if part is None:
-            j = _U32(c)
-        elif fields.calls_per_part == 1:
-            j = part
-        else:
-            j = ops.add(lax.mul(part, ops.like(part, fields.calls_per_part)), c)
-        outputs = threefry4x32((index, j, zero, zero), key, ops=ops)
-        packed = _call_lanes(packed, outputs, c, fields, thr, ops)
-    packed = lax.convert_element_type(packed, fields.part_dtype)
+    if value is not None:
+        zero = _U32(0)
+        packed = _call_lanes(
+            packed, threefry4x32((index, part, zero, zero), key, ops=ops), value, ops
+        )
+    else:
+        packed = _call_lanes(packed, [], None, ops)
+    packed = lax.convert_element_type(packed, FIELDS.part_dtype)
     if apart:
         one = lax.bitwise_or(lax.shift_right_logical(key[0], _U32(31)), _U32(1))
         packed = lax.div(packed, lax.broadcast_in_dim(one.astype(packed.dtype), packed.shape, ()))
@@ -359,15 +340,12 @@ def packed_keep_words(words: jax.Array, shape: tuple[int, ...], thr: Threshold) 
     element ``32 * w + l`` (for measuring the generator apart from applying the mask)."""
     shape = shape or (1,)
     axis = packing_axis(shape)
-    fields = Fields(thr.nbits)
     word_shape = _with(shape, axis, -(-shape[axis] // LANES))
     check_word_count(word_shape)
-    part_shape = _with(shape, axis, word_shape[axis] * fields.parts)
-    index, part = _part_counters(part_shape, (0,) * len(shape), axis, word_shape, fields)
+    part_shape = _with(shape, axis, word_shape[axis] * FIELDS.parts)
+    index, part = _part_counters(part_shape, (0,) * len(shape), axis, word_shape)
     parts = _packed_flags(words, index, part, thr)
-    if fields.parts == 1:
-        return parts
-    split = (*word_shape[: axis + 1], fields.parts, *word_shape[axis + 1 :])
+    split = (*word_shape[: axis + 1], FIELDS.parts, *word_shape[axis + 1 :])
     return _join_parts(jnp.moveaxis(parts.reshape(split), axis + 1, -1))
 
 
@@ -384,16 +362,13 @@ def _part_counters(
     part_start: Sequence[Any],
     axis: int,
     global_word_shape: tuple[int, ...],
-    fields: Fields,
-) -> tuple[jax.Array, jax.Array | None]:
+) -> tuple[jax.Array, jax.Array]:
     """The word numbers (row-major among the global words) and part numbers within them
     of a block of parts starting at global part coordinates ``part_start``."""
     coords = _coords(part_shape, part_start)
-    if fields.parts == 1:
-        return _row_major(coords, global_word_shape), None
-    # parts is 2 or 4: a mask and a shift, not jnp's floor_divide and remainder.
-    part = lax.bitwise_and(coords[axis], _U32(fields.parts - 1))
-    coords[axis] = lax.shift_right_logical(coords[axis], _U32(fields.parts.bit_length() - 1))
+    # Four parts a word: a mask and a shift, not jnp's floor_divide and remainder.
+    part = lax.bitwise_and(coords[axis], _U32(FIELDS.parts - 1))
+    coords[axis] = lax.shift_right_logical(coords[axis], _U32(FIELDS.parts.bit_length() - 1))
     return _row_major(coords, global_word_shape), part
 
 
@@ -417,8 +392,8 @@ def keep_from_words(
     ``"packed_inline"``: packed flags as plain ops; ``"per_element"``: one Threefry call
     per element. None means the fastest measured per backend: packed on CPU,
     packed_inline on CUDA, per_element elsewhere (the default backend's, when the mask
-    is traced). The packed paths name their flags (``uint8``, ``uint16`` or ``uint32``
-    parts of the words) ``MASK_NAME`` for ``jax.checkpoint`` policies (1 bit per
+    is traced). The packed paths name their flags (the ``uint8`` parts of the words)
+    ``MASK_NAME`` for ``jax.checkpoint`` policies (1 bit per
     element to save for the backward pass).
     """
     if path is not None and path not in PATHS:
@@ -435,8 +410,7 @@ def keep_from_words(
     word_start = _with(offset, axis, offset[axis] // LANES)
 
     def packed_path(apart: bool) -> jax.Array:
-        fields = Fields(thr.nbits)
-        bits = fields.part_bits
+        bits = FIELDS.part_bits
         first = offset[axis] % bits  # where the local block starts within its first part
         # One part more when the block may start mid-part (its last part then spills).
         spill = 0 if isinstance(first, int) and first == 0 else 1
@@ -446,7 +420,7 @@ def keep_from_words(
             zero = _run_time_zero(words)
             part_start = tuple(zero + s for s in part_start)
 
-        index, part = _part_counters(part_shape, part_start, axis, global_word_shape, fields)
+        index, part = _part_counters(part_shape, part_start, axis, global_word_shape)
         packed = _packed_flags(words, index, part, thr, apart)
         return _unpack(checkpoint_name(packed, MASK_NAME), shape, axis, first)
 
@@ -458,9 +432,8 @@ def keep_from_words(
         traced = tuple(None if isinstance(s, int) else s for s in start)
         value, static_value = _split_value(thr)
         return _per_element_flags(
-            words, traced, value, static, shape, axis, global_word_shape, thr.nbits, thr.shift,
-            static_value,
-        )  # fmt: skip
+            words, traced, value, static, shape, axis, global_word_shape, static_value
+        )
 
     path = _default_path() if path is None else path
     if path == "packed":
@@ -487,7 +460,7 @@ def _default_path() -> str:
     return "per_element"
 
 
-@functools.partial(jax.jit, static_argnums=range(3, 10))
+@functools.partial(jax.jit, static_argnums=range(3, 8))
 def _per_element_flags(
     words: jax.Array,
     traced_start: tuple[Any, ...],
@@ -496,27 +469,24 @@ def _per_element_flags(
     shape: tuple[int, ...],
     axis: int,
     global_word_shape: tuple[int, ...],
-    nbits: int,
-    shift: int,
     static_value: int | None,
 ) -> jax.Array:
     """``keep_from_words``'s per-element path (one Threefry call per element), traced
     once per shape and threshold kind as ``_jitted_flags`` is. The start (per axis, then
     the packing axis's first word) is split into static and traced parts."""
-    thr = Threshold(nbits, shift, static_value if value is None else value, None)
-    fields = Fields(nbits)
+    thr = Threshold(static_value if value is None else value, None)
     start = [t if s is None else s for s, t in zip(static_start, traced_start, strict=True)]
     coords = _coords(shape, start[:-1])
     position = coords[axis]  # counted from the start of the block's first word
     coords[axis] = position // _U32(LANES) + jnp.asarray(start[-1]).astype(_U32)
     index = _row_major(coords, global_word_shape)
-    j, o, bit = fields.locate(position % _U32(LANES))
+    j, o, bit = FIELDS.locate(position % _U32(LANES))
     zero = jnp.zeros((), _U32)
     outputs = threefry4x32((index, j.astype(_U32), zero, zero), _words(words))
     chosen = outputs[0]
     for k in range(1, 4):
         chosen = jnp.where(o == k, outputs[k], chosen)
-    return compare(fields.extract(chosen, bit), thr)
+    return compare(FIELDS.extract(chosen, bit), thr)
 
 
 def _with(values: Sequence[Any], axis: int, value: Any) -> tuple[Any, ...]:
@@ -546,7 +516,7 @@ def _unpack(flags: jax.Array, shape: tuple[int, ...], axis: int, lane0: Any) -> 
 
 def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
     """The generator's raw stream: ``uint32[*shape]``; flat element ``i`` is output word
-    ``i % 4`` of Threefry-4x32-20 at counter ``(i // 4, 0, 0, 0)`` under ``key_words(key)``.
+    ``i % 4`` of Threefry-4x32-13 at counter ``(i // 4, 0, 0, 0)`` under ``key_words(key)``.
 
     Example:
       >>> import jax, dropmask._random._fast_mask as r

@@ -4,7 +4,7 @@ The dense path draws its attention-dropout mask over the weights
 ``[*batch, heads, q_len, kv_len]`` (batch and head axes 1 with ``broadcast_dropout``).
 An element's flag depends only on the key and its global position: its 32-element
 word along the packing axis (the last axis longer than 1), numbered row-major among
-all words, is the counter of Threefry-4x32 calls whose ``nbits``-bit output fields
+all words, is the counter of Threefry-4x32 calls whose 16-bit output fields
 are compared with an integer threshold (``_fast_mask``). :func:`tile_keep_flags`
 computes the flags of a ``[block_q, block_k]`` tile from the four key words and the
 tile's position with plain ``jax.numpy`` operations on the tile, so a Pallas kernel
@@ -13,7 +13,7 @@ element: the block function, field layout and comparison are ``_fast_mask``'s ow
 
 Two ways, one result. When the key axis packs and ``block_k`` is a multiple of 32, a
 tile row holds whole words: each Threefry call is computed once per row and serves
-the ``128 / nbits`` weights it covers, each weight selecting its field. Otherwise each
+the 8 weights it covers, each weight selecting its field. Otherwise each
 weight computes its own call.
 """
 
@@ -27,8 +27,8 @@ from jax import lax
 
 from ._draw import mask_shape
 from ._fast_mask import (
+    FIELDS,
     LANES,
-    Fields,
     Threshold,
     check_word_count,
     compare,
@@ -94,11 +94,11 @@ def tile_keep_flags(
     Args:
       plan: the call's geometry (batch dims, heads, lengths, tiles, broadcast_dropout).
       thr: the keep threshold, ``threshold(keep)``; its ``value`` and ``realised`` may
-        be run-time scalars (a traced rate), its ``nbits`` and ``shift`` are static.
+        be run-time scalars (a traced rate).
       words: the four ``uint32`` key words (scalars), ``key_words(key)``.
       bh, rows, col0: the tile's global position (traced scalars and a vector).
     """
-    fields = Fields(thr.nbits)
+    fields = FIELDS
     bq, bk = plan.block_q, plan.block_k
     shape = (bq, bk)
     from_end, size = _mask_layout(plan)

@@ -3,8 +3,8 @@ et al., 2022; the token-dropping speed-ups of long-input pre-training).
 
 The output is shorter than the input, so the work of every later layer shrinks with
 it. Which tokens stay is a uniformly random subset of each example's valid tokens:
-every token gets a 32-bit random score made of 32 fair flags drawn through the one
-mask entry point (so the choice is the same eagerly, under ``jit``, ``vmap`` and any
+every token gets a 32-bit random score, a word of the generator's raw stream at the
+token's position (so the choice is the same eagerly, under ``jit``, ``vmap`` and any
 sharding of the batch), and the lowest-scoring valid tokens are kept, in their
 original order. Padding is never kept.
 """
@@ -27,11 +27,9 @@ from .._checks import (
     check_shape_is,
 )
 from .._errors import DropmaskTypeError
-from .._random import draw, flags_only
+from .._random import random_bits
 
 __all__ = ["TokenSubset", "drop_tokens"]
-
-_SCORE_BITS = 32
 
 
 class TokenSubset(NamedTuple):
@@ -54,13 +52,6 @@ class TokenSubset(NamedTuple):
 def kept_length(rate: float, length: int) -> int:
     """``ceil((1 - rate) * length)``, without float noise pushing an exact product up."""
     return min(length, math.ceil((1.0 - rate) * length - 1e-9))
-
-
-def _scores(key: Any, shape: tuple[int, int], caller: str) -> jax.Array:
-    """``uint32[batch, time]``: 32 fair flags per token packed into one number."""
-    flags = draw(key, (*shape, _SCORE_BITS), 0.5, "fast", flags_only, caller=caller)
-    weights = jnp.left_shift(jnp.uint32(1), jnp.arange(_SCORE_BITS, dtype=jnp.uint32))
-    return jnp.sum(jnp.where(flags, weights, jnp.uint32(0)), axis=-1, dtype=jnp.uint32)
 
 
 def drop_tokens(
@@ -143,7 +134,7 @@ def drop_tokens(
         return TokenSubset(jnp.where(expand, arr, zero), jnp.where(valid, positions, 0), valid)
     check_key(key, caller=caller)
     kept = kept_length(value, time)
-    scores = _scores(key, (batch, time), caller)
+    scores = random_bits(key, (batch, time))
     # Valid tokens first, in random order; padding after, never chosen before a valid token.
     order = jnp.argsort(jnp.where(valid, scores >> 1, jnp.uint32(2**31)), axis=1, stable=True)
     counts = jnp.sum(valid, axis=1, dtype=jnp.float32)

@@ -275,17 +275,16 @@ def generator_programs(shape: tuple[int, int] = (256, 256), rate: float = 0.1) -
     """How XLA compiles dropmask's packed generator around its consumer on this backend.
 
     Counts the generator's own computations (the fusion, ``conditional`` or loop whose
-    result is the packed keep-flags: at a rate of 0.1 one byte per 8 elements,
+    result is the packed keep-flags: one byte per 8 elements at every rate,
     ``u8[rows, columns / 8]``) in the forward program of each residual mode, and in the
     backward pass jitted apart, as the passes of a network's layers are.
     """
     from .._dropout import dropout
-    from .._random import Fields, Residual, threshold
+    from .._random import FIELDS, Residual
 
     x, key = jnp.ones(shape, jnp.float32), jax.random.key(0)
-    fields = Fields(threshold(1.0 - rate).nbits)
-    kind = {8: "u8", 16: "u16", 32: "u32"}[fields.part_bits]
-    parts = f"{kind}[{shape[0]},{-(-shape[1] // 32) * fields.parts}]"
+    kind = {8: "u8", 16: "u16", 32: "u32"}[FIELDS.part_bits]
+    parts = f"{kind}[{shape[0]},{-(-shape[1] // 32) * FIELDS.parts}]"
     producers = (" fusion(", " conditional(", " while(")
 
     def generators(hlo: str) -> int:
