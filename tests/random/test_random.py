@@ -181,6 +181,18 @@ def test_static_rates_that_round_to_0_or_1_are_refused():
     assert float((dropmask.dropout(x, 1e-6, key, impl="flax") == 0).mean()) == 0
 
 
+@pytest.mark.parametrize(("s0", "s1"), [(0, 1), (6, 7), (0, 2**31)])
+def test_streams_of_seeds_one_bit_apart_are_unrelated(s0, s1):
+    """The raw streams of two keys whose words differ in one bit agree on each of the 32
+    bit positions half the time (4 sigma), and their 16-bit fields are uncorrelated."""
+    n = 1 << 20
+    a, b = (np.asarray(_fast_mask.random_bits(jax.random.key(s), (n,))) for s in (s0, s1))
+    agree = 1 - ((a ^ b)[:, None] >> np.arange(32, dtype=np.uint32) & 1).mean(axis=0)
+    assert np.all(np.abs(agree - 0.5) < 4 * 0.5 / np.sqrt(n)), agree
+    fields = [(w & 0xFFFF).astype(np.float64) for w in (a, b)]
+    assert abs(np.corrcoef(*fields)[0, 1]) < 4 / np.sqrt(n)
+
+
 def test_raw_bytes_are_uniform():
     bits = np.asarray(_fast_mask.random_bits(jax.random.key(5), (1 << 20,)))
     for shift in (0, 8, 16, 24):
@@ -205,6 +217,11 @@ def test_no_dependence_between_neighbours_rows_steps_splits_and_streams():
     pairs["fold_in steps"] = tuple(step)
     k1, k2 = jax.random.split(key)
     pairs["split keys"] = tuple(np.asarray(dropmask.keep_mask(k, shape, rate)) for k in (k1, k2))
+    # Seeds one bit apart give key words one bit apart: the generator hashes no key.
+    for s0, s1 in ((0, 1), (0, 2**31)):
+        pairs[f"seeds {s0} and {s1}"] = tuple(
+            np.asarray(dropmask.keep_mask(jax.random.key(s), shape, rate)) for s in (s0, s1)
+        )
 
     class TwoStreams(nn.Module):
         @nn.compact
