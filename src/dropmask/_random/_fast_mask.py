@@ -274,8 +274,6 @@ def _split_value(thr: Threshold) -> tuple[Any, int | None]:
 def _call_lanes(packed: jax.Array, outputs: list[jax.Array], value: Any, ops: Ops) -> jax.Array:
     """``packed`` with the lanes of one Threefry call (its 128-bit block ``outputs``) set;
     in lax ops on constants broadcast once, as the rounds are."""
-    if value is None:  # a static threshold of 2**16: every field is below it
-        return ops.like(packed, 2**FIELDS.per_call - 1)
     for lane in range(FIELDS.per_call):
         _, o, bit = FIELDS.locate(lane)
         field = outputs[o]
@@ -315,18 +313,16 @@ def _jitted_flags(
     """
     key = _words(words)
     ops = Ops()
-    if value is not None:
-        value = lax.broadcast_in_dim(value, index.shape, ())
-    elif static_value is not None and static_value < _LEVELS:
-        value = ops.like(index, static_value)
-    packed = ops.like(index, 0)
-    if value is not None:
-        zero = _U32(0)
-        packed = _call_lanes(
-            packed, threefry4x32((index, part, zero, zero), key, ops=ops), value, ops
-        )
+    if value is None and static_value is not None and static_value >= _LEVELS:
+        packed = ops.like(index, 2**FIELDS.per_call - 1)  # every field is below 2**16
     else:
-        packed = _call_lanes(packed, [], None, ops)
+        if value is None:
+            value = ops.like(index, static_value)
+        else:
+            value = lax.broadcast_in_dim(value, index.shape, ())
+        zero = _U32(0)
+        outputs = threefry4x32((index, part, zero, zero), key, ops=ops)
+        packed = _call_lanes(ops.like(index, 0), outputs, value, ops)
     packed = lax.convert_element_type(packed, FIELDS.part_dtype)
     if apart:
         one = lax.bitwise_or(lax.shift_right_logical(key[0], _U32(31)), _U32(1))
@@ -393,8 +389,8 @@ def keep_from_words(
     per element. None means the fastest measured per backend: packed on CPU,
     packed_inline on CUDA, per_element elsewhere (the default backend's, when the mask
     is traced). The packed paths name their flags (the ``uint8`` parts of the words)
-    ``MASK_NAME`` for ``jax.checkpoint`` policies (1 bit per
-    element to save for the backward pass).
+    ``MASK_NAME`` for ``jax.checkpoint`` policies (1 bit per element to save for the
+    backward pass).
     """
     if path is not None and path not in PATHS:
         raise DropmaskValueError(f"path must be one of {PATHS} or None, got {path!r}.")
