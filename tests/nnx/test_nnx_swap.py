@@ -12,6 +12,7 @@ from flax import nnx
 
 import dropmask
 from dropmask import nnx as dnnx
+from dropmask.audit import audit_nnx_model
 
 
 def _data(x):
@@ -129,6 +130,19 @@ def test_default_impl_draws_dropmask_masks_and_follows_train_eval_and_view():
     model.train()
     assert not np.array_equal(model.drop(x), x)
     np.testing.assert_array_equal(nnx.view(model, deterministic=True).drop(x), x)
+
+
+def test_audit_sees_the_swapped_layers_as_dropmask_layers_at_the_same_paths():
+    x = jnp.ones((32, 16))
+    flax, model = Block(nnx.Rngs(0, dropout=1)), Block(nnx.Rngs(0, dropout=1))
+    dnnx.swap_dropout(model)
+    want, got = audit_nnx_model(flax, x), audit_nnx_model(model, x)
+    assert [(s.path, s.kind, s.rate) for s in got.sites] == [
+        (s.path, s.kind, s.rate) for s in want.sites
+    ]
+    assert got.codes == want.codes
+    layers = {path: type(m) for path, m in nnx.iter_modules(model)}
+    assert {layers[(s.path,)] for s in got.sites} == {dnnx.Dropout}
 
 
 class Attention(nnx.Module):

@@ -189,7 +189,7 @@ def swap_dropout(
     new = {key: _replacement(node, impl) for key, (_, node) in dropouts.items()}
     done: list[Replaced] = []
     for parts, node in nodes:
-        if id(node) in dropouts and dropouts[id(node)][0] == _path(parts):
+        if id(node) in dropouts:  # iter_graph visits a shared node once
             done.append(Replaced(_path(parts), "dropout", type(node).__name__))
         if attention and _default_attention(node):
             node.attention_fn = functools.partial(dot_product_attention, impl=impl)
