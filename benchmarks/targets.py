@@ -30,6 +30,8 @@ Each target is measured the way a user meets it, with the spread of paired repea
   time and the trace+lower time that dropmask's dropout adds over the step without
   dropout, against what Flax's dropout adds (the best of the repeats of each). The
   same under ``nn.scan``, and each bundled example's step, are reported beside them.
+* Flax-style code swapped without an edit (``bench_swap``): the encoder step's time and
+  temporaries under ``swap_dropout(attention=True)``, and a 2048-token step's.
 * On a GPU only: dropout at ``x * c``'s bandwidth, and the train step against Flax's.
 
 A speed target's measured value is the median of the paired repeats, with their
@@ -56,6 +58,7 @@ from benchmarks import (
     bench_compile,
     bench_mc,
     bench_structured,
+    bench_swap,
     bench_transformer_step,
 )
 from benchmarks._common import finite, quartiles
@@ -575,6 +578,7 @@ def run(size: Size) -> tuple[list[Target], str]:
         + compile_rows
         + long_targets(size)
         + growth_targets(size)
+        + bench_swap.targets(size.quick)
     )
     return measured, compile_table
 

@@ -3,7 +3,9 @@
 These follow the Dropout tests of Flax (``tests/linen/linen_test.py::StochasticTest`` and
 ``tests/nnx/nn/stochastic_test.py::TestStochastic``): each test takes the layer class
 from a fixture, so the same assertions run on Flax's layer (the reference), on
-dropmask's with ``impl="fast"`` and on dropmask's with ``impl="flax"``.
+dropmask's with ``impl="fast"`` and on dropmask's with ``impl="flax"``, and on Flax's
+layer swapped for dropmask's (``swap_dropout``, Linen's switch around the whole test,
+NNX's replacement of the built layer) with either impl.
 """
 
 import functools
@@ -32,13 +34,35 @@ NNX = {
 }
 
 
-@pytest.fixture(params=list(LINEN))
+SWAPS = {"swapped-fast": "fast", "swapped-flax": "flax"}
+
+
+class _Holder(nnx.Module):
+    def __init__(self, layer: nnx.Module):
+        self.layer = layer
+
+
+def _nnx_swapped(impl, *args, **kwargs):
+    """Flax's nnx.Dropout, built as given, then swapped in place for dropmask's."""
+    holder = _Holder(nnx.Dropout(*args, **kwargs))
+    (replaced,) = dnnx.swap_dropout(holder, impl=impl)
+    assert replaced.path == "layer" and isinstance(holder.layer, dnnx.Dropout)
+    return holder.layer
+
+
+@pytest.fixture(params=[*LINEN, *SWAPS])
 def Dropout(request):  # noqa: N802 - stands in for the class it names
-    return LINEN[request.param]
+    if request.param in SWAPS:
+        with dl.swap_dropout(impl=SWAPS[request.param]):
+            yield nn.Dropout
+    else:
+        yield LINEN[request.param]
 
 
-@pytest.fixture(params=list(NNX))
+@pytest.fixture(params=[*NNX, *SWAPS])
 def NnxDropout(request):  # noqa: N802
+    if request.param in SWAPS:
+        return functools.partial(_nnx_swapped, SWAPS[request.param])
     return NNX[request.param]
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from .._checks import check_instance
 from .._errors import DropmaskTypeError, MissingKeyError
+from ..linen import swapped
 from . import _mode
 from ._audit_report import AuditReport
 from ._core import checked_step, model_report, step_report, trees_equal
@@ -69,7 +70,8 @@ def _recording(
     def interceptor(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
         module = context.module
         scope = getattr(module, "scope", None)
-        if context.method_name != "__call__" or scope is None:
+        if context.method_name != "__call__" or scope is None or swapped(module):
+            # A swapped module's call is observed where dropmask's runs in its place.
             return next_fun(*args, **kwargs)
         if not scope.path:
             roots.append((module, dict(kwargs)))

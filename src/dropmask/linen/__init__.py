@@ -39,6 +39,8 @@ from ._recurrent import MaskedRNN as MaskedRNN
 from ._structured_layers import DropBlock as DropBlock
 from ._structured_layers import DropHead as DropHead
 from ._structured_layers import LayerDrop as LayerDrop
+from ._swap import swap_dropout as swap_dropout
+from ._swap import swapped as swapped
 
 __all__ = [
     "AlphaDropout",
@@ -52,6 +54,8 @@ __all__ = [
     "MaskedRNN",
     "MissingStreamError",
     "WordDropout",
+    "swap_dropout",
+    "swapped",
 ]
 
 

@@ -41,6 +41,8 @@ from ._recurrent import MaskedRNN as MaskedRNN
 from ._structured_layers import DropBlock as DropBlock
 from ._structured_layers import DropHead as DropHead
 from ._structured_layers import LayerDrop as LayerDrop
+from ._swap import Replaced as Replaced
+from ._swap import swap_dropout as swap_dropout
 
 __all__ = [
     "AlphaDropout",
@@ -52,7 +54,9 @@ __all__ = [
     "GaussianDropout",
     "LayerDrop",
     "MaskedRNN",
+    "Replaced",
     "WordDropout",
+    "swap_dropout",
 ]
 
 
