@@ -1,6 +1,7 @@
 """The structured dropout family: DropBlock, LayerDrop, DropHead, token dropping, R-Drop."""
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -197,6 +198,19 @@ def test_layer_drop_bad_arguments():
         dropmask.layer_drop(lambda h: h, x, -0.1, KEY)
     with pytest.raises(dropmask.MissingKeyError):
         dropmask.layer_drop(lambda h: h, x, 0.5, None)
+
+
+@pytest.mark.parametrize("rate", [0.05, 0.3, 0.5, 0.51, 0.6, 0.75, 0.9, 0.999])
+def test_kept_layers_keep_their_share_and_never_every_layer(rate):
+    for num_layers in range(1, 17):
+        kept = dropmask.kept_layers(num_layers, rate)
+        assert kept and kept[0] == 0 and kept[-1] < num_layers, (num_layers, kept)
+        assert list(kept) == sorted(set(kept))
+        if rate > 0.5:  # about (1 - rate) of the layers, evenly spaced
+            share = math.floor(num_layers * (1 - rate) + 0.5)
+            assert len(kept) == max(1, share), (num_layers, kept)
+            gaps = np.diff([*kept, num_layers])
+            assert gaps.max() - gaps.min() <= 1, (num_layers, kept)
 
 
 def test_kept_layers_follow_the_every_other_rule():

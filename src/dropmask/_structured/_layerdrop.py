@@ -145,16 +145,20 @@ def layer_drop_module(
 def kept_layers(num_layers: int, rate: float) -> tuple[int, ...]:
     """The layers to keep when pruning a model trained with LayerDrop at ``rate``.
 
-    The paper's "every other" rule: with ``k = floor(1 / rate)``, drop the layers at
-    depth ``d = k, 2k, ...`` (counting from 1) and keep the rest; at ``rate = 0.5`` that
-    keeps layers 0, 2, 4, ... (fairseq's ``--encoder-layers-to-keep 0,2,4``).
+    Up to ``rate = 0.5``, the paper's "every other" rule: with ``k = floor(1 / rate)``,
+    drop the layers at depth ``d = k, 2k, ...`` (counting from 1) and keep the rest; at
+    ``rate = 0.5`` that keeps layers 0, 2, 4, ... (fairseq's ``--encoder-layers-to-keep
+    0,2,4``). Above 0.5 that rule would remove every layer; instead
+    ``round(num_layers * (1 - rate))`` layers are kept, at least one, evenly spaced
+    from layer 0 (layer ``floor(i * num_layers / kept)`` for ``i < kept``). A pruned
+    model always keeps at least one layer.
 
     Args:
       num_layers: the model's depth.
       rate: the pruning rate in ``(0, 1)``: the fraction of layers to remove.
 
     Returns:
-      Indices (from 0) of the layers to keep, ascending.
+      Indices (from 0) of the layers to keep, ascending, never empty.
 
     Raises:
       DropmaskValueError: ``num_layers < 1`` or ``rate`` not in ``(0, 1)``.
@@ -163,6 +167,8 @@ def kept_layers(num_layers: int, rate: float) -> tuple[int, ...]:
       >>> import dropmask
       >>> dropmask.kept_layers(6, 0.5), dropmask.kept_layers(8, 0.25)
       ((0, 2, 4), (0, 1, 2, 4, 5, 6))
+      >>> dropmask.kept_layers(6, 0.75), dropmask.kept_layers(2, 0.9)
+      ((0, 3), (0,))
     """
     caller = "kept_layers"
     check_static_int(num_layers, name="num_layers", caller=caller, minimum=1)
@@ -172,5 +178,8 @@ def kept_layers(num_layers: int, rate: float) -> tuple[int, ...]:
             f"{caller}: rate must be a Python float in (0, 1) (the fraction of layers to "
             f"prune), got {rate!r}. Pass e.g. rate=0.5 to keep every other layer."
         )
-    every = math.floor(1.0 / value + 1e-9)
-    return tuple(i for i in range(num_layers) if (i + 1) % every)
+    if value <= 0.5:
+        every = math.floor(1.0 / value + 1e-9)
+        return tuple(i for i in range(num_layers) if (i + 1) % every)
+    kept = max(1, math.floor(num_layers * (1.0 - value) + 0.5))
+    return tuple(i * num_layers // kept for i in range(kept))
