@@ -372,6 +372,23 @@ def test_drop_tokens_bad_arguments():
 # --- R-Drop ----------------------------------------------------------------------------
 
 
+def test_symmetric_kl_of_a_class_absent_from_both_passes_is_that_without_it():
+    # A masked vocabulary entry: logit -inf in both passes, probability 0 in both.
+    a, b = (jax.random.normal(k, (4, 6)) for k in _keys(2, 5))
+    absent = jnp.array([False, True, False, False, True, False])
+    a_inf, b_inf = jnp.where(absent, -jnp.inf, a), jnp.where(absent, -jnp.inf, b)
+    got = dropmask.symmetric_kl(a_inf, b_inf)
+    want = dropmask.symmetric_kl(a[:, ~absent], b[:, ~absent])
+    assert float(got) == pytest.approx(float(want), rel=1e-6)
+    ga, gb = jax.grad(dropmask.symmetric_kl, (0, 1))(a_inf, b_inf)
+    wa, wb = jax.grad(dropmask.symmetric_kl, (0, 1))(a[:, ~absent], b[:, ~absent])
+    np.testing.assert_allclose(np.asarray(ga[:, ~absent]), np.asarray(wa), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(gb[:, ~absent]), np.asarray(wb), rtol=1e-5, atol=1e-7)
+    assert not np.asarray(ga[:, absent]).any() and not np.asarray(gb[:, absent]).any()
+    # In one pass only, the divergence is infinite, as the KL is.
+    assert float(dropmask.symmetric_kl(a_inf, b)) == np.inf
+
+
 def test_symmetric_kl_matches_its_definition_and_ignores_padding():
     a, b = (jax.random.normal(k, (3, 5, 7)) for k in _keys(2, 4))
     mask = dropmask.sequence_mask(jnp.array([5, 2, 0]), 5)
