@@ -4,7 +4,8 @@ Here live the checks that recur across modules: a rate, a key (also one given un
 either of its two names), ``impl`` and ``residual``, an array and its floating dtype, a
 callable, an instance of given types, a shape, a rank, an exact shape, axes and
 ``broadcast_dims``, a Python int (static, or with a lower bound), a scalar, one of a few
-choices, a block's place in a global array (``global_shape`` / ``offset``), a sliding
+choices, a block's place in a global array (``global_shape`` / ``offset``), an optax
+transformation, a sliding
 window, a boolean mask and its broadcasting, integer ids, ``lengths``, label ranges, a
 tuple of names. Each raises
 ``"{caller}: {name} must be <expected>, got <given>. <fix>"``, where ``caller`` is the
@@ -73,6 +74,7 @@ __all__ = [
     "check_names",
     "check_ndim",
     "check_one_key",
+    "check_optimizer",
     "check_rate",
     "check_scalar",
     "check_shape",
@@ -130,6 +132,16 @@ def check_block_offset(
                 f"{shape} inside global_shape {tuple(int(n) for n in dims)}), got {value:g}. "
                 f"Pass each axis's global index of the block's first element."
             )
+
+
+def check_optimizer(tx: Any, *, caller: str) -> None:
+    """Raises :class:`DropmaskTypeError` unless ``tx`` is an optax transformation (has
+    callable ``init`` and ``update``)."""
+    if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
+        raise DropmaskTypeError(
+            f"{caller}: tx must be an optax.GradientTransformation (with init and update), "
+            f"got {tx!r:.80}. Pass e.g. tx=optax.adam(1e-3)."
+        )
 
 
 def check_rate(
