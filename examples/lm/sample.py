@@ -11,7 +11,6 @@ state of a run's checkpoint (the latest, or ``--step``).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import pathlib
@@ -23,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dropmask import DropmaskError, DropmaskValueError
+from dropmask.cli import OneLineParser
 from dropmask.training import NnxTrainState, restore_run
 
 from .train import example
@@ -130,7 +130,7 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m examples.lm.sample", description=__doc__)
+    parser = OneLineParser(prog="python -m examples.lm.sample", description=__doc__)
     parser.add_argument("--workdir", required=True, help="a dropmask train lm run directory")
     parser.add_argument("--prompt", required=True, help="the text to continue")
     parser.add_argument("--length", type=int, default=300, help="bytes to add (300)")

@@ -11,13 +11,13 @@ alone::
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
 
 import dropmask
 from dropmask import DropmaskError
+from dropmask.cli import OneLineParser
 from dropmask.training import restore_run
 
 from . import train
@@ -44,7 +44,7 @@ def evaluate_pruned(run: pathlib.Path, rate: float) -> dict[str, dict[str, float
 def main(argv: list[str] | None = None) -> int:
     """``python -m examples.translate.prune``: a mistake is one line on stderr, exit 2
     (bad arguments) or 1 (a run that cannot be read)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m examples.translate.prune", description=(__doc__ or "").split("\n")[0]
     )
     parser.add_argument("--workdir", type=pathlib.Path, required=True)
