@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +52,8 @@ def model_config(config: ml_collections.ConfigDict, data: input_pipeline.Data) -
 
 def _layers(config: ml_collections.ConfigDict, name: str) -> tuple[int, ...]:
     """``config[name]``, indices of pruned layers, as ints; a stack keeps one layer at least."""
-    indices = tuple(int(i) for i in config[name])
+    entry: Any = config[name]
+    indices = tuple(int(i) for i in entry)
     layers = int(config.num_layers)
     if not set(indices) <= set(range(layers)) or len(set(indices)) >= layers:
         raise dropmask.DropmaskValueError(
