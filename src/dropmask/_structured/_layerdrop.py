@@ -166,10 +166,10 @@ def kept_layers(num_layers: int, rate: float) -> tuple[int, ...]:
     Up to ``rate = 0.5``, the paper's "every other" rule: with ``k = floor(1 / rate)``,
     drop the layers at depth ``d = k, 2k, ...`` (counting from 1) and keep the rest; at
     ``rate = 0.5`` that keeps layers 0, 2, 4, ... (fairseq's ``--encoder-layers-to-keep
-    0,2,4``). Above 0.5 that rule would remove every layer; instead
-    ``round(num_layers * (1 - rate))`` layers are kept, at least one, evenly spaced
-    from layer 0 (layer ``floor(i * num_layers / kept)`` for ``i < kept``). A pruned
-    model always keeps at least one layer.
+    0,2,4``). Above 0.5 that rule would remove every layer; instead ``num_layers * (1 -
+    rate)`` layers (rounded, halves up) are kept, at least one, evenly spaced from layer
+    0 (layer ``floor(i * num_layers / kept)`` for ``i < kept``). A pruned model always
+    keeps at least one layer.
 
     Args:
       num_layers: the model's depth.
