@@ -21,8 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Prints the report; 1 when a verdict differs from the documented one, else 0; 2
     for bad flags (or arguments it does not take), in one line."""
-    if args.extra:
-        print(f"dropmask why: error: unrecognized arguments: {' '.join(args.extra)}. See "
+    extra = getattr(args, "extra", [])
+    if extra:
+        print(f"dropmask why: error: unrecognized arguments: {' '.join(extra)}. See "
               f"dropmask why --help.", file=sys.stderr)  # fmt: skip
         return 2
     if args.size < 1 or args.repeats < 1:
