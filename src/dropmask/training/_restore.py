@@ -10,7 +10,7 @@ import ml_collections
 
 from .._checks import check_instance, check_int_at_least
 from .._errors import DropmaskValueError
-from .._workflow import Example, run_keys
+from .._workflow import Example, base_config, run_keys
 from ._checkpoint import Checkpointer
 from ._errors import CheckpointError
 
@@ -96,8 +96,10 @@ def restore_run(
 def _check_same_example(saved: dict[str, Any], example: Example, directory: pathlib.Path) -> None:
     """Raises unless the saved config has the entries of ``example``'s config: a run of
     another example would fail later on one entry, in words that hide the mismatch."""
+    # The loop's own entries may be added to a config that lacks them (--mc-samples).
+    loop = set(base_config())
     expected = set(example.get_config())
-    extra, missing = sorted(set(saved) - expected), sorted(expected - set(saved))
+    extra, missing = sorted(set(saved) - expected - loop), sorted(expected - set(saved) - loop)
     if extra or missing:
         raise CheckpointError(
             f"restore_run: the run in {directory.parent} was not trained by example "
