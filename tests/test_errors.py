@@ -13,6 +13,7 @@ from dropmask import nnx as dnnx
 
 X = jnp.ones((2, 8))
 TOKENS = jnp.arange(8, dtype=jnp.int32).reshape(2, 4)
+KEY = jax.random.key(0)
 
 # Each public dropout variant as (name the errors must carry, call(x_or_tokens, rate, key, **kw)).
 VARIANTS = [
@@ -173,3 +174,45 @@ def test_check_key_serves_train_state_callers():
         _checks.check_key(None, caller="TrainState.create")
     _checks.check_key(jax.random.key(0), caller="TrainState.create")
     _checks.check_key(jax.random.PRNGKey(0), caller="TrainState.create")
+
+
+# A block of 2 rows of a global [8, 8] array may start at rows 0 to 6.
+OFFSET_CALLS = [
+    ("dropout", lambda o: dropmask.dropout(X, 0.5, KEY, global_shape=(8, 8), offset=o)),
+    ("drop_path", lambda o: dropmask.drop_path(X, 0.5, KEY, global_shape=(8, 8), offset=o)),
+    (
+        "word_dropout",
+        lambda o: dropmask.word_dropout(TOKENS, 0.5, KEY, unk_id=0, global_shape=(8, 4), offset=o),
+    ),
+    (
+        "drop_head",
+        lambda o: dropmask.drop_head(
+            jnp.ones((2, 3, 4, 5)), 0.5, KEY, global_shape=(8, 3, 4, 5), offset=(*o, 0, 0)
+        ),
+    ),
+    (
+        "drop_block",
+        lambda o: dropmask.drop_block(
+            jnp.ones((2, 8, 8, 3)),
+            0.2,
+            KEY,
+            block_size=3,
+            global_shape=(8, 8, 8, 3),
+            offset=(o[0], 0, 0, 0),
+        ),
+    ),
+    (
+        "dropmask.nnx.Dropout",
+        lambda o: dnnx.Dropout(0.5, rngs=nnx.Rngs(dropout=0))(X, global_shape=(8, 8), offset=o),
+    ),
+]
+
+
+@pytest.mark.parametrize("offset", [(7, 0), (-1, 0), (jnp.int32(8), 0), (2.5, 0)], ids=repr)
+@pytest.mark.parametrize(("caller", "call"), OFFSET_CALLS, ids=[c[0] for c in OFFSET_CALLS])
+def test_static_offset_outside_global_shape_is_refused_now(caller, call, offset):
+    with pytest.raises(dropmask.DropmaskValueError, match=rf"{caller}: offset\[0\] must be an int"):
+        call(offset)
+    # In range, statically or as a JAX scalar, eagerly or traced, it is accepted.
+    assert call((6, 0)).shape == call((jnp.int32(6), 0)).shape
+    assert jax.jit(lambda o: call((o, 0)))(6).shape == call((6, 0)).shape

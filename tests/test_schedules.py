@@ -74,3 +74,19 @@ def test_schedules_take_traced_steps_and_rates():
 def test_schedule_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+SCHEDULES = [
+    ("early_dropout", lambda s: dropmask.early_dropout(s, 0.1, until=2)),
+    ("late_dropout", lambda s: dropmask.late_dropout(s, 0.1, start=2)),
+    ("linear_warmdown", lambda s: dropmask.linear_warmdown(s, 0.1, until=2)),
+]
+
+
+@pytest.mark.parametrize("step", [-1, np.int32(-3), jnp.int32(-1)], ids=repr)
+@pytest.mark.parametrize(("caller", "schedule"), SCHEDULES, ids=[s[0] for s in SCHEDULES])
+def test_a_negative_step_known_now_is_refused(caller, schedule, step):
+    with pytest.raises(dropmask.DropmaskValueError, match=rf"{caller}: step must be >= 0"):
+        schedule(step)
+    # A traced step is a run-time value: nothing can be checked before it runs.
+    assert jax.jit(schedule)(0) == schedule(0)

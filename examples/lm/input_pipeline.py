@@ -89,10 +89,16 @@ def load(config: ml_collections.ConfigDict) -> Data:
             "heads": 1,
             "mlp_ratio": 1,
             "token_drop_ends": 0,
+            "attention_block": 0,
+            "eval_windows": 0,
         },
         in_range={"eval_fraction": (0.0, 1.0)},
         below={"token_drop": (0.0, 1.0)},
         positive=["learning_rate"],
+        choices={
+            "attention": ("dropmask", "flax"),
+            "attention_algorithm": ("blockwise", "auto", "dense", "pallas"),
+        },
     )
     if config.token_drop and config.depth <= 2 * config.token_drop_ends:
         raise DropmaskValueError(

@@ -15,12 +15,12 @@ arguments and outputs.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import jax
 import jax.numpy as jnp
 
+from dropmask.cli import OneLineParser
 from dropmask.training import run_keys
 
 from . import configs, input_pipeline
@@ -47,10 +47,17 @@ def temporaries(context: int, batch_size: int, **entries: object) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m examples.lm.memory", description=__doc__)
+    parser = OneLineParser(prog="python -m examples.lm.memory", description=__doc__)
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.context < 2 or args.batch_size < 1:
+        print(
+            f"memory: error: --context must be >= 2 and --batch-size >= 1, got {args.context} "
+            f"and {args.batch_size}. Change the flag.",
+            file=sys.stderr,
+        )
+        return 2
     config = configs.get_config()
     print(
         f"one train step, context {args.context}, batch {args.batch_size}, width "

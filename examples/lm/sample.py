@@ -11,16 +11,18 @@ state of a run's checkpoint (the latest, or ``--step``).
 
 from __future__ import annotations
 
-import argparse
 import functools
+import math
 import pathlib
 import sys
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dropmask import DropmaskError, DropmaskValueError
+from dropmask.cli import OneLineParser
 from dropmask.training import NnxTrainState, restore_run
 
 from .train import example
@@ -61,6 +63,23 @@ def _bucket(length: int, context: int) -> int:
     return min(size, context)
 
 
+def check_request(prompt: str, length: int, temperature: float, key: Any) -> None:
+    """Raises :class:`DropmaskValueError` unless :func:`generate` can serve these
+    arguments; checked before a checkpoint is restored."""
+    if not prompt:
+        raise DropmaskValueError("generate: prompt must be at least one character, got ''.")
+    if length < 1:
+        raise DropmaskValueError(f"generate: length must be >= 1, got {length}.")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise DropmaskValueError(
+            f"generate: temperature must be a finite number >= 0 (0: greedy), got {temperature}."
+        )
+    if temperature > 0 and key is None:
+        raise DropmaskValueError(
+            "generate: sampling at temperature > 0 needs key=jax.random.key(SEED)."
+        )
+
+
 def generate(
     state: NnxTrainState,
     prompt: str,
@@ -86,21 +105,10 @@ def generate(
       The prompt and its continuation.
 
     Raises:
-      DropmaskValueError: an empty prompt, ``length < 1``, a negative temperature,
-        or no key for sampling.
+      DropmaskValueError: an empty prompt, ``length < 1``, a temperature below 0 or
+        not finite, or no key for sampling.
     """
-    if not prompt:
-        raise DropmaskValueError("generate: prompt must be at least one character, got ''.")
-    if length < 1:
-        raise DropmaskValueError(f"generate: length must be >= 1, got {length}.")
-    if temperature < 0:
-        raise DropmaskValueError(
-            f"generate: temperature must be >= 0 (0: greedy), got {temperature}."
-        )
-    if temperature > 0 and key is None:
-        raise DropmaskValueError(
-            "generate: sampling at temperature > 0 needs key=jax.random.key(SEED)."
-        )
+    check_request(prompt, length, temperature, key)
     context = int(state.params["positions"]["embedding"].shape[0])
     out = list(prompt.encode("utf-8"))
     key = jax.random.key(0) if key is None else key
@@ -122,7 +130,7 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m examples.lm.sample", description=__doc__)
+    parser = OneLineParser(prog="python -m examples.lm.sample", description=__doc__)
     parser.add_argument("--workdir", required=True, help="a dropmask train lm run directory")
     parser.add_argument("--prompt", required=True, help="the text to continue")
     parser.add_argument("--length", type=int, default=300, help="bytes to add (300)")
@@ -131,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=int, help="the checkpoint (the latest)")
     args = parser.parse_args(argv)
     try:
+        check_request(args.prompt, args.length, args.temperature, jax.random.key(args.seed))
         state = restore(args.workdir, args.step)
         text = generate(
             state,

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from dropmask.cli import OneLineParser
 from dropmask.training import NnxTrainState, run_keys
 
 from . import configs, input_pipeline
@@ -65,7 +66,7 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m examples.lm.token_speed", description=__doc__)
+    parser = OneLineParser(prog="python -m examples.lm.token_speed", description=__doc__)
     parser.add_argument("--depth", type=int, default=6)
     parser.add_argument("--token-drop", type=float, default=0.5)
     parser.add_argument("--context", type=int, default=configs.get_config().context)

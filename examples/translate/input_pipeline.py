@@ -277,7 +277,8 @@ def load(config: ml_collections.ConfigDict) -> Data:
 
     Raises:
       DropmaskValueError: a width, size or count below 1, a negative seed or
-        schedule length, or a ``learning_rate`` <= 0 (checked before any data).
+        schedule length, a ``learning_rate`` <= 0, a ``beam_alpha`` outside [0, 10]
+        or an unknown ``attention_algorithm`` (checked before any data).
       DataError: bad parallel files (see :func:`read_parallel`), a held-out set as
         large as the data, a pair longer than ``max_len``, or fewer packed rows than
         ``batch_size``.
@@ -287,7 +288,9 @@ def load(config: ml_collections.ConfigDict) -> Data:
         widths=["emb_dim", "num_heads", "num_layers", "qkv_dim", "mlp_dim"],
         at_least={"data_seed": 0, "warmup_steps": 0, "decay_steps": 0, "max_len": 1}
         | {"eval_size": 1, "batch_size": 1, "beam_size": 1, "eval_batch_size": 1},
+        in_range={"beam_alpha": (0.0, 10.0)},
         positive=["learning_rate"],
+        choices={"attention_algorithm": ("auto", "dense", "blockwise", "pallas")},
     )
     pairs, where = _pairs(config)
     eval_size = int(config.eval_size)

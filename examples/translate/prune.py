@@ -11,12 +11,13 @@ alone::
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
 
 import dropmask
+from dropmask import DropmaskError
+from dropmask.cli import OneLineParser
 from dropmask.training import restore_run
 
 from . import train
@@ -41,14 +42,31 @@ def evaluate_pruned(run: pathlib.Path, rate: float) -> dict[str, dict[str, float
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    """``python -m examples.translate.prune``: a mistake is one line on stderr, exit 2
+    (bad arguments) or 1 (a run that cannot be read)."""
+    parser = OneLineParser(
+        prog="python -m examples.translate.prune", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--workdir", type=pathlib.Path, required=True)
     parser.add_argument("--rate", type=float, default=0.5, help="fraction of layers pruned")
     args = parser.parse_args(argv)
-    results = evaluate_pruned(args.workdir, args.rate)
+    try:
+        # The arguments first: restoring the run is the slow part.
+        dropmask.kept_layers(1, args.rate)
+    except DropmaskError as error:
+        return _fail(error, 2)
+    try:
+        results = evaluate_pruned(args.workdir, args.rate)
+    except DropmaskError as error:
+        return _fail(error, 1)
     for name, metrics in results.items():
         print(name, json.dumps({k: round(v, 4) for k, v in metrics.items()}))
     return 0
+
+
+def _fail(error: DropmaskError, status: int) -> int:
+    print(f"translate prune: error: {str(error).rstrip('.')}.", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

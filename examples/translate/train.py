@@ -45,14 +45,22 @@ def model_config(config: ml_collections.ConfigDict, data: input_pipeline.Data) -
         attention_dropout_rate=float(config.rate),
         attention_algorithm=str(config.attention_algorithm),
         layer_drop=float(config.layer_drop),
-        pruned_encoder=_layers(config.pruned_encoder),
-        pruned_decoder=_layers(config.pruned_decoder),
+        pruned_encoder=_layers(config, "pruned_encoder"),
+        pruned_decoder=_layers(config, "pruned_decoder"),
     )
 
 
-def _layers(indices: Any) -> tuple[int, ...]:
-    """A config's tuple of layer indices as ints."""
-    return tuple(int(i) for i in indices)
+def _layers(config: ml_collections.ConfigDict, name: str) -> tuple[int, ...]:
+    """``config[name]``, indices of pruned layers, as ints; a stack keeps one layer at least."""
+    entry: Any = config[name]
+    indices = tuple(int(i) for i in entry)
+    layers = int(config.num_layers)
+    if not set(indices) <= set(range(layers)) or len(set(indices)) >= layers:
+        raise dropmask.DropmaskValueError(
+            f"translate: config.{name} must be indices in [0, {layers}) that leave at least "
+            f"one layer, got {indices}. Pick them with dropmask.kept_layers."
+        )
+    return indices
 
 
 def model_inputs(batch: dict[str, jax.Array]) -> tuple[jax.Array, ...]:

@@ -4,8 +4,10 @@ Here live the checks that recur across modules: a rate, a key (also one given un
 either of its two names), ``impl`` and ``residual``, an array and its floating dtype, a
 callable, an instance of given types, a shape, a rank, an exact shape, axes and
 ``broadcast_dims``, a Python int (static, or with a lower bound), a scalar, one of a few
-choices, a sliding window, a boolean mask and its broadcasting, integer ids,
-``lengths``, label ranges, a tuple of names. Each raises
+choices, a block's place in a global array (``global_shape`` / ``offset``), an optax
+transformation, a sliding
+window, a boolean mask and its broadcasting, integer ids, ``lengths``, label ranges, a
+tuple of names. Each raises
 ``"{caller}: {name} must be <expected>, got <given>. <fix>"``, where ``caller`` is the
 public function or class the user called, and runs on static (trace-time) information
 only, so a bad call fails before anything is computed, also under ``jit``.
@@ -55,6 +57,7 @@ from ._errors import (
 __all__ = [
     "as_dims",
     "check_array",
+    "check_block_offset",
     "check_bool_mask",
     "check_broadcastable",
     "check_callable",
@@ -71,6 +74,7 @@ __all__ = [
     "check_names",
     "check_ndim",
     "check_one_key",
+    "check_optimizer",
     "check_rate",
     "check_scalar",
     "check_shape",
@@ -101,6 +105,43 @@ def concrete_value(x: Any) -> float | None:
         if jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.floating):
             return float(x)
     return None
+
+
+def check_block_offset(
+    shape: tuple[int, ...], global_shape: Any, offset: Any, *, caller: str
+) -> None:
+    """Raises unless each ``offset`` entry known now puts the local block of ``shape``
+    inside ``global_shape``: an int in ``[0, global - local]``.
+
+    Traced entries (e.g. ``lax.axis_index(...) * size`` inside ``shard_map``) are left
+    to run time; a JAX scalar known now is checked as the same Python int is. The pair's
+    other checks (both given, one entry per axis, ints) are the generator's.
+    """
+    if global_shape is None or offset is None:
+        return
+    dims, offsets = tuple(global_shape), tuple(offset)
+    if len(dims) != len(shape) or len(offsets) != len(shape):
+        return
+    for axis, (o, g, d) in enumerate(zip(offsets, dims, shape, strict=True)):
+        value = concrete_value(o)
+        if value is None or isinstance(g, bool) or not isinstance(g, int | np.integer):
+            continue
+        if value != math.floor(value) or not 0 <= value <= int(g) - d:
+            raise DropmaskValueError(
+                f"{caller}: offset[{axis}] must be an int in [0, {int(g) - d}] (the local block "
+                f"{shape} inside global_shape {tuple(int(n) for n in dims)}), got {value:g}. "
+                f"Pass each axis's global index of the block's first element."
+            )
+
+
+def check_optimizer(tx: Any, *, caller: str) -> None:
+    """Raises :class:`DropmaskTypeError` unless ``tx`` is an optax transformation (has
+    callable ``init`` and ``update``)."""
+    if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
+        raise DropmaskTypeError(
+            f"{caller}: tx must be an optax.GradientTransformation (with init and update), "
+            f"got {tx!r:.80}. Pass e.g. tx=optax.adam(1e-3)."
+        )
 
 
 def check_rate(

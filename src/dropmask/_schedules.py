@@ -3,7 +3,7 @@
 Each returns a float32 JAX value that a layer takes as its ``rate``: a run-time rate,
 so one compiled train step serves the whole schedule (a Python float would be a
 compile-time constant, one program per value). ``step`` may be a Python int or a
-traced integer such as ``state.step``.
+traced integer such as ``state.step``; one known at trace time must be >= 0.
 
 * :func:`early_dropout` and :func:`late_dropout` (Liu et al., 2023, "Dropout Reduces
   Underfitting"): dropout only before, or only from, a given step;
@@ -19,8 +19,8 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
-from ._checks import check_choice, check_rate, check_scalar, check_static_int
-from ._errors import DropmaskTypeError
+from ._checks import check_choice, check_rate, check_scalar, check_static_int, concrete_value
+from ._errors import DropmaskTypeError, DropmaskValueError
 
 __all__ = ["depth_rates", "early_dropout", "late_dropout", "linear_warmdown"]
 
@@ -34,6 +34,12 @@ def _step(step: Any, caller: str) -> jax.Array:
             f"state.step), got {step!r} of type {type(step).__name__}."
         )
     check_scalar(step, caller=caller, name="step", fix=" Pass one step.")
+    value = concrete_value(step)
+    if value is not None and value < 0:
+        raise DropmaskValueError(
+            f"{caller}: step must be >= 0 (train steps taken), got {int(value)}. Pass the "
+            f"step counted from 0, e.g. state.step."
+        )
     return jnp.asarray(step, jnp.int32)
 
 

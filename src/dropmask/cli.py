@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "OneLineParser", "main"]
 
 # name -> (module path, one-line help).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -35,7 +35,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are one line naming the fix."""
+    """An ``ArgumentParser`` whose usage errors are one line naming the fix.
+
+    The examples' own ``python -m`` entry points parse with it too, so that every
+    command of the package and its examples answers a mistake the same way.
+    """
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}. See {self.prog} --help.\n")

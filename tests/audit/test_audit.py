@@ -385,6 +385,7 @@ def test_step_without_fold_in_is_caught(jit):
     report = audit_step(_step(False, jit, True), _state(), [X, X, X])
     assert report.codes == {"same-mask-across-steps"}, str(report)
     assert {f.path for f in report.findings} == {"Dropout_0", "Dropout_1"}
+    assert all("fold_in(state.key, state.step)" in f.message for f in report.findings)
 
 
 def test_step_audit_reuses_no_compiled_trace_and_keeps_state():

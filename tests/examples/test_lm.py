@@ -128,7 +128,9 @@ def test_greedy_and_temperature_sampling(state):
     for kwargs, match in [
         ({"prompt": ""}, "prompt must be at least one character"),
         ({"length": 0}, "length must be >= 1"),
-        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+        ({"temperature": float("nan"), "key": jax.random.key(0)}, "a finite number >= 0"),
+        ({"temperature": float("inf"), "key": jax.random.key(0)}, "a finite number >= 0"),
         ({"temperature": 0.5}, "needs key="),
     ]:
         args = {"prompt": "x", "length": 1, **kwargs}

@@ -1,6 +1,7 @@
 """The structured dropout family: DropBlock, LayerDrop, DropHead, token dropping, R-Drop."""
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -199,6 +200,19 @@ def test_layer_drop_bad_arguments():
         dropmask.layer_drop(lambda h: h, x, 0.5, None)
 
 
+@pytest.mark.parametrize("rate", [0.05, 0.3, 0.5, 0.51, 0.6, 0.75, 0.9, 0.999])
+def test_kept_layers_keep_their_share_and_never_every_layer(rate):
+    for num_layers in range(1, 17):
+        kept = dropmask.kept_layers(num_layers, rate)
+        assert kept and kept[0] == 0 and kept[-1] < num_layers, (num_layers, kept)
+        assert list(kept) == sorted(set(kept))
+        if rate > 0.5:  # about (1 - rate) of the layers, evenly spaced
+            share = math.floor(num_layers * (1 - rate) + 0.5)
+            assert len(kept) == max(1, share), (num_layers, kept)
+            gaps = np.diff([*kept, num_layers])
+            assert gaps.max() - gaps.min() <= 1, (num_layers, kept)
+
+
 def test_kept_layers_follow_the_every_other_rule():
     assert dropmask.kept_layers(6, 0.5) == (0, 2, 4)
     assert dropmask.kept_layers(12, 0.25) == (0, 1, 2, 4, 5, 6, 8, 9, 10)
@@ -356,6 +370,23 @@ def test_drop_tokens_bad_arguments():
 
 
 # --- R-Drop ----------------------------------------------------------------------------
+
+
+def test_symmetric_kl_of_a_class_absent_from_both_passes_is_that_without_it():
+    # A masked vocabulary entry: logit -inf in both passes, probability 0 in both.
+    a, b = (jax.random.normal(k, (4, 6)) for k in _keys(2, 5))
+    absent = jnp.array([False, True, False, False, True, False])
+    a_inf, b_inf = jnp.where(absent, -jnp.inf, a), jnp.where(absent, -jnp.inf, b)
+    got = dropmask.symmetric_kl(a_inf, b_inf)
+    want = dropmask.symmetric_kl(a[:, ~absent], b[:, ~absent])
+    assert float(got) == pytest.approx(float(want), rel=1e-6)
+    ga, gb = jax.grad(dropmask.symmetric_kl, (0, 1))(a_inf, b_inf)
+    wa, wb = jax.grad(dropmask.symmetric_kl, (0, 1))(a[:, ~absent], b[:, ~absent])
+    np.testing.assert_allclose(np.asarray(ga[:, ~absent]), np.asarray(wa), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(gb[:, ~absent]), np.asarray(wb), rtol=1e-5, atol=1e-7)
+    assert not np.asarray(ga[:, absent]).any() and not np.asarray(gb[:, absent]).any()
+    # In one pass only, the divergence is infinite, as the KL is.
+    assert float(dropmask.symmetric_kl(a_inf, b)) == np.inf
 
 
 def test_symmetric_kl_matches_its_definition_and_ignores_padding():

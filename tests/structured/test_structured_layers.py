@@ -131,3 +131,55 @@ def test_nnx_layer_drop_skips_for_the_batch_and_prunes():
     skipped = [bool((o == x).all()) for o in outs]
     assert any(skipped) and not all(skipped)
     assert dnnx.LayerDrop(layer.layer, 0.5, pruned=True)(x) is x
+
+
+class _Widen(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(x.shape[-1] + 1)(x)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_linen_layer_drop_around_a_shape_changing_layer_is_refused_at_init(deterministic):
+    layer = dl.LayerDrop(_Widen(), 0.5, deterministic=deterministic)
+    with pytest.raises(
+        dropmask.DropmaskValueError, match="dropmask.linen.LayerDrop: layer must return what"
+    ):
+        layer.init(KEY, jnp.ones((2, 3)))
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_nnx_layer_drop_around_a_shape_changing_layer_is_refused_at_its_first_call(deterministic):
+    rngs = nnx.Rngs(params=0, dropout=1)
+    layer = dnnx.LayerDrop(nnx.Linear(3, 4, rngs=rngs), 0.5, deterministic=deterministic, rngs=rngs)
+    with pytest.raises(
+        dropmask.DropmaskValueError, match="dropmask.nnx.LayerDrop: layer must return what"
+    ):
+        layer(jnp.ones((2, 3)))
+
+
+@pytest.mark.parametrize("pruned", [False, True])
+def test_linen_layer_drop_skipped_at_init_still_creates_the_parameters(pruned):
+    # At rate 1 (or pruned) init skips the layer's computation, not its parameters:
+    # evaluation and a restored checkpoint need them.
+    x = jnp.zeros(3)
+    variables = dl.LayerDrop(_Add(), 1.0, deterministic=False, pruned=pruned).init(KEY, x)
+    assert jax.tree.map(jnp.shape, variables) == {"params": {"layer": {"w": ()}}}
+    np.testing.assert_array_equal(
+        np.asarray(dl.LayerDrop(_Add(), 1.0, deterministic=True).apply(variables, x)), 1.0
+    )
+    skipped = dl.LayerDrop(_Add(), 1.0, deterministic=False, pruned=pruned)
+    out, _ = skipped.init_with_output(KEY, x)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
+
+
+@pytest.mark.parametrize("rate", [1.5, -0.5])
+def test_traced_layer_drop_rate_outside_0_1_skips_and_checkify_reports_it(rate):
+    # As the README's table says: never clipped, the layer skipped (kept nothing).
+    from jax.experimental import checkify
+
+    x = jnp.zeros(3)
+    f = jax.jit(lambda r: dropmask.layer_drop(lambda h: h + 1.0, x, r, KEY))
+    np.testing.assert_array_equal(np.asarray(f(jnp.float32(rate))), 0.0)
+    err, _ = checkify.checkify(f, errors=checkify.user_checks)(jnp.float32(rate))
+    assert err.get() is not None and "rate must be in [0, 1]" in err.get()

@@ -139,3 +139,14 @@ def test_the_schedule_refuses_an_entry_of_the_wrong_kind(entry, value, message):
     config = ml_collections.ConfigDict({**base_config().to_dict(), entry: value})
     with pytest.raises(DropmaskValueError, match=message):
         Schedule.from_config(config)
+
+
+def test_check_config_choices_name_the_entry_its_values_and_the_flag():
+    config = ml_collections.ConfigDict({"algorithm": "bogus", "mode": "a"})
+    check_config(config, choices={"mode": ("a", "b")})
+    with pytest.raises(
+        DropmaskValueError,
+        match=r"config.algorithm must be one of 'dense', 'blockwise', got 'bogus'. Set it "
+        r"with --config.algorithm=dense",
+    ):
+        check_config(config, choices={"algorithm": ("dense", "blockwise")})

@@ -369,3 +369,12 @@ def test_checkpoints_are_evaluated_unless_the_config_says_not_to(example, tmp_pa
     bad = ml_collections.ConfigDict({**config.to_dict(), "evaluate_at_checkpoints": "no"})
     with pytest.raises(DropmaskError, match=r"config.evaluate_at_checkpoints must be a bool"):
         train(example, bad, tmp_path / "c", devices=1, progress=False)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_a_batch_the_devices_cannot_split_is_refused_before_the_workdir_is_written(name, tmp_path):
+    config = tiny_config()  # batch_size 24: 5 devices cannot split it
+    workdir = tmp_path / "run"
+    with pytest.raises(DropmaskError, match="24 examples, which 5 devices cannot split"):
+        train(example_named(name), config, workdir, devices=5, progress=False)
+    assert not workdir.exists()

@@ -159,3 +159,15 @@ def test_create_refuses_a_linen_module_and_an_int_key():
     model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
     with pytest.raises(DropmaskError, match="NnxTrainState.create"):
         NnxTrainState.create(model=model, tx=optax.sgd(0.1), key=0)
+
+
+@pytest.mark.parametrize("tx", [None, "adam", optax.adam], ids=["None", "str", "factory"])
+def test_create_without_an_optax_transformation_names_tx(tx):
+    from dropmask.training import TrainState
+
+    model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+    with pytest.raises(DropmaskError, match=r"NnxTrainState.create: tx must be an optax"):
+        NnxTrainState.create(model=model, tx=tx, key=jax.random.key(0))
+    params = {"w": jnp.ones(2)}
+    with pytest.raises(DropmaskError, match=r"TrainState.create: tx must be an optax"):
+        TrainState.create(apply_fn=None, params=params, tx=tx, key=jax.random.key(0))

@@ -65,3 +65,38 @@ def test_a_workdir_without_checkpoints_is_refused_before_anything_is_created(tmp
 def test_example_must_be_an_example(tmp_path):
     with pytest.raises(DropmaskTypeError, match="restore_run: example must be a"):
         restore_run(tmp_path, "digits")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("step", ["3", 3.0, True, -1])
+def test_step_that_is_not_an_int_is_named_before_any_checkpoint_is_read(tmp_path, step):
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(DropmaskValueError, match=r"restore_run: step must be an int >= 0"):
+        restore_run(tmp_path, example_named("digits"), step=step)
+
+
+def test_a_run_of_another_example_is_named_as_such(tmp_path):
+    import dataclasses
+
+    import ml_collections
+
+    from dropmask.training import Checkpointer
+
+    # A checkpoint of digits, restored with an example whose config has other entries.
+    digits = example_named("digits")
+    config = tiny_config()
+    state = digits.create_state(
+        config, digits.load_data(config), jax.random.key(0), jax.random.key(1)
+    )
+    checkpointer = Checkpointer(tmp_path / "checkpoints")
+    checkpointer.save(1, state, config=config.to_dict(), data_position={})
+    checkpointer.close()
+
+    def other_config():
+        other = ml_collections.ConfigDict({k: v for k, v in config.items() if k != "hidden"})
+        other.embed_dim = 8
+        return other
+
+    other = dataclasses.replace(digits, name="other", get_config=other_config)
+    with pytest.raises(CheckpointError, match=r"not trained by example 'other'.*'hidden'.*'embed"):
+        restore_run(tmp_path, other)
+    assert int(restore_run(tmp_path, digits)[0].step) == int(state.step)

@@ -5,6 +5,7 @@ from ._dropblock import drop_block as drop_block
 from ._heads import apply_drop_head as apply_drop_head
 from ._heads import drop_head as drop_head
 from ._heads import drop_head_attention as drop_head_attention
+from ._layerdrop import check_returns_inputs as check_returns_inputs
 from ._layerdrop import keep_layer as keep_layer
 from ._layerdrop import kept_layers as kept_layers
 from ._layerdrop import layer_drop as layer_drop
@@ -18,6 +19,7 @@ __all__ = [
     "TokenSubset",
     "apply_drop_block",
     "apply_drop_head",
+    "check_returns_inputs",
     "drop_block",
     "drop_head",
     "drop_head_attention",

@@ -9,7 +9,7 @@ zeroing its attention weights, which is what the paper drops.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -109,10 +109,20 @@ def drop_head_attention(
     k: jax.typing.ArrayLike,
     v: jax.typing.ArrayLike,
     *,
+    mask: jax.typing.ArrayLike | None = None,
+    bias: jax.typing.ArrayLike | None = None,
     dropout_rate: float | jax.Array = 0.0,
     dropout_rng: Any = None,
     key: Any = None,
     deterministic: bool = True,
+    broadcast_dropout: bool = True,
+    is_causal: bool = False,
+    dtype: Any = None,
+    precision: Any = None,
+    module: Any = None,
+    force_fp32_for_softmax: bool = False,
+    qk_attn_weights_einsum: Callable[..., jax.Array] | None = None,
+    attn_weights_value_einsum: Callable[..., jax.Array] | None = None,
     weights_rate: float | jax.Array = 0.0,
     **kwargs: Any,
 ) -> jax.Array:
@@ -125,16 +135,25 @@ def drop_head_attention(
         nn.MultiHeadDotProductAttention(num_heads=8, dropout_rate=0.1,
                                         attention_fn=dropmask.drop_head_attention)
 
+    Every keyword either module passes is named in the signature: Linen's module
+    passes only the keywords an ``attention_fn``'s signature names, so one left to
+    ``**kwargs`` (the mask, say) would be silently dropped.
+
     Args:
       q, k, v: as in :func:`dropmask.dot_product_attention`.
+      mask, bias, is_causal, dtype, precision, module, force_fp32_for_softmax,
+        qk_attn_weights_einsum, attn_weights_value_einsum: as in
+        :func:`dropmask.dot_product_attention`.
       dropout_rate: probability of dropping a head of an example.
       dropout_rng: the dropout key (Flax's name); ``key`` is its alias.
       key: see ``dropout_rng``.
       deterministic: if True, nothing is dropped.
+      broadcast_dropout: for ``weights_rate``'s draw, as in
+        :func:`dropmask.dot_product_attention`.
       weights_rate: attention-weight dropout as well (0: none); the two draws use
         independent keys split from the one given.
-      **kwargs: passed to :func:`dropmask.dot_product_attention` (``mask``, ``bias``,
-        ``is_causal``, ``dtype``, ``module``, ...).
+      **kwargs: the other keywords of :func:`dropmask.dot_product_attention`
+        (``window``, ``kv_lengths``, ``algorithm``, ``impl``, ...).
 
     Returns:
       ``[batch..., q_len, heads, v_depth]``, as :func:`dropmask.drop_head` of the
@@ -167,6 +186,16 @@ def drop_head_attention(
         dropout_rate=weights_rate,
         key=weights_key,
         deterministic=not drops_weights,
+        mask=mask,
+        bias=bias,
+        broadcast_dropout=broadcast_dropout,
+        is_causal=is_causal,
+        dtype=dtype,
+        precision=precision,
+        module=module,
+        force_fp32_for_softmax=force_fp32_for_softmax,
+        qk_attn_weights_einsum=qk_attn_weights_einsum,
+        attn_weights_value_einsum=attn_weights_value_einsum,
         **kwargs,
     )
     return apply_drop_head(out, dropout_rate, heads_key, deterministic=deterministic, caller=caller)

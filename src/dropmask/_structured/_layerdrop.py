@@ -21,7 +21,13 @@ from .._checks import check_callable, check_key, check_rate, check_static_int, c
 from .._errors import DropmaskValueError
 from .._random import draw, flags_only, probability
 
-__all__ = ["keep_layer", "kept_layers", "layer_drop", "layer_drop_module"]
+__all__ = [
+    "check_returns_inputs",
+    "keep_layer",
+    "kept_layers",
+    "layer_drop",
+    "layer_drop_module",
+]
 
 T = TypeVar("T")
 
@@ -29,12 +35,30 @@ T = TypeVar("T")
 def keep_layer(rate: Any, key: Any, *, caller: str) -> jax.Array:
     """``bool[]``: whether the layer runs this call (True with probability ``1 - rate``).
 
-    ``rate`` is validated by the caller. A traced ``rate`` outside ``[0, 1]`` skips.
+    ``rate`` is validated by the caller. A traced ``rate`` outside ``[0, 1]`` skips, as
+    ``keep_mask`` keeps nothing there (an error under ``checkify``).
     """
     check_key(key, caller=caller)
     p = probability(rate, None if isinstance(rate, jax.Array) else float(rate), keep=True,
                     caller=caller)  # fmt: skip
     return draw(key, (), p, "fast", flags_only, caller=caller)
+
+
+def check_returns_inputs(inputs: Any, outputs: Any, *, caller: str) -> None:
+    """Raises unless ``outputs`` (arrays or shape structs) have the structure, shapes and
+    dtypes of ``inputs``: a skipped layer returns its inputs, so a layer that changes them
+    cannot be skipped."""
+    given = jax.eval_shape(lambda t: t, inputs)
+    out = jax.eval_shape(lambda t: t, outputs)
+    if jax.tree.structure(out) != jax.tree.structure(given) or any(
+        (a.shape, a.dtype) != (b.shape, b.dtype)
+        for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(given), strict=True)
+    ):
+        raise DropmaskValueError(
+            f"{caller}: layer must return what it is given (a skipped layer returns its "
+            f"inputs), got inputs {given} and outputs {out}. Wrap the layer so that it maps "
+            f"the residual stream to itself."
+        )
 
 
 def _check_layer(layer: Any, caller: str) -> None:
@@ -64,7 +88,9 @@ def layer_drop(
     Args:
       layer: ``inputs -> outputs`` with the structure, shapes and dtypes of ``inputs``.
       inputs: an array or a pytree of arrays, e.g. ``x: [batch, time, features]``.
-      rate: probability of skipping the layer (a Python float or a JAX scalar).
+      rate: probability of skipping the layer (a Python float or a JAX scalar). A
+        traced rate outside ``[0, 1]`` skips the layer (nothing is scaled, so nothing
+        turns NaN); an error under ``checkify.checkify(f, errors=checkify.user_checks)``.
       key: PRNG key (needed in training mode).
       deterministic: if True, run the layer.
 
@@ -94,17 +120,7 @@ def layer_drop(
     check_key(key, caller=caller)
     if value == 1.0:
         return inputs
-    out = jax.eval_shape(layer, inputs)
-    given = jax.eval_shape(lambda t: t, inputs)
-    if jax.tree.structure(out) != jax.tree.structure(given) or any(
-        (a.shape, a.dtype) != (b.shape, b.dtype)
-        for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(given), strict=True)
-    ):
-        raise DropmaskValueError(
-            f"{caller}: layer must return what it is given (a skipped layer returns its "
-            f"inputs), got inputs {given} and outputs {out}. Wrap the layer so that it maps "
-            f"the residual stream to itself."
-        )
+    check_returns_inputs(inputs, jax.eval_shape(layer, inputs), caller=caller)
     keep = keep_layer(rate, key, caller=caller)
     return lax.cond(keep, layer, lambda t: t, inputs)
 
@@ -126,35 +142,41 @@ def layer_drop_module(
 
     ``key`` is None when the layer's front end draws nothing (evaluation, or a rate of 0
     or 1); else one decision is drawn and ``cond`` (``nn.cond`` or ``nnx.cond``, which
-    take the module as their first operand) runs one branch.
+    take the module as their first operand) runs one branch. Wherever the layer runs,
+    its outputs must match ``inputs`` (:func:`check_returns_inputs`), in every mode.
     """
+
+    def run(module: Any, x: Any, *a: Any) -> Any:
+        # Checked where the layer is traced, also inside cond's branch, before cond
+        # compares its branches' types (whose error would not name LayerDrop).
+        out = module(x, *a, **kwargs)
+        check_returns_inputs(x, out, caller=caller)
+        return out
+
     if key is None:
         skip = not deterministic and concrete_value(rate) == 1.0
-        return inputs if skip else layer(inputs, *args, **kwargs)
+        return inputs if skip else run(layer, inputs, *args)
     keep = keep_layer(rate, key, caller=caller)
-    return cond(
-        keep,
-        lambda module, x, *a: module(x, *a, **kwargs),
-        lambda module, x, *a: x,
-        layer,
-        inputs,
-        *args,
-    )
+    return cond(keep, run, lambda module, x, *a: x, layer, inputs, *args)
 
 
 def kept_layers(num_layers: int, rate: float) -> tuple[int, ...]:
     """The layers to keep when pruning a model trained with LayerDrop at ``rate``.
 
-    The paper's "every other" rule: with ``k = floor(1 / rate)``, drop the layers at
-    depth ``d = k, 2k, ...`` (counting from 1) and keep the rest; at ``rate = 0.5`` that
-    keeps layers 0, 2, 4, ... (fairseq's ``--encoder-layers-to-keep 0,2,4``).
+    Up to ``rate = 0.5``, the paper's "every other" rule: with ``k = floor(1 / rate)``,
+    drop the layers at depth ``d = k, 2k, ...`` (counting from 1) and keep the rest; at
+    ``rate = 0.5`` that keeps layers 0, 2, 4, ... (fairseq's ``--encoder-layers-to-keep
+    0,2,4``). Above 0.5 that rule would remove every layer; instead ``num_layers * (1 -
+    rate)`` layers (rounded, halves up) are kept, at least one, evenly spaced from layer
+    0 (layer ``floor(i * num_layers / kept)`` for ``i < kept``). A pruned model always
+    keeps at least one layer.
 
     Args:
       num_layers: the model's depth.
       rate: the pruning rate in ``(0, 1)``: the fraction of layers to remove.
 
     Returns:
-      Indices (from 0) of the layers to keep, ascending.
+      Indices (from 0) of the layers to keep, ascending, never empty.
 
     Raises:
       DropmaskValueError: ``num_layers < 1`` or ``rate`` not in ``(0, 1)``.
@@ -163,6 +185,8 @@ def kept_layers(num_layers: int, rate: float) -> tuple[int, ...]:
       >>> import dropmask
       >>> dropmask.kept_layers(6, 0.5), dropmask.kept_layers(8, 0.25)
       ((0, 2, 4), (0, 1, 2, 4, 5, 6))
+      >>> dropmask.kept_layers(6, 0.75), dropmask.kept_layers(2, 0.9)
+      ((0, 3), (0,))
     """
     caller = "kept_layers"
     check_static_int(num_layers, name="num_layers", caller=caller, minimum=1)
@@ -172,5 +196,8 @@ def kept_layers(num_layers: int, rate: float) -> tuple[int, ...]:
             f"{caller}: rate must be a Python float in (0, 1) (the fraction of layers to "
             f"prune), got {rate!r}. Pass e.g. rate=0.5 to keep every other layer."
         )
-    every = math.floor(1.0 / value + 1e-9)
-    return tuple(i for i in range(num_layers) if (i + 1) % every)
+    if value <= 0.5:
+        every = math.floor(1.0 / value + 1e-9)
+        return tuple(i for i in range(num_layers) if (i + 1) % every)
+    kept = max(1, math.floor(num_layers * (1.0 - value) + 0.5))
+    return tuple(i * num_layers // kept for i in range(kept))

@@ -49,7 +49,8 @@ def symmetric_kl(
 
     Returns:
       A float32 scalar (0 when no position is valid); values and gradients ignore
-      masked positions, whatever they hold.
+      masked positions, whatever they hold. A class whose logit is -inf in both passes
+      adds 0 (finite value and gradients); -inf in one pass only gives +inf, the KL.
 
     Raises:
       DtypeError: the logits are not floating point.
@@ -86,6 +87,11 @@ def symmetric_kl(
     a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
     log_a = masked_log_softmax(a32, full)
     log_b = masked_log_softmax(b32, full)
+    # A class with probability 0 in both passes (logit -inf, e.g. a masked vocabulary
+    # entry) adds 0; computed as is it would be 0 * (-inf - -inf) = NaN. Both logs are
+    # replaced before the product, so that the gradient is 0 there too.
+    absent = jnp.isneginf(log_a) & jnp.isneginf(log_b)
+    log_a, log_b = jnp.where(absent, 0.0, log_a), jnp.where(absent, 0.0, log_b)
     per_class = (jnp.exp(log_a) - jnp.exp(log_b)) * (log_a - log_b)
     per_position = 0.5 * jnp.sum(jnp.where(full, per_class, 0.0), axis=-1)
     return masked_mean(per_position, m)

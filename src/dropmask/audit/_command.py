@@ -29,6 +29,14 @@ def run(args: argparse.Namespace) -> int:
     if args.target is None:
         print("dropmask audit: error: give a TARGET, or --list to see them.", file=sys.stderr)
         return 2
+    extra = getattr(args, "extra", [])
+    if extra:
+        print(
+            f"dropmask audit: error: unrecognized arguments: {' '.join(extra)} (the audit "
+            f"runs the example's tiny config as it is). See dropmask audit --help.",
+            file=sys.stderr,
+        )
+        return 2
     try:
         target = load_target(args.target)
         if target.model is None:

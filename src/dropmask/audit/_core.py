@@ -113,6 +113,6 @@ def step_report(rec: Recorder, phases: list[str], mode: Mode) -> AuditReport:
     for by_site in steps:
         findings.extend(_findings.across_sites(rec.sites, by_site))
     findings.extend(_findings.across_iterations(rec.sites, steps))
-    findings.extend(_findings.across_steps(rec.sites, steps))
+    findings.extend(_findings.across_steps(rec.sites, steps, mode))
     sites = _findings.summarize(rec.sites, merged)
     return AuditReport(tuple(sites), tuple(dict.fromkeys(findings)))

@@ -314,10 +314,29 @@ def across_iterations(
     return out
 
 
+# How a train step derives a fresh key per step, as each front end spells it.
+_FRESH_KEY = {
+    "nnx": (
+        "Rebuild the model inside the train step from the state's current step "
+        "(NnxTrainState.model(params) re-keys its dropout streams by state.step), or "
+        "carry the model's stream state from step to step (nnx.split / nnx.merge) "
+        "instead of rebuilding it from the same keys."
+    ),
+}
+_FRESH_KEY_LINEN = (
+    "Derive a fresh key per step inside the train step: rngs={'dropout': "
+    "jax.random.fold_in(state.key, state.step)}."
+)
+
+
 def across_steps(
-    sites: Mapping[str, SiteInfo], steps: Sequence[Mapping[str, list[Observation]]]
+    sites: Mapping[str, SiteInfo],
+    steps: Sequence[Mapping[str, list[Observation]]],
+    mode: Mode,
 ) -> list[Finding]:
-    """A site whose mask at step t equals its mask at step t + 1: the key never changes."""
+    """A site whose mask at step t equals its mask at step t + 1: the key never changes.
+    The fix is phrased for ``mode``'s front end."""
+    fix = _FRESH_KEY.get(mode.kind, _FRESH_KEY_LINEN)
     out = []
     for name, info in sites.items():
         if not _informative(info):
@@ -328,9 +347,7 @@ def across_steps(
                     Finding(
                         "same-mask-across-steps",
                         name,
-                        "draws the same mask at consecutive train steps. Derive a fresh key per "
-                        "step inside the train step: rngs={'dropout': "
-                        "jax.random.fold_in(state.key, state.step)}.",
+                        f"draws the same mask at consecutive train steps. {fix}",
                     )
                 )
                 break

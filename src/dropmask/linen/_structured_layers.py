@@ -13,8 +13,9 @@ import flax.linen as nn
 import jax
 
 from .. import _layer_specs
+from .._checks import concrete_value
 from .._random import DEFAULT_RESIDUAL, Residual
-from .._structured import layer_drop_module
+from .._structured import check_returns_inputs, layer_drop_module
 from ._base import Sharded, Stochastic
 
 __all__ = ["DropBlock", "DropHead", "LayerDrop"]
@@ -110,12 +111,19 @@ class LayerDrop(Stochastic):
 
     def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         """``layer(inputs, *args, **kwargs)``, or ``inputs``."""
+        if self.is_initializing():
+            # The layer's parameters exist whatever this call would decide: nn.cond
+            # cannot create them in one branch only, and a layer skipped at init (rate
+            # 1, pruned) would have none to evaluate or restore with later.
+            out = self.layer(inputs, *args, **kwargs)
+            check_returns_inputs(inputs, out, caller=self._caller)
+            skip = self.pruned or (
+                not self._prepare(None, None)[0] and concrete_value(self.rate) == 1.0
+            )
+            return inputs if skip else out
         if self.pruned:
             return inputs
         det, key = self._prepare(None, None)
-        if key is not None and self.is_initializing():
-            # nn.cond cannot create parameters in one branch only.
-            return self.layer(inputs, *args, **kwargs)
         return layer_drop_module(
             self.layer, inputs, args, kwargs, self.rate, key, det, nn.cond, caller=self._caller
         )

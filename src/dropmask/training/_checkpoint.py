@@ -507,6 +507,7 @@ class Checkpointer:
             )
         if step is None:
             return steps[-1]
+        check_int_at_least(step, 0, caller="Checkpointer", name="step", why=" (train steps taken)")
         if step not in steps:
             raise CheckpointError(
                 f"no checkpoint for step {step} in {self.directory}; it has steps {steps}."

@@ -133,6 +133,7 @@ def check_config(
     in_range: Mapping[str, tuple[float, float]] | None = None,
     below: Mapping[str, tuple[float, float]] | None = None,
     positive: Sequence[str] = (),
+    choices: Mapping[str, tuple[Any, ...]] | None = None,
 ) -> None:
     """Refuses config entries outside their bounds, naming the entry and the flag that sets it.
 
@@ -149,6 +150,7 @@ def check_config(
       below: ``{entry: (low, high)}``: a real number in ``[low, high)`` (a fraction to
         drop, where dropping everything leaves nothing to compute).
       positive: entries that are a real number ``> 0``.
+      choices: ``{entry: values}``: one of ``values``.
 
     Raises:
       DropmaskValueError: the first entry out of bounds, of the wrong type or missing, as
@@ -185,6 +187,10 @@ def check_config(
     for name in positive:
         value: Any = config.get(name)
         rules.append((name, _is_real(value) and value > 0, "> 0", "VALUE"))
+    for name, values in (choices or {}).items():
+        value: Any = config.get(name)
+        names = ", ".join(repr(v) for v in values)
+        rules.append((name, value in values, f"one of {names}", str(values[0])))
     for name, ok, must, form in rules:
         if not ok:
             raise DropmaskValueError(

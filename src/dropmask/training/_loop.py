@@ -27,7 +27,7 @@ from ._checkpoint import Checkpointer
 from ._config import check_config
 from ._errors import CheckpointError, DamagedCheckpointError, NonFiniteLossError
 from ._logging import MetricsLog, require
-from ._parallel import make_mesh, replicate, shard_batch
+from ._parallel import check_batch_splits, make_mesh, replicate, shard_batch
 from ._rate_schedule import RateSchedule
 from ._result import RunResult
 
@@ -360,9 +360,11 @@ def _start(
                     f"evaluate it."
                 )
         data = example.load_data(config)
-        # A new run creates its directories only once its data has loaded.
-        checkpointer = checkpointer or open_checkpoints()
         data_key, params_key, dropout_key = run_keys(schedule.seed)
+        # A new run creates its directories only once its data has loaded and its
+        # batches split over the devices.
+        check_batch_splits(example.train_batch(config, data, data_key, start), mesh)
+        checkpointer = checkpointer or open_checkpoints()
         state = replicate(example.build_state(config, data, params_key, dropout_key), mesh)
         if resume:
             state, start = _restore_complete(

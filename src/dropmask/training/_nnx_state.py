@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from .._checks import check_instance, check_key
+from .._checks import check_instance, check_key, check_optimizer
 from ._keys import stream_key
 
 __all__ = ["NnxTrainState", "rekeyed_streams"]
@@ -153,7 +153,8 @@ class NnxTrainState(struct.PyTreeNode):
 
         Raises:
           DropmaskTypeError: ``model`` is not an ``nnx.Module`` (a Linen module
-            belongs in ``TrainState``), or ``key`` is not one PRNG key.
+            belongs in ``TrainState``), ``tx`` is not an optax transformation, or
+            ``key`` is not one PRNG key.
         """
         check_instance(
             model,
@@ -165,6 +166,7 @@ class NnxTrainState(struct.PyTreeNode):
             "apply_fn=model.apply, params=..., tx=..., key=...).",
         )
         check_key(key, caller="NnxTrainState.create")
+        check_optimizer(tx, caller="NnxTrainState.create")
         graphdef, params, rng_state, other = nnx.split(model, nnx.Param, nnx.RngState, ...)
         return cls(
             step=jnp.zeros((), jnp.int32),

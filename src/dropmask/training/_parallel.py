@@ -23,7 +23,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .._errors import DropmaskValueError
 from ._serialization import keys_from_data, keys_to_data
 
-__all__ = ["initialize_distributed", "make_mesh", "replicate", "shard_batch"]
+__all__ = [
+    "check_batch_splits",
+    "initialize_distributed",
+    "make_mesh",
+    "replicate",
+    "shard_batch",
+]
 
 DATA_AXIS = "data"
 
@@ -146,6 +152,18 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     return keys_from_data(placed, impls)
 
 
+def check_batch_splits(batch: Mapping[str, Any], mesh: Mesh) -> None:
+    """Raises :class:`DropmaskValueError` unless every entry of ``batch`` splits evenly
+    over the mesh's devices along axis 0."""
+    size = mesh.devices.size
+    for name, value in batch.items():
+        if np.shape(value)[0] % size:
+            raise DropmaskValueError(
+                f"batch entry {name!r} has {np.shape(value)[0]} examples, which {size} devices "
+                f"cannot split evenly. Use a batch_size that is a multiple of {size}."
+            )
+
+
 def shard_batch(batch: Mapping[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
     """Splits a global batch along axis 0 over the mesh; each process sends its slice.
 
@@ -162,16 +180,12 @@ def shard_batch(batch: Mapping[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
     Raises:
       DropmaskValueError: the batch size is not a multiple of the mesh size.
     """
+    check_batch_splits(batch, mesh)
     sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
-    size, procs = mesh.devices.size, jax.process_count()
+    procs = jax.process_count()
     out = {}
     for name, value in batch.items():
         value = np.asarray(value)
-        if value.shape[0] % size:
-            raise DropmaskValueError(
-                f"batch entry {name!r} has {value.shape[0]} examples, which {size} devices "
-                f"cannot split evenly. Use a batch_size that is a multiple of {size}."
-            )
         per = value.shape[0] // procs
         local = value[jax.process_index() * per : (jax.process_index() + 1) * per]
         out[name] = jax.make_array_from_process_local_data(sharding, local, value.shape)

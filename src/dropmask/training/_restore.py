@@ -8,10 +8,11 @@ from typing import Any
 
 import ml_collections
 
-from .._checks import check_instance
+from .._checks import check_instance, check_int_at_least
 from .._errors import DropmaskValueError
-from .._workflow import Example, run_keys
+from .._workflow import Example, base_config, run_keys
 from ._checkpoint import Checkpointer
+from ._errors import CheckpointError
 
 __all__ = ["restore_run"]
 
@@ -43,8 +44,10 @@ def restore_run(
 
     Raises:
       DropmaskTypeError: ``example`` is not an :class:`Example`.
-      DropmaskValueError: ``workdir`` holds no ``checkpoints/`` directory.
-      CheckpointError: no checkpoint ``step``, or it holds another model than
+      DropmaskValueError: ``workdir`` holds no ``checkpoints/`` directory, or ``step``
+        is not an int >= 0.
+      CheckpointError: no checkpoint ``step``; the run's config has other entries than
+        ``example``'s (another example trained it); or it holds another model than
         ``example`` builds for its config.
       DamagedCheckpointError: the checkpoint's files cannot be read back.
       DataError: ``example.load_data`` cannot read the run's data (e.g. its
@@ -71,9 +74,15 @@ def restore_run(
             f"exist. Train first (dropmask train {example.name} --workdir {workdir}), or pass "
             f"the run's workdir (for --compare-rates, one of its rate_R/seed_S)."
         )
+    if step is not None:
+        check_int_at_least(
+            step, 0, caller="restore_run", name="step", why=" (train steps taken)",
+            fix=" Pass the checkpoint's step as a number, e.g. step=int(text).",
+        )  # fmt: skip
     checkpointer = Checkpointer(directory)
     try:
         record = checkpointer.record(step)
+        _check_same_example(record["config"], example, directory)
         config = ml_collections.ConfigDict(record["config"])
         data = example.load_data(config)
         _, params_key, dropout_key = run_keys(record["config"]["seed"])
@@ -82,3 +91,18 @@ def restore_run(
     finally:
         checkpointer.close()
     return state, config, data
+
+
+def _check_same_example(saved: dict[str, Any], example: Example, directory: pathlib.Path) -> None:
+    """Raises unless the saved config has the entries of ``example``'s config: a run of
+    another example would fail later on one entry, in words that hide the mismatch."""
+    # The loop's own entries may be added to a config that lacks them (--mc-samples).
+    loop = set(base_config())
+    expected = set(example.get_config())
+    extra, missing = sorted(set(saved) - expected - loop), sorted(expected - set(saved) - loop)
+    if extra or missing:
+        raise CheckpointError(
+            f"restore_run: the run in {directory.parent} was not trained by example "
+            f"{example.name!r}: its config has {extra or 'no'} entries that {example.name!r} "
+            f"has not, and lacks {missing or 'none'}. Pass the example that trained it."
+        )

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax.training import train_state
 
-from .._checks import check_key
+from .._checks import check_key, check_optimizer
 from .._errors import DropmaskTypeError
 from ._keys import step_key, step_rngs
 
@@ -72,7 +72,8 @@ class TrainState(train_state.TrainState):
         twice (steps 0 and 1); here it compiles once.
 
         Raises:
-          TypeError: ``key`` is missing or is not one PRNG key (e.g. an int seed).
+          TypeError: ``key`` is missing or is not one PRNG key (e.g. an int seed), or
+            ``tx`` is not an optax transformation.
         """
         if "key" not in kwargs:
             raise DropmaskTypeError(
@@ -80,6 +81,7 @@ class TrainState(train_state.TrainState):
                 "TrainState.create(apply_fn=..., params=..., tx=..., key=dropout_key)."
             )
         check_key(kwargs["key"], caller="TrainState.create")
+        check_optimizer(tx, caller="TrainState.create")
         state = super().create(apply_fn=apply_fn, params=params, tx=tx, **kwargs)
         return state.replace(step=jnp.zeros((), jnp.int32))
 

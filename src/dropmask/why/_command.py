@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ._check import check_claims
 
@@ -18,7 +19,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Prints the report; 1 when a verdict differs from the documented one, else 0."""
+    """Prints the report; 1 when a verdict differs from the documented one, else 0; 2
+    for bad flags (or arguments it does not take), in one line."""
+    extra = getattr(args, "extra", [])
+    if extra:
+        print(f"dropmask why: error: unrecognized arguments: {' '.join(extra)}. See "
+              f"dropmask why --help.", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.size < 1 or args.repeats < 1:
+        print(f"dropmask why: error: --size and --repeats must be >= 1, got {args.size} and "
+              f"{args.repeats}. Leave them out for 2**20 and 15.", file=sys.stderr)  # fmt: skip
+        return 2
     report = check_claims(timing=not args.no_timing, size=args.size, repeats=args.repeats)
     print(report.to_json() if args.json else str(report))
     return 1 if report.differences() else 0

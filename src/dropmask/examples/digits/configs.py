@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
       label_noise: fraction of training labels replaced by a uniformly random class.
       model: ``"mlp"`` (the default) or ``"conv"``, a small convolutional net
         (``models.ConvNet``) whose ``hidden`` are its convolutions' channels and whose
-        ``rate`` is that of the dropout after each convolution.
+        ``rate`` is that of the dropout after each convolution (``digits_nnx``: the MLP only).
       hidden: widths of the hidden Dense layers (channels of the convolutions).
       block_size: with ``model="conv"``: 0 for ordinary dropout on the feature maps,
         else DropBlock with ``block_size x block_size`` blocks.

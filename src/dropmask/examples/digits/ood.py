@@ -17,7 +17,6 @@ information (BALD). The table is mean ± std over the runs; ``--json`` keeps eve
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
@@ -29,6 +28,7 @@ import numpy as np
 
 from dropmask import uncertainty
 from dropmask._optional import require
+from dropmask.cli import OneLineParser
 from dropmask.examples.digits import train
 from dropmask.training import restore_run
 
@@ -125,12 +125,18 @@ def plot(run: pathlib.Path, samples: int, path: pathlib.Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = OneLineParser(
+        prog="python -m dropmask.examples.digits.ood", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--workdir", required=True, help="a run, or a rate_R/ of seed_S/ runs")
     parser.add_argument("--samples", type=int, default=50, help="dropout samples K (50)")
     parser.add_argument("--json", help="write every run's AUROCs here")
     parser.add_argument("--plot", help="write the first run's diagrams here (PNG)")
     args = parser.parse_args(argv)
+    if args.samples < 1:
+        print(f"ood: error: --samples must be >= 1 (dropout samples), got {args.samples}.",
+              file=sys.stderr)  # fmt: skip
+        return 2
     workdir = pathlib.Path(args.workdir)
     runs = sorted(workdir.glob("seed_*")) or [workdir]
     missing = [r for r in runs if not (r / "summary.json").is_file()]

@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from dropmask import DropmaskValueError
 from dropmask.training import ClassifierEval, Example, TrainState
 
 from . import configs, input_pipeline
@@ -42,7 +43,18 @@ def create_state(
 
     ``init`` runs with ``training=False``: it only needs parameter shapes, so no
     dropout key is involved and ``params_key`` feeds the ``'params'`` stream alone.
+
+    Raises:
+      DropmaskValueError: an entry the chosen model does not read set: ``block_size``
+        with ``model="mlp"``, ``input_rate`` with ``model="conv"``.
     """
+    unread = {"mlp": ("block_size", 0), "conv": ("input_rate", 0.0)}.get(config.model)
+    if unread is not None and config[unread[0]] != unread[1]:
+        raise DropmaskValueError(
+            f"digits: config.{unread[0]} must be {unread[1]} with model={config.model!r} "
+            f"(that model does not read it), got {config[unread[0]]!r}. Leave it out, or "
+            f"set --config.model={'conv' if config.model == 'mlp' else 'mlp'}."
+        )
     model: MLP | ConvNet
     if config.model == "conv":
         model = ConvNet(

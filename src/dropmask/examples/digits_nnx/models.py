@@ -44,9 +44,23 @@ class MLP(nnx.Module):
         self.dropout = nnx.List([dnnx.Dropout(rate, rngs=rngs) for _ in hidden])
         self.out = nnx.Linear(widths[-1], num_classes, rngs=rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """Maps ``x: float32[batch, features]`` to logits ``float32[batch, num_classes]``."""
+    def __call__(self, x: jax.Array, rate: jax.Array | None = None) -> jax.Array:
+        """Maps ``x: float32[batch, features]`` to logits ``float32[batch, num_classes]``.
+
+        ``rate``: the hidden layers' rate for this call (a run-time value, e.g. from a
+        schedule), in place of the one they were built with.
+        """
         x = self.input_dropout(x)
         for linear, dropout in zip(self.hidden, self.dropout, strict=True):
-            x = dropout(nnx.relu(linear(x)))
+            x = dropout(nnx.relu(linear(x))) if rate is None else _at_rate(dropout, linear(x), rate)
         return self.out(x)
+
+
+def _at_rate(dropout: dnnx.Dropout, x: jax.Array, rate: jax.Array) -> jax.Array:
+    """``dropout(relu(x))`` at ``rate`` for this call only (the layer keeps its own)."""
+    built = dropout.rate
+    dropout.rate = rate
+    try:
+        return dropout(nnx.relu(x))
+    finally:
+        dropout.rate = built

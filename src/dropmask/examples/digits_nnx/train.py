@@ -25,6 +25,7 @@ import ml_collections
 import optax
 from flax import nnx
 
+from dropmask import DropmaskValueError
 from dropmask.training import ClassifierEval, NnxTrainState
 
 from ..digits import input_pipeline
@@ -38,7 +39,19 @@ def create_state(
     params_key: jax.Array,
     dropout_key: jax.Array,
 ) -> NnxTrainState:
-    """Builds the MLP from ``params_key`` and wraps it with Adam and ``key=dropout_key``."""
+    """Builds the MLP from ``params_key`` and wraps it with Adam and ``key=dropout_key``.
+
+    Raises:
+      DropmaskValueError: ``model`` other than ``"mlp"`` or a ``block_size`` (the NNX
+        twin has no convolutional model; ``dropmask train digits`` has).
+    """
+    for name, only in (("model", "mlp"), ("block_size", 0)):
+        if config[name] != only:
+            raise DropmaskValueError(
+                f"digits_nnx: config.{name} must be {only!r} (the NNX example trains the "
+                f"MLP only), got {config[name]!r}. Use dropmask train digits "
+                f"--config.model=conv for the convolutional net."
+            )
     model = MLP(
         input_pipeline.NUM_PIXELS,
         tuple(config.hidden),
@@ -56,12 +69,17 @@ def train_step(
 ) -> tuple[NnxTrainState, dict[str, jax.Array]]:
     """One Adam step on ``batch = {'image': f32[b, 64], 'label': i32[b]}``, dropout on.
 
+    With ``config.rate_schedule`` other than ``"constant"`` the loop adds ``'rate'``,
+    this step's hidden dropout rate, as for the Linen model.
+
     Returns:
       ``(new_state, {'loss', 'accuracy'})`` under this step's masks.
     """
 
+    rate = {"rate": batch["rate"]} if "rate" in batch else {}
+
     def logits_fn(params: nnx.State) -> jax.Array:
-        return state.model(params)(batch["image"])
+        return state.model(params)(batch["image"], **rate)
 
     return digits.cross_entropy_step(state, batch, logits_fn)
 
