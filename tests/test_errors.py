@@ -205,6 +205,7 @@ OFFSET_CALLS = [
         "dropmask.nnx.Dropout",
         lambda o: dnnx.Dropout(0.5, rngs=nnx.Rngs(dropout=0))(X, global_shape=(8, 8), offset=o),
     ),
+    ("keep_mask", lambda o: dropmask.keep_mask(KEY, (2, 8), 0.5, global_shape=(8, 8), offset=o)),
 ]
 
 

@@ -115,13 +115,9 @@ def check_block_offset(
 
     Traced entries (e.g. ``lax.axis_index(...) * size`` inside ``shard_map``) are left
     to run time; a JAX scalar known now is checked as the same Python int is. The pair's
-    other checks (both given, one entry per axis, ints) are the generator's.
+    other checks (both given, one entry per axis, ints) come first, in ``local_block``.
     """
-    if global_shape is None or offset is None:
-        return
     dims, offsets = tuple(global_shape), tuple(offset)
-    if len(dims) != len(shape) or len(offsets) != len(shape):
-        return
     for axis, (o, g, d) in enumerate(zip(offsets, dims, shape, strict=True)):
         value = concrete_value(o)
         if value is None or isinstance(g, bool) or not isinstance(g, int | np.integer):

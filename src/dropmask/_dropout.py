@@ -24,7 +24,6 @@ from jax import lax
 
 from ._checks import (
     check_array,
-    check_block_offset,
     check_floating,
     check_impl,
     check_int,
@@ -133,7 +132,6 @@ def _validate(
     else:
         axes = normalize_broadcast_dims(broadcast_dims, arr.ndim, caller=caller)
     block = local_block(arr.shape, global_shape, offset, axes, caller=caller)
-    check_block_offset(arr.shape, global_shape, offset, caller=caller)
     if key is not None or (not deterministic and value not in (0.0, 1.0)):
         check_key(key, caller=caller)
     return _Call(arr, value, axes, block)

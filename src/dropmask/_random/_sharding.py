@@ -16,6 +16,7 @@ import jax
 import numpy as np
 from jax import lax
 
+from .._checks import check_block_offset
 from .._errors import DropmaskTypeError, DropmaskValueError
 
 __all__ = ["Block", "block_from_spec", "local_block"]
@@ -73,6 +74,7 @@ def local_block(
             f"{caller}: global_shape {dims} is smaller than the local shape {shape}; it is the "
             f"shape of the whole (unsharded) array."
         )
+    check_block_offset(shape, dims, offset, caller=caller)
     return Block(
         tuple(1 if i in axes else d for i, d in enumerate(dims)),
         tuple(0 if i in axes else o for i, o in enumerate(offset)),

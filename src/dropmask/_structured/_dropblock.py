@@ -29,7 +29,6 @@ from jax import lax
 
 from .._checks import (
     check_array,
-    check_block_offset,
     check_floating,
     check_key,
     check_ndim,
@@ -195,7 +194,6 @@ def apply_drop_block(
     seed_shape = (*x.shape[:-1], x.shape[-1] if per_channel else 1)
     shared = () if per_channel else (x.ndim - 1,)
     block = local_block(x.shape, global_shape, offset, shared, caller=caller)
-    check_block_offset(x.shape, global_shape, offset, caller=caller)
     if block is not None and block.global_shape[1:-1] != spatial:
         raise DropmaskValueError(
             f"{caller}: global_shape {tuple(global_shape or ())} splits a spatial axis of the "
