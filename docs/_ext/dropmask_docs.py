@@ -1,0 +1,292 @@
+"""What the site adds to Sphinx: API pages from ``__all__``, links from names, repo paths.
+
+* ``{public-api} dropmask.linen`` expands to a summary table of the module's
+  ``__all__`` and an ``automodule`` entry for each name, so a name added to ``__all__``
+  gets its entry without editing a page; a public name without a docstring warns (and
+  the strict build fails).
+* Inline code in a page that names a public object (```drop_block```,
+  ```dropmask.linen.LayerDrop```, ```dl.Dropout```) links to its entry, so the
+  Markdown stays plain on GitHub and every mention on the site is a link.
+* The guides link to files outside ``docs/`` by their repository paths, as GitHub
+  shows them; :data:`PAGES` maps each such file to the site page that includes it.
+* A type in a signature is written where it is defined (``dropmask._errors.RateError``);
+  a reference to a private path resolves to the public name of the same object.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pathlib
+import re
+import sys
+from typing import Any, TypeVar
+
+from docutils import nodes
+from docutils.statemachine import StringList
+from sphinx.addnodes import pending_xref
+from sphinx.application import Sphinx
+from sphinx.errors import PycodeError
+from sphinx.pycode import ModuleAnalyzer
+from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
+
+logger = logging.getLogger(__name__)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# The namespaces users import, each with its page docs/api/<name>.md.
+NAMESPACES = (
+    "dropmask",
+    "dropmask.linen",
+    "dropmask.nnx",
+    "dropmask.training",
+    "dropmask.uncertainty",
+    "dropmask.audit",
+    "dropmask.why",
+    "dropmask.testing",
+)
+
+# The short names the guides import the namespaces as.
+ALIASES = {"dm": "dropmask", "dl": "dropmask.linen", "dnnx": "dropmask.nnx"}
+
+# Files outside docs/ that the site includes: repository path -> page (without .md).
+PAGES = {
+    "examples/digits/README.md": "examples/digits",
+    "examples/seq2seq/README.md": "examples/seq2seq",
+    "examples/sst2/README.md": "examples/sst2",
+    "examples/translate/README.md": "examples/translate",
+    "examples/lm/README.md": "examples/lm",
+    "benchmarks/RESULTS.md": "benchmarks",
+    "CHANGELOG.md": "changelog",
+    "src/dropmask/_random/README.md": "internals/random",
+    "src/dropmask/_attention/README.md": "internals/attention",
+    "src/dropmask/_structured/README.md": "internals/structured",
+}
+
+_LINK = re.compile(r"\]\((?P<path>[^)#\s]+\.md)(?P<anchor>#[^)\s]*)?\)")
+
+
+def public_names() -> dict[str, list[str]]:
+    """``{namespace: its __all__}`` for every namespace in :data:`NAMESPACES`."""
+    return {name: list(importlib.import_module(name).__all__) for name in NAMESPACES}
+
+
+def api_source(namespace: str) -> str:
+    """The reStructuredText a ``public-api`` directive inserts for ``namespace``.
+
+    The module's docstring, a summary table of its ``__all__``, then one entry per name
+    in that order, each with the autodoc directive for its kind.
+    """
+    module = importlib.import_module(namespace)
+    names = list(module.__all__)
+    parts = [
+        f".. automodule:: {namespace}\n   :no-members:\n",
+        f".. currentmodule:: {namespace}\n",
+        ".. autosummary::\n   :nosignatures:\n\n" + "".join(f"   {n}\n" for n in names),
+    ]
+    for name in names:
+        kind, options = _entry_kind(getattr(module, name))
+        parts.append(f".. auto{kind}:: {name}\n" + "".join(f"   :{o}\n" for o in options))
+    return "\n".join(parts)
+
+
+def _entry_kind(obj: Any) -> tuple[str, tuple[str, ...]]:
+    if isinstance(obj, type) and issubclass(obj, BaseException):
+        return "exception", ("show-inheritance:",)
+    if isinstance(obj, type):
+        # Fields are documented once, in the class's ``Attributes:`` section.
+        fields = [*getattr(obj, "_fields", ()), *getattr(obj, "__dataclass_fields__", {})]
+        fields = [f for f in fields if f in vars(obj)]
+        return "class", ("members:", *([f"exclude-members: {', '.join(fields)}"] if fields else []))
+    if callable(obj):
+        return "function", ()
+    return "data", ()
+
+
+class PublicApi(SphinxDirective):
+    """``{public-api} NAMESPACE``: the summary and entries of every name in ``__all__``."""
+
+    required_arguments = 1
+
+    def run(self) -> list[nodes.Node]:
+        # The pages are Markdown, whose nested parse reads Markdown: wrap the reST.
+        text = "```{eval-rst}\n" + api_source(self.arguments[0]) + "```\n"
+        container = nodes.container()
+        lines = StringList(text.splitlines(), source=self.get_source_info()[0])
+        self.state.nested_parse(lines, self.content_offset, container)
+        return container.children
+
+
+def link_targets() -> dict[str, tuple[str, str]]:
+    """Inline-code spellings that name a public object: ``text -> (role, target)``.
+
+    A full name always links; ``dm.x`` / ``dl.X`` / ``dnnx.X`` as the guides import
+    them; a bare name when only one namespace exports it and it cannot be read as a
+    plain word (a top-level function, a class, a name with an underscore).
+    """
+    targets: dict[str, tuple[str, str]] = {ns: ("mod", ns) for ns in NAMESPACES}
+    owners: dict[str, list[str]] = {}
+    for namespace, names in public_names().items():
+        for name in names:
+            targets[f"{namespace}.{name}"] = ("obj", f"{namespace}.{name}")
+            owners.setdefault(name, []).append(namespace)
+    for alias, namespace in ALIASES.items():
+        for name in importlib.import_module(namespace).__all__:
+            targets[f"{alias}.{name}"] = ("obj", f"{namespace}.{name}")
+    for name, where in owners.items():
+        distinct = where == ["dropmask"] or "_" in name.strip("_") or name[:1].isupper()
+        if len(where) == 1 and distinct and not name.isupper():
+            targets[name] = ("obj", f"{where[0]}.{name}")
+    for name in ("dropmask.DROPOUT_MASK_NAME", "DROPOUT_MASK_NAME"):
+        targets[name] = ("obj", "dropmask.DROPOUT_MASK_NAME")
+    return targets
+
+
+def _link_inline_code(app: Sphinx, doctree: nodes.document) -> None:
+    if app.env.docname.startswith("api/"):
+        return
+    targets = app.env.dropmask_link_targets  # type: ignore[attr-defined]
+    for literal in list(doctree.findall(nodes.literal)):
+        if isinstance(literal.parent, (nodes.reference, pending_xref)):
+            continue
+        text = literal.astext()
+        found = targets.get(text.removesuffix("()"))
+        if found is None:
+            continue
+        role, target = found
+        xref = pending_xref(
+            "",
+            refdomain="py",
+            reftype=role,
+            reftarget=target,
+            refexplicit=True,
+            refwarn=True,
+            refdoc=app.env.docname,
+        )
+        literal.replace_self(xref)
+        xref += literal
+
+
+def _private_to_public(app: Sphinx, env: Any, node: pending_xref, contnode: nodes.Node):
+    """Resolves ``dropmask._x.Name`` to the entry of the public name of that object."""
+    target = node.get("reftarget", "")
+    if node.get("refdomain") != "py" or not target.startswith("dropmask.") or "._" not in target:
+        return None
+    module_name, _, attr = target.rpartition(".")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError):
+        return None
+    if isinstance(obj, TypeVar):  # a signature's type variable: text, as Python shows it
+        return contnode
+    for namespace, names in env.dropmask_public.items():
+        for name in names:
+            if getattr(importlib.import_module(namespace), name) is obj:
+                domain = env.domains["py"]
+                return domain.resolve_xref(
+                    env, node["refdoc"], app.builder, "obj", f"{namespace}.{name}", node, contnode
+                )
+    return None
+
+
+def _rewrite_repo_links(text: str, docname: str) -> str:
+    """Links to included repository files, written as GitHub paths, to their pages."""
+    here = ROOT / "docs" / pathlib.Path(docname).parent
+
+    def repl(match: re.Match[str]) -> str:
+        path = (here / match["path"]).resolve()
+        try:
+            key = path.relative_to(ROOT).as_posix()
+        except ValueError:
+            return match[0]
+        page = PAGES.get(key)
+        if page is None:
+            return match[0]
+        rel = pathlib.Path("/" + page + ".md").as_posix()
+        return f"]({rel}{match['anchor'] or ''})"
+
+    return _LINK.sub(repl, text)
+
+
+def _on_source_read(app: Sphinx, docname: str, source: list[str]) -> None:
+    source[0] = _rewrite_repo_links(source[0], docname)
+
+
+def _on_include_read(
+    app: Sphinx, relative_path: pathlib.Path, parent_docname: str, content: list[str]
+) -> None:
+    # An included file's links are relative to the file itself.
+    included = (ROOT / "docs" / pathlib.Path(parent_docname).parent / relative_path).resolve()
+    content[0] = _rewrite_repo_links(content[0], os.path.relpath(included, ROOT / "docs"))
+
+
+def _data_docstring(namespace: str, name: str) -> list[str] | None:
+    """The docstring written under a constant where the package defines it.
+
+    First a module attribute of the same name and value; then, for a constant exported
+    under another name (``DROPOUT_MASK_NAME``), the same value in a private module.
+    """
+    obj = getattr(importlib.import_module(namespace), name)
+    package = namespace.split(".")[0] + "."
+    modules = sorted(m for m in sys.modules if m.startswith(package))
+    private = [m for m in modules if "._" in m]
+    for module_name, same_name in [(m, True) for m in modules] + [(m, False) for m in private]:
+        try:
+            docs = ModuleAnalyzer.for_module(module_name).find_attr_docs()
+        except PycodeError:
+            continue
+        module = sys.modules[module_name]
+        for (scope, attr), doc in docs.items():
+            if scope or (same_name and attr != name):
+                continue
+            if getattr(module, attr, None) is obj:
+                return list(doc)
+    return None
+
+
+def _process_docstring(app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: list[str]):
+    if name not in app.env.dropmask_flat:  # type: ignore[attr-defined]
+        return
+    if what == "data":
+        # autodoc falls back to the docstring of the value's type (str, dict): never
+        # what a constant means. Take the one written where the constant is defined.
+        namespace, _, attr = name.rpartition(".")
+        lines[:] = _data_docstring(namespace, attr) or []
+    if not any(line.strip() for line in lines):
+        logger.warning("public name %s has no docstring", name, type="dropmask", subtype="undoc")
+
+
+_FUNCTION_REPR = re.compile(r"<function ([\w.]+)(?: at 0x[0-9a-f]+)?>")
+_OBJECT_REPR = re.compile(r"<[\w.]+ object(?: at 0x[0-9a-f]+)?>")
+
+
+def _readable_signature(app, what, name, obj, options, signature, return_annotation):
+    """Defaults shown as Python reprs (``<function f>``, Flax's ``<..._Sentinel object>``)
+    cannot be parsed back, and an unparsable signature is split at every comma (breaking
+    ``tuple[float, ...]``): a function default is shown by name, an object by ``...``."""
+    if signature:
+        signature = _OBJECT_REPR.sub("...", _FUNCTION_REPR.sub(r"\1", signature))
+    return signature, return_annotation
+
+
+def _on_builder_inited(app: Sphinx) -> None:
+    app.env.dropmask_public = public_names()  # type: ignore[attr-defined]
+    app.env.dropmask_flat = {  # type: ignore[attr-defined]
+        f"{ns}.{n}"
+        for ns, names in app.env.dropmask_public.items()
+        for n in names  # type: ignore[attr-defined]
+    }
+    app.env.dropmask_link_targets = link_targets()  # type: ignore[attr-defined]
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.add_directive("public-api", PublicApi)
+    app.connect("builder-inited", _on_builder_inited)
+    app.connect("source-read", _on_source_read)
+    app.connect("include-read", _on_include_read)
+    app.connect("doctree-read", _link_inline_code)
+    app.connect("missing-reference", _private_to_public)
+    app.connect("autodoc-process-docstring", _process_docstring, priority=400)
+    app.connect("autodoc-process-signature", _readable_signature)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
