@@ -47,6 +47,9 @@ autosummary_generate = False
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
+# A field's type is in the class signature; here it would be spelled as the runtime
+# resolves it (jax.jaxlib._jax.Array).
+napoleon_attr_annotations = False
 add_module_names = False
 python_use_unqualified_type_names = True
 
@@ -70,12 +73,18 @@ nitpick_ignore_regex = [
 
 html_theme = "sphinx_book_theme"
 html_title = "dropmask"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_favicon = "_static/favicon.svg"
+# pydata-sphinx-theme logs a console error on a first visit without a stored mode.
+html_context = {"default_mode": "auto"}
 html_theme_options = {
     "show_toc_level": 2,
     "navigation_with_keys": False,
     "home_page_in_toc": True,
+    "use_download_button": False,  # the sources are not copied (html_copy_source)
+    "navbar_persistent": [],  # one search box, the sidebar's
 }
+toc_object_entries_show_parents = "hide"  # "rate", not "DropBlock.rate", in a page's contents
 html_last_updated_fmt = None
 html_copy_source = False
 smartquotes_action = "qe"  # no dashes: a flag such as --config must stay two hyphens
