@@ -88,3 +88,9 @@ toc_object_entries_show_parents = "hide"  # "rate", not "DropBlock.rate", in a p
 html_last_updated_fmt = None
 html_copy_source = False
 smartquotes_action = "qe"  # no dashes: a flag such as --config must stay two hyphens
+# Signatures keep the annotations' names (`jax.typing.ArrayLike`), not their expansion
+# into a ten-member union.
+autodoc_type_aliases = {
+    "jax.typing.ArrayLike": "jax.typing.ArrayLike",
+    "ArrayLike": "jax.typing.ArrayLike",
+}

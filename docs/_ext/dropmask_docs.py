@@ -50,9 +50,10 @@ class PublicApi(SphinxDirective):
 
 
 def _link_inline_code(app: Sphinx, doctree: nodes.document) -> None:
-    if app.env.docname.startswith("api/"):
-        return
     targets = app.env.dropmask_link_targets  # type: ignore[attr-defined]
+    if app.env.docname.startswith("api/"):
+        # A docstring's ``rate`` is an argument, not a name to look up: only full names.
+        targets = {k: v for k, v in targets.items() if k.startswith("dropmask")}
     for literal in list(doctree.findall(nodes.literal)):
         if isinstance(literal.parent, (nodes.reference, pending_xref, nodes.title)):
             continue  # already a link, or a heading (a link in the page's contents)
@@ -145,16 +146,23 @@ def _process_docstring(app: Sphinx, what: str, name: str, obj: Any, options: Any
 
 
 _FUNCTION_REPR = re.compile(r"<function ([\w.]+)(?: at 0x[0-9a-f]+)?>")
+_ALIAS_REPR = re.compile(r"TypeAliasForwardRef\('([\w.]+)'\)")
 _OBJECT_REPR = re.compile(r"<[\w.]+ object(?: at 0x[0-9a-f]+)?>")
 
 
 def _readable_signature(app, what, name, obj, options, signature, return_annotation):
     """Defaults shown as Python reprs (``<function f>``, Flax's ``<..._Sentinel object>``)
     cannot be parsed back, and an unparsable signature is split at every comma (breaking
-    ``tuple[float, ...]``): a function default is shown by name, an object by ``...``."""
-    if signature:
-        signature = _OBJECT_REPR.sub("...", _FUNCTION_REPR.sub(r"\1", signature))
-    return signature, return_annotation
+    ``tuple[float, ...]``): a function default is shown by name, an object by ``...``,
+    and a type alias (``autodoc_type_aliases``) by its name."""
+
+    def readable(text: str | None) -> str | None:
+        if not text:
+            return text
+        text = _ALIAS_REPR.sub(r"\1", text)  # Sphinx's own, for an alias in a union
+        return _OBJECT_REPR.sub("...", _FUNCTION_REPR.sub(r"\1", text))
+
+    return readable(signature), readable(return_annotation)
 
 
 def _on_builder_inited(app: Sphinx) -> None:
