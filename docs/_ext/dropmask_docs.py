@@ -9,8 +9,8 @@
   Markdown stays plain on GitHub and every mention on the site is a link.
 * The guides link to files outside ``docs/`` by their repository paths, as GitHub
   shows them; ``dropmask_reference.PAGES`` maps each such file to the site page that includes it.
-* A type in a signature is written where it is defined (``dropmask._errors.RateError``);
-  a reference to a private path resolves to the public name of the same object.
+* A signature's type variables (``dropmask._scan.Carry``) show as text; any other name
+  of dropmask that does not resolve fails the strict build.
 """
 
 from __future__ import annotations
@@ -75,26 +75,17 @@ def _link_inline_code(app: Sphinx, doctree: nodes.document) -> None:
         xref += literal
 
 
-def _private_to_public(app: Sphinx, env: Any, node: pending_xref, contnode: nodes.Node):
-    """Resolves ``dropmask._x.Name`` to the entry of the public name of that object."""
+def _type_variable_as_text(app: Sphinx, env: Any, node: pending_xref, contnode: nodes.Node):
+    """A signature's type variable (``dropmask._scan.Carry``) is text, as Python shows it."""
     target = node.get("reftarget", "")
-    if node.get("refdomain") != "py" or not target.startswith("dropmask.") or "._" not in target:
+    if node.get("refdomain") != "py" or not target.startswith("dropmask."):
         return None
     module_name, _, attr = target.rpartition(".")
     try:
         obj = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError):
         return None
-    if isinstance(obj, TypeVar):  # a signature's type variable: text, as Python shows it
-        return contnode
-    for namespace, names in env.dropmask_public.items():
-        for name in names:
-            if getattr(importlib.import_module(namespace), name) is obj:
-                domain = env.domains["py"]
-                return domain.resolve_xref(
-                    env, node["refdoc"], app.builder, "obj", f"{namespace}.{name}", node, contnode
-                )
-    return None
+    return contnode if isinstance(obj, TypeVar) else None
 
 
 def _on_source_read(app: Sphinx, docname: str, source: list[str]) -> None:
@@ -166,12 +157,8 @@ def _readable_signature(app, what, name, obj, options, signature, return_annotat
 
 
 def _on_builder_inited(app: Sphinx) -> None:
-    app.env.dropmask_public = public_names()  # type: ignore[attr-defined]
-    app.env.dropmask_flat = {  # type: ignore[attr-defined]
-        f"{ns}.{n}"
-        for ns, names in app.env.dropmask_public.items()
-        for n in names  # type: ignore[attr-defined]
-    }
+    public = public_names()
+    app.env.dropmask_flat = {f"{ns}.{n}" for ns, names in public.items() for n in names}  # type: ignore[attr-defined]
     app.env.dropmask_link_targets = link_targets()  # type: ignore[attr-defined]
 
 
@@ -181,7 +168,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("source-read", _on_source_read)
     app.connect("include-read", _on_include_read)
     app.connect("doctree-read", _link_inline_code)
-    app.connect("missing-reference", _private_to_public)
+    app.connect("missing-reference", _type_variable_as_text)
     app.connect("autodoc-process-docstring", _process_docstring, priority=400)
     app.connect("autodoc-process-signature", _readable_signature)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
