@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE / "_ext"))
 
 project = "dropmask"
 author = "dropmask authors"
-copyright = "dropmask authors"  # noqa: A001
+copyright = "dropmask authors"
 
 extensions = [
     "myst_parser",

@@ -108,6 +108,11 @@ def test_links_to_included_files_become_links_to_their_pages():
     assert reference.rewrite_repo_links(text, "training") == (
         "[a](/examples/digits.md#results) [b](/benchmarks.md) [c](x.md)"
     )
+    # An included file's links, from its own place: CHANGELOG.md at the root.
+    text = "[d](docs/guide.md#part-1-dropout) [e](examples/sst2/README.md) [f](LICENSE)"
+    assert reference.rewrite_repo_links(text, "../CHANGELOG") == (
+        "[d](/guide.md#part-1-dropout) [e](/examples/sst2.md) [f](LICENSE)"
+    )
     for path, page in reference.PAGES.items():
         source = (DOCS / f"{page}.md").read_text()
         assert "```{include} " in source and source.split()[1].endswith(path), (path, page)

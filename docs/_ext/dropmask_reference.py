@@ -107,7 +107,13 @@ def link_targets() -> dict[str, tuple[str, str]]:
 
 
 def rewrite_repo_links(text: str, docname: str) -> str:
-    """Links to included repository files, written as GitHub paths, to their pages."""
+    """Links written as GitHub resolves them, from ``docname``, to the site's pages.
+
+    ``docname`` is where the text lives, relative to ``docs/`` without ``.md`` (for an
+    included file, its own place: ``../CHANGELOG``). A link to an included file goes to
+    the page that includes it, a link to a page of ``docs/`` to that page; both are
+    written from the site's root, so they hold wherever the text is included.
+    """
     here = ROOT / "docs" / pathlib.Path(docname).parent
 
     def repl(match: re.Match[str]) -> str:
@@ -117,9 +123,10 @@ def rewrite_repo_links(text: str, docname: str) -> str:
         except ValueError:
             return match[0]
         page = PAGES.get(key)
+        if page is None and key.startswith("docs/"):
+            page = key.removeprefix("docs/").removesuffix(".md")
         if page is None:
             return match[0]
-        rel = pathlib.Path("/" + page + ".md").as_posix()
-        return f"]({rel}{match['anchor'] or ''})"
+        return f"](/{page}.md{match['anchor'] or ''})"
 
     return _LINK.sub(repl, text)
