@@ -112,7 +112,8 @@ def rewrite_repo_links(text: str, docname: str) -> str:
     ``docname`` is where the text lives, relative to ``docs/`` without ``.md`` (for an
     included file, its own place: ``../CHANGELOG``). A link to an included file goes to
     the page that includes it, a link to a page of ``docs/`` to that page; both are
-    written from the site's root, so they hold wherever the text is included.
+    written from the site's root, so they hold wherever the text is included. Any other
+    link is left as written (a broken one fails the strict build).
     """
     here = ROOT / "docs" / pathlib.Path(docname).parent
 
@@ -123,7 +124,7 @@ def rewrite_repo_links(text: str, docname: str) -> str:
         except ValueError:
             return match[0]
         page = PAGES.get(key)
-        if page is None and key.startswith("docs/"):
+        if page is None and key.startswith("docs/") and path.is_file():
             page = key.removeprefix("docs/").removesuffix(".md")
         if page is None:
             return match[0]
