@@ -5,7 +5,7 @@ PYTHON3 ?= python3
 # 8 fake CPU devices for the sharding tests; must be set before JAX is imported.
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: venv demo test test-slow wheel-test lint bench bench-full bench-test bench-native rngtest clean
+.PHONY: venv demo test test-slow wheel-test lint docs docs-check bench bench-full bench-test bench-native rngtest clean
 
 $(VENV)/.installed-dev: pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -14,6 +14,10 @@ $(VENV)/.installed-dev: pyproject.toml
 
 $(VENV)/.installed-bench: $(VENV)/.installed-dev
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	touch $@
+
+$(VENV)/.installed-docs: $(VENV)/.installed-dev
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,docs]'
 	touch $@
 
 venv: $(VENV)/.installed-dev
@@ -41,9 +45,28 @@ wheel-test:
 	.ci/wheel_test
 
 lint: venv
-	$(PY) -m ruff format --check src tests examples benchmarks
-	$(PY) -m ruff check src tests examples benchmarks
+	$(PY) -m ruff format --check src tests examples benchmarks docs
+	$(PY) -m ruff check src tests examples benchmarks docs
 	$(PY) -m pyright
+
+# The documentation site, docs/_build/html/index.html: the guides, the examples, the API
+# reference from the docstrings, the command's flags, RESULTS.md and the changelog
+# (docs/conf.py). Strict: any warning (a broken cross-reference, a public name without
+# an entry, a docstring that does not render) fails it. About 25 s on 2 cores.
+docs: $(VENV)/.installed-docs
+	rm -rf docs/_build/html docs/_build/doctrees
+	$(PY) -m sphinx -W --keep-going -n -q -b html -d docs/_build/doctrees docs docs/_build/html
+
+# The built site in headless Chromium: the home page, dropmask.linen's API page and a
+# search, failing on a console error or a missing element (docs/check_site.py);
+# screenshots land in docs/_build/screenshots. Installs Debian's chromium and
+# chromium-driver with apt-get where they are missing (as root, as CI runs).
+docs-check: $(VENV)/.installed-docs
+	test -f docs/_build/html/index.html || $(MAKE) docs
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+	  test "$$(id -u)" = 0 || { echo "make docs-check needs Debian's chromium and chromium-driver: apt-get install chromium chromium-driver" >&2; exit 1; }; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver; }
+	$(PY) docs/check_site.py docs/_build/html --screenshots docs/_build/screenshots
 
 # Every speed and memory target in one table (benchmarks/targets.py; RESULTS.md's
 # "targets" section): about 10 min on 2 cores, plus the long-sequence rows (Flax's

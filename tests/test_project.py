@@ -33,7 +33,7 @@ def _make_dry_run(target: str) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     done = subprocess.run(
         [MAKE, "-n", "--no-print-directory", "-o", ".venv/.installed-dev"]
-        + ["-o", ".venv/.installed-bench", target],
+        + ["-o", ".venv/.installed-bench", "-o", ".venv/.installed-docs", target],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -69,7 +69,14 @@ def test_make_test_is_the_fast_loop_and_make_test_slow_the_rest():
     assert '-m "not slow"' in fast and "-m slow" in slow, (fast, slow)
 
 
-def test_ci_runs_the_fast_and_slow_tests_lint_and_the_wheel_test(tmp_path):
+@needs_make
+def test_make_docs_fails_on_any_warning_and_builds_afresh():
+    (build,) = [line for line in _make_dry_run("docs") if "sphinx" in line]
+    assert {"-W", "--keep-going", "-n"} <= set(build.split()), build
+    assert "rm -rf docs/_build/html docs/_build/doctrees" in _make_dry_run("docs")
+
+
+def test_ci_runs_the_tests_the_docs_lint_and_the_wheel_test(tmp_path):
     log = tmp_path / "targets"
     fake = tmp_path / "bin" / "make"
     fake.parent.mkdir()
@@ -78,7 +85,9 @@ def test_ci_runs_the_fast_and_slow_tests_lint_and_the_wheel_test(tmp_path):
     env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
     subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=env, check=True)
     ran = log.read_text().split()
-    assert {"test", "test-slow", "lint", "wheel-test"} <= set(ran), ran
+    assert {"test", "test-slow", "lint", "wheel-test", "docs", "docs-check"} <= set(ran), ran
+    # The slow tests check the browser check on the site that `docs` built.
+    assert ran.index("docs") < ran.index("docs-check") < ran.index("test-slow"), ran
 
 
 @needs_make

@@ -375,7 +375,7 @@ def drop_path(
 
     Raises:
       AxisError: ``batch_axis`` out of range (a 0-d ``x`` has no batch axis).
-      The other errors of :func:`dropout`.
+      DropmaskError: the other errors of :func:`dropout`.
 
     Example:
       >>> import jax, jax.numpy as jnp, dropmask
@@ -443,7 +443,7 @@ def word_dropout(
       DtypeError: ``tokens`` is not an integer array.
       DropmaskTypeError: ``unk_id`` is not an int.
       DropmaskValueError: ``unk_id`` does not fit the token dtype, or a bad block.
-      The other errors of :func:`dropout`.
+      DropmaskError: the other errors of :func:`dropout`.
 
     Example:
       >>> import jax, jax.numpy as jnp, dropmask
@@ -631,7 +631,7 @@ def alpha_dropout(
       An array like ``x``; NaN for a traced ``rate`` outside ``[0, 1]``.
 
     Raises:
-      The errors of :func:`dropout`; ``DtypeError`` also for complex ``x``.
+      DropmaskError: the errors of :func:`dropout`; ``DtypeError`` also for complex ``x``.
     """
     return apply_alpha_dropout(
         x,

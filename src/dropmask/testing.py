@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 LANES = _random.LANES
-"""Elements per packed word: bit ``l`` of a word is the keep-flag of its element ``l``."""
+"""Elements per packed word; bit ``l`` of a word is the keep-flag of its element ``l``."""
 
 MASK_NAME = _random.MASK_NAME
 """Alias of :data:`dropmask.DROPOUT_MASK_NAME`: the name of the packed words for

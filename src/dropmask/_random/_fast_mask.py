@@ -62,11 +62,13 @@ __all__ = [
     "threshold",
 ]
 
-# The name the packed words carry for ``jax.checkpoint`` policies: saving them (1 bit
-# per element) spares the backward pass a second Threefry pass, which costs more than
-# writing and reading that bit; a policy that does not save them makes the backward
-# pass regenerate them from the key words.
 MASK_NAME = "dropout_mask"
+"""The name the packed words carry for ``jax.checkpoint`` policies.
+
+Saving them (1 bit per element) spares the backward pass a second Threefry pass, which
+costs more than writing and reading that bit; a policy that does not save them makes
+the backward pass regenerate them from the key words.
+"""
 LANES = 32  # elements per packed word: one uint32 of keep-flags
 _BLOCK_BITS = 128  # bits per Threefry-4x32 call
 _U32 = jnp.uint32

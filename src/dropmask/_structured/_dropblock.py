@@ -143,7 +143,7 @@ def drop_block(
       DtypeError: ``x`` is not floating point.
       DropmaskValueError: ``x`` is not 3-d to 5-d, or ``block_size`` is larger than
         the map or not one per spatial axis, or ``global_shape`` splits a spatial axis.
-      The rate and key errors of :func:`dropmask.dropout`.
+      DropmaskError: the rate and key errors of :func:`dropmask.dropout`.
 
     Example:
       >>> import jax, jax.numpy as jnp, dropmask

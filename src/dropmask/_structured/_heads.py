@@ -84,7 +84,7 @@ def drop_head(
 
     Raises:
       DropmaskValueError: ``x`` has fewer than 3 axes.
-      The errors of :func:`dropmask.dropout`.
+      DropmaskError: the errors of :func:`dropmask.dropout`.
 
     Example:
       >>> import jax, jax.numpy as jnp, dropmask
@@ -162,7 +162,7 @@ def drop_head_attention(
 
     Raises:
       DropmaskValueError: both ``key`` and ``dropout_rng``.
-      The errors of :func:`dropmask.dot_product_attention` and :func:`drop_head`.
+      DropmaskError: the errors of :func:`dropmask.dot_product_attention` and :func:`drop_head`.
 
     Example:
       >>> import jax, jax.numpy as jnp, dropmask

@@ -101,7 +101,7 @@ def layer_drop(
       DropmaskTypeError: ``layer`` is not callable.
       DropmaskValueError: ``layer``'s outputs differ from ``inputs`` in structure, shape
         or dtype.
-      The rate and key errors of :func:`dropmask.dropout`.
+      DropmaskError: the rate and key errors of :func:`dropmask.dropout`.
 
     Example:
       >>> import jax, jax.numpy as jnp, dropmask

@@ -114,7 +114,7 @@ def r_drop_passes(apply: Callable[[Any], T], key: Any) -> tuple[T, T]:
 
     Raises:
       DropmaskTypeError: ``apply`` is not callable.
-      The key errors of :func:`dropmask.dropout`.
+      DropmaskError: the key errors of :func:`dropmask.dropout`.
 
     Example:
       >>> import jax, jax.numpy as jnp, dropmask

@@ -86,7 +86,7 @@ def drop_tokens(
       DropmaskValueError: ``x`` has fewer than 2 axes.
       MaskShapeError: ``mask`` is not ``[batch, time]``.
       DtypeError: ``mask`` is not boolean.
-      The rate and key errors of :func:`dropmask.dropout` (``rate`` must be below 1).
+      DropmaskError: the rate and key errors of :func:`dropmask.dropout` (``rate`` must be below 1).
 
     Example:
       >>> import jax, jax.numpy as jnp, dropmask

@@ -23,6 +23,7 @@ CODES: dict[str, str] = {
     "same-mask-across-iterations": "a scanned or looped layer draws one mask in every iteration",
     "same-mask-across-vmap": "every member of a vmap batch draws one mask (a broadcast stream)",
 }
+"""Every finding code the audit reports, with what it means; a code is never renamed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +97,7 @@ class AuditReport:
 
     @property
     def codes(self) -> set[str]:
-        """The set of finding codes, for quick checks: ``'rate-mismatch' in r.codes``."""
+        """The set of finding codes, for quick checks (``'rate-mismatch' in r.codes``)."""
         return {f.code for f in self.findings}
 
     def merged(self, other: AuditReport) -> AuditReport:

@@ -58,7 +58,7 @@ def epoch_batch(
       Indices into the training examples, distinct within an epoch.
 
     Raises:
-      DropmaskValueError: a negative step, or sizes :func:`steps_per_epoch` refuses.
+      DropmaskValueError: a negative step, or sizes ``steps_per_epoch`` refuses.
 
     Example:
       >>> key = jax.random.key(0)

@@ -41,7 +41,7 @@ _NNX_DROPOUT = (
 
 
 def sample_keys(key: jax.Array, num_samples: int) -> jax.Array:
-    """The keys of samples ``0 .. num_samples - 1``: ``fold_in(key, i)``.
+    """The keys of samples 0 to ``num_samples - 1``: ``fold_in(key, i)``.
 
     Args:
       key: one PRNG key (typed, or a raw ``uint32[2]`` key).

@@ -20,6 +20,7 @@ __all__ = [
 ]
 
 HOLDS, NOT, DEPENDS = "holds", "does not hold", "depends"
+"""The three verdicts of a claim (it holds, it does not hold, it depends on the backend)."""
 
 # The verdicts docs/select_vs_where.md states, by backend ("*": every backend). These
 # are facts about JAX and XLA, not about dropmask: an upgrade that changes one makes
