@@ -47,7 +47,7 @@ def _documented_names() -> set[str]:
     ]
     found = set()
     for text in texts:
-        for m in re.finditer(r"attention_fn\s*=\s*(?:`\s*)?([\w.]+)(\(\s*[\w.]+)?", text):
+        for m in re.finditer(r"attention_fn\s*=\s*(?:`\s*)?([A-Za-z_][\w.]*)(\(\s*[\w.]+)?", text):
             name = (m.group(2) or "").lstrip("(").strip() or m.group(1)
             found.add(name.rsplit(".", 1)[-1])
     return found

@@ -109,12 +109,13 @@ def test_compiled_gradient_needs_no_more_temporaries_than_plain_attention():
     # Zeroing non-finite q, k, v with a where would make XLA write each of their
     # gradients twice (the einsum's output and the where's); the NaN-safe path must
     # fit in plain attention's temporaries, give or take one f32 per query row and
-    # head (its run-time choice between a fused and a flagging softmax keeps a few row
-    # vectors); one gradient of q, k or v is four times that.
+    # head and one byte per weight (at this size XLA keeps the softmax's flags of
+    # non-finite scores apart; at [16, 8, 256, 256] it fuses them and the step's
+    # temporaries grow by 0.13 %); one gradient of q, k or v is four times the weights.
     ours = _layer_temp_bytes(dm.dot_product_attention)
     plain = _layer_temp_bytes(_plain_attention)
     b, t, h = 4, 64, 4
-    assert ours <= plain + 4 * b * h * t, (ours, plain)
+    assert ours <= plain + 4 * b * h * t + b * h * t * t, (ours, plain)
 
 
 def test_forward_mode_matches_plain_attention():

@@ -561,9 +561,7 @@ def _dense(
         not_neg_inf = bias_arr != -jnp.inf
         allowed = not_neg_inf if allowed is None else allowed & not_neg_inf
     bad_rows, bad_cols = _taint(bad_q, bad_k | bad_v, groups)
-    weights, tainted = attention_weights(
-        score, q, k, bias_arr, allowed, bad_rows, bad_cols, dtype, bounded=not custom
-    )
+    weights, tainted = attention_weights(score, q, k, bias_arr, allowed, bad_rows, bad_cols, dtype)
     if module is not None:
         _sow(module, weights)
 
