@@ -111,11 +111,12 @@ def test_eval_is_deterministic(config, data, state):
 @pytest.mark.slow
 def test_tiny_run_lowers_the_loss_and_resumes_exactly(config, tmp_path):
     longer = config.copy_and_resolve_references()
-    longer.steps, longer.log_every = 48, 1
+    longer.steps, longer.log_every = 64, 1
     full = run_training(train.example, longer, tmp_path / "full", devices=1, progress=False)
     first, last = np.mean(full.losses[:4]), np.mean(full.losses[-8:])
-    # Two classes: the loss starts near ln 2; 4 epochs of a tiny model learn word
-    # polarity, not yet the constructions.
+    # Two classes: the loss starts near ln 2; 5 epochs of a tiny model learn word
+    # polarity, not yet the constructions (with one seed's masks 4 epochs reached only
+    # 0.90x the first loss, 5 reached 0.80x).
     assert last < 0.9 * first, (first, last)
     half = longer.copy_and_resolve_references()
     half.steps = 20

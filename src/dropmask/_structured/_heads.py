@@ -141,9 +141,10 @@ def drop_head_attention(
 
     Args:
       q, k, v: as in :func:`dropmask.dot_product_attention`.
-      mask, bias, is_causal, dtype, precision, module, force_fp32_for_softmax,
-        qk_attn_weights_einsum, attn_weights_value_einsum: as in
+      mask, bias, is_causal, dtype, precision, module: as in
         :func:`dropmask.dot_product_attention`.
+      force_fp32_for_softmax, qk_attn_weights_einsum, attn_weights_value_einsum: as
+        in :func:`dropmask.dot_product_attention`.
       dropout_rate: probability of dropping a head of an example.
       dropout_rng: the dropout key (Flax's name); ``key`` is its alias.
       key: see ``dropout_rng``.

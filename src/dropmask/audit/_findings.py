@@ -77,8 +77,11 @@ def site_findings(
         if info.kind in ("other", "gaussian") or not seen:
             out.extend(_shared(info, seen))
             continue
-        dropped, valid = _dropped(seen)
-        rate, n = info.rate, _decisions(info, seen)
+        # A mask repeated across vmap members or loop iterations is one draw (the
+        # repeat has its own finding): counted once, the rate's interval stays honest.
+        distinct = _distinct(seen)
+        dropped, valid = _dropped(distinct)
+        rate, n = info.rate, _decisions(info, distinct)
         if rate is not None and rate > 0 and dropped == 0 and valid:
             out.append(
                 Finding(
@@ -92,6 +95,19 @@ def site_findings(
         elif rate is not None and 0 < rate < 1 and valid:
             out.extend(_rate(info, dropped / valid, n))
         out.extend(_shared(info, seen))
+    return out
+
+
+def _distinct(seen: Sequence[Observation]) -> list[Observation]:
+    """``seen`` without the observations whose dropped pattern repeats an earlier one."""
+    out: list[Observation] = []
+    patterns: list[np.ndarray] = []
+    for o in seen:
+        d = o.dropped
+        if d is None or not any(p.shape == d.shape and np.array_equal(p, d) for p in patterns):
+            out.append(o)
+            if d is not None:
+                patterns.append(d)
     return out
 
 
