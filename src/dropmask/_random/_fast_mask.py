@@ -315,13 +315,13 @@ def _jitted_flags(
     """
     key = _words(words)
     ops = Ops()
-    if value is None and static_value is not None and static_value >= _LEVELS:
-        packed = ops.like(index, 2**FIELDS.per_call - 1)  # every field is below 2**16
+    if value is not None:
+        value = lax.broadcast_in_dim(value, index.shape, ())
+    elif static_value is not None and static_value < _LEVELS:
+        value = ops.like(index, static_value)
+    if value is None:  # a static threshold of 2**16: every field is below it
+        packed = ops.like(index, 2**FIELDS.per_call - 1)
     else:
-        if value is None:
-            value = ops.like(index, static_value)
-        else:
-            value = lax.broadcast_in_dim(value, index.shape, ())
         zero = _U32(0)
         outputs = threefry4x32((index, part, zero, zero), key, ops=ops)
         packed = _call_lanes(ops.like(index, 0), outputs, value, ops)
