@@ -117,14 +117,14 @@ def fused_dropout(
     thr = testing.threshold(keep_prob)
     if not isinstance(thr.value, int) or x.ndim == 0 or x.shape[-1] % testing.LANES:
         raise ValueError("static rate and x.shape[-1] % 32 == 0 only")
-    width = min(testing.fields_per_call(thr.nbits), testing.LANES)
+    width = min(128 // testing.FIELD_BITS, testing.LANES)
     view = x.reshape(x.size // width, width)
     kernel = {"rows": _rows_kernel, "columns": _columns_kernel, "joined": _joined_kernel}[layout]
     kernel = functools.partial(
         kernel,
         rows=rows,
         calls_per_word=testing.LANES // width,
-        nbits=thr.nbits,
+        nbits=testing.FIELD_BITS,
         thr=thr.value,
         scale=1.0 / thr.realised,
     )

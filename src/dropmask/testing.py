@@ -38,6 +38,7 @@ from ._random import Threshold as Threshold
 from ._random import threefry4x32 as threefry4x32
 
 __all__ = [
+    "FIELD_BITS",
     "LANES",
     "MASK_NAME",
     "PATHS",
@@ -50,6 +51,10 @@ __all__ = [
     "threefry4x32",
     "threshold",
 ]
+
+FIELD_BITS = _random.FIELD_BITS
+"""Bits of the random field each element compares with the threshold (16, at every
+rate): one 128-bit Threefry call serves ``128 // FIELD_BITS`` elements."""
 
 LANES = _random.LANES
 """Elements per packed word; bit ``l`` of a word is the keep-flag of its element ``l``."""
