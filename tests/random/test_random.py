@@ -173,7 +173,7 @@ def test_one_precision_for_every_rate(rate):
 def test_static_rates_that_round_to_0_or_1_are_refused():
     x, key = jnp.ones((4, 64)), jax.random.key(0)
     for rate in (1e-6, 1 - 1e-6):
-        with pytest.raises(dropmask.RateError, match="dropout: rate must be 0, 1, or at least"):
+        with pytest.raises(dropmask.RateError, match="dropout: rate must be 0, 1, or more than"):
             dropmask.dropout(x, rate, key)
     # Either end of the resolution is still drawn, and impl="flax" takes any rate.
     dropped = int((~dropmask.keep_mask(key, (1 << 20,), 2**-16)).sum())

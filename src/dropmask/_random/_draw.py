@@ -30,7 +30,7 @@ traced, is always a run-time value, so one program serves every value and an eag
 draws the same mask as a jitted one. ``"fast"`` draws both at one precision: the keep
 probability ``1 - rate``, computed in float32, rounded to a multiple of ``2**-16``; so a
 rate and the same rate as a float32 scalar draw the same mask, in programs of the same
-size. A static rate that this rounds to 0 or 1 (below ``2**-17`` from either end) is
+size. A static rate that this rounds to 0 or 1 (within ``2**-17`` of either end) is
 refused rather than drawn as another rate. A run-time rate outside ``[0, 1]`` makes the
 drawn probability NaN: floating outputs become NaN, and nothing is kept
 (:func:`keep_mask` is all False); under ``checkify.checkify(f, errors=checkify.user_checks)``
@@ -227,7 +227,7 @@ def _check_resolution(p: float, thr: Threshold, caller: str) -> None:
     """Refuses a static probability that the ``"fast"`` threshold would round to 0 or 1."""
     if thr.realised in (0.0, 1.0) and p not in (0.0, 1.0):
         raise RateError(
-            f"{caller}: rate must be 0, 1, or at least 2**-17 from both with impl='fast' "
+            f"{caller}: rate must be 0, 1, or more than 2**-17 from both with impl='fast' "
             f"(it draws probabilities to 2**-16), got a flag probability of {p:.6g} "
             f"(1 - rate for dropout), which rounds to {thr.realised:g}. Pass rate=0 or 1 "
             f"itself, or impl='flax' where the function takes it."
