@@ -207,8 +207,7 @@ def dot_product_attention(
       flowing through it to ``q``, ``k`` and ``v``, equals the result with the
       offending entries replaced by any finite number; non-finite entries of ``k``
       and ``v``, and of ``q`` past its first feature, get a zero gradient. The
-      check is made on per-row flags, and on the scores only where a bound on them
-      (row norms of ``q`` and ``k``, the bias) says one may be NaN or +inf; nothing
+      check is made on per-row flags and, inside the softmax, on the scores; nothing
       of size ``[q_len, kv_len, depth]`` is built, and the dense path's backward pass
       keeps one array of the weights' size (the weights).
 

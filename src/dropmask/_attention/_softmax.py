@@ -36,12 +36,12 @@ def softmax_flagging_nonfinite(
     ``(weights, nonfinite)`` with ``weights`` in the compute dtype and
     ``nonfinite: bool``, 1 on the reduced axes.
 
-    Dense attention uses it (when some score may be NaN or +inf, see
-    ``_dense_weights``) to find the rows that see a non-finite input from the sum the
-    softmax computes anyway (``taint`` joins it inside the exp fusion, so no extra
-    pass over ``x``), and to empty them so that ``0 * NaN`` in the backward pass
-    cannot reach the other rows; it then writes NaN into their outputs itself. The
-    backward pass keeps the weights only: one array the size of ``x``.
+    Dense attention uses it (``_dense_weights``, its only softmax) to find the rows
+    that see a non-finite input from the sum the softmax computes anyway (``taint``
+    joins it inside the exp fusion, so no extra pass over ``x``), and to empty them so
+    that ``0 * NaN`` in the backward pass cannot reach the other rows; it then writes
+    NaN into their outputs itself. The backward pass keeps the weights only: one array
+    the size of ``x``.
 
     ``dtype`` (default: the compute dtype) is the weights' output dtype. The softmax is
     computed in f32+ either way; a narrower ``dtype`` (bf16 attention) is also the
