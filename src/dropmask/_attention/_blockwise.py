@@ -431,7 +431,7 @@ def blockwise_attention(
     ``q`` is already scaled by ``1/sqrt(D)`` and every input is finite (non-finite
     entries were zeroed and recorded in ``side.bad_q`` / ``side.bad_kv``). Returns
     the output ``[*batch, Lq, H, Dv]`` with tainted rows 0, and the taint
-    ``bool[*batch, H, Lq, 1]`` (the dense path's layout, for ``_poison``).
+    ``bool[*batch, H, Lq, 1]`` (the dense path's layout, for ``_nonfinite.poison``).
     """
     b = math.prod(plan.batch)
     hk, g = plan.kv_heads, plan.groups

@@ -12,7 +12,6 @@ einsums (forward and backward).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -32,19 +31,17 @@ from .._checks import (
     check_static_int,
     check_window,
 )
-from .._dropout import dropout, flags_and_realised, scale_and_fill
 from .._errors import DropmaskValueError, DtypeError
 from .._masks import (
     as_array,
     check_broadcastable,
-    segment_mask,
     sequence_mask,
-    sliding_window_mask,
 )
-from .._random import DEFAULT_IMPL, SAVE_MASK_WORDS, Impl, draw, mask_shape, probability
+from .._random import DEFAULT_IMPL, Impl, probability
 from .._reductions import compute_dtype
 from . import _blockwise as bw
-from ._dense_weights import attention_weights
+from ._dense import Dense, dense, dense_jit, rank
+from ._nonfinite import poison, prepared
 
 __all__ = ["Algorithm", "dot_product_attention"]
 
@@ -397,7 +394,7 @@ def _run_dense(
     einsums: tuple[Any, Any],
 ) -> jax.Array:
     """The dense path for a checked call: through one jitted computation when it can."""
-    spec = _Dense(
+    spec = Dense(
         dtype=c.dtype,
         kv_heads=c.kv_heads,
         groups=c.groups,
@@ -415,8 +412,8 @@ def _run_dense(
     if module is None and einsums[0] is None:
         # One jitted computation per static spec: a model's layers of one shape
         # trace it (and its derivative rules) once, not once per layer.
-        return _dense_jit(spec, None, *arrays, run_time_rate)
-    return _dense(spec, (module, einsums), *arrays, run_time_rate)
+        return dense_jit(spec, None, *arrays, run_time_rate)
+    return dense(spec, (module, einsums), *arrays, run_time_rate)
 
 
 def _run_tiled(
@@ -430,7 +427,7 @@ def _run_tiled(
     """The blockwise or Pallas path for a checked call."""
     # Non-finite entries are zeroed before the einsums (whose backward multiplies by
     # every key and query, masked or not) and recorded per position instead.
-    q, k, v, bad_q, bad_k, bad_v = _prepared(c.q, c.k, c.v, c.dtype)
+    q, k, v, bad_q, bad_k, bad_v = prepared(c.q, c.k, c.v, c.dtype)
     # As in dropout: a Python number is a compile-time rate, a JAX scalar (even a
     # concrete one) a run-time value, so every path draws with the same threshold.
     keep = probability(dropout_rate, c.rate, keep=True, caller=_CALLER) if c.drops else None
@@ -476,7 +473,7 @@ def _run_tiled(
             run_time_keep=run_keep,
             mask=c.mask,
         )
-        return _poison(out, q, tainted)
+        return poison(out, q, tainted)
 
     bias = c.bias
     side = bw.make_side(
@@ -485,120 +482,12 @@ def _run_tiled(
         q_segments=c.q_seg,
         kv_segments=c.kv_seg,
         mask=c.mask,
-        bias=None if bias is None else _rank(jnp.asarray(bias), len(c.logits_shape)),
+        bias=None if bias is None else rank(jnp.asarray(bias), len(c.logits_shape)),
         bad_q=bad_q,
         bad_kv=bad_k | bad_v,
     )
     out, tainted = bw.blockwise_attention(plan, q, k, v, side, bw.Dropout(c.rng, run_keep))
-    return _poison(out, q, tainted)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Dense:
-    """Everything static about one dense attention call (hashable: it keys the jit cache)."""
-
-    dtype: Any
-    kv_heads: int
-    groups: int
-    precision: Any
-    logits_shape: tuple[int, ...]
-    span: tuple[int | None, int | None]
-    broadcast_dropout: bool
-    drops: bool
-    impl: Impl
-    rate: float | None  # None: a run-time rate, passed as an array
-
-
-def _prepared(q: jax.Array, k: jax.Array, v: jax.Array, dtype: Any) -> tuple[jax.Array, ...]:
-    """``q`` (scaled by ``1/sqrt(depth)``), ``k`` and ``v`` in ``dtype`` with non-finite
-    entries zeroed, and where they were: ``(q, k, v, bad_q, bad_k, bad_v)``. Zeroed
-    before the einsums, whose backward multiplies by every key and query, masked or not."""
-    q, bad_q = _finite_part(q, dtype)
-    k, bad_k = _finite_part(k, dtype)
-    v, bad_v = _finite_part(v, dtype)
-    return q / jnp.sqrt(q.shape[-1]).astype(dtype), k, v, bad_q, bad_k, bad_v
-
-
-def _dense(
-    spec: _Dense,
-    extras: tuple[Any, tuple[Any, Any]] | None,
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    m: Any,
-    kv_valid: Any,
-    q_seg: Any,
-    kv_seg: Any,
-    bias: Any,
-    rng: Any,
-    run_time_rate: Any,
-) -> jax.Array:
-    """The dense path: ``[q, k]`` weights with the NaN-safe softmax, then dropout.
-
-    ``extras`` is ``(module, (qk einsum, weights-value einsum))`` when the call sows its
-    weights or brings its own einsums, None otherwise.
-    """
-    module, (qk_attn_weights_einsum, attn_weights_value_einsum) = extras or (None, (None, None))
-    dtype, kv_heads, groups, precision = spec.dtype, spec.kv_heads, spec.groups, spec.precision
-    logits_shape, drops, impl = spec.logits_shape, spec.drops, spec.impl
-    dropout_rate: Any = spec.rate if run_time_rate is None else run_time_rate
-    q, k, v, bad_q, bad_k, bad_v = _prepared(q, k, v, dtype)
-    m = _dense_structure(m, logits_shape, spec.span, kv_valid, q_seg, kv_seg)
-    custom = qk_attn_weights_einsum is not None
-    if custom:
-        score = functools.partial(qk_attn_weights_einsum, "...qhd,...khd->...hqk")
-    else:
-        score = functools.partial(
-            _heads_major_scores, kv_heads, groups, precision, compute_dtype(dtype)
-        )
-    acc = compute_dtype(dtype)
-    allowed = m
-    bias_arr = None
-    if bias is not None:
-        bias_arr = _rank(jnp.asarray(bias, acc), len(logits_shape))
-        # A -inf bias is a mask: such a key is unseen, so its garbage must not count.
-        not_neg_inf = bias_arr != -jnp.inf
-        allowed = not_neg_inf if allowed is None else allowed & not_neg_inf
-    bad_rows, bad_cols = _taint(bad_q, bad_k | bad_v, groups)
-    weights, tainted = attention_weights(score, q, k, bias_arr, allowed, bad_rows, bad_cols, dtype)
-    if module is not None:
-        _sow(module, weights)
-
-    dims = tuple(range(len(logits_shape) - 2)) if spec.broadcast_dropout else ()
-
-    def weigh(weights: jax.Array, v: jax.Array) -> jax.Array:
-        if drops and impl == "fast":
-            # The kept weights' 1/keep goes onto v, [*b, kv_len, kv_heads, depth], not
-            # onto the weights: the gradient's matching multiply then also lands on a
-            # small array, instead of a scalar that XLA's CPU backend broadcasts to a
-            # whole [*b, heads, q, k] array to feed the fused softmax derivative.
-            p = probability(dropout_rate, spec.rate, keep=True, caller=_CALLER)
-            shape = mask_shape(logits_shape, dims)
-            flags, realised = draw(rng, shape, p, "fast", flags_and_realised, caller=_CALLER)
-            scale, fill = scale_and_fill(realised, compute_dtype(dtype))
-            weights = jnp.where(flags, weights, fill.astype(weights.dtype))
-            v = (v.astype(scale.dtype) * scale).astype(v.dtype)
-        elif drops:
-            weights = dropout(weights, dropout_rate, rng, broadcast_dims=dims, impl=impl)
-        if attn_weights_value_einsum is not None:
-            return attn_weights_value_einsum("...hqk,...khd->...qhd", weights, v)
-        return _heads_major_values(kv_heads, groups, precision, weights, v)
-
-    if drops and impl == "fast":
-        # The backward pass of `dropped weights @ v` needs the dropped weights; kept,
-        # they would be a second [b, h, q, k] residual beside the softmax's weights.
-        # Recomputed from those weights and the saved 1-bit mask words, they cost one
-        # elementwise pass in the backward pass and are not kept between the passes
-        # (XLA still holds them while that einsum's gradient runs).
-        weigh = jax.checkpoint(weigh, policy=SAVE_MASK_WORDS)
-    return _poison(weigh(weights, v), q, tainted)
-
-
-_dense_jit = jax.jit(_dense, static_argnums=(0, 1))
-
-
-def _rank(x: jax.Array, ndim: int) -> jax.Array:
-    return x.reshape((1,) * (ndim - x.ndim) + x.shape)
+    return poison(out, q, tainted)
 
 
 def _window(window: Any, is_causal: bool) -> tuple[int | None, int | None]:
@@ -723,163 +612,3 @@ def _block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[i
         )
         sizes.append(max(min(size, length), 1))
     return sizes[0], sizes[1]
-
-
-def _dense_structure(
-    m: Any,
-    logits_shape: tuple[int, ...],
-    span: tuple[int | None, int | None],
-    kv_valid: Any,
-    q_seg: Any,
-    kv_seg: Any,
-) -> Any:
-    """The dense mask: ``m`` and the structure arguments, built with the mask helpers."""
-    q_len, kv_len = logits_shape[-2:]
-    ndim = len(logits_shape)
-    parts = [m]
-    left, right = span
-    if left is not None or right is not None:
-        reach = (
-            q_len + kv_len if left is None else left,
-            q_len + kv_len if right is None else right,
-        )
-        parts.append(sliding_window_mask(q_len, reach, kv_len))
-    if kv_valid is not None:
-        parts.append(kv_valid[..., None, None, :])
-    if q_seg is not None:
-        parts.append(segment_mask(q_seg, kv_seg))
-    out = None
-    for part in parts:
-        if part is None:
-            continue
-        part = _rank(part, ndim)
-        out = part if out is None else out & part
-    return out
-
-
-def _finite_part(x: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
-    """``x`` in ``dtype`` with non-finite entries zeroed; ``bad: bool[*b, length, heads]``."""
-    return _zeroed(x, dtype), _nonfinite_rows(x, dtype)
-
-
-def _sanitised(x: jax.Array, dtype: Any) -> jax.Array:
-    """``x`` in ``dtype``, non-finite entries (before or after the cast) set to 0.
-
-    Zeroed before the cast, so no op passes a NaN along (``jax_debug_nans``); a cast
-    can overflow (float32 to float16), so its result is checked too.
-    """
-    out = jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype)).astype(dtype)
-    if x.dtype != dtype:
-        out = jnp.where(jnp.isfinite(out), out, jnp.zeros((), dtype))
-    return out
-
-
-def _nonfinite_rows(x: jax.Array, dtype: Any) -> jax.Array:
-    finite = jnp.isfinite(x)
-    if x.dtype != dtype:
-        safe = jnp.where(finite, x, jnp.zeros((), x.dtype)).astype(dtype)
-        finite = finite & jnp.isfinite(safe)
-    return ~jnp.all(finite, axis=-1)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def _zeroed(x: jax.Array, dtype: Any) -> jax.Array:
-    """:func:`_sanitised` whose derivative is the identity, zeroed entries included.
-
-    No weight touches a zeroed entry (its query row or key column is emptied), so
-    its cotangent from the einsums is already exactly 0. The derivative of a
-    ``where`` would zero it again, a select over the whole ``[*b, length, heads,
-    depth]`` gradient that XLA writes out beside the einsum's output for each of
-    ``q``, ``k`` and ``v``; the identity keeps no residual and writes nothing.
-    """
-    return _sanitised(x, dtype)
-
-
-@_zeroed.defjvp
-def _zeroed_jvp(
-    dtype: Any, primals: tuple[jax.Array], tangents: tuple[jax.Array]
-) -> tuple[jax.Array, jax.Array]:
-    return _zeroed(primals[0], dtype), tangents[0].astype(dtype)
-
-
-def _taint(bad_q: jax.Array, bad_kv: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
-    """``(rows, cols)``: a non-finite query's row ``[*b, heads, q, 1]`` and a non-finite
-    key's or value's column ``[*b, heads, 1, k]``.
-
-    Together they mark the scores a non-finite input touches without being that large:
-    the softmax flags exactly the rows whose *allowed* part holds one, from the sums
-    it computes anyway or from these small arrays; nothing of size ``[q_len, kv_len,
-    depth]`` is built.
-    """
-    rows = jnp.swapaxes(bad_q, -1, -2)[..., None]  # [*b, heads, q, 1]
-    cols = jnp.swapaxes(bad_kv, -1, -2)  # [*b, kv_heads, k]
-    if groups > 1:
-        cols = jnp.repeat(cols, groups, axis=-2)
-    return rows, cols[..., None, :]
-
-
-def _heads_major_scores(
-    kv_heads: int, groups: int, precision: Any, accumulate: Any, q: jax.Array, k: jax.Array
-) -> jax.Array:
-    """``q . k`` as ``[*b, heads, q_len, kv_len]`` in ``accumulate``, computed heads-major.
-
-    The scores come out in ``accumulate`` (float32 for 16-bit inputs), as the
-    blockwise and Pallas paths accumulate them: a float16 score beyond 65504 is a
-    finite float32 number on every path, not an overflow on this one only.
-
-    ``q`` and ``k`` (``[*b, length, heads, depth]``) are transposed to ``[*b, kv_heads,
-    groups * q_len, depth]`` and ``[*b, kv_heads, depth, kv_len]`` first, so the product
-    is a plain batched matrix product whose output is already in the weights' layout.
-    Written as an einsum from the ``[*b, length, heads, depth]`` layout, XLA's CPU
-    backend chose transposed layouts for the attention products and their gradients,
-    and one of them ran several times slower (see ``docs/dropout_speed.md``).
-    """
-    q_len, depth = q.shape[-3], q.shape[-1]
-    qg = q.reshape(q.shape[:-2] + (kv_heads, groups, depth))
-    qg = jnp.moveaxis(qg, -4, -2)  # [*b, kv_heads, groups, q_len, depth]
-    qg = qg.reshape(qg.shape[:-3] + (groups * q_len, depth))
-    k_t = jnp.moveaxis(k, -3, -1)  # [*b, kv_heads, depth, kv_len]
-    logits = jnp.einsum(
-        "...mn,...np->...mp", qg, k_t, precision=precision, preferred_element_type=accumulate
-    )
-    return logits.reshape(logits.shape[:-3] + (kv_heads * groups, q_len, logits.shape[-1]))
-
-
-def _heads_major_values(
-    kv_heads: int, groups: int, precision: Any, weights: jax.Array, v: jax.Array
-) -> jax.Array:
-    """``weights @ v`` as ``[*b, q_len, heads, v_depth]``, heads-major as the scores."""
-    q_len, kv_len = weights.shape[-2:]
-    wg = weights.reshape(weights.shape[:-3] + (kv_heads, groups * q_len, kv_len))
-    vb = jnp.swapaxes(v, -2, -3)  # [*b, kv_heads, kv_len, v_depth]
-    out = jnp.einsum("...mn,...np->...mp", wg, vb, precision=precision)
-    out = out.reshape(out.shape[:-2] + (groups, q_len, out.shape[-1]))
-    out = jnp.moveaxis(out, -2, -4)  # [*b, q_len, kv_heads, groups, v_depth]
-    return out.reshape(out.shape[:-3] + (kv_heads * groups, out.shape[-1]))
-
-
-def _poison(out: jax.Array, q: jax.Array, tainted: jax.Array) -> jax.Array:
-    """Writes NaN into tainted query rows, with a NaN gradient to their ``q`` only.
-
-    Their attention rows were emptied, so the einsums above saw only finite inputs
-    and every other query's value and gradient is exact. ``q * 0 / 0`` is NaN in
-    value and derivative on tainted rows, and ``q * 0 / 1`` is 0 elsewhere, so a
-    tainted query's gradient is NaN as in plain attention, and no NaN is built when
-    there is none (``jax_debug_nans`` stays quiet). One entry of ``q``, not a sum
-    over depth, which XLA would recompute for every output feature. The NaN reaches
-    that entry whatever it held (:func:`_zeroed` passes gradients through): a
-    tainted query's first feature always gets a NaN gradient.
-    """
-    rows = jnp.swapaxes(tainted[..., 0], -1, -2)[..., None]  # [*b, q, heads, 1]
-    zero = q[..., :1].astype(out.dtype) * jnp.zeros((), out.dtype)
-    nan = zero / jnp.where(rows, jnp.zeros((), out.dtype), jnp.ones((), out.dtype))
-    return jnp.where(rows, nan, out)
-
-
-def _sow(module: Any, weights: jax.Array) -> None:
-    from flax import nnx
-
-    if isinstance(module, nnx.Module):
-        module.sow(nnx.Intermediate, "attention_weights", weights)
-    else:
-        module.sow("intermediates", "attention_weights", weights)

@@ -1,0 +1,105 @@
+"""The non-finite convention every attention path shares.
+
+A NaN or inf in a query, key or value is zeroed before the einsums and recorded per
+position; the paths empty the rows it may reach, and :func:`poison` writes NaN into
+those queries' outputs afterwards, with a NaN gradient to their ``q`` only.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["poison", "prepared", "taint"]
+
+
+def prepared(q: jax.Array, k: jax.Array, v: jax.Array, dtype: Any) -> tuple[jax.Array, ...]:
+    """``q`` (scaled by ``1/sqrt(depth)``), ``k`` and ``v`` in ``dtype`` with non-finite
+    entries zeroed, and where they were: ``(q, k, v, bad_q, bad_k, bad_v)``. Zeroed
+    before the einsums, whose backward multiplies by every key and query, masked or not."""
+    q, bad_q = _finite_part(q, dtype)
+    k, bad_k = _finite_part(k, dtype)
+    v, bad_v = _finite_part(v, dtype)
+    return q / jnp.sqrt(q.shape[-1]).astype(dtype), k, v, bad_q, bad_k, bad_v
+
+
+def _finite_part(x: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    """``x`` in ``dtype`` with non-finite entries zeroed; ``bad: bool[*b, length, heads]``."""
+    return _zeroed(x, dtype), _nonfinite_rows(x, dtype)
+
+
+def _sanitised(x: jax.Array, dtype: Any) -> jax.Array:
+    """``x`` in ``dtype``, non-finite entries (before or after the cast) set to 0.
+
+    Zeroed before the cast, so no op passes a NaN along (``jax_debug_nans``); a cast
+    can overflow (float32 to float16), so its result is checked too.
+    """
+    out = jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype)).astype(dtype)
+    if x.dtype != dtype:
+        out = jnp.where(jnp.isfinite(out), out, jnp.zeros((), dtype))
+    return out
+
+
+def _nonfinite_rows(x: jax.Array, dtype: Any) -> jax.Array:
+    finite = jnp.isfinite(x)
+    if x.dtype != dtype:
+        safe = jnp.where(finite, x, jnp.zeros((), x.dtype)).astype(dtype)
+        finite = finite & jnp.isfinite(safe)
+    return ~jnp.all(finite, axis=-1)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _zeroed(x: jax.Array, dtype: Any) -> jax.Array:
+    """:func:`_sanitised` whose derivative is the identity, zeroed entries included.
+
+    No weight touches a zeroed entry (its query row or key column is emptied), so
+    its cotangent from the einsums is already exactly 0. The derivative of a
+    ``where`` would zero it again, a select over the whole ``[*b, length, heads,
+    depth]`` gradient that XLA writes out beside the einsum's output for each of
+    ``q``, ``k`` and ``v``; the identity keeps no residual and writes nothing.
+    """
+    return _sanitised(x, dtype)
+
+
+@_zeroed.defjvp
+def _zeroed_jvp(
+    dtype: Any, primals: tuple[jax.Array], tangents: tuple[jax.Array]
+) -> tuple[jax.Array, jax.Array]:
+    return _zeroed(primals[0], dtype), tangents[0].astype(dtype)
+
+
+def taint(bad_q: jax.Array, bad_kv: jax.Array, groups: int) -> tuple[jax.Array, jax.Array]:
+    """``(rows, cols)``: a non-finite query's row ``[*b, heads, q, 1]`` and a non-finite
+    key's or value's column ``[*b, heads, 1, k]``.
+
+    Together they mark the scores a non-finite input touches without being that large:
+    the softmax flags exactly the rows whose *allowed* part holds one, from the sums
+    it computes anyway or from these small arrays; nothing of size ``[q_len, kv_len,
+    depth]`` is built.
+    """
+    rows = jnp.swapaxes(bad_q, -1, -2)[..., None]  # [*b, heads, q, 1]
+    cols = jnp.swapaxes(bad_kv, -1, -2)  # [*b, kv_heads, k]
+    if groups > 1:
+        cols = jnp.repeat(cols, groups, axis=-2)
+    return rows, cols[..., None, :]
+
+
+def poison(out: jax.Array, q: jax.Array, tainted: jax.Array) -> jax.Array:
+    """Writes NaN into tainted query rows, with a NaN gradient to their ``q`` only.
+
+    Their attention rows were emptied, so the einsums above saw only finite inputs
+    and every other query's value and gradient is exact. ``q * 0 / 0`` is NaN in
+    value and derivative on tainted rows, and ``q * 0 / 1`` is 0 elsewhere, so a
+    tainted query's gradient is NaN as in plain attention, and no NaN is built when
+    there is none (``jax_debug_nans`` stays quiet). One entry of ``q``, not a sum
+    over depth, which XLA would recompute for every output feature. The NaN reaches
+    that entry whatever it held (:func:`_zeroed` passes gradients through): a
+    tainted query's first feature always gets a NaN gradient.
+    """
+    rows = jnp.swapaxes(tainted[..., 0], -1, -2)[..., None]  # [*b, q, heads, 1]
+    zero = q[..., :1].astype(out.dtype) * jnp.zeros((), out.dtype)
+    nan = zero / jnp.where(rows, jnp.zeros((), out.dtype), jnp.ones((), out.dtype))
+    return jnp.where(rows, nan, out)
