@@ -1,42 +1,28 @@
-"""Text from a trained lm run: greedy or temperature sampling from a prompt.
+"""Text from a trained lm run: greedy, temperature and top-k sampling from a prompt.
 
 ::
 
-    python -m examples.lm.sample --workdir runs/lm --prompt "The with statement"
-    python -m examples.lm.sample --workdir runs/lm --prompt "A list" --temperature 0.8
+    dropmask sample lm --workdir runs/lm --prompt "The with statement"
+    dropmask sample lm --workdir runs/lm --prompt "A list" --temperature 0.8 --top-k 20
 
-:func:`generate` is the function behind the command; :func:`restore` rebuilds the
-state of a run's checkpoint (the latest, or ``--step``).
+(``python -m examples.lm.sample ...`` is the same command.) :func:`generate` is the
+function behind it, the example's ``sample`` hook.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import pathlib
 import sys
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
-from dropmask import DropmaskError, DropmaskValueError
-from dropmask.cli import OneLineParser
-from dropmask.training import NnxTrainState, restore_run
-
-from .train import example
-
-
-def restore(workdir: str | pathlib.Path, step: int | None = None) -> NnxTrainState:
-    """The state of checkpoint ``step`` (default: the latest) of the run in ``workdir``.
-
-    Raises:
-      DropmaskValueError: ``workdir`` holds no checkpoints.
-      CheckpointError: the run has no such checkpoint.
-    """
-    state, _, _ = restore_run(workdir, example, step=step)
-    return state
+from dropmask import DropmaskValueError
+from dropmask.training import NnxTrainState
 
 
 @functools.partial(jax.jit, static_argnames=("greedy",))
@@ -46,11 +32,18 @@ def _next_byte(
     last: jax.Array,
     key: jax.Array,
     temperature: jax.Array,
+    top_k: jax.Array,
     greedy: bool,
 ) -> jax.Array:
     logits = state.model(training=False)(window[None])[0, last]
     if greedy:
         return jnp.argmax(logits)
+    # The k-th largest logit is the threshold (top_k 0 or >= 256: none); a byte that
+    # ties with it is kept too.
+    vocab = logits.shape[-1]
+    kth = jnp.sort(logits)[vocab - jnp.clip(top_k, 1, vocab)]
+    kth = jnp.where((top_k > 0) & (top_k < vocab), kth, -jnp.inf)
+    logits = jnp.where(logits >= kth, logits, -jnp.inf)
     return jax.random.categorical(key, logits / temperature)
 
 
@@ -63,16 +56,28 @@ def _bucket(length: int, context: int) -> int:
     return min(size, context)
 
 
-def check_request(prompt: str, length: int, temperature: float, key: Any) -> None:
+def check_request(prompt: str, length: int, temperature: float, top_k: int, key: Any) -> None:
     """Raises :class:`DropmaskValueError` unless :func:`generate` can serve these
-    arguments; checked before a checkpoint is restored."""
-    if not prompt:
-        raise DropmaskValueError("generate: prompt must be at least one character, got ''.")
+    arguments."""
+    if not isinstance(prompt, str) or not prompt:
+        raise DropmaskValueError(
+            f"generate: prompt must be at least one character, got {prompt!r}."
+        )
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DropmaskValueError(
+            f"generate: prompt must be UTF-8 text, got {prompt!r}. Decode its bytes as UTF-8."
+        ) from None
     if length < 1:
         raise DropmaskValueError(f"generate: length must be >= 1, got {length}.")
     if not (math.isfinite(temperature) and temperature >= 0):
         raise DropmaskValueError(
             f"generate: temperature must be a finite number >= 0 (0: greedy), got {temperature}."
+        )
+    if not (isinstance(top_k, int) and top_k >= 0):
+        raise DropmaskValueError(
+            f"generate: top_k must be an int >= 0 (0: every byte), got {top_k!r}."
         )
     if temperature > 0 and key is None:
         raise DropmaskValueError(
@@ -86,12 +91,14 @@ def generate(
     length: int,
     *,
     temperature: float = 0.0,
+    top_k: int = 0,
     key: jax.Array | None = None,
 ) -> str:
     """``length`` bytes after ``prompt``, each from the model with dropout off.
 
     Temperature 0 takes the most likely byte (greedy); above 0, byte ``i`` is drawn
-    from ``softmax(logits / temperature)`` with ``fold_in(key, i)``. The model reads
+    from ``softmax(logits / temperature)`` over the ``top_k`` most likely bytes (0:
+    all 256) with ``fold_in(key, i)``: one key, one text. The model reads
     the last ``context`` bytes. Bytes that do not decode as UTF-8 are shown as U+FFFD.
 
     Args:
@@ -99,16 +106,17 @@ def generate(
       prompt: the text to continue; at least one character.
       length: how many bytes to add, at least 1.
       temperature: 0 for greedy decoding, else the sampling temperature.
+      top_k: sample among this many most likely bytes; 0 for all of them.
       key: the sampling key; required when ``temperature > 0``.
 
     Returns:
       The prompt and its continuation.
 
     Raises:
-      DropmaskValueError: an empty prompt, ``length < 1``, a temperature below 0 or
-        not finite, or no key for sampling.
+      DropmaskValueError: an empty or non-UTF-8 prompt, ``length < 1``, a
+        temperature below 0 or not finite, ``top_k < 0``, or no key for sampling.
     """
-    check_request(prompt, length, temperature, key)
+    check_request(prompt, length, temperature, top_k, key)
     context = int(state.params["positions"]["embedding"].shape[0])
     out = list(prompt.encode("utf-8"))
     key = jax.random.key(0) if key is None else key
@@ -123,37 +131,28 @@ def generate(
             jnp.int32(len(recent) - 1),
             jax.random.fold_in(key, i),
             jnp.float32(max(temperature, 1e-6)),
+            jnp.int32(top_k),
             temperature == 0,
         )
         out.append(int(byte))
     return bytes(out).decode("utf-8", errors="replace")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m examples.lm.sample", description=__doc__)
-    parser.add_argument("--workdir", required=True, help="a dropmask train lm run directory")
-    parser.add_argument("--prompt", required=True, help="the text to continue")
-    parser.add_argument("--length", type=int, default=300, help="bytes to add (300)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (0)")
-    parser.add_argument("--seed", type=int, default=0, help="the sampling key's seed (0)")
-    parser.add_argument("--step", type=int, help="the checkpoint (the latest)")
-    args = parser.parse_args(argv)
-    try:
-        check_request(args.prompt, args.length, args.temperature, jax.random.key(args.seed))
-        state = restore(args.workdir, args.step)
-        text = generate(
-            state,
-            args.prompt,
-            args.length,
-            temperature=args.temperature,
-            key=jax.random.key(args.seed),
-        )
-    except DropmaskError as error:
-        print(f"lm sample: error: {str(error).rstrip('.')}.", file=sys.stderr)
-        return 1
-    print(text)
-    return 0
+def sample_hook(
+    state: NnxTrainState,
+    config: ml_collections.ConfigDict,
+    prompt: str,
+    length: int,
+    temperature: float,
+    top_k: int,
+    key: jax.Array,
+) -> str:
+    """The example's ``sample`` hook (``dropmask sample lm``): :func:`generate`."""
+    del config
+    return generate(state, prompt, length, temperature=temperature, top_k=top_k, key=key)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dropmask.cli import main
+
+    sys.exit(main(["sample", "lm", *sys.argv[1:]]))

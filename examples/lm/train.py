@@ -32,7 +32,7 @@ from flax import nnx
 from dropmask import masked_cross_entropy, uncertainty
 from dropmask.training import Example, NnxTrainState
 
-from . import configs, input_pipeline
+from . import configs, input_pipeline, sample
 from .models import LanguageModel
 
 
@@ -175,6 +175,7 @@ example = Example(
     model_inputs=model_inputs,
     train_kwargs={},
     eval_kwargs={},
+    sample=sample.sample_hook,
 )
 
 

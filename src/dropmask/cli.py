@@ -23,6 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dropmask.training._command",
         "train an example with checkpoints, logs, plots and dropout-rate comparisons",
     ),
+    "sample": (
+        "dropmask.training._sample_command",
+        "continue a prompt with a trained run's model (greedy, temperature, top-k)",
+    ),
     "audit": (
         "dropmask.audit._command",
         "find dropout bugs in an example's model and train step",

@@ -11,9 +11,10 @@ from examples.lm import configs, input_pipeline, models, sample, train
 from flax import nnx
 from tests.examples.checks import assert_step_changes_every_parameter_and_uses_the_key
 
-from dropmask import DropmaskValueError
+from dropmask import DropmaskValueError, cli
 from dropmask.audit import audit_target, target_from_example
 from dropmask.training import DataError, run_keys
+from dropmask.training import restore_run as restore_training_run
 from dropmask.training import train as run_training
 
 
@@ -119,23 +120,74 @@ def test_predict_scores_every_held_out_byte_with_keyed_samples(state, config, da
     assert not np.array_equal(samples[0], samples[1])
 
 
-def test_greedy_and_temperature_sampling(state):
+def test_greedy_temperature_and_top_k_sampling_are_keyed(state):
     greedy = sample.generate(state, "The ", 12)
     assert greedy.startswith("The ") and greedy == sample.generate(state, "The ", 12)
     hot = functools.partial(sample.generate, state, "The ", 12, temperature=1.0)
     assert hot(key=jax.random.key(0)) == hot(key=jax.random.key(0))
     assert hot(key=jax.random.key(0)) != hot(key=jax.random.key(1))
-    for kwargs, match in [
+    # Among the one most likely byte, sampling at any temperature is greedy decoding.
+    for seed in range(3):
+        assert hot(key=jax.random.key(seed), top_k=1) == greedy
+    # top_k >= 256 keeps every byte: the same draws as no top-k.
+    assert hot(key=jax.random.key(2), top_k=256) == hot(key=jax.random.key(2))
+    # A small k never draws a byte outside the k most likely ones.
+    few = {hot(key=jax.random.key(s), top_k=3)[4] for s in range(12)}
+    window = jnp.asarray(np.frombuffer(b"The ", np.uint8).astype(np.int32))
+    logits = state.model(training=False)(window[None])[0, -1]
+    assert few <= {chr(int(b)) for b in np.argsort(np.asarray(logits))[-3:]}
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
         ({"prompt": ""}, "prompt must be at least one character"),
+        ({"prompt": "caf\udce9"}, "prompt must be UTF-8 text"),
         ({"length": 0}, "length must be >= 1"),
         ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
         ({"temperature": float("nan"), "key": jax.random.key(0)}, "a finite number >= 0"),
         ({"temperature": float("inf"), "key": jax.random.key(0)}, "a finite number >= 0"),
         ({"temperature": 0.5}, "needs key="),
-    ]:
-        args = {"prompt": "x", "length": 1, **kwargs}
-        with pytest.raises(DropmaskValueError, match=match):
-            sample.generate(state, args.pop("prompt"), args.pop("length"), **args)
+        ({"temperature": 0.5, "top_k": -1, "key": jax.random.key(0)}, "top_k must be an int >= 0"),
+    ],
+)
+def test_generate_refuses_what_it_cannot_serve(state, kwargs, match):
+    args = {"prompt": "x", "length": 1, **kwargs}
+    with pytest.raises(DropmaskValueError, match=match):
+        sample.generate(state, args.pop("prompt"), args.pop("length"), **args)
+
+
+@pytest.mark.parametrize(
+    "argv, status, says",
+    [
+        (["--prompt", ""], 2, "--prompt must be at least one character"),
+        (["--prompt", "caf\udce9"], 2, "--prompt must be UTF-8 text, got the byte(s) b'\\xe9'"),
+        (["--prompt", "x", "--temperature", "-0.5"], 2, "--temperature must be a finite number"),
+        (["--prompt", "x", "--temperature", "nan"], 2, "--temperature must be a finite number"),
+        (["--prompt", "x", "--length", "0"], 2, "--length must be >= 1"),
+        (["--prompt", "x", "--top-k", "-1", "--temperature", "1"], 2, "--top-k must be >= 0"),
+        (["--prompt", "x", "--top-k", "5"], 2, "--top-k 5 needs --temperature > 0"),
+        (["--prompt", "x", "--bogus"], 2, "unrecognized arguments: --bogus"),
+        (["--prompt", "x"], 2, "holds no checkpoints/: no run was trained there"),
+    ],
+)
+def test_the_sample_command_answers_a_mistake_in_one_line(tmp_path, capsys, argv, status, says):
+    assert cli.main(["sample", "lm", "--workdir", str(tmp_path / "none"), *argv]) == status
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dropmask sample: error: "), captured.err
+    assert says in lines[0]
+
+
+def test_the_sample_command_names_an_example_that_does_not_generate(tmp_path, capsys):
+    (tmp_path / "checkpoints").mkdir()
+    assert cli.main(["sample", "digits", "--workdir", str(tmp_path), "--prompt", "x"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "dropmask sample: error: the example 'digits' does not generate text: its Example "
+        "sets no sample=. Sample an example that does (e.g. lm), or add a sample hook."
+    ]
 
 
 def test_the_tiny_config_audits_clean_with_attention_weights_seen():
@@ -156,5 +208,20 @@ def test_tiny_run_lowers_the_loss_resumes_exactly_and_samples(config, tmp_path, 
     assert resumed.start_step == 4
     assert resumed.losses == whole.losses[4:]  # exact float equality
     assert resumed.final == whole.final
-    assert sample.main(["--workdir", str(tmp_path), "--prompt", "def ", "--length", "8"]) == 0
-    assert capsys.readouterr().out.startswith("def ")
+    capsys.readouterr()
+    command = ["sample", "lm", "--workdir", str(tmp_path), "--prompt", "def ", "--length", "8"]
+    assert cli.main(command) == 0
+    greedy = capsys.readouterr().out
+    assert greedy.startswith("def ") and len(greedy.encode()) >= len("def ") + 1
+    # One seed, one text; the checkpoint of step 4 is another model.
+    hot = [*command, "--temperature", "1", "--top-k", "50"]
+    texts = []
+    for extra in (["--seed", "3"], ["--seed", "3"], ["--seed", "4"], ["--step", "4"]):
+        assert cli.main([*hot, *extra]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] != texts[2]
+    # --step restores that checkpoint: the text of generate() on it, seed 0.
+    early, _, _ = restore_training_run(tmp_path, train.example, step=4)
+    key = jax.random.key(0)
+    expected = sample.generate(early, "def ", 8, temperature=1.0, top_k=50, key=key)
+    assert texts[3] == expected + "\n"

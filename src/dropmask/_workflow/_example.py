@@ -133,6 +133,12 @@ class Example:
       eval_model: ``model -> model``, the evaluation module when a config field and
         not a call argument selects the mode (e.g. ``config.replace(deterministic=
         True)``); ``None``: the model itself with ``eval_kwargs``.
+      sample: ``(state, config, prompt, length, temperature, top_k, key) -> str``, for
+        a generative model: the prompt and ``length`` tokens after it, with dropout
+        off; greedy at ``temperature`` 0, else drawn from ``softmax(logits /
+        temperature)`` over the ``top_k`` most likely tokens (0: all), the same text
+        for the same ``key``. ``dropmask sample`` calls it on a restored run;
+        ``None``: the example does not generate.
     """
 
     name: str
@@ -152,6 +158,7 @@ class Example:
     train_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": True})
     eval_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": False})
     eval_model: Callable[[Any], Any] | None = None
+    sample: Callable[..., str] | None = None
 
     def build_state(
         self,

@@ -195,6 +195,11 @@ _RETURNS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
         "Return e.g. (batch['x'],)",
     ),
     "eval_model": (lambda v: v is not None, "a module", "Return e.g. model.clone(...)"),
+    "sample": (
+        lambda v: isinstance(v, str),
+        "the prompt and its continuation (a str)",
+        "Return e.g. prompt + bytes(new).decode('utf-8', errors='replace')",
+    ),
 }
 _REQUIRED = ("get_config", "load_data", "create_state", "train_batch", "train_step", "evaluate")
 
