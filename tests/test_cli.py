@@ -59,7 +59,7 @@ FLAG_TESTS = {
     "--coordinator-address": "test_multi_process_flags_need_each_other",
     "--num-processes": "test_multi_process_flags_need_each_other",
     "--process-id": "test_multi_process_flags_need_each_other",
-    "--config": "test_config_overrides",
+    "--config": "test_a_named_config_is_the_start_and_overrides_apply_on_top",
 }
 
 
@@ -230,6 +230,42 @@ def test_config_overrides(capsys, tmp_path):
     status, _, err = _train(capsys, "--config.learning_rate=fast")
     assert status == 2
     _one_line_error(err, "not a valid float")
+
+
+def test_a_named_config_is_the_start_and_overrides_apply_on_top(capsys, tmp_path, monkeypatch):
+    from dropmask.examples.digits import train as digits_train
+
+    def get_wide_config():
+        config = configs.get_tiny_config()
+        config.hidden = (24,)
+        return config
+
+    def get_broken_config():
+        config = get_wide_config()
+        with config.unlocked():
+            config.extra = 1
+        return config
+
+    named = {"wide": get_wide_config, "broken": get_broken_config}
+    monkeypatch.setattr(
+        digits_train, "example", dataclasses.replace(digits_train.example, configs=named)
+    )
+    flags = ["--no-progress", f"--workdir={tmp_path}", "--config.learning_rate=0.02"]
+    status, _, err = _train(capsys, "--config", "wide", *flags, tiny=False)
+    assert status == 0, err
+    saved = _summary(tmp_path)["config"]
+    assert saved["hidden"] == [24] and saved["learning_rate"] == 0.02
+    assert saved["steps"] == configs.get_tiny_config().steps
+    status, _, err = _train(capsys, "--config=narrow", tiny=False)
+    assert status == 2
+    _one_line_error(err, "--config must name one of digits's configs (broken, wide)", "'narrow'")
+    status, _, err = _train(capsys, "--config=broken", tiny=False)
+    assert status == 2
+    _one_line_error(err, "config 'broken' must have the default's entries", "['extra']")
+    monkeypatch.undo()
+    status, _, err = _train(capsys, "--config=wide", tiny=False)
+    assert status == 2
+    _one_line_error(err, "digits's configs (none besides the default)")
 
 
 def test_data_path_missing_or_unreadable(capsys, tmp_path):

@@ -133,6 +133,9 @@ class Example:
       eval_model: ``model -> model``, the evaluation module when a config field and
         not a call argument selects the mode (e.g. ``config.replace(deterministic=
         True)``); ``None``: the model itself with ``eval_kwargs``.
+      configs: named configs besides the default, ``{name: get_config}``, each with
+        the default's entries; ``dropmask train TARGET --config NAME`` starts from
+        one (e.g. ``{'long': get_long_config}``), overrides apply on top.
       sample: ``(state, config, prompt, length, temperature, top_k, key) -> str``, for
         a generative model: the prompt and ``length`` tokens after it, with dropout
         off; greedy at ``temperature`` 0, else drawn from ``softmax(logits /
@@ -158,6 +161,9 @@ class Example:
     train_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": True})
     eval_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"training": False})
     eval_model: Callable[[Any], Any] | None = None
+    configs: Mapping[str, Callable[[], ml_collections.ConfigDict]] = dataclasses.field(
+        default_factory=dict
+    )
     sample: Callable[..., str] | None = None
 
     def build_state(

@@ -277,6 +277,16 @@ def _check_fields(example: Example, where: str) -> None:
         value = getattr(example, name)
         if not isinstance(value, Mapping):
             fail(name, "a mapping of keyword to value", value, f"Pass e.g. {name}={{}}")
+    configs = example.configs
+    if not isinstance(configs, Mapping) or not all(
+        isinstance(k, str) and k and callable(v) for k, v in configs.items()
+    ):
+        fail(
+            "configs",
+            "a mapping of config name to a function returning a ConfigDict",
+            configs,
+            "Pass e.g. configs={'long': configs.get_long_config}",
+        )
     for field in dataclasses.fields(example):
         value = getattr(example, field.name)
         if field.name in _RETURNS or field.name in _REQUIRED:
@@ -307,11 +317,15 @@ def checked(example: Any, where: str, file: str | None = None) -> Example:
     roots: tuple[pathlib.Path, ...] = ()
     if file is not None and not is_library(file):
         roots = (pathlib.Path(file).resolve().parent,)
-    hooks = {
+    hooks: dict[str, Any] = {
         field.name: _Hook(getattr(example, field.name), field.name, roots)
         for field in dataclasses.fields(example)
         if (field.name in _RETURNS or field.name == "load_data")
         and getattr(example, field.name) is not None
+    }
+    # A named config is a get_config: its result is checked the same way.
+    hooks["configs"] = {
+        name: _Hook(fn, "get_config", roots) for name, fn in example.configs.items()
     }
     return dataclasses.replace(example, **hooks)
 

@@ -26,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workdir", help="directory for metrics, events, plots, checkpoints (runs/NAME)"
     )
+    parser.add_argument(
+        "--config",
+        metavar="NAME",
+        help="start from the example's named config NAME, not its default (e.g. lm's long)",
+    )
     parser.add_argument("--steps", type=int, help="train steps in total (config.steps)")
     parser.add_argument("--rate", type=float, help="dropout rate (config.rate)")
     parser.add_argument("--seed", type=int, help="root seed of all randomness (config.seed)")
@@ -156,7 +161,8 @@ def _resume_note(args: argparse.Namespace, rates: list[float] | None) -> str:
     if not saved:
         return f"No checkpoint was saved in {workdir}; run the same command again to start over."
     command = ["dropmask", "train", args.example, f"--workdir={workdir}"]
-    for name in ("steps", "rate", "seed", "devices", "compare_rates", "num_seeds", "mc_samples"):
+    names = ("config", "steps", "rate", "seed", "devices", "compare_rates", "num_seeds")
+    for name in (*names, "mc_samples"):
         value = getattr(args, name)
         if value is not None:
             command.append(f"--{name.replace('_', '-')}={value}")
@@ -207,7 +213,7 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
 
     example = load_checked(args.example)
     args.example_name = example.name
-    config = _config.apply_overrides(example.get_config(), overrides)
+    config = _config.apply_overrides(_start_config(example, args.config), overrides)
     if args.steps is not None:
         config.steps = int(args.steps)
     if args.rate is not None:
@@ -221,6 +227,26 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
 
     check(example, config)
     return example, config, rates
+
+
+def _start_config(example: Any, name: str | None) -> Any:
+    """The default config, or the example's config ``name`` (same entries as the default)."""
+    if name is None:
+        return example.get_config()
+    if name not in example.configs:
+        known = ", ".join(sorted(example.configs)) or "none besides the default"
+        raise DropmaskValueError(
+            f"--config must name one of {example.name}'s configs ({known}), got {name!r}. "
+            f"Leave --config out for the default"
+        )
+    config = example.configs[name]()
+    default = example.get_config()
+    if set(config) != set(default):
+        raise DropmaskValueError(
+            f"{example.name}'s config {name!r} must have the default's entries; it differs in "
+            f"{sorted(set(config) ^ set(default))}. Build it from get_config() and change values"
+        )
+    return config
 
 
 def _execute(args: argparse.Namespace, example: Any, config: Any, rates: list[float] | None) -> int:
