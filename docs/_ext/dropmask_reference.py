@@ -41,6 +41,14 @@ PAGES = {
     "src/dropmask/_random/README.md": "internals/random",
     "src/dropmask/_attention/README.md": "internals/attention",
     "src/dropmask/_structured/README.md": "internals/structured",
+    "src/dropmask/_workflow/README.md": "internals/workflow",
+    "src/dropmask/linen/README.md": "internals/linen",
+    "src/dropmask/nnx/README.md": "internals/nnx",
+    "src/dropmask/uncertainty/README.md": "internals/uncertainty",
+    "src/dropmask/training/README.md": "internals/training",
+    "src/dropmask/audit/README.md": "internals/audit",
+    "src/dropmask/why/README.md": "internals/why",
+    "src/dropmask/examples/README.md": "internals/examples",
 }
 
 _LINK = re.compile(r"\]\((?P<path>[^)#\s]+\.md)(?P<anchor>#[^)\s]*)?\)")
