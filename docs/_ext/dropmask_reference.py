@@ -114,6 +114,18 @@ def link_targets() -> dict[str, tuple[str, str]]:
     return targets
 
 
+def page_of(path: str) -> str | None:
+    """The site's page (without ``.md``) that shows the repository file ``path``, if any.
+
+    A page of ``docs/`` is itself; an included file is the page of :data:`PAGES`.
+    """
+    if path in PAGES:
+        return PAGES[path]
+    if path.startswith("docs/") and path.endswith(".md") and (ROOT / path).is_file():
+        return path.removeprefix("docs/").removesuffix(".md")
+    return None
+
+
 def rewrite_repo_links(text: str, docname: str) -> str:
     """Links written as GitHub resolves them, from ``docname``, to the site's pages.
 
@@ -131,9 +143,7 @@ def rewrite_repo_links(text: str, docname: str) -> str:
             key = path.relative_to(ROOT).as_posix()
         except ValueError:
             return match[0]
-        page = PAGES.get(key)
-        if page is None and key.startswith("docs/") and path.is_file():
-            page = key.removeprefix("docs/").removesuffix(".md")
+        page = page_of(key)
         if page is None:
             return match[0]
         return f"](/{page}.md{match['anchor'] or ''})"
