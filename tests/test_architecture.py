@@ -128,6 +128,11 @@ def packages() -> list[str]:
     return sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
 
 
+def readme_text(package: str) -> str:
+    readme = PACKAGE / package / "README.md"
+    return readme.read_text() if readme.is_file() else ""
+
+
 def readme_problems(package: str, readme: str) -> list[str]:
     """What is wrong with ``package``'s README table, as sentences; empty when it holds.
 
@@ -156,6 +161,10 @@ def test_every_package_has_one_row_here_and_its_modules_none():
         readme = f"(../src/dropmask/{package}/README.md)"
         (row,) = [line for line in text.splitlines() if line.startswith(f"| `{package}/` |")]
         assert readme in row, f"docs/architecture.md: {package}/'s row links {readme}"
+        said = {
+            int(n) for n in re.findall(r"`docs/architecture.md`, layer (\d)", readme_text(package))
+        }
+        assert said <= {table[f"{package}/"]}, f"{package}/README.md names layer {said}"
     inside = sorted(p for p in table if "/" in p.rstrip("/"))
     assert not inside, f"rows of a package's modules belong in its README: {inside}"
 
