@@ -10,7 +10,7 @@ self-attention:
   ``nn.make_causal_mask``; dropmask's gets ``is_causal=True`` through
   ``functools.partial`` and its default ``algorithm``. Step time per contestant is
   the slope between a loop of 1 step and a longer one, contestants back to back
-  within each repeat (``_common.paired_per_pass_seconds``); memory is XLA's
+  within each repeat (``_harness.paired_per_pass_seconds``); memory is XLA's
   ``temp_size_in_bytes`` for one compiled step. Where Flax is left out (its weights
   alone would not fit), dropmask's step is timed on its own, call by call.
 * :func:`attention_temp_bytes`: XLA's temporaries for the forward and backward pass
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 import dropmask
 from benchmarks import bench_transformer_step as step
-from benchmarks._common import Looped, paired_per_pass_seconds, quartiles
+from benchmarks._harness import Looped, paired_per_pass_seconds, quartiles
 
 RATE = step.RATE
 FLAX, DROPMASK = step.FLAX, step.DROPMASK

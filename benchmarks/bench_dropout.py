@@ -23,18 +23,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from benchmarks import _common as common
-from benchmarks import _mlp
-from benchmarks._common import (
-    DTYPES,
-    FLAX,
-    LIMIT,
-    MODES,
-    Contestant,
-    interleaved_medians,
-    markdown_table,
-    per_pass_medians,
-)
+from benchmarks import _contestants, _harness, _mlp
+from benchmarks._contestants import DTYPES, FLAX, LIMIT, MODES, Contestant
+from benchmarks._harness import interleaved_medians, markdown_table, per_pass_medians
 
 SHAPES = ((1024, 1024), (2048, 2048), (4096, 4096))
 
@@ -43,14 +34,14 @@ MLP_BATCH = 1024
 MLP_WIDTH = 1024
 MLP_DROPOUT_LAYERS = 2
 
-_LOOPS: dict[tuple[str, tuple[int, ...], str, str], common.Looped] = {}
+_LOOPS: dict[tuple[str, tuple[int, ...], str, str], _harness.Looped] = {}
 
 
-def _loop(c: Contestant, shape: tuple[int, ...], dtype_name: str, mode: str) -> common.Looped:
+def _loop(c: Contestant, shape: tuple[int, ...], dtype_name: str, mode: str) -> _harness.Looped:
     """``c``'s loops for one case, pass count probed once per run."""
     key = (c.name, shape, dtype_name, mode)
     if key not in _LOOPS:
-        _LOOPS[key] = common.loop(c, shape, dtype_name, mode)
+        _LOOPS[key] = _contestants.loop(c, shape, dtype_name, mode)
     return _LOOPS[key]
 
 
@@ -66,13 +57,15 @@ def time_speed(
     the input into the loop, faulting in the output) cancels. Targets use the loop.
     """
     dtype = DTYPES[dtype_name]
-    x, g = common.inputs(shape, dtype)
+    x, g = _contestants.inputs(shape, dtype)
     n = math.prod(shape)
     calls, loops = {}, {}
     for c in cs:
         aux = c.make_aux(dtype)
         calls[c.name] = (
-            (common.fwd_fn(c), (x, aux)) if mode == "fwd" else (common.fwd_bwd_fn(c), (x, aux, g))
+            (_contestants.fwd_fn(c), (x, aux))
+            if mode == "fwd"
+            else (_contestants.fwd_bwd_fn(c), (x, aux, g))
         )
         loops[c.name] = _loop(c, shape, dtype_name, mode)
     call_s = interleaved_medians(calls, repeats=repeats)
@@ -85,7 +78,7 @@ def time_speed(
         if c.is_dropout:
             out = fn(*args)
             y, dx = (out, None) if mode == "fwd" else out
-            check = common.check_output(x, y, g if dx is not None else None, dx)
+            check = _contestants.check_output(x, y, g if dx is not None else None, dx)
             del out, y, dx
         else:
             check = {"drop_frac": None, "scale": None, "mask_consistent": None, "ok": None}
@@ -136,7 +129,7 @@ def train_step_temp_bytes(c: Contestant | None) -> int:
 
 
 def memory(cs: list[Contestant]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    res_rows = [common.residuals(c, dtype) for dtype in DTYPES.values() for c in cs]
+    res_rows = [_contestants.residuals(c, dtype) for dtype in DTYPES.values() for c in cs]
     base = train_step_temp_bytes(None)
     per_layer = MLP_BATCH * MLP_WIDTH
     step_rows = [
@@ -165,7 +158,7 @@ def memory(cs: list[Contestant]) -> tuple[list[dict[str, Any]], list[dict[str, A
 
 
 def speed_tables(speed: list[dict[str, Any]], peak_gbps: float | None) -> str:
-    dm = common.dropmask_name()
+    dm = _contestants.dropmask_name()
     parts = []
     keys = sorted(
         {(tuple(r["shape"]), r["dtype"], r["mode"]) for r in speed},
@@ -212,7 +205,7 @@ def speed_tables(speed: list[dict[str, Any]], peak_gbps: float | None) -> str:
 
 def run(quick: bool = False, peak_gbps: float | None = None) -> dict[str, Any]:
     """Runs everything; returns rows plus a markdown report."""
-    cs, notes = common.contestants()
+    cs, notes = _contestants.contestants()
     shapes = SHAPES[:1] if quick else SHAPES
     repeats = 3 if quick else 9
     speed = []

@@ -14,7 +14,7 @@ What it measures, in priority order (cases past ``--budget`` seconds are skipped
    rate, gradients, ``broadcast_dims``, f16/bf16), ``vmap`` over keys equals a loop,
    eager equals ``jit``, and the compiled forward pass holds no ``conditional``.
 2. Per-pass times (the slope between a loop of 2 passes and a longer one, as on CPU;
-   ``_common.Looped``) of the contestants of ``bench_dropout`` at [4096, 4096], f32
+   ``_harness.Looped``) of the contestants of ``bench_dropout`` at [4096, 4096], f32
    and bf16, forward and forward+backward; achieved bandwidth counts the bytes an
    ideal dropout moves (``x`` in and ``y`` out; plus ``g`` in and ``dx`` out backward).
 3. An MLP train step (``bench_train_step``: what dropout adds to a whole step).
@@ -42,9 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import dropmask
-from benchmarks import _common as common
+from benchmarks import _contestants, _harness
 from benchmarks import bench_dropout as bd
-from benchmarks._common import Looped, per_pass_medians
+from benchmarks._harness import Looped, per_pass_medians
 from dropmask import testing
 
 SECTION = "gpu"
@@ -61,7 +61,7 @@ def extra_passes(n: int) -> int:
 def forced_path(path: str) -> Callable[[jax.Array, Any], jax.Array]:
     """``dropmask.dropout`` at RATE with the mask computed by ``path`` (see
     ``dropmask.testing.PATHS``)."""
-    return lambda x, key: testing.path_dropout(x, common.RATE, key, path=path)
+    return lambda x, key: testing.path_dropout(x, _contestants.RATE, key, path=path)
 
 
 def pallas_fused(layout: str, rows: int, num_warps: int) -> Callable[[jax.Array, Any], jax.Array]:
@@ -74,7 +74,7 @@ def pallas_fused(layout: str, rows: int, num_warps: int) -> Callable[[jax.Array,
         return fused_dropout(
             x,
             words,
-            common.KEEP,
+            _contestants.KEEP,
             layout=layout,
             rows=rows,
             num_warps=num_warps,
@@ -84,19 +84,19 @@ def pallas_fused(layout: str, rows: int, num_warps: int) -> Callable[[jax.Array,
     return apply
 
 
-def experimental(mode: str) -> list[common.Contestant]:
-    key = common.threefry_key
+def experimental(mode: str) -> list[_contestants.Contestant]:
+    key = _contestants.threefry_key
     out = [
-        common.Contestant("forced path='per_element'", forced_path("per_element"), key),
-        common.Contestant("forced path='packed' (cond)", forced_path("packed"), key),
+        _contestants.Contestant("forced path='per_element'", forced_path("per_element"), key),
+        _contestants.Contestant("forced path='packed' (cond)", forced_path("packed"), key),
     ]
     if mode == "fwd":
         # Not the "columns" layout: its strided loads and stores make it the slowest.
         out += [
-            common.Contestant(
+            _contestants.Contestant(
                 "pallas fused, rows 256 (experimental)", pallas_fused("rows", 256, 4), key
             ),
-            common.Contestant(
+            _contestants.Contestant(
                 "pallas fused, joined 256 (experimental)", pallas_fused("joined", 256, 4), key
             ),
         ]
@@ -154,9 +154,9 @@ def environment() -> dict[str, Any]:
         "device": f"{dev.platform}: {getattr(dev, 'device_kind', '?')}",
         "nvidia_smi": smi,
         "jax": jax.__version__,
-        "flax": common.version("flax"),
-        "equinox": common.version("equinox"),
-        "haiku": common.version("haiku"),
+        "flax": _harness.version("flax"),
+        "equinox": _harness.version("equinox"),
+        "haiku": _harness.version("haiku"),
         "python": sys.version.split()[0],
     }
 
@@ -235,7 +235,9 @@ def checks(run: Run, big: tuple[int, int]) -> None:
         ]
         for shape, dtype in ((big, jnp.float32), ((512, 256), jnp.bfloat16)):
             x = jax.random.normal(jax.random.key(3), shape, dtype)
-            want = np.asarray(jax.jit(lambda x, k: dropmask.dropout(x, common.RATE, k))(x, key))
+            want = np.asarray(
+                jax.jit(lambda x, k: dropmask.dropout(x, _contestants.RATE, k))(x, key)
+            )
             for layout in ("rows", "joined"):
                 fused = jax.jit(pallas_fused(layout, 256, 4))
                 run.data["checks"].append(
@@ -256,26 +258,28 @@ def checks(run: Run, big: tuple[int, int]) -> None:
 
 
 def time_case(
-    run: Run, cs: list[common.Contestant], shape: tuple[int, int], dtype_name: str, mode: str
+    run: Run, cs: list[_contestants.Contestant], shape: tuple[int, int], dtype_name: str, mode: str
 ) -> None:
     n = math.prod(shape)
-    x, g = common.inputs(shape, common.DTYPES[dtype_name])
+    x, g = _contestants.inputs(shape, _contestants.DTYPES[dtype_name])
     extra = extra_passes(n)
     loops: dict[str, Looped] = {}
     for c in cs:
         aux = c.make_aux(x.dtype)
         try:
             if mode == "fwd":
-                loop = Looped(lambda p, c=c: common.looped_fwd(c, p), (x, aux), extra=extra)
+                loop = Looped(lambda p, c=c: _contestants.looped_fwd(c, p), (x, aux), extra=extra)
             else:
-                loop = Looped(lambda p, c=c: common.looped_fwd_bwd(c, p), (x, aux, g), extra=extra)
+                loop = Looped(
+                    lambda p, c=c: _contestants.looped_fwd_bwd(c, p), (x, aux, g), extra=extra
+                )
             jax.block_until_ready(loop.short_fn(*loop.args))
             loops[c.name] = loop
         except Exception:  # noqa: BLE001 - an experimental kernel may not compile
             run.error(f"{c.name} {shape} {dtype_name} {mode}")
     seconds = per_pass_medians(loops, repeats=REPEATS)
-    ideal = (2 if mode == "fwd" else 4) * n * jnp.dtype(common.DTYPES[dtype_name]).itemsize
-    limit = seconds[common.LIMIT]
+    ideal = (2 if mode == "fwd" else 4) * n * jnp.dtype(_contestants.DTYPES[dtype_name]).itemsize
+    limit = seconds[_contestants.LIMIT]
     for c in cs:
         if c.name not in seconds:
             continue
@@ -292,10 +296,10 @@ def time_case(
             "frac_of_peak": ideal / s / 1e9 / run.data["peak_gbps"],
         }
         if c.is_dropout:
-            fn = common.fwd_fn(c) if mode == "fwd" else common.fwd_bwd_fn(c)
+            fn = _contestants.fwd_fn(c) if mode == "fwd" else _contestants.fwd_bwd_fn(c)
             out = fn(x, c.make_aux(x.dtype)) if mode == "fwd" else fn(x, c.make_aux(x.dtype), g)
             y, dx = (out, None) if mode == "fwd" else out
-            row.update(common.check_output(x, y, g if dx is not None else None, dx))
+            row.update(_contestants.check_output(x, y, g if dx is not None else None, dx))
         run.data["speed"].append(row)
         run.log({k: row[k] for k in ("contestant", "us_per_pass", "ratio_to_limit", "ideal_gbps")})
     run.save()
@@ -303,16 +307,16 @@ def time_case(
 
 def generator_alone(run: Run, shape: tuple[int, int]) -> None:
     n = math.prod(shape)
-    x, _ = common.inputs(shape, jnp.float32)
-    limit = next(c for c in common.contestants()[0] if c.name == common.LIMIT)
+    x, _ = _contestants.inputs(shape, jnp.float32)
+    limit = next(c for c in _contestants.contestants()[0] if c.name == _contestants.LIMIT)
     loops = {
         "generator": Looped(
-            lambda p: common.looped_mask_words(shape, p),
+            lambda p: _contestants.looped_mask_words(shape, p),
             (x, jax.random.key(0)),
             extra=extra_passes(n),
         ),
-        common.LIMIT: Looped(
-            lambda p: common.looped_fwd(limit, p),
+        _contestants.LIMIT: Looped(
+            lambda p: _contestants.looped_fwd(limit, p),
             (x, limit.make_aux(x.dtype)),
             extra=extra_passes(n),
         ),
@@ -321,8 +325,8 @@ def generator_alone(run: Run, shape: tuple[int, int]) -> None:
     row = {
         "shape": list(shape),
         "generator_us_per_pass": seconds["generator"] * 1e6,
-        "limit_f32_fwd_us_per_pass": seconds[common.LIMIT] * 1e6,
-        "ratio": seconds["generator"] / seconds[common.LIMIT],
+        "limit_f32_fwd_us_per_pass": seconds[_contestants.LIMIT] * 1e6,
+        "ratio": seconds["generator"] / seconds[_contestants.LIMIT],
     }
     run.data.setdefault("generator", []).append(row)
     run.log(row)
@@ -340,7 +344,7 @@ def train_step(run: Run, dtype_name: str, smoke: bool) -> None:
 
 
 def memory(run: Run) -> None:
-    cs, _ = common.contestants()
+    cs, _ = _contestants.contestants()
     base = bd.train_step_temp_bytes(None)
     per_layer = bd.MLP_BATCH * bd.MLP_WIDTH * bd.MLP_DROPOUT_LAYERS
     for c in cs:
@@ -370,22 +374,22 @@ def measure(
     run.log(run.data["environment"])
     run.save()
     checks(run, main_shapes[0])
-    full, notes = common.contestants()
+    full, notes = _contestants.contestants()
     run.data["notes"] = notes
-    few = [c for c in full if c.name in (common.LIMIT, common.FLAX, "eqx.nn.Dropout")]
+    few = [c for c in full if c.name in (_contestants.LIMIT, _contestants.FLAX, "eqx.nn.Dropout")]
     few.insert(1, full[0])  # the dropmask default
     plan: list[tuple[Any, ...]] = []
     for shape in main_shapes:
-        for dtype_name in common.DTYPES:
-            for mode in common.MODES:
+        for dtype_name in _contestants.DTYPES:
+            for mode in _contestants.MODES:
                 extra = experimental(mode) if shape == main_shapes[-1] else []
                 plan.append(("speed", full + extra, shape, dtype_name, mode))
         if shape == main_shapes[0]:
             plan += [("train_step", "f32"), ("train_step", "bf16")]
     plan += [("generator", shape) for shape in main_shapes] + [("memory",)]
     for shape in small_shapes:
-        for dtype_name in common.DTYPES:
-            for mode in common.MODES:
+        for dtype_name in _contestants.DTYPES:
+            for mode in _contestants.MODES:
                 plan.append(("speed", few, shape, dtype_name, mode))
     for step in plan:
         label = " ".join(str(s) for s in step if not isinstance(s, list))
@@ -480,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes; runs on CPU too")
     args = parser.parse_args(argv)
     if args.render:
-        from benchmarks._common import write_section
+        from benchmarks._harness import write_section
 
         data = json.loads(Path(args.render).read_text())
         write_section(Path(args.out) / "RESULTS.md", SECTION, render(data))

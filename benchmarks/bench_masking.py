@@ -11,7 +11,7 @@ are wrong on empty rows (NaN or a uniform average) but set the speed to beat:
   the usual hand-masked scan body (``where`` on carry and output)
 * ``dot_product_attention`` vs ``flax.linen.dot_product_attention``
 
-Timing: per pass, as in the dropout benchmark (``benchmarks/_common.py``). Each
+Timing: per pass, as in the dropout benchmark (``benchmarks/_harness.py``). Each
 contestant runs in a ``fori_loop`` of passes inside one jit, and its time per pass is
 the slope between a short and a long loop, so per-call costs (dispatch, copying the
 inputs in, page-faulting fresh outputs) cancel. Each pass shifts the first input by
@@ -36,8 +36,7 @@ import numpy as np
 from jax import lax
 
 import dropmask as dm
-
-from ._common import Looped, looped, paired_per_pass_ratios, per_pass_medians, quartiles
+from benchmarks._harness import Looped, looped, paired_per_pass_ratios, per_pass_medians, quartiles
 
 Case = tuple[str, str, int, Callable[..., Any], Callable[..., Any], tuple[Any, ...]]
 

@@ -5,7 +5,7 @@ units, dropout at RATE after each) on ``x: [batch, width]``. One contestant runs
 single forward passes with dropout on, each with its own key; the other draws the same
 K samples in one ``dropmask.uncertainty.sample`` call (one ``vmap`` over the keys).
 Both are timed per pass (the slope between a short and a long loop of passes inside
-one jit, ``_common.Looped``), back to back in each repeat; the ratio is
+one jit, ``_harness.Looped``), back to back in each repeat; the ratio is
 ``time(one call of K samples) / (K * time(one single pass))``.
 
 Usage: ``python -m benchmarks.bench_mc [--batch 512] [--width 512] [--layers 3]
@@ -25,7 +25,8 @@ from jax import lax
 
 import dropmask
 from benchmarks import _mlp
-from benchmarks._common import RATE, Looped, paired_per_pass_ratios, quartiles
+from benchmarks._contestants import RATE
+from benchmarks._harness import Looped, paired_per_pass_ratios, quartiles
 from dropmask import uncertainty
 
 # (batch, width, layers, samples): make bench, and --quick.

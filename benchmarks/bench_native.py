@@ -16,7 +16,7 @@ one streaming pass would meet them, and with which generator:
 
 Every row is a paired per-pass ratio against XLA's ``x * c`` loop (the denominator of
 the dropout targets), with the same slope timing as ``make bench``
-(``benchmarks/_common.py``). Not a library path: nothing here is used by dropmask.
+(``benchmarks/_harness.py``). Not a library path: nothing here is used by dropmask.
 
 Usage: ``python -m benchmarks.bench_native [--repeats 11] [--out benchmarks]``
 (``make bench-native``). Needs gcc with OpenMP and an x86-64 CPU with AVX2 and AES-NI
@@ -52,14 +52,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dropmask  # noqa: E402
-from benchmarks import _common as common  # noqa: E402
-from benchmarks._common import Looped, looped, paired_per_pass_ratios, quartiles  # noqa: E402
+from benchmarks import _contestants  # noqa: E402
+from benchmarks._harness import Looped, looped, paired_per_pass_ratios, quartiles  # noqa: E402
 from dropmask import testing  # noqa: E402
 
 SOURCE = Path(__file__).parent / "native" / "fused_dropout.c"
 SECTION = "native"
 SHAPE = (4096, 4096)
-RATE = common.RATE
+RATE = _contestants.RATE
 GENERATORS = {
     0: "Threefry-4x32-20",
     1: "Threefry-4x32-13 (dropmask)",
@@ -222,21 +222,21 @@ def native_loops(native: ctypes.CDLL, dtype_name: str) -> dict[str, Looped]:
 
 def run(repeats: int = 11) -> dict[str, Any]:
     """All rows: per dtype, each contestant's paired per-pass ratios to XLA's ``x * c``."""
-    ours, _, limit_contestant = common.contestants(full=False)[0]
+    ours, _, limit_contestant = _contestants.contestants(full=False)[0]
     with tempfile.TemporaryDirectory() as folder:
         native = build(Path(folder))
         checks = check_exact(native)
         rows = []
-        for dtype_name in common.DTYPES:
-            limit = common.loop(limit_contestant, SHAPE, dtype_name, "fwd")
+        for dtype_name in _contestants.DTYPES:
+            limit = _contestants.loop(limit_contestant, SHAPE, dtype_name, "fwd")
             contestants = {
-                f"XLA {ours.name}": common.loop(ours, SHAPE, dtype_name, "fwd"),
+                f"XLA {ours.name}": _contestants.loop(ours, SHAPE, dtype_name, "fwd"),
                 **native_loops(native, dtype_name),
             }
             if dtype_name == "f32":
-                x, _ = common.inputs(SHAPE, jnp.float32)
+                x, _ = _contestants.inputs(SHAPE, jnp.float32)
                 contestants["XLA generator alone (dropmask's packed words)"] = looped(
-                    lambda passes: common.looped_mask_words(SHAPE, passes),
+                    lambda passes: _contestants.looped_mask_words(SHAPE, passes),
                     (x, jax.random.key(0)),
                 )
             for name, loop in contestants.items():
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=11, help="pairs per ratio")
     parser.add_argument("--out", default="benchmarks", help="folder for RESULTS.md / JSON")
     args = parser.parse_args(argv)
-    from benchmarks._common import environment, environment_markdown, write_section
+    from benchmarks._harness import environment, environment_markdown, write_section
 
     env = environment(" ".join(["python -m benchmarks.bench_native", *argv]))
     env["omp"] = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}

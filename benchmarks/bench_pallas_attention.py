@@ -15,7 +15,7 @@ Contestants, each the forward and backward pass (``q``, ``k``, ``v`` gradients) 
   which has no dropout, with its default tiles.
 
 A pass's time is the slope between a loop of 2 passes and a longer one inside one jit,
-all contestants back to back within each repeat (``_common.paired_per_pass_seconds``);
+all contestants back to back within each repeat (``_harness.paired_per_pass_seconds``);
 each pass feeds the next (``q + 0 * dq``, with the 0 a run-time value) so no pass is
 loop-invariant, and each dropout pass draws with a fresh key. Before timing, the
 contestants' outputs without dropout are compared.
@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import dropmask
-from benchmarks._common import (
+from benchmarks._harness import (
     Looped,
     environment,
     environment_markdown,

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from benchmarks._common import Looped, interleaved_medians, per_pass_medians
+from benchmarks._harness import Looped, interleaved_medians, per_pass_medians
 from dropmask import why
 
 KEEP = 0.9

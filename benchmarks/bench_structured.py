@@ -9,7 +9,7 @@
   the same step on every token.
 
 Both contestants of a pair are timed per step (the slope between a short and a long
-loop of steps inside one jit, ``_common.Looped``), back to back in each repeat; step
+loop of steps inside one jit, ``_harness.Looped``), back to back in each repeat; step
 ``p`` of a loop draws with ``fold_in(key, p)``, so the loop sees many decisions.
 
 Usage: ``python -m benchmarks.bench_structured [--repeats 9]``.
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import dropmask
-from benchmarks._common import Looped, paired_per_pass_ratios, quartiles
+from benchmarks._harness import Looped, paired_per_pass_ratios, quartiles
 
 # The sizes of make bench, and of --quick.
 LAYER_DROP_FULL = {"batch": 256, "width": 512, "layers": 8}

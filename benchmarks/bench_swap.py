@@ -34,7 +34,7 @@ import jax
 import numpy as np
 
 from benchmarks import bench_transformer_step as ts
-from benchmarks._common import Looped, paired_per_pass_seconds, quartiles
+from benchmarks._harness import Looped, paired_per_pass_seconds, quartiles
 from dropmask import linen as dl
 
 STEP_FULL = {"batch": 16, "length": 256, "width": 256, "heads": 8, "mlp_dim": 1024, "repeats": 9}

@@ -26,9 +26,8 @@ import jax
 import optax
 from jax import lax
 
-from benchmarks import _common as common
-from benchmarks import _mlp
-from benchmarks._common import Looped, per_pass_medians
+from benchmarks import _contestants, _mlp
+from benchmarks._harness import Looped, per_pass_medians
 
 NONE = "no dropout"
 # (batch, width, layers): make bench-full on CPU, --quick, and bench_gpu.
@@ -56,12 +55,12 @@ def looped_steps(drop: _mlp.Drop, layers: int, steps: int) -> Callable[..., Any]
 def run(
     batch: int, width: int, layers: int, dtype_name: str = "f32", extra: int = 8, repeats: int = 7
 ) -> list[dict[str, Any]]:
-    dtype = common.DTYPES[dtype_name]
+    dtype = _contestants.DTYPES[dtype_name]
     kx, ky, kp = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(kx, (batch, width)).astype(dtype)
     y = jax.random.normal(ky, (batch, width)).astype(dtype)
     args = (_mlp.params(kp, width, layers, dtype), x, y, jax.random.key(1))
-    ours, flax, _ = common.contestants(full=False)[0]
+    ours, flax, _ = _contestants.contestants(full=False)[0]
     drops: dict[str, _mlp.Drop] = {NONE: None, ours.name: ours.apply, flax.name: flax.apply}
     loops = {
         name: Looped(lambda p, d=drop: looped_steps(d, layers, p), args, extra=extra)
@@ -89,7 +88,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     r0 = rows[0]
     lines = [
         f"MLP train step: batch {r0['batch']}, width {r0['width']}, {r0['layers']} hidden "
-        f"layers with dropout (rate {common.RATE}), {r0['dtype']}, SGD; per step.\n",
+        f"layers with dropout (rate {_contestants.RATE}), {r0['dtype']}, SGD; per step.\n",
         "| dropout | ms per step | share of the step | ns per dropout element |",
         "|---|---|---|---|",
     ]
@@ -106,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=CPU[0])
     parser.add_argument("--width", type=int, default=CPU[1])
     parser.add_argument("--layers", type=int, default=CPU[2])
-    parser.add_argument("--dtype", choices=tuple(common.DTYPES), default="f32")
+    parser.add_argument("--dtype", choices=tuple(_contestants.DTYPES), default="f32")
     parser.add_argument("--extra", type=int, default=8, help="extra steps of the long loop")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", help="also write the rows here")
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     if args.section:
-        from benchmarks._common import environment, environment_markdown, write_section
+        from benchmarks._harness import environment, environment_markdown, write_section
 
         argv = sys.argv[1:] if argv is None else argv
         env = environment_markdown(

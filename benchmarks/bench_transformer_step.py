@@ -42,7 +42,7 @@ import optax
 from jax import lax
 
 import dropmask
-from benchmarks._common import Looped, paired_per_pass_seconds, quartiles
+from benchmarks._harness import Looped, paired_per_pass_seconds, quartiles
 from dropmask import linen as dl
 
 RATE = 0.1
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             title, name = "Transformer step by dropout site (`--sites`)", "transformer-sites"
         print(table)
         if args.section:
-            from benchmarks._common import environment, environment_markdown, write_section
+            from benchmarks._harness import environment, environment_markdown, write_section
 
             flags = sys.argv[1:] if argv is None else argv
             command = " ".join(["python -m benchmarks.bench_transformer_step", *flags])

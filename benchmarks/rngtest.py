@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks._common import cpu_model, write_section
+from benchmarks._harness import cpu_model, write_section
 
 SECTION = "rngtest"
 DEFAULT_WORDS = 1 << 29  # 2 GiB: the largest test here (opso, squeeze) reads ~1 GiB

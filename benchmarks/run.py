@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import environment, environment_markdown, write_section
+from benchmarks._harness import environment, environment_markdown, write_section
 
 BENCH_SECTION = "bench"
 

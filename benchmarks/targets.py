@@ -3,9 +3,9 @@
 Each target is measured the way a user meets it, with the spread of paired repeats:
 
 * Dropout at ``[4096, 4096]``, rate 0.1, per pass (the slope between a short and a
-  long loop of passes inside one jit, ``_common.Looped``), forward+backward with the
+  long loop of passes inside one jit, ``_harness.Looped``), forward+backward with the
   two passes kept apart as the layers between them in a network keep them
-  (``_common.vjp_apart``): dropmask against ``x * c`` (the memory-bound limit) and
+  (``_contestants.vjp_apart``): dropmask against ``x * c`` (the memory-bound limit) and
   against ``flax.linen.Dropout``, each pair timed back to back.
 * The residual ``jax.vjp`` keeps for dropout's backward pass, bytes per element.
 * A Transformer encoder layer's train step (``bench_transformer_step``: Flax's WMT
@@ -52,8 +52,9 @@ from typing import Any
 
 import jax
 
-from benchmarks import _common as common
 from benchmarks import (
+    _contestants,
+    _harness,
     bench_attention,
     bench_compile,
     bench_mc,
@@ -61,7 +62,7 @@ from benchmarks import (
     bench_swap,
     bench_transformer_step,
 )
-from benchmarks._common import finite, quartiles
+from benchmarks._harness import finite, quartiles
 
 SECTION = "targets"
 
@@ -206,21 +207,21 @@ def _on_gpu() -> bool:
 
 def dropout_targets(size: Size) -> list[Target]:
     """Dropout per pass against the limit and against Flax; residual bytes."""
-    ours, flax, limit = common.contestants(full=False)[0]
+    ours, flax, limit = _contestants.contestants(full=False)[0]
     shape = size.dropout_shape
-    label = f"{list(shape)} rate {common.RATE}"
+    label = f"{list(shape)} rate {_contestants.RATE}"
     out: list[Target] = []
-    loops: dict[tuple[str, str, str], common.Looped] = {}
+    loops: dict[tuple[str, str, str], _harness.Looped] = {}
 
-    def loop(c: common.Contestant, dtype: str, mode: str) -> common.Looped:
+    def loop(c: _contestants.Contestant, dtype: str, mode: str) -> _harness.Looped:
         if (c.name, dtype, mode) not in loops:
-            loops[(c.name, dtype, mode)] = common.loop(c, shape, dtype, mode)
+            loops[(c.name, dtype, mode)] = _contestants.loop(c, shape, dtype, mode)
         return loops[(c.name, dtype, mode)]
 
     on_gpu = _on_gpu()
     print(f"  dropmask / x * c, f32 fwd+bwd {label} ...", flush=True)
-    ok = common.checked(ours, shape, "f32", "fwd+bwd")["ok"]
-    ratios = common.paired_per_pass_ratios(
+    ok = _contestants.checked(ours, shape, "f32", "fwd+bwd")["ok"]
+    ratios = _harness.paired_per_pass_ratios(
         loop(ours, "f32", "fwd+bwd"), loop(limit, "f32", "fwd+bwd"), repeats=size.limit_pairs
     )
     out.append(
@@ -234,11 +235,11 @@ def dropout_targets(size: Size) -> list[Target]:
         )
     )
     print(f"  generator alone / x * c, f32 fwd {label} ...", flush=True)
-    x, _ = common.inputs(shape, jax.numpy.float32)
-    generator = common.looped(
-        lambda passes: common.looped_mask_words(shape, passes), (x, jax.random.key(0))
+    x, _ = _contestants.inputs(shape, jax.numpy.float32)
+    generator = _harness.looped(
+        lambda passes: _contestants.looped_mask_words(shape, passes), (x, jax.random.key(0))
     )
-    ratios = common.paired_per_pass_ratios(
+    ratios = _harness.paired_per_pass_ratios(
         generator, loop(limit, "f32", "fwd"), repeats=size.limit_pairs
     )
     out.append(
@@ -250,11 +251,11 @@ def dropout_targets(size: Size) -> list[Target]:
             backend_only="cpu",
         )
     )
-    for dtype in common.DTYPES:
-        for mode in common.MODES:
+    for dtype in _contestants.DTYPES:
+        for mode in _contestants.MODES:
             print(f"  flax.linen.Dropout / dropmask, {dtype} {mode} {label} ...", flush=True)
-            ok = common.checked(ours, shape, dtype, mode)["ok"]
-            speedups = common.paired_per_pass_ratios(
+            ok = _contestants.checked(ours, shape, dtype, mode)["ok"]
+            speedups = _harness.paired_per_pass_ratios(
                 loop(flax, dtype, mode), loop(ours, dtype, mode), repeats=size.flax_pairs
             )
             out.append(
@@ -268,7 +269,7 @@ def dropout_targets(size: Size) -> list[Target]:
             )
             if on_gpu:
                 # The fraction of x * c's bandwidth: limit time / dropmask time, paired.
-                fractions = common.paired_per_pass_ratios(
+                fractions = _harness.paired_per_pass_ratios(
                     loop(limit, dtype, mode), loop(ours, dtype, mode), repeats=size.limit_pairs
                 )
                 out.append(
@@ -283,8 +284,8 @@ def dropout_targets(size: Size) -> list[Target]:
                         backend_only="gpu",
                     )
                 )
-    for dtype_name, dtype in common.DTYPES.items():
-        res = common.residuals(ours, dtype)
+    for dtype_name, dtype in _contestants.DTYPES.items():
+        res = _contestants.residuals(ours, dtype)
         growing = ", ".join(res["growing_residuals"]) or "nothing that grows with x"
         out.append(
             Target(
@@ -309,7 +310,7 @@ def step_targets(size: Size) -> list[Target]:
     s = size.step
     label = f"[{s['batch']}, {s['length']}, {s['width']}], {s['heads']} heads, MLP {s['mlp_dim']}"
     on_gpu = _on_gpu()
-    for dtype in common.DTYPES:
+    for dtype in _contestants.DTYPES:
         print(f"  Transformer train step, {dtype} {label} ...", flush=True)
         result = bench_transformer_step.run(dtype_name=dtype, **s)
         flax_row, ours_row = result["rows"]
@@ -360,7 +361,7 @@ def mc_targets(size: Size) -> list[Target]:
     m = size.mc
     label = (
         f"MLP [{m['batch']}, {m['width']}] x {m['layers']} layers, K={m['samples']}, "
-        f"chunk_size={m['chunk']}, rate {common.RATE}"
+        f"chunk_size={m['chunk']}, rate {_contestants.RATE}"
     )
     print(f"  uncertainty.sample / K single passes, {label} ...", flush=True)
     ratios = bench_mc.run(
@@ -458,7 +459,7 @@ def long_targets(size: Size) -> list[Target]:
     step alone at ``size.longest`` tokens (see ``bench_attention.long_step``)."""
     out: list[Target] = []
     s = size.long
-    for dtype in common.DTYPES:
+    for dtype in _contestants.DTYPES:
         label = (
             f"[{s['batch']}, {s['length']}, {s['width']}], {s['heads']} heads, causal, "
             f"attention dropout {bench_attention.RATE}"
@@ -540,7 +541,7 @@ def growth_targets(size: Size) -> list[Target]:
     """
     out: list[Target] = []
     short, long = size.growth
-    for dtype in common.DTYPES:
+    for dtype in _contestants.DTYPES:
         print(f"  attention memory growth, {dtype} {short} -> {long} tokens ...", flush=True)
         ours = [
             bench_attention.attention_temp_bytes(n, dtype, algorithm="blockwise")
@@ -599,7 +600,7 @@ def markdown(targets: list[Target], size: Size) -> str:
         lines += ["**--quick: smaller sizes than the targets'; for checking the suite.**", ""]
     if jax.default_backend() != "gpu":
         lines += [f"GPU rows skipped: JAX's backend here is {jax.default_backend()!r}.", ""]
-    table = common.markdown_table(
+    table = _harness.markdown_table(
         rows,
         [("target", "target"), ("measured", "measured"), ("status", "status"), ("note", "note")],
     )

@@ -1,8 +1,9 @@
 """The layers of docs/architecture.md hold: every module placed, no import reaching up.
 
-The page's tables are the one record of which layer each module is in; this test reads
-them. Every ``import`` counts, at module level, inside a function or under
-``TYPE_CHECKING``: a lazy import is still a dependency.
+The page's tables are the one record of which layer each module is in: a top-level
+module by its row, a package by its folder's row. Each package's README is the one table
+of its modules. This test reads both. Every ``import`` counts, at module level, inside a
+function or under ``TYPE_CHECKING``: a lazy import is still a dependency.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from collections.abc import Mapping
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
+PACKAGE = SRC / "dropmask"
 DOC = ROOT / "docs" / "architecture.md"
+ROW = re.compile(r"^\| `([^`]+)` \|", re.M)
 
 # A module's source and whether it is a package's ``__init__.py``.
 Sources = Mapping[str, tuple[str, bool]]
@@ -33,7 +36,7 @@ def layer_table(text: str) -> dict[str, int]:
             layer = int(heading.group(1))
         elif line.startswith("## "):
             layer = None
-        row = re.match(r"\| `([^`]+)` \|", line)
+        row = ROW.match(line)
         if row and layer is not None:
             assert row.group(1) not in layers, f"{row.group(1)} has two rows"
             layers[row.group(1)] = layer
@@ -118,6 +121,75 @@ def test_every_module_has_one_layer_and_every_row_a_module():
     assert not unplaced, f"add these to docs/architecture.md: {unplaced}"
     missing = sorted(p for p in table if not (SRC / "dropmask" / p).exists())
     assert not missing, f"docs/architecture.md names what does not exist: {missing}"
+
+
+def packages() -> list[str]:
+    """The folders of ``src/dropmask`` that are packages: each has a README of its modules."""
+    return sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+
+
+def readme_text(package: str) -> str:
+    readme = PACKAGE / package / "README.md"
+    return readme.read_text() if readme.is_file() else ""
+
+
+def readme_problems(package: str, readme: str) -> list[str]:
+    """What is wrong with ``package``'s README table, as sentences; empty when it holds.
+
+    Each module of the folder (``*.py``) and each package inside it (``name/``) has
+    exactly one row; a row that names neither is wrong too.
+    """
+    folder = PACKAGE / package
+    entries = {p.name for p in folder.glob("*.py")}
+    entries |= {f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()}
+    rows = ROW.findall(readme)
+    problems = [f"{package}/README.md: {e} has no row" for e in sorted(entries - set(rows))]
+    problems += [f"{package}/README.md: {r} does not exist" for r in sorted(set(rows) - entries)]
+    problems += [
+        f"{package}/README.md: {r} has {rows.count(r)} rows"
+        for r in sorted(set(rows))
+        if rows.count(r) > 1
+    ]
+    return problems
+
+
+def test_every_package_has_one_row_here_and_its_modules_none():
+    text = DOC.read_text()
+    table = layer_table(text)
+    for package in packages():
+        assert f"{package}/" in table, f"docs/architecture.md: add a row for {package}/"
+        readme = f"(../src/dropmask/{package}/README.md)"
+        (row,) = [line for line in text.splitlines() if line.startswith(f"| `{package}/` |")]
+        assert readme in row, f"docs/architecture.md: {package}/'s row links {readme}"
+        said = {
+            int(n) for n in re.findall(r"`docs/architecture.md`, layer (\d)", readme_text(package))
+        }
+        assert said <= {table[f"{package}/"]}, f"{package}/README.md names layer {said}"
+    inside = sorted(p for p in table if "/" in p.rstrip("/"))
+    assert not inside, f"rows of a package's modules belong in its README: {inside}"
+
+
+def test_every_module_of_a_package_has_one_row_in_its_readme():
+    problems = []
+    for package in packages():
+        readme = PACKAGE / package / "README.md"
+        assert readme.is_file(), f"{package}/ has no README.md"
+        problems += readme_problems(package, readme.read_text())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_readme_check_finds_a_missing_row_a_ghost_row_and_a_repeated_row():
+    readme = (PACKAGE / "_attention" / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `_dense.py` |"))
+    assert readme_problems("_attention", readme.replace(row + "\n", "")) == [
+        "_attention/README.md: _dense.py has no row"
+    ]
+    assert readme_problems("_attention", readme + "| `_gone.py` | a module since deleted |\n") == [
+        "_attention/README.md: _gone.py does not exist"
+    ]
+    assert readme_problems("_attention", readme + row + "\n") == [
+        "_attention/README.md: _dense.py has 2 rows"
+    ]
 
 
 def test_no_import_reaches_up_a_layer_or_into_another_packages_private_module():

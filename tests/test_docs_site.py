@@ -118,6 +118,17 @@ def test_links_to_included_files_become_links_to_their_pages():
         assert "```{include} " in source and source.split()[1].endswith(path), (path, page)
 
 
+def test_every_package_readme_is_a_page_and_a_docs_path_names_its_page():
+    readmes = {
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "src" / "dropmask").glob("*/README.md")
+    }
+    assert readmes and readmes <= set(reference.PAGES), readmes - set(reference.PAGES)
+    assert reference.page_of("docs/attention.md") == "attention"
+    assert reference.page_of("src/dropmask/linen/README.md") == "internals/linen"
+    assert reference.page_of("docs/no_such_page.md") is None
+    assert reference.page_of("src/dropmask/_dropout.py") is None
+
+
 def test_the_cli_reference_is_the_command_s_own_help(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     parser = cli_reference.parser()

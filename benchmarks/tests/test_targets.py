@@ -82,9 +82,9 @@ def test_discarded_repeats_are_counted_not_judged() -> None:
 def test_whole_suite_at_a_tiny_size_with_the_gpu_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     # Runs every measurement path, the GPU-only rows included (their bounds are not
     # judged here: the backend is really the CPU), at sizes that take seconds.
-    from benchmarks import _common as common
+    from benchmarks import _contestants
 
-    monkeypatch.setattr(common, "DTYPES", {"f32": common.DTYPES["f32"]})
+    monkeypatch.setattr(_contestants, "DTYPES", {"f32": _contestants.DTYPES["f32"]})
     on_gpu = {"value": True}
     monkeypatch.setattr(targets, "_on_gpu", lambda: on_gpu["value"])
     tiny = targets.Size(

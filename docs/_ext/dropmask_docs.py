@@ -9,6 +9,9 @@
   Markdown stays plain on GitHub and every mention on the site is a link.
 * The guides link to files outside ``docs/`` by their repository paths, as GitHub
   shows them; ``dropmask_reference.PAGES`` maps each such file to the site page that includes it.
+* A docstring names a guide by its repository path (```docs/attention.md```) so that
+  ``help()`` reads well; on the site that path links to the page (a path that is no
+  page warns, and the strict build fails).
 * A signature's type variables (``dropmask._scan.Carry``) show as text; any other name
   of dropmask that does not resolve fails the strict build.
 """
@@ -24,7 +27,14 @@ from typing import Any, TypeVar
 
 from docutils import nodes
 from docutils.statemachine import StringList
-from dropmask_reference import ROOT, api_source, link_targets, public_names, rewrite_repo_links
+from dropmask_reference import (
+    ROOT,
+    api_source,
+    link_targets,
+    page_of,
+    public_names,
+    rewrite_repo_links,
+)
 from sphinx.addnodes import pending_xref
 from sphinx.application import Sphinx
 from sphinx.errors import PycodeError
@@ -73,6 +83,25 @@ def _link_inline_code(app: Sphinx, doctree: nodes.document) -> None:
         )
         literal.replace_self(xref)
         xref += literal
+
+
+_DOCS_PATH = re.compile(r"docs/[\w/]+\.md")
+
+
+def _link_docs_paths(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """A literal ``docs/<page>.md`` becomes a link to that page of the site."""
+    for literal in list(doctree.findall(nodes.literal)):
+        text = literal.astext()
+        if isinstance(literal.parent, (nodes.reference, nodes.title)) or not _DOCS_PATH.fullmatch(
+            text
+        ):
+            continue
+        page = page_of(text)
+        if page is None or page not in app.env.all_docs:
+            logger.warning("%s names %s, which is no page of the site", docname, text)
+            continue
+        uri = app.builder.get_relative_uri(docname, page)
+        literal.replace_self(nodes.reference("", "", literal.deepcopy(), refuri=uri))
 
 
 def _type_variable_as_text(app: Sphinx, env: Any, node: pending_xref, contnode: nodes.Node):
@@ -168,6 +197,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("source-read", _on_source_read)
     app.connect("include-read", _on_include_read)
     app.connect("doctree-read", _link_inline_code)
+    app.connect("doctree-resolved", _link_docs_paths)
     app.connect("missing-reference", _type_variable_as_text)
     app.connect("autodoc-process-docstring", _process_docstring, priority=400)
     app.connect("autodoc-process-signature", _readable_signature)

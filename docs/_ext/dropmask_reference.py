@@ -41,6 +41,14 @@ PAGES = {
     "src/dropmask/_random/README.md": "internals/random",
     "src/dropmask/_attention/README.md": "internals/attention",
     "src/dropmask/_structured/README.md": "internals/structured",
+    "src/dropmask/_workflow/README.md": "internals/workflow",
+    "src/dropmask/linen/README.md": "internals/linen",
+    "src/dropmask/nnx/README.md": "internals/nnx",
+    "src/dropmask/uncertainty/README.md": "internals/uncertainty",
+    "src/dropmask/training/README.md": "internals/training",
+    "src/dropmask/audit/README.md": "internals/audit",
+    "src/dropmask/why/README.md": "internals/why",
+    "src/dropmask/examples/README.md": "internals/examples",
 }
 
 _LINK = re.compile(r"\]\((?P<path>[^)#\s]+\.md)(?P<anchor>#[^)\s]*)?\)")
@@ -106,6 +114,18 @@ def link_targets() -> dict[str, tuple[str, str]]:
     return targets
 
 
+def page_of(path: str) -> str | None:
+    """The site's page (without ``.md``) that shows the repository file ``path``, if any.
+
+    A page of ``docs/`` is itself; an included file is the page of :data:`PAGES`.
+    """
+    if path in PAGES:
+        return PAGES[path]
+    if path.startswith("docs/") and path.endswith(".md") and (ROOT / path).is_file():
+        return path.removeprefix("docs/").removesuffix(".md")
+    return None
+
+
 def rewrite_repo_links(text: str, docname: str) -> str:
     """Links written as GitHub resolves them, from ``docname``, to the site's pages.
 
@@ -123,9 +143,7 @@ def rewrite_repo_links(text: str, docname: str) -> str:
             key = path.relative_to(ROOT).as_posix()
         except ValueError:
             return match[0]
-        page = PAGES.get(key)
-        if page is None and key.startswith("docs/") and path.is_file():
-            page = key.removeprefix("docs/").removesuffix(".md")
+        page = page_of(key)
         if page is None:
             return match[0]
         return f"](/{page}.md{match['anchor'] or ''})"

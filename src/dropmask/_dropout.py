@@ -240,17 +240,11 @@ def dropout(
         ``offset`` the local result equals the matching block of the global dropout.
       offset: the global index of ``x``'s first element, one per axis (may be traced).
       residual: what reverse-mode autodiff keeps for the backward pass with
-        ``impl="fast"``. ``"mask"`` (default): the packed keep-flags, 1 bit per element
-        (0.125 B; at a rate of 0.1 ``uint8[..., ceil(n / 32) * 4]``), so that the
-        backward pass only unpacks them; drawing the mask a second time costs more than
-        writing and reading that bit. ``"none"``: only the key (8 B), and the backward
-        pass draws the mask again. Backends without the packed flags (TPU) always draw
-        again. The flags are named ``"dropout_mask"``: a ``jax.checkpoint`` around the call
-        decides by its own policy (``save_only_these_names("dropout_mask")`` keeps
-        them; ``nothing_saveable`` draws again; a policy that saves everything else,
-        such as ``save_anything_except_these_names("dropout_mask")``, lets JAX keep
-        the unpacked ``bool`` flags, 1 B per element, instead). Masks, outputs and
-        gradients are the same in both modes.
+        ``impl="fast"``: ``"mask"`` (default) the packed keep-flags, 1 bit per element;
+        ``"none"`` only the key, and the backward pass draws the mask again. Masks,
+        outputs and gradients are the same in both. What each costs, and how a
+        ``jax.checkpoint`` policy chooses (the flags are named ``"dropout_mask"``):
+        ``docs/dropout_speed.md``, "What the backward pass keeps".
 
     Returns:
       An array like ``x``. ``rate == 0`` or ``deterministic`` returns ``x`` itself;

@@ -192,21 +192,11 @@ def dot_product_attention(
     Returns:
       ``[batch..., q_len, heads, v_depth]`` in the computation dtype.
 
-      Non-finite inputs (one convention on every path, see ``docs/attention.md``):
-      a query with no valid key outputs 0 whatever its ``q`` holds. A query that may
-      attend to some key (mask True and bias not -inf) *taints* when its own ``q``,
-      or a key or value it may attend to, holds NaN or inf, or one of its allowed
-      scores is not finite (a NaN or +inf bias, an overflow, which a product may
-      give as NaN, +inf or -inf). Scores accumulate in float32 for 16-bit inputs on
-      every path (a custom einsum gives its own dtype). A tainted query's
-      output row is NaN, its ``q`` gets a NaN gradient (on its first feature) and
-      it passes none to ``k`` or ``v``. Every other output, and the gradient
-      flowing through it to ``q``, ``k`` and ``v``, equals the result with the
-      offending entries replaced by any finite number; non-finite entries of ``k``
-      and ``v``, and of ``q`` past its first feature, get a zero gradient. The
-      check is made on per-row flags and, inside the softmax, on the scores; nothing
-      of size ``[q_len, kv_len, depth]`` is built, and the dense path's backward pass
-      keeps one array of the weights' size (the weights).
+      A query with no valid key outputs 0. A query that may attend to some key and
+      meets NaN or inf (in its ``q``, a key or value it may attend to, or an allowed
+      score) outputs NaN; every other output and gradient is as if those entries were
+      finite. One convention on every path: ``docs/attention.md``, "Non-finite inputs
+      and overflow".
 
     Raises:
       ValueError: mismatched q/k/v shapes, both ``key`` and ``dropout_rng``, custom

@@ -79,8 +79,7 @@ class Dropout(_DropoutLike):
         size = local size times the mesh axes' size, offset = ``lax.axis_index`` times
         the local size. None (default) treats the input as the whole array.
       residual: what the backward pass keeps, as in :func:`dropmask.dropout`:
-        ``"mask"`` (default) the packed keep-flags, 1 bit per element, so that the
-        backward pass does not draw the mask again; ``"none"`` only the key.
+        ``"mask"`` (default) or ``"none"`` (``docs/dropout_speed.md``).
 
     Example:
       >>> import jax.numpy as jnp
