@@ -31,15 +31,22 @@ from ._checks import (
     check_shape_is,
     concrete_value,
 )
-from ._dropout import apply_dropout
-from ._errors import DropmaskTypeError, DropmaskValueError, MaskShapeError, RateError
+from ._dropout import dropout
+from ._errors import (
+    DropmaskTypeError,
+    DropmaskValueError,
+    MaskShapeError,
+    RateError,
+    call_name,
+    named,
+    naming,
+)
 from ._masks import as_array, sequence_mask
 from ._random import keep_mask
 from ._scan import flip_sequences, masked_scan
 
 __all__ = [
     "FLAX_RECURRENT_KERNELS",
-    "apply_zoneout",
     "carry_rates",
     "check_carry",
     "check_recurrent_kernels",
@@ -228,6 +235,7 @@ def carry_rates(zoneout: Any, *, caller: str) -> tuple[float, ...]:
     return () if all(v == 0.0 for v in values) else rates
 
 
+@named("zoneout")
 def zoneout(
     prev: Any,
     new: Any,
@@ -271,13 +279,7 @@ def zoneout(
       >>> set(y.tolist()) <= {0.0, 1.0}
       True
     """
-    return apply_zoneout(prev, new, rate, key, deterministic=deterministic, caller="zoneout")
-
-
-def apply_zoneout(
-    prev: Any, new: Any, rate: Any, key: Any, *, deterministic: bool, caller: str
-) -> Any:
-    """:func:`zoneout` on behalf of ``caller`` (validated here, before any work)."""
+    caller = call_name()
     carry_rates(rate, caller=caller)
     rates = _as_rates(rate)
     prev_leaves, treedef = jax.tree.flatten(prev)
@@ -419,7 +421,8 @@ def drop_recurrent_kernels(
     def drop(path: tuple, leaf: Any) -> Any:
         if path not in index:
             return leaf
-        return apply_dropout(leaf, rate, jax.random.fold_in(key, index[path]), caller=caller)
+        with naming(caller):
+            return dropout(leaf, rate, jax.random.fold_in(key, index[path]))
 
     return jax.tree_util.tree_map_with_path(drop, params)
 
@@ -448,9 +451,8 @@ def regularized_step(
     def wrapped(carry: Any, x_t: Any, t: jax.Array) -> tuple[Any, Any]:
         new_carry, y = step(carry, x_t, t)
         step_key = None if key is None else jax.random.fold_in(key, t)
-        zoned = apply_zoneout(
-            carry, new_carry, zoneout_rates, step_key, deterministic=deterministic, caller=caller
-        )
+        with naming(caller):
+            zoned = zoneout(carry, new_carry, zoneout_rates, step_key, deterministic=deterministic)
         pairs = list(zip(jax.tree.leaves(new_carry), jax.tree.leaves(zoned), strict=True))
 
         def same(leaf: Any) -> Any:

@@ -34,10 +34,10 @@ from .._checks import (
     check_ndim,
     check_rate,
 )
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._errors import DropmaskTypeError, DropmaskValueError, call_name, named
 from .._random import draw, flags_only, local_block
 
-__all__ = ["apply_drop_block", "drop_block"]
+__all__ = ["drop_block"]
 
 _BISECTION_STEPS = 60  # halves [0, 1] below float64's resolution
 
@@ -105,6 +105,7 @@ def seed_probability(rate: Any, spatial: Sequence[int], sizes: Sequence[int]) ->
     return jnp.where((r >= 0) & (r <= 1), 0.5 * (lo + hi), jnp.nan)
 
 
+@named("drop_block")
 def drop_block(
     x: jax.typing.ArrayLike,
     rate: float | jax.Array,
@@ -151,32 +152,7 @@ def drop_block(
       >>> y.shape, bool((y == y[..., :1]).all())  # shared across channels
       ((2, 8, 8, 3), True)
     """
-    return apply_drop_block(
-        x,
-        rate,
-        key,
-        block_size=block_size,
-        per_channel=per_channel,
-        deterministic=deterministic,
-        global_shape=global_shape,
-        offset=offset,
-        caller="drop_block",
-    )
-
-
-def apply_drop_block(
-    x: Any,
-    rate: Any,
-    key: Any,
-    *,
-    block_size: Any,
-    per_channel: bool = False,
-    deterministic: bool = False,
-    global_shape: Any = None,
-    offset: Any = None,
-    caller: str,
-) -> jax.Array:
-    """:func:`drop_block` on behalf of ``caller``."""
+    caller = call_name()
     x = check_array(x, caller=caller)
     check_floating(x, caller=caller)
     check_ndim(
