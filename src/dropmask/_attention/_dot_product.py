@@ -316,34 +316,15 @@ def _validate(
     impl: Any,
 ) -> _Checked:
     """Every check of :func:`dot_product_attention`, in order, before any work."""
-    qk_attn_weights_einsum, attn_weights_value_einsum = einsums
-    if (qk_attn_weights_einsum is None) != (attn_weights_value_einsum is None):
-        raise DropmaskValueError(
-            f"{_CALLER}: qk_attn_weights_einsum and attn_weights_value_einsum must be given "
-            "together."
-        )
-    if qk_attn_weights_einsum is not None and precision is not None:
-        raise DropmaskValueError(f"{_CALLER}: precision and custom einsums are mutually exclusive.")
-    rng = check_one_key(key, dropout_rng, caller=_CALLER)
-    rate = check_rate(dropout_rate, caller=_CALLER, name="dropout_rate")
-    check_impl(impl, caller=_CALLER)
-    drops = not deterministic and rate != 0.0
-    if drops:
-        check_key(rng, caller=_CALLER)
-
+    rng, rate, drops = _check_options(
+        einsums, precision, key, dropout_rng, dropout_rate, impl, deterministic
+    )
     q, k, v = as_array(q), as_array(k), as_array(v)
-    dtype = jnp.result_type(q, k, v) if dtype is None else jnp.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        raise DtypeError(
-            f"{_CALLER}: q, k and v must be real, got dtype {dtype} (the softmax over scores "
-            f"needs an order). Attend over real features, e.g. concatenate x.real and "
-            f"x.imag on the depth axis."
-        )
-    check_floating(jnp.zeros((), dtype), caller=f"{_CALLER} (q, k, v)")
+    dtype = _check_dtype(q, k, v, dtype)
     _check_qkv(q, k, v)
     heads, kv_heads = q.shape[-2], k.shape[-2]
     groups = heads // kv_heads
-    if groups > 1 and qk_attn_weights_einsum is not None:
+    if groups > 1 and einsums[0] is not None:
         raise DropmaskValueError(
             f"{_CALLER}: custom einsums do not support grouped-query attention."
         )
@@ -352,12 +333,7 @@ def _validate(
     logits_shape = (*batch, heads, q_len, kv_len)
     m = None if mask is None else _as_mask(mask, logits_shape)
     if bias is not None:
-        check_broadcastable(jnp.shape(bias), logits_shape, caller=_CALLER, name="bias", hint=_HINT)
-        if jnp.result_type(bias) == jnp.bool_:
-            raise DtypeError(
-                f"{_CALLER}: bias is added to the scores, so a boolean bias would add 1 where "
-                f"True; got dtype bool. Pass a boolean array as mask= (True = attend)."
-            )
+        _check_bias(bias, logits_shape)
     span = _window(window, is_causal)
     kv_valid = _kv_valid(kv_lengths, kv_mask, batch, kv_len)
     q_seg, kv_seg = _segments(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
@@ -382,6 +358,56 @@ def _validate(
         q_seg=q_seg,
         kv_seg=kv_seg,
     )
+
+
+def _check_options(
+    einsums: tuple[Any, Any],
+    precision: Any,
+    key: Any,
+    dropout_rng: Any,
+    dropout_rate: Any,
+    impl: Any,
+    deterministic: bool,
+) -> tuple[Any, float | None, bool]:
+    """The einsum, key, rate and ``impl`` checks; ``(key, rate, whether it drops)``."""
+    qk_attn_weights_einsum, attn_weights_value_einsum = einsums
+    if (qk_attn_weights_einsum is None) != (attn_weights_value_einsum is None):
+        raise DropmaskValueError(
+            f"{_CALLER}: qk_attn_weights_einsum and attn_weights_value_einsum must be given "
+            "together."
+        )
+    if qk_attn_weights_einsum is not None and precision is not None:
+        raise DropmaskValueError(f"{_CALLER}: precision and custom einsums are mutually exclusive.")
+    rng = check_one_key(key, dropout_rng, caller=_CALLER)
+    rate = check_rate(dropout_rate, caller=_CALLER, name="dropout_rate")
+    check_impl(impl, caller=_CALLER)
+    drops = not deterministic and rate != 0.0
+    if drops:
+        check_key(rng, caller=_CALLER)
+    return rng, rate, drops
+
+
+def _check_dtype(q: jax.Array, k: jax.Array, v: jax.Array, dtype: Any) -> Any:
+    """The computation dtype (``dtype`` or that of q, k and v); raises unless real floating."""
+    dtype = jnp.result_type(q, k, v) if dtype is None else jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        raise DtypeError(
+            f"{_CALLER}: q, k and v must be real, got dtype {dtype} (the softmax over scores "
+            f"needs an order). Attend over real features, e.g. concatenate x.real and "
+            f"x.imag on the depth axis."
+        )
+    check_floating(jnp.zeros((), dtype), caller=f"{_CALLER} (q, k, v)")
+    return dtype
+
+
+def _check_bias(bias: Any, logits_shape: tuple[int, ...]) -> None:
+    """Raises unless ``bias`` broadcasts to the scores and is not boolean."""
+    check_broadcastable(jnp.shape(bias), logits_shape, caller=_CALLER, name="bias", hint=_HINT)
+    if jnp.result_type(bias) == jnp.bool_:
+        raise DtypeError(
+            f"{_CALLER}: bias is added to the scores, so a boolean bias would add 1 where "
+            f"True; got dtype bool. Pass a boolean array as mask= (True = attend)."
+        )
 
 
 def _run_dense(
