@@ -34,7 +34,7 @@ from ._checks import (
     normalize_axes,
     normalize_broadcast_dims,
 )
-from ._errors import DropmaskValueError, DtypeError, call_name, named
+from ._errors import DropmaskValueError, DtypeError, call_name, named, user_error
 from ._random import (
     DEFAULT_IMPL,
     DEFAULT_RESIDUAL,
@@ -115,9 +115,11 @@ def _validate(
     arr = check_array(x, caller=caller, name=name)
     if kind == "integer":
         if not jnp.issubdtype(arr.dtype, jnp.integer):
-            raise DtypeError(
-                f"{caller} expects integer token ids, got dtype {arr.dtype}. For floating "
-                f"activations use dropout instead."
+            raise user_error(
+                DtypeError,
+                f"{caller} expects integer token ids, got dtype {arr.dtype}",
+                "For floating activations use dropout instead.",
+                caller=None,
             )
     else:
         hint = ", or use word_dropout for token ids" if caller == "dropout" else ""
@@ -443,9 +445,12 @@ def word_dropout(
         fix=" Pass the id of the unknown-word token, e.g. unk_id=1.",
     )
     if not info.min <= int(unk_id) <= info.max:
-        raise DropmaskValueError(
-            f"{caller}: unk_id={unk_id} does not fit the token dtype {tokens.dtype} (range "
-            f"[{info.min}, {info.max}]). Use a wider dtype, e.g. tokens.astype(jnp.int32)."
+        raise user_error(
+            DropmaskValueError,
+            f"unk_id={unk_id} does not fit the token dtype {tokens.dtype} (range [{info.min}, "
+            f"{info.max}])",
+            "Use a wider dtype, e.g. tokens.astype(jnp.int32).",
+            caller=caller,
         )
     if deterministic or call.value == 0.0:
         return tokens

@@ -1,7 +1,9 @@
 """The exceptions dropmask raises on user input, one class per failure kind.
 
 Every class derives from :class:`DropmaskError` and from the built-in type users already
-catch (``ValueError`` or ``TypeError``). The checks that raise them live in ``_checks``.
+catch (``ValueError`` or ``TypeError``). :func:`user_error` writes every message in one
+form, ``"caller: name must be X, got Y. Fix."``; the checks that raise them live in
+``_checks``.
 
 Here too is how a message learns whom to name: :func:`named` (a decorator on a public
 function) and :func:`naming` (a layer's call) set the name that :func:`call_name` gives
@@ -31,10 +33,12 @@ __all__ = [
     "call_name",
     "named",
     "naming",
+    "user_error",
 ]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+_E = TypeVar("_E", bound=Exception)
 
 # The name of the public function or layer the user called; None outside any. Read at
 # trace time only, so it adds nothing to a traced program.
@@ -110,3 +114,22 @@ class MissingKeyError(DropmaskValueError):
 
 class MaskShapeError(DropmaskValueError):
     """A mask whose shape cannot be broadcast against the data it masks."""
+
+
+def user_error(kind: type[_E], message: str, fix: str = "", *, caller: str | None) -> _E:
+    """The error for a user's mistake, its message in the one form of the library:
+    ``"{caller}: {message}. {fix}"``.
+
+    Args:
+      kind: the exception class (a :class:`DropmaskError`, or one that wraps it).
+      message: what is wrong, without the closing period; usually
+        ``"{name} must be <expected>, got <given>"``.
+      fix: what to pass instead, as whole sentences; empty when the expected value says it.
+      caller: the public function, layer or command the user called (e.g.
+        :func:`call_name`); None where the message names it itself.
+
+    Returns:
+      The exception, for ``raise`` at the call site.
+    """
+    text = f"{message}." if caller is None else f"{caller}: {message}."
+    return kind(f"{text} {fix}" if fix else text)
