@@ -4,10 +4,9 @@ Here live the checks that recur across modules: a rate, a key (also one given un
 either of its two names), ``impl`` and ``residual``, an array and its floating dtype, a
 callable, an instance of given types, a shape, a rank, an exact shape, axes and
 ``broadcast_dims``, a Python int (:func:`check_int`, static or with a lower bound; a count
-from a config, :func:`check_int_at_least`), a scalar, one of a few choices, a block's
-place in a global array (``global_shape`` / ``offset``), an optax transformation, a
-sliding window, a boolean mask and its broadcasting, integer ids, ``lengths``, label
-ranges, a tuple of names. Each raises ``"{caller}: {name} must be <expected>, got
+from a config, :func:`check_int_at_least`), a scalar, one of a few choices, an optax
+transformation, a sliding window, a boolean mask and its broadcasting, integer ids,
+``lengths``, label ranges, a tuple of names. Each raises ``"{caller}: {name} must be <expected>, got
 <given>. <fix>"``, where ``caller`` is the public function or class the user called, and
 runs on static (trace-time) information only, so a bad call fails before anything is
 computed, also under ``jit``. A traced value is left to run time: a traced rate out of
@@ -60,7 +59,6 @@ from ._errors import (
 __all__ = [
     "as_dims",
     "check_array",
-    "check_block_offset",
     "check_bool_mask",
     "check_broadcastable",
     "check_callable",
@@ -103,31 +101,6 @@ def concrete_value(x: Any) -> float | None:
         if jnp.issubdtype(x.dtype, jnp.integer) or jnp.issubdtype(x.dtype, jnp.floating):
             return float(x)
     return None
-
-
-def check_block_offset(
-    shape: tuple[int, ...], global_shape: Any, offset: Any, *, caller: str
-) -> None:
-    """Raises unless each ``offset`` entry known now puts the local block of ``shape``
-    inside ``global_shape``: an int in ``[0, global - local]``.
-
-    Traced entries (e.g. ``lax.axis_index(...) * size`` inside ``shard_map``) are left
-    to run time; a JAX scalar known now is checked as the same Python int is. The pair's
-    other checks (both given, one entry per axis, ints) come first, in ``local_block``.
-    """
-    dims, offsets = tuple(global_shape), tuple(offset)
-    for axis, (o, g, d) in enumerate(zip(offsets, dims, shape, strict=True)):
-        value = concrete_value(o)
-        if value is None or isinstance(g, bool) or not isinstance(g, int | np.integer):
-            continue
-        if value != math.floor(value) or not 0 <= value <= int(g) - d:
-            raise user_error(
-                DropmaskValueError,
-                f"offset[{axis}] must be an int in [0, {int(g) - d}] (the local block {shape} "
-                f"inside global_shape {tuple(int(n) for n in dims)}), got {value:g}",
-                "Pass each axis's global index of the block's first element.",
-                caller=caller,
-            )
 
 
 def check_optimizer(tx: Any, *, caller: str) -> None:

@@ -9,6 +9,7 @@ place. ``local_block`` checks ``global_shape`` / ``offset`` given by the caller;
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from .._checks import check_block_offset
+from .._checks import concrete_value
 from .._errors import DropmaskTypeError, DropmaskValueError, user_error
 
 __all__ = ["Block", "block_from_spec", "local_block"]
@@ -83,11 +84,34 @@ def local_block(
             "the whole (unsharded) array",
             caller=caller,
         )
-    check_block_offset(shape, dims, offset, caller=caller)
+    _check_offset(shape, dims, offset, caller=caller)
     return Block(
         tuple(1 if i in axes else d for i, d in enumerate(dims)),
         tuple(0 if i in axes else o for i, o in enumerate(offset)),
     )
+
+
+def _check_offset(shape: tuple[int, ...], global_shape: Any, offset: Any, *, caller: str) -> None:
+    """Raises unless each ``offset`` entry known now puts the local block of ``shape``
+    inside ``global_shape``: an int in ``[0, global - local]``.
+
+    Traced entries (e.g. ``lax.axis_index(...) * size`` inside ``shard_map``) are left
+    to run time; a JAX scalar known now is checked as the same Python int is. The pair's
+    other checks (both given, one entry per axis, ints) come first, in ``local_block``.
+    """
+    dims, offsets = tuple(global_shape), tuple(offset)
+    for axis, (o, g, d) in enumerate(zip(offsets, dims, shape, strict=True)):
+        value = concrete_value(o)
+        if value is None or isinstance(g, bool) or not isinstance(g, int | np.integer):
+            continue
+        if value != math.floor(value) or not 0 <= value <= int(g) - d:
+            raise user_error(
+                DropmaskValueError,
+                f"offset[{axis}] must be an int in [0, {int(g) - d}] (the local block {shape} "
+                f"inside global_shape {tuple(int(n) for n in dims)}), got {value:g}",
+                "Pass each axis's global index of the block's first element.",
+                caller=caller,
+            )
 
 
 def _check_bound(names: Any, spec: Any, caller: str) -> None:
