@@ -124,12 +124,14 @@ def user_error(kind: type[_E], message: str, fix: str = "", *, caller: str | Non
       kind: the exception class (a :class:`DropmaskError`, or one that wraps it).
       message: what is wrong, without the closing period; usually
         ``"{name} must be <expected>, got <given>"``.
-      fix: what to pass instead, as whole sentences; empty when the expected value says it.
+      fix: what to pass instead, as whole sentences (surrounding spaces are dropped);
+        empty when the expected value says it.
       caller: the public function, layer or command the user called (e.g.
-        :func:`call_name`); None where the message names it itself.
+        :func:`call_name`); None or empty where the message names it itself.
 
     Returns:
       The exception, for ``raise`` at the call site.
     """
-    text = f"{message}." if caller is None else f"{caller}: {message}."
+    text = f"{caller}: {message}." if caller else f"{message}."
+    fix = fix.strip()
     return kind(f"{text} {fix}" if fix else text)

@@ -54,11 +54,17 @@ def _kind(current: Any) -> str:
 
 def _convert(name: str, current: Any, text: str) -> Any:
     """``text`` as a value of ``current``'s type (tuples from Python literals)."""
+    invalid = user_error(
+        DropmaskValueError,
+        f"--config.{name}={text} is not a valid {_kind(current)} (the current value is "
+        f"{current!r})",
+        caller=None,
+    )
     try:
         if isinstance(current, bool):
             lowered = text.lower()
             if lowered not in ("true", "false", "1", "0"):
-                raise ValueError(text)
+                raise invalid
             return lowered in ("true", "1")
         if isinstance(current, int):
             return int(text)
@@ -80,18 +86,13 @@ def _convert(name: str, current: Any, text: str) -> Any:
             kinds = {type(item) for item in current}
             # (32,) must not become ('a',): the entries keep the current entries' type.
             if len(kinds) == 1 and not all(type(item) in kinds for item in value):
-                raise ValueError(text)
+                raise invalid
             return type(current)(value)
         return ast.literal_eval(text)
     except DropmaskValueError:
         raise
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        raise user_error(
-            DropmaskValueError,
-            f"--config.{name}={text} is not a valid {_kind(current)} (the current "
-            f"value is {current!r})",
-            caller=None,
-        ) from None
+        raise invalid from None
 
 
 def apply_overrides(
