@@ -170,11 +170,8 @@ def _resume_note(args: argparse.Namespace, rates: list[float] | None) -> str:
     )
 
 
-def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
-    """The example, its config with every flag applied, and the rates to compare."""
-    from . import _config
-
-    overrides = _config.parse_overrides(getattr(args, "extra", []))
+def _checked_flags(args: argparse.Namespace) -> list[float] | None:
+    """The rates to compare, after every check of the flags alone (before any loading)."""
     for flag in ("steps", "devices", "num_seeds"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -192,8 +189,8 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
     if args.workdir is not None and not args.workdir.strip():
         raise user_error(
             DropmaskValueError,
-            "--workdir must be a directory path, got ''. Pass e.g. --workdir=runs/NAME, or "
-            "leave it out for runs/EXAMPLE",
+            "--workdir must be a directory path, got ''",
+            "Pass e.g. --workdir=runs/NAME, or leave it out for runs/EXAMPLE.",
             caller=None,
         )
     rates = _rates(args.compare_rates) if args.compare_rates is not None else None
@@ -225,6 +222,15 @@ def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
             "give a TARGET to train, or --list to see them",
             caller=None,
         )
+    return rates
+
+
+def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
+    """The example, its config with every flag applied, and the rates to compare."""
+    from . import _config
+
+    overrides = _config.parse_overrides(getattr(args, "extra", []))
+    rates = _checked_flags(args)
     from .._workflow import load_checked
 
     example = load_checked(args.example)
