@@ -217,3 +217,36 @@ def test_static_offset_outside_global_shape_is_refused_now(caller, call, offset)
     # In range, statically or as a JAX scalar, eagerly or traced, it is accepted.
     assert call((6, 0)).shape == call((jnp.int32(6), 0)).shape
     assert jax.jit(lambda o: call((o, 0)))(6).shape == call((6, 0)).shape
+
+
+def test_user_error_writes_the_one_message_form():
+    from dropmask._errors import user_error
+
+    err = user_error(
+        dropmask.RateError, "rate must be in [0, 1], got 1.5", " Pass 0.1. ", caller="f"
+    )
+    assert isinstance(err, dropmask.RateError)
+    assert str(err) == "f: rate must be in [0, 1], got 1.5. Pass 0.1."
+    assert str(user_error(ValueError, "x must be 1, got 2", caller=None)) == "x must be 1, got 2."
+
+
+def test_every_user_error_in_the_library_is_built_by_user_error():
+    import ast
+    import pathlib
+
+    from dropmask import _errors
+
+    root = pathlib.Path(dropmask.__file__).parent
+    kinds = {"ValueError", "TypeError", "MissingStreamError"} | {
+        name for name in dir(_errors) if name.endswith("Error")
+    }
+    by_hand = []
+    for path in sorted(root.rglob("*.py")):
+        # The bundled examples are user code: they raise through the public classes.
+        if path.name == "_errors.py" or "examples" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            exc = node.exc if isinstance(node, ast.Raise) else None
+            if isinstance(exc, ast.Call) and getattr(exc.func, "id", None) in kinds:
+                by_hand.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert by_hand == []

@@ -294,3 +294,11 @@ def test_masked_scan_edge_inputs():
     xs = jnp.array([1.0, 2.0, 3.0], jnp.bfloat16)
     carry, ys = dm.masked_scan(step, jnp.bfloat16(0), xs, jnp.array([True, False, True]))
     assert carry.dtype == ys.dtype == jnp.bfloat16 and float(carry) == 4.0
+
+
+def test_an_error_in_the_scanned_function_names_what_that_function_called():
+    def step(carry, x):
+        return carry, dm.dropout(x, 1.5, jax.random.key(0))  # the user's own bad rate
+
+    with pytest.raises(dm.RateError, match=r"^dropout: rate must be in"):
+        dm.masked_scan(step, 0.0, jnp.ones((3, 2)), jnp.ones(3, bool))

@@ -3,16 +3,17 @@
 Here live the checks that recur across modules: a rate, a key (also one given under
 either of its two names), ``impl`` and ``residual``, an array and its floating dtype, a
 callable, an instance of given types, a shape, a rank, an exact shape, axes and
-``broadcast_dims``, a Python int (static, or with a lower bound), a scalar, one of a few
-choices, a block's place in a global array (``global_shape`` / ``offset``), an optax
-transformation, a sliding
-window, a boolean mask and its broadcasting, integer ids, ``lengths``, label ranges, a
-tuple of names. Each raises
-``"{caller}: {name} must be <expected>, got <given>. <fix>"``, where ``caller`` is the
-public function or class the user called, and runs on static (trace-time) information
-only, so a bad call fails before anything is computed, also under ``jit``.
+``broadcast_dims``, a Python int (:func:`check_int`, static or with a lower bound; a count
+from a config, :func:`check_int_at_least`), a scalar, one of a few choices, an optax
+transformation, a sliding window, a boolean mask and its broadcasting, integer ids,
+``lengths``, label ranges, a tuple of names. Each raises ``"{caller}: {name} must be <expected>, got
+<given>. <fix>"``, where ``caller`` is the public function or class the user called, and
+runs on static (trace-time) information only, so a bad call fails before anything is
+computed, also under ``jit``. A traced value is left to run time: a traced rate out of
+range gives NaN, an error under ``checkify``.
 
-The raises written elsewhere are of kinds that belong to their module:
+Every message, here and in the raises written elsewhere, is put together by
+``_errors.user_error``. Those other raises are of kinds that belong to their module:
 
 - relations between one function's arguments that no other function shares (attention's
   q, k and v shapes and its path options, DropBlock's block against the map, a pack
@@ -52,12 +53,12 @@ from ._errors import (
     MaskShapeError,
     MissingKeyError,
     RateError,
+    user_error,
 )
 
 __all__ = [
     "as_dims",
     "check_array",
-    "check_block_offset",
     "check_bool_mask",
     "check_broadcastable",
     "check_callable",
@@ -67,7 +68,7 @@ __all__ = [
     "check_instance",
     "check_int",
     "check_int_at_least",
-    "check_integer",
+    "check_integer_dtype",
     "check_key",
     "check_label_range",
     "check_lengths",
@@ -79,17 +80,12 @@ __all__ = [
     "check_scalar",
     "check_shape",
     "check_shape_is",
-    "check_static_int",
     "check_window",
     "concrete_value",
     "is_concrete",
     "normalize_axes",
     "normalize_broadcast_dims",
 ]
-
-
-def _prefix(caller: str | None) -> str:
-    return f"{caller}: " if caller else ""
 
 
 def is_concrete(x: Any) -> bool:
@@ -107,36 +103,15 @@ def concrete_value(x: Any) -> float | None:
     return None
 
 
-def check_block_offset(
-    shape: tuple[int, ...], global_shape: Any, offset: Any, *, caller: str
-) -> None:
-    """Raises unless each ``offset`` entry known now puts the local block of ``shape``
-    inside ``global_shape``: an int in ``[0, global - local]``.
-
-    Traced entries (e.g. ``lax.axis_index(...) * size`` inside ``shard_map``) are left
-    to run time; a JAX scalar known now is checked as the same Python int is. The pair's
-    other checks (both given, one entry per axis, ints) come first, in ``local_block``.
-    """
-    dims, offsets = tuple(global_shape), tuple(offset)
-    for axis, (o, g, d) in enumerate(zip(offsets, dims, shape, strict=True)):
-        value = concrete_value(o)
-        if value is None or isinstance(g, bool) or not isinstance(g, int | np.integer):
-            continue
-        if value != math.floor(value) or not 0 <= value <= int(g) - d:
-            raise DropmaskValueError(
-                f"{caller}: offset[{axis}] must be an int in [0, {int(g) - d}] (the local block "
-                f"{shape} inside global_shape {tuple(int(n) for n in dims)}), got {value:g}. "
-                f"Pass each axis's global index of the block's first element."
-            )
-
-
 def check_optimizer(tx: Any, *, caller: str) -> None:
     """Raises :class:`DropmaskTypeError` unless ``tx`` is an optax transformation (has
     callable ``init`` and ``update``)."""
     if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
-        raise DropmaskTypeError(
-            f"{caller}: tx must be an optax.GradientTransformation (with init and update), "
-            f"got {tx!r:.80}. Pass e.g. tx=optax.adam(1e-3)."
+        raise user_error(
+            DropmaskTypeError,
+            f"tx must be an optax.GradientTransformation (with init and update), got {tx!r:.80}",
+            "Pass e.g. tx=optax.adam(1e-3).",
+            caller=caller,
         )
 
 
@@ -155,7 +130,6 @@ def check_rate(
       RateError: a known rate outside ``[0, 1]`` (``[0, 1)`` when ``allow_one`` is
         False) or NaN.
     """
-    pre = _prefix(caller)
     dtype = getattr(rate, "dtype", None)
     shape = tuple(getattr(rate, "shape", ()))
     is_real_number = isinstance(rate, int | float | np.integer | np.floating) and not isinstance(
@@ -168,19 +142,23 @@ def check_rate(
     )
     if not (is_real_number or is_real_array) or shape != ():
         got = f"an array of shape {shape} and dtype {dtype}" if dtype is not None else repr(rate)
-        raise DropmaskTypeError(
-            f"{pre}{name} must be a real number in [0, 1] (a Python float or a JAX scalar, "
-            f"e.g. from a schedule), got {got} of type {type(rate).__name__}. Pass one "
-            f"value for the whole array, e.g. {name}=0.1."
+        raise user_error(
+            DropmaskTypeError,
+            f"{name} must be a real number in [0, 1] (a Python float or a JAX scalar, e.g. "
+            f"from a schedule), got {got} of type {type(rate).__name__}",
+            f"Pass one value for the whole array, e.g. {name}=0.1.",
+            caller=caller,
         )
     value = concrete_value(rate)
     if value is None:
         return None
     upper = "1]" if allow_one else "1)"
     if math.isnan(value) or value < 0.0 or value > 1.0 or (not allow_one and value == 1.0):
-        raise RateError(
-            f"{pre}{name} must be in [0, {upper} (the probability of dropping), got {value!r}. "
-            f"To keep a fraction p of the units, pass {name}=1 - p."
+        raise user_error(
+            RateError,
+            f"{name} must be in [0, {upper} (the probability of dropping), got {value!r}",
+            f"To keep a fraction p of the units, pass {name}=1 - p.",
+            caller=caller,
         )
     return value
 
@@ -206,21 +184,26 @@ def check_key(
     """
     if key is None:
         if stream is None:
-            raise MissingKeyError(
+            raise user_error(
+                MissingKeyError,
                 f"{caller} is in training mode (deterministic=False) and needs a PRNG key, got "
-                f"{name}=None. Pass {name}=jax.random.key(0) (or a key split from yours), or "
-                f"set deterministic=True for evaluation."
+                f"{name}=None",
+                f"Pass {name}=jax.random.key(0) (or a key split from yours), or set "
+                "deterministic=True for evaluation.",
+                caller=None,
             )
         given = ""
         if streams is not None:
             close = difflib.get_close_matches(stream, list(streams), n=1)
             given = f" The rngs given are {sorted(streams)!r}" if streams else " No rngs were given"
             given += f"; {close[0]!r} looks like a misspelling of {stream!r}." if close else "."
-        raise MissingKeyError(
+        raise user_error(
+            MissingKeyError,
             f"{caller} is in training mode (deterministic=False) and draws from the PRNG stream "
             f"{stream!r}, but no key was provided for it.{given} Pass one to apply, e.g. "
             f"model.apply(variables, x, rngs={{{stream!r}: jax.random.key(0)}}), or run in "
-            f"evaluation mode with deterministic=True."
+            "evaluation mode with deterministic=True",
+            caller=None,
         )
     dtype = getattr(key, "dtype", None)
     shape = tuple(getattr(key, "shape", ()))
@@ -239,10 +222,12 @@ def check_key(
     else:
         got = f"{key!r} of type {type(key).__name__}"
         fix = f"Pass {name}=jax.random.key(0)"
-    raise DropmaskTypeError(
-        f"{_prefix(caller)}{name} must be one PRNG key (jax.random.key(seed), or a raw uint32[2] "
-        f"key), got {got}. {fix}, or a key split from yours: "
-        f"main_key, dropout_key = jax.random.split(jax.random.key(0))."
+    raise user_error(
+        DropmaskTypeError,
+        f"{name} must be one PRNG key (jax.random.key(seed), or a raw uint32[2] key), got {got}",
+        f"{fix}, or a key split from yours: main_key, dropout_key = "
+        "jax.random.split(jax.random.key(0)).",
+        caller=caller,
     )
 
 
@@ -250,8 +235,10 @@ def check_one_key(key: Any, dropout_rng: Any, *, caller: str) -> Any:
     """The dropout key, given as ``key`` or as Flax's ``dropout_rng`` (None if neither);
     giving both is an error."""
     if key is not None and dropout_rng is not None:
-        raise DropmaskValueError(
-            f"{caller}: pass the dropout key as key= or dropout_rng=, not both."
+        raise user_error(
+            DropmaskValueError,
+            "pass the dropout key as key= or dropout_rng=, not both",
+            caller=caller,
         )
     return key if key is not None else dropout_rng
 
@@ -282,9 +269,11 @@ def check_residual(residual: Any, *, caller: str | None = None) -> None:
 def check_array(x: Any, *, caller: str, name: str = "x") -> jax.Array:
     """``x`` as a JAX array; rejects Python containers, which JAX's own functions reject."""
     if isinstance(x, list | tuple | dict | str | bytes) or x is None:
-        raise DropmaskTypeError(
-            f"{caller}: {name} must be an array, got a {type(x).__name__}. Convert it first, "
-            f"e.g. {name}=jnp.asarray({name})."
+        raise user_error(
+            DropmaskTypeError,
+            f"{name} must be an array, got a {type(x).__name__}",
+            f"Convert it first, e.g. {name}=jnp.asarray({name}).",
+            caller=caller,
         )
     return x if isinstance(x, jax.Array) else jnp.asarray(x)
 
@@ -297,9 +286,11 @@ def check_floating(x: Any, *, caller: str, hint: str = "", allow_complex: bool =
     if allow_complex and jnp.issubdtype(dtype, jnp.complexfloating):
         return
     kind = "floating-point or complex" if allow_complex else "floating-point"
-    raise DtypeError(
-        f"{caller} expects a {kind} array, got dtype {dtype}. "
-        f"Cast it first, e.g. x.astype(jnp.float32){hint}."
+    raise user_error(
+        DtypeError,
+        f"{caller} expects a {kind} array, got dtype {dtype}",
+        f"Cast it first, e.g. x.astype(jnp.float32){hint}.",
+        caller=None,
     )
 
 
@@ -329,9 +320,12 @@ def check_shape(shape: Any, *, caller: str, name: str = "shape") -> tuple[int, .
     if dims is None or any(
         isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0 for d in dims
     ):
-        raise DropmaskTypeError(
-            f"{caller}: {name} must be a tuple of non-negative Python ints (a static array "
-            f"shape), got {shape!r}. Pass e.g. {name}=x.shape or {name}=(2, 3)."
+        raise user_error(
+            DropmaskTypeError,
+            f"{name} must be a tuple of non-negative Python ints (a static array shape), got "
+            f"{shape!r}",
+            f"Pass e.g. {name}=x.shape or {name}=(2, 3).",
+            caller=caller,
         )
     return tuple(int(d) for d in dims)
 
@@ -339,7 +333,6 @@ def check_shape(shape: Any, *, caller: str, name: str = "shape") -> tuple[int, .
 def as_dims(value: Any, *, caller: str | None, name: str = "broadcast_dims") -> tuple[int, ...]:
     """An int or an iterable of ints (tuple, list, range, NumPy array) as a tuple of ints,
     as Flax accepts for ``broadcast_dims``; not yet checked against an input's rank."""
-    pre = _prefix(caller)
     if isinstance(value, int | np.integer) and not isinstance(value, bool):
         return (int(value),)
     dims: tuple[Any, ...] | None = None
@@ -351,14 +344,20 @@ def as_dims(value: Any, *, caller: str | None, name: str = "broadcast_dims") -> 
         except TypeError:
             dims = None
     if dims is None:
-        raise DropmaskTypeError(
-            f"{pre}{name} must be an int or a sequence of ints, got {value!r} of type "
-            f"{type(value).__name__}. Pass {name}=() for none, or e.g. {name}=(1,)."
+        raise user_error(
+            DropmaskTypeError,
+            f"{name} must be an int or a sequence of ints, got {value!r} of type "
+            f"{type(value).__name__}",
+            f"Pass {name}=() for none, or e.g. {name}=(1,).",
+            caller=caller,
         )
     for axis in dims:
         if not isinstance(axis, int | np.integer) or isinstance(axis, bool):
-            raise DropmaskTypeError(
-                f"{pre}{name} must contain ints, got {axis!r} in {value!r}. Pass e.g. {name}=(1,)."
+            raise user_error(
+                DropmaskTypeError,
+                f"{name} must contain ints, got {axis!r} in {value!r}",
+                f"Pass e.g. {name}=(1,).",
+                caller=caller,
             )
     return tuple(int(a) for a in dims)
 
@@ -371,27 +370,32 @@ def normalize_axes(
     ``axes`` is read by :func:`as_dims`. Repeats are an error unless ``allow_repeats``
     (then they are merged, as Flax does for ``broadcast_dims``).
     """
-    pre = _prefix(caller)
     dims = as_dims(axes, caller=caller, name=name)
     out = []
     for axis in dims:
         if ndim == 0:
-            raise AxisError(
-                f"{pre}{name} names axis {axis}, but the input is 0-d (a scalar) and has no "
-                f"axes. Pass {name}=() for a scalar, or reshape the input first."
+            raise user_error(
+                AxisError,
+                f"{name} names axis {axis}, but the input is 0-d (a scalar) and has no axes",
+                f"Pass {name}=() for a scalar, or reshape the input first.",
+                caller=caller,
             )
         if not -ndim <= axis < ndim:
-            raise AxisError(
-                f"{pre}{name} contains axis {axis}, but the input has {ndim} dimensions, so "
-                f"axes must be in [{-ndim}, {ndim - 1}]."
+            raise user_error(
+                AxisError,
+                f"{name} contains axis {axis}, but the input has {ndim} dimensions, so axes "
+                f"must be in [{-ndim}, {ndim - 1}]",
+                caller=caller,
             )
         out.append(axis % ndim)
     if len(set(out)) != len(out):
         if allow_repeats:
             return tuple(sorted(set(out)))
-        raise AxisError(
-            f"{pre}{name} repeats an axis: {dims!r} (normalized {tuple(out)!r}). Name each "
-            f"axis once."
+        raise user_error(
+            AxisError,
+            f"{name} repeats an axis: {dims!r} (normalized {tuple(out)!r})",
+            "Name each axis once.",
+            caller=caller,
         )
     return tuple(out)
 
@@ -403,31 +407,38 @@ def normalize_broadcast_dims(broadcast_dims: Any, ndim: int, *, caller: str) -> 
     )
 
 
-def check_int(value: Any, *, caller: str, name: str, why: str = "", fix: str = "") -> int:
-    """``value`` as an int, unless it is no Python or NumPy int (a bool is none); ``why``
-    follows "a Python int" in the message and ``fix`` ends it.
+def check_int(
+    value: Any,
+    *,
+    caller: str,
+    name: str,
+    minimum: int | None = None,
+    shape: bool = False,
+    why: str = "",
+    fix: str = "",
+) -> int:
+    """``value`` as an int: a Python or NumPy int (a bool is none), at least ``minimum``
+    when given. ``shape``: the int fixes an array shape (``max_len``), so it must be
+    static, which the message says. ``why`` follows "a Python int" and ``fix`` ends the
+    message on a wrong type.
 
     Raises:
       DropmaskTypeError: ``value`` is not an int.
+      DropmaskValueError: ``value`` is below ``minimum``.
     """
+    if shape:
+        why, fix = " (it fixes an array shape)", f"Pass a static value, e.g. {name}=128."
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise DropmaskTypeError(
-            f"{caller}: {name} must be a Python int{why}, got {type(value).__name__}.{fix}"
+        raise user_error(
+            DropmaskTypeError,
+            f"{name} must be a Python int{why}, got {type(value).__name__}",
+            fix,
+            caller=caller,
         )
-    return int(value)
-
-
-def check_static_int(value: Any, *, name: str, caller: str, minimum: int = 0) -> int:
-    """Validates a Python int that fixes a shape, e.g. ``max_len``."""
-    check_int(
-        value,
-        caller=caller,
-        name=name,
-        why=" (it fixes an array shape)",
-        fix=f" Pass a static value, e.g. {name}=128.",
-    )
-    if value < minimum:
-        raise DropmaskValueError(f"{caller}: {name} must be >= {minimum}, got {value}.")
+    if minimum is not None and value < minimum:
+        raise user_error(
+            DropmaskValueError, f"{name} must be >= {minimum}, got {value}", caller=caller
+        )
     return int(value)
 
 
@@ -435,10 +446,18 @@ def check_int_at_least(
     value: Any, minimum: int, *, caller: str, name: str, why: str = "", fix: str = ""
 ) -> int:
     """``value`` as an int, unless it is no int (a bool is none) or is below ``minimum``;
-    ``why`` follows the bound in the message and ``fix`` ends it."""
+    ``why`` follows the bound in the message and ``fix`` ends it.
+
+    The check of a count read from a config or a command (``steps``, ``keep``, ``ddof``):
+    a wrong type and a wrong value are one mistake there, a :class:`DropmaskValueError`
+    that names the bound. Arguments of the array API use :func:`check_int`.
+    """
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise DropmaskValueError(
-            f"{caller}: {name} must be an int >= {minimum}{why}, got {value!r}.{fix}"
+        raise user_error(
+            DropmaskValueError,
+            f"{name} must be an int >= {minimum}{why}, got {value!r}",
+            fix,
+            caller=caller,
         )
     return int(value)
 
@@ -449,8 +468,11 @@ def check_choice(
     """Raises DropmaskValueError unless ``value`` is one of ``choices``; ``fix`` ends the
     message."""
     if value not in choices:
-        raise DropmaskValueError(
-            f"{_prefix(caller)}{name} must be one of {choices}, got {value!r}.{fix}"
+        raise user_error(
+            DropmaskValueError,
+            f"{name} must be one of {choices}, got {value!r}",
+            fix,
+            caller=caller,
         )
 
 
@@ -458,8 +480,11 @@ def check_callable(value: Any, *, caller: str, name: str, what: str, fix: str) -
     """Raises DropmaskTypeError unless ``value`` is callable: ``what`` says how it is
     called (e.g. "callable as f(x, key)") and ``fix`` ends the message."""
     if not callable(value):
-        raise DropmaskTypeError(
-            f"{caller}: {name} must be {what}, got {type(value).__name__}. {fix}"
+        raise user_error(
+            DropmaskTypeError,
+            f"{name} must be {what}, got {type(value).__name__}",
+            fix,
+            caller=caller,
         )
 
 
@@ -469,8 +494,11 @@ def check_instance(
     """Raises DropmaskTypeError unless ``value`` is an instance of ``types``: ``what``
     names them for the user (e.g. "an nnx.Module") and ``fix`` ends the message."""
     if not isinstance(value, types):
-        raise DropmaskTypeError(
-            f"{caller}: {name} must be {what}, got {type(value).__name__}. {fix}"
+        raise user_error(
+            DropmaskTypeError,
+            f"{name} must be {what}, got {type(value).__name__}",
+            fix,
+            caller=caller,
         )
 
 
@@ -489,8 +517,11 @@ def check_ndim(
     (e.g. "[batch, time, ...] (at least 2-d)") and ``fix`` ends the message."""
     ndim = len(shape)
     if ndim < minimum or (maximum is not None and ndim > maximum):
-        raise DropmaskValueError(
-            f"{caller}: {name} must be {layout}, got shape {tuple(shape)}.{fix}"
+        raise user_error(
+            DropmaskValueError,
+            f"{name} must be {layout}, got shape {tuple(shape)}",
+            fix,
+            caller=caller,
         )
 
 
@@ -506,8 +537,11 @@ def check_shape_is(
     """Raises MaskShapeError unless ``shape`` is exactly ``expected`` (no broadcasting);
     ``layout`` names its axes (e.g. "bool[batch, time]"), ``fix`` ends the message."""
     if tuple(shape) != tuple(expected):
-        raise MaskShapeError(
-            f"{caller}: {name} must be {layout} = {tuple(expected)}, got shape {tuple(shape)}.{fix}"
+        raise user_error(
+            MaskShapeError,
+            f"{name} must be {layout} = {tuple(expected)}, got shape {tuple(shape)}",
+            fix,
+            caller=caller,
         )
 
 
@@ -516,14 +550,17 @@ def check_window(window: Any, *, caller: str, fix: str = "") -> tuple[int, int]:
     ``fix`` ends the message of a pair of the wrong length."""
     if isinstance(window, tuple | list):
         if len(window) != 2:
-            raise DropmaskValueError(
-                f"{caller}: window must be an int or (left, right), got {window!r}.{fix}"
+            raise user_error(
+                DropmaskValueError,
+                f"window must be an int or (left, right), got {window!r}",
+                fix,
+                caller=caller,
             )
         left, right = window
     else:
         left = right = window
-    left = check_static_int(left, name="window[0] (left)", caller=caller)
-    right = check_static_int(right, name="window[1] (right)", caller=caller)
+    left = check_int(left, name="window[0] (left)", caller=caller, minimum=0, shape=True)
+    right = check_int(right, name="window[1] (right)", caller=caller, minimum=0, shape=True)
     return left, right
 
 
@@ -531,10 +568,12 @@ def check_bool_mask(mask: Any, *, caller: str, name: str = "mask") -> jax.Array:
     """Returns ``mask`` as a jax bool array; rejects other dtypes with the fix."""
     dtype = jnp.result_type(mask)
     if dtype != jnp.bool_:
-        raise DtypeError(
-            f"{caller}: {name} must be boolean (True = valid), got dtype {dtype}. Convert it "
-            f"first: dropmask.from_flax_mask for 0/1 float masks, dropmask.from_bias for "
-            f"additive biases, or `{name} != 0`."
+        raise user_error(
+            DtypeError,
+            f"{name} must be boolean (True = valid), got dtype {dtype}",
+            "Convert it first: dropmask.from_flax_mask for 0/1 float masks, dropmask.from_bias "
+            f"for additive biases, or `{name} != 0`.",
+            caller=caller,
         )
     return jnp.asarray(mask)
 
@@ -557,18 +596,23 @@ def check_broadcastable(
         for s, t in zip(shape[::-1], target[::-1], strict=False):
             ok = ok and s in (1, t)
     if not ok:
-        raise MaskShapeError(
-            f"{caller}: {name} of shape {shape} does not broadcast to shape {target} (NumPy "
-            f"rules: trailing axes are aligned and must match or be 1). {hint}"
+        raise user_error(
+            MaskShapeError,
+            f"{name} of shape {shape} does not broadcast to shape {target} (NumPy rules: "
+            "trailing axes are aligned and must match or be 1)",
+            hint,
+            caller=caller,
         )
 
 
-def check_integer(x: jax.Array, *, caller: str, name: str) -> None:
+def check_integer_dtype(x: jax.Array, *, caller: str, name: str) -> None:
     """Raises DtypeError unless ``x`` holds integers."""
     if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise DtypeError(
-            f"{caller}: {name} must be integers, got dtype {x.dtype}. Cast with "
-            f"{name}.astype(jnp.int32)."
+        raise user_error(
+            DtypeError,
+            f"{name} must be integers, got dtype {x.dtype}",
+            f"Cast with {name}.astype(jnp.int32).",
+            caller=caller,
         )
 
 
@@ -585,9 +629,11 @@ def check_names(value: Any, *, caller: str, name: str, example: str) -> tuple[st
         return (value,)
     names = tuple(value) if isinstance(value, tuple | list) else None
     if names is None or not all(isinstance(n, str) for n in names):
-        raise DropmaskTypeError(
-            f"{caller}: {name} must be a name or a tuple of names (str), got {value!r}. "
-            f"Pass e.g. {name}={example}."
+        raise user_error(
+            DropmaskTypeError,
+            f"{name} must be a name or a tuple of names (str), got {value!r}",
+            f"Pass e.g. {name}={example}.",
+            caller=caller,
         )
     return names
 
@@ -595,15 +641,17 @@ def check_names(value: Any, *, caller: str, name: str, example: str) -> tuple[st
 def check_lengths(lengths: Any, max_len: int, *, caller: str, name: str = "lengths") -> jax.Array:
     """Validates integer ``lengths`` in ``[0, max_len]`` (values checked when concrete)."""
     arr = jnp.asarray(lengths)
-    check_integer(arr, caller=caller, name=name)
+    check_integer_dtype(arr, caller=caller, name=name)
     if is_concrete(lengths) and arr.size:
         host = np.asarray(lengths)
         lo, hi = int(host.min()), int(host.max())
         if lo < 0 or hi > max_len:
-            raise DropmaskValueError(
-                f"{caller}: {name} must be in [0, {max_len}] (the padded length), got values "
-                f"in [{lo}, {hi}]. Pad to a longer max_len or truncate the sequences "
-                f"first (dropmask.pad_sequences(..., truncate='right'))."
+            raise user_error(
+                DropmaskValueError,
+                f"{name} must be in [0, {max_len}] (the padded length), got values in [{lo}, {hi}]",
+                "Pad to a longer max_len or truncate the sequences first "
+                "(dropmask.pad_sequences(..., truncate='right')).",
+                caller=caller,
             )
     return arr
 
@@ -628,9 +676,12 @@ def check_label_range(
         if counted is not None:
             host = host[np.broadcast_to(np.asarray(counted), host.shape)]
         if host.size and (host.min() < 0 or host.max() >= classes):
-            raise DropmaskValueError(
-                f"{caller}: labels of {what} must be in [0, {classes}), got values in "
-                f"[{host.min()}, {host.max()}]. {fix}"
+            raise user_error(
+                DropmaskValueError,
+                f"labels of {what} must be in [0, {classes}), got values in "
+                f"[{host.min()}, {host.max()}]",
+                fix,
+                caller=caller,
             )
         return
     in_range = (labels >= 0) & (labels < classes)

@@ -8,8 +8,8 @@ dropout).
 
 Every variant validates its arguments through one path (``_validate``: input, dtype,
 rate, impl, residual, axes, sharding block, key, in that order) and draws its mask through the
-one entry point ``_random.draw``. The ``apply_*`` functions are the same operations
-for a named caller: the Linen and NNX layers call them so that errors name the layer.
+one entry point ``_random.draw``. The Linen and NNX layers call these same functions;
+their errors name the layer (``_errors.naming``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from ._checks import (
     normalize_axes,
     normalize_broadcast_dims,
 )
-from ._errors import DropmaskValueError, DtypeError
+from ._errors import DropmaskValueError, DtypeError, call_name, named, user_error
 from ._random import (
     DEFAULT_IMPL,
     DEFAULT_RESIDUAL,
@@ -94,7 +94,6 @@ class _Call(NamedTuple):
 
 
 def _validate(
-    caller: str,
     x: Any,
     rate: Any,
     key: Any,
@@ -111,13 +110,16 @@ def _validate(
 ) -> _Call:
     """The one validation path of every dropout variant, in one order: input, dtype,
     rate, impl, residual, axes, sharding block, key. Raises before any array work."""
+    caller = call_name()
     name = "tokens" if kind == "integer" else "x"
     arr = check_array(x, caller=caller, name=name)
     if kind == "integer":
         if not jnp.issubdtype(arr.dtype, jnp.integer):
-            raise DtypeError(
-                f"{caller} expects integer token ids, got dtype {arr.dtype}. For floating "
-                f"activations use dropout instead."
+            raise user_error(
+                DtypeError,
+                f"{caller} expects integer token ids, got dtype {arr.dtype}",
+                "For floating activations use dropout instead.",
+                caller=None,
             )
     else:
         hint = ", or use word_dropout for token ids" if caller == "dropout" else ""
@@ -207,6 +209,7 @@ def _flax_select(x: jax.Array, keep: jax.Array, keep_prob: Any) -> jax.Array:
     return lax.select(keep, x / keep_prob, jnp.zeros_like(x))
 
 
+@named("dropout")
 def dropout(
     x: jax.typing.ArrayLike,
     rate: float | jax.Array,
@@ -266,49 +269,18 @@ def dropout(
       >>> sorted(set(y.ravel().tolist())) in ([0.0, 2.0], [2.0], [0.0])
       True
     """
-    return apply_dropout(
-        x,
-        rate,
-        key,
-        broadcast_dims=broadcast_dims,
-        deterministic=deterministic,
-        impl=impl,
-        global_shape=global_shape,
-        offset=offset,
-        residual=residual,
-        caller="dropout",
-    )
-
-
-def apply_dropout(
-    x: Any,
-    rate: Any,
-    key: Any,
-    *,
-    broadcast_dims: Any = (),
-    batch_axis: Any = None,
-    deterministic: bool = False,
-    impl: Any = DEFAULT_IMPL,
-    global_shape: Any = None,
-    offset: Any = None,
-    residual: Any = DEFAULT_RESIDUAL,
-    caller: str,
-) -> jax.Array:
-    """:func:`dropout` (or, with ``batch_axis``, :func:`drop_path`) on behalf of ``caller``."""
     call = _validate(
-        caller,
         x,
         rate,
         key,
         deterministic,
         broadcast_dims=broadcast_dims,
-        batch_axis=batch_axis,
         impl=impl,
         global_shape=global_shape,
         offset=offset,
         residual=residual,
     )
-    return _masked(call, rate, key, deterministic, impl, residual, caller, combine=None)
+    return _masked(call, rate, key, deterministic, impl, residual, combine=None)
 
 
 def _masked(
@@ -318,14 +290,13 @@ def _masked(
     deterministic: bool,
     impl: Any,
     residual: Any,
-    caller: str,
     *,
     combine: Callable[..., jax.Array] | None,
 ) -> jax.Array:
     """A checked call's output: ``x`` as is in evaluation or at rate 0, zeros at rate 1,
     else ``combine(x, keep-mask, ...)`` over the call's mask shape (None: dropout's own,
     Flax's select for ``impl="flax"`` at a compile-time rate)."""
-    x = call.x
+    x, caller = call.x, call_name()
     if deterministic or call.value == 0.0:
         return x
     if call.value == 1.0:
@@ -337,6 +308,7 @@ def _masked(
     return draw(key, bshape, p, impl, combine, x, call.block, residual=residual, caller=caller)
 
 
+@named("drop_path")
 def drop_path(
     x: jax.typing.ArrayLike,
     rate: float | jax.Array,
@@ -377,18 +349,18 @@ def drop_path(
       >>> bool((y == y[:, :1]).all())  # one decision per example
       True
     """
-    return apply_dropout(
+    call = _validate(
         x,
         rate,
         key,
+        deterministic,
         batch_axis=batch_axis,
-        deterministic=deterministic,
         impl=impl,
         global_shape=global_shape,
         offset=offset,
         residual=residual,
-        caller="drop_path",
     )
+    return _masked(call, rate, key, deterministic, impl, residual, combine=None)
 
 
 def _replace_dropped(x: tuple[jax.Array, jax.Array], drop: jax.Array, realised: Any) -> jax.Array:
@@ -400,6 +372,7 @@ def _replace_dropped(x: tuple[jax.Array, jax.Array], drop: jax.Array, realised: 
     return jnp.where(drop, unk, tokens)
 
 
+@named("word_dropout")
 def word_dropout(
     tokens: jax.typing.ArrayLike,
     rate: float | jax.Array,
@@ -445,36 +418,8 @@ def word_dropout(
       >>> bool(((t == 1) | (t == jnp.arange(2, 10))).all())
       True
     """
-    return apply_word_dropout(
-        tokens,
-        rate,
-        key,
-        unk_id=unk_id,
-        broadcast_dims=broadcast_dims,
-        deterministic=deterministic,
-        impl=impl,
-        global_shape=global_shape,
-        offset=offset,
-        caller="word_dropout",
-    )
-
-
-def apply_word_dropout(
-    tokens: Any,
-    rate: Any,
-    key: Any,
-    *,
-    unk_id: Any,
-    broadcast_dims: Any = (),
-    deterministic: bool = False,
-    impl: Any = DEFAULT_IMPL,
-    global_shape: Any = None,
-    offset: Any = None,
-    caller: str,
-) -> jax.Array:
-    """:func:`word_dropout` on behalf of ``caller``."""
+    caller = call_name()
     call = _validate(
-        caller,
         tokens,
         rate,
         key,
@@ -494,9 +439,12 @@ def apply_word_dropout(
         fix=" Pass the id of the unknown-word token, e.g. unk_id=1.",
     )
     if not info.min <= int(unk_id) <= info.max:
-        raise DropmaskValueError(
-            f"{caller}: unk_id={unk_id} does not fit the token dtype {tokens.dtype} (range "
-            f"[{info.min}, {info.max}]). Use a wider dtype, e.g. tokens.astype(jnp.int32)."
+        raise user_error(
+            DropmaskValueError,
+            f"unk_id={unk_id} does not fit the token dtype {tokens.dtype} (range [{info.min}, "
+            f"{info.max}])",
+            "Use a wider dtype, e.g. tokens.astype(jnp.int32).",
+            caller=caller,
         )
     if deterministic or call.value == 0.0:
         return tokens
@@ -508,6 +456,7 @@ def apply_word_dropout(
     return draw(key, bshape, p, impl, _replace_dropped, (tokens, unk), call.block, caller=caller)
 
 
+@named("gaussian_dropout")
 def gaussian_dropout(
     x: jax.typing.ArrayLike,
     rate: float | jax.Array,
@@ -532,28 +481,7 @@ def gaussian_dropout(
     Returns:
       An array like ``x``; NaN for a traced ``rate`` outside ``[0, 1)``.
     """
-    return apply_gaussian_dropout(
-        x,
-        rate,
-        key,
-        broadcast_dims=broadcast_dims,
-        deterministic=deterministic,
-        caller="gaussian_dropout",
-    )
-
-
-def apply_gaussian_dropout(
-    x: Any,
-    rate: Any,
-    key: Any,
-    *,
-    broadcast_dims: Any = (),
-    deterministic: bool = False,
-    caller: str,
-) -> jax.Array:
-    """:func:`gaussian_dropout` on behalf of ``caller``."""
     call = _validate(
-        caller,
         x,
         rate,
         key,
@@ -565,7 +493,8 @@ def apply_gaussian_dropout(
     x = call.x
     if deterministic or call.value == 0.0:
         return x
-    rate_arr = jnp.asarray(probability(rate, call.value, keep=False, caller=caller), jnp.float32)
+    p = probability(rate, call.value, keep=False, caller=call_name())
+    rate_arr = jnp.asarray(p, jnp.float32)
     std = jnp.sqrt(rate_arr / jnp.where(rate_arr < 1, 1.0 - rate_arr, 1.0))
     noise = 1.0 + std * jax.random.normal(key, mask_shape(x.shape, call.axes), dtype=jnp.float32)
     out = _per_part(lambda part: (part.astype(jnp.float32) * noise).astype(part.dtype), x)
@@ -589,6 +518,7 @@ def _alpha_affine(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
     return jnp.where(realised > 0, a * y + b, fill).astype(x.dtype)
 
 
+@named("alpha_dropout")
 def alpha_dropout(
     x: jax.typing.ArrayLike,
     rate: float | jax.Array,
@@ -627,36 +557,7 @@ def alpha_dropout(
     Raises:
       DropmaskError: the errors of :func:`dropout`; ``DtypeError`` also for complex ``x``.
     """
-    return apply_alpha_dropout(
-        x,
-        rate,
-        key,
-        broadcast_dims=broadcast_dims,
-        deterministic=deterministic,
-        impl=impl,
-        global_shape=global_shape,
-        offset=offset,
-        residual=residual,
-        caller="alpha_dropout",
-    )
-
-
-def apply_alpha_dropout(
-    x: Any,
-    rate: Any,
-    key: Any,
-    *,
-    broadcast_dims: Any = (),
-    deterministic: bool = False,
-    impl: Any = DEFAULT_IMPL,
-    global_shape: Any = None,
-    offset: Any = None,
-    residual: Any = DEFAULT_RESIDUAL,
-    caller: str,
-) -> jax.Array:
-    """:func:`alpha_dropout` on behalf of ``caller``."""
     call = _validate(
-        caller,
         x,
         rate,
         key,
@@ -668,4 +569,4 @@ def apply_alpha_dropout(
         offset=offset,
         residual=residual,
     )
-    return _masked(call, rate, key, deterministic, impl, residual, caller, combine=_alpha_affine)
+    return _masked(call, rate, key, deterministic, impl, residual, combine=_alpha_affine)

@@ -1,10 +1,25 @@
 """The exceptions dropmask raises on user input, one class per failure kind.
 
 Every class derives from :class:`DropmaskError` and from the built-in type users already
-catch (``ValueError`` or ``TypeError``). The checks that raise them live in ``_checks``.
+catch (``ValueError`` or ``TypeError``). :func:`user_error` writes every message in one
+form, ``"caller: name must be X, got Y. Fix."``; the checks that raise them live in
+``_checks``.
+
+Here too is how a message learns whom to name: :func:`named` (a decorator on a public
+function) and :func:`naming` (a layer's call) set the name that :func:`call_name` gives
+the checks, so that no signature carries it. The outermost name wins: a layer that calls
+:func:`dropmask.dropout`, or a public function that calls another, reports under the name
+the user called. A named call runs no user code (a callback would inherit the name), so
+a function that calls back names only the part of its work that does not.
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import ParamSpec, TypeVar
 
 __all__ = [
     "AxisError",
@@ -15,7 +30,54 @@ __all__ = [
     "MaskShapeError",
     "MissingKeyError",
     "RateError",
+    "call_name",
+    "named",
+    "naming",
+    "user_error",
 ]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_E = TypeVar("_E", bound=Exception)
+
+# The name of the public function or layer the user called; None outside any. Read at
+# trace time only, so it adds nothing to a traced program.
+_CALL_NAME: ContextVar[str | None] = ContextVar("dropmask_call_name", default=None)
+
+
+def call_name() -> str:
+    """The name errors give the current call: the outermost :func:`named` or
+    :func:`naming` around it (``"dropmask"`` outside any)."""
+    return _CALL_NAME.get() or "dropmask"
+
+
+@contextlib.contextmanager
+def naming(name: str) -> Iterator[None]:
+    """Within: errors name ``name``, unless an enclosing call has named itself."""
+    if _CALL_NAME.get() is not None:
+        yield
+        return
+    token = _CALL_NAME.set(name)
+    try:
+        yield
+    finally:
+        _CALL_NAME.reset(token)
+
+
+def named(name: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Decorates a public function so that errors raised in its call name ``name``
+    (unless an enclosing call has named itself); its signature, docstring and
+    ``__module__`` stay those of the function."""
+
+    def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(fn)
+        def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            with naming(name):
+                return fn(*args, **kwargs)
+
+        return call
+
+    return decorate
 
 
 class DropmaskError(Exception):
@@ -52,3 +114,24 @@ class MissingKeyError(DropmaskValueError):
 
 class MaskShapeError(DropmaskValueError):
     """A mask whose shape cannot be broadcast against the data it masks."""
+
+
+def user_error(kind: type[_E], message: str, fix: str = "", *, caller: str | None) -> _E:
+    """The error for a user's mistake, its message in the one form of the library:
+    ``"{caller}: {message}. {fix}"``.
+
+    Args:
+      kind: the exception class (a :class:`DropmaskError`, or one that wraps it).
+      message: what is wrong, without the closing period; usually
+        ``"{name} must be <expected>, got <given>"``.
+      fix: what to pass instead, as whole sentences (surrounding spaces are dropped);
+        empty when the expected value says it.
+      caller: the public function, layer or command the user called (e.g.
+        :func:`call_name`); None or empty where the message names it itself.
+
+    Returns:
+      The exception, for ``raise`` at the call site.
+    """
+    text = f"{caller}: {message}." if caller else f"{message}."
+    fix = fix.strip()
+    return kind(f"{text} {fix}" if fix else text)

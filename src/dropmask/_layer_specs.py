@@ -1,9 +1,9 @@
 """One spec per stochastic layer kind, which the Linen and NNX layers both wrap.
 
-A spec names the core function a layer calls and the layer fields it passes by name;
-:func:`apply` adds what every layer passes (``rate``, the key, ``deterministic``, the
-caller, and, for a layer that can run inside ``shard_map``, its block of the global
-array). A new layer argument is one edit in the core and one here, whatever the
+A spec names the public function a layer calls and the layer fields it passes by name;
+:func:`apply` adds what every layer passes (``rate``, the key, ``deterministic``, and,
+for a layer that can run inside ``shard_map``, its block of the global array) and names
+the layer in the errors. A new layer argument is one edit in the core and one here, whatever the
 front end.
 """
 
@@ -16,7 +16,8 @@ from typing import Any
 import jax
 
 from . import _dropout
-from ._structured import apply_drop_block, apply_drop_head
+from ._errors import naming
+from ._structured import drop_block, drop_head
 
 __all__ = [
     "ALPHA_DROPOUT",
@@ -40,13 +41,13 @@ class Spec:
     sharded: bool = True  # has ``shard_spec`` and call-time ``global_shape`` / ``offset``
 
 
-DROPOUT = Spec(_dropout.apply_dropout, ("broadcast_dims", "impl", "residual"))
-WORD_DROPOUT = Spec(_dropout.apply_word_dropout, ("unk_id", "impl"))
-DROP_PATH = Spec(_dropout.apply_dropout, ("batch_axis", "impl", "residual"))
-GAUSSIAN_DROPOUT = Spec(_dropout.apply_gaussian_dropout, ("broadcast_dims",), sharded=False)
-ALPHA_DROPOUT = Spec(_dropout.apply_alpha_dropout, ("broadcast_dims", "impl", "residual"))
-DROP_BLOCK = Spec(apply_drop_block, ("block_size", "per_channel"))
-DROP_HEAD = Spec(apply_drop_head, ("residual",))
+DROPOUT = Spec(_dropout.dropout, ("broadcast_dims", "impl", "residual"))
+WORD_DROPOUT = Spec(_dropout.word_dropout, ("unk_id", "impl"))
+DROP_PATH = Spec(_dropout.drop_path, ("batch_axis", "impl", "residual"))
+GAUSSIAN_DROPOUT = Spec(_dropout.gaussian_dropout, ("broadcast_dims",), sharded=False)
+ALPHA_DROPOUT = Spec(_dropout.alpha_dropout, ("broadcast_dims", "impl", "residual"))
+DROP_BLOCK = Spec(drop_block, ("block_size", "per_channel"))
+DROP_HEAD = Spec(drop_head, ("residual",))
 
 
 def apply(
@@ -59,7 +60,8 @@ def apply(
     offset: Any = None,
 ) -> jax.Array:
     """``spec.core`` on ``inputs`` with ``layer``'s fields, in the mode and with the key
-    that the layer's front end resolves from this call's ``deterministic`` and ``rng``."""
+    that the layer's front end resolves from this call's ``deterministic`` and ``rng``;
+    errors name the layer."""
     caller = layer._caller
     det, key = layer._prepare(deterministic, rng)
     options = {name: getattr(layer, name) for name in spec.fields}
@@ -67,4 +69,5 @@ def apply(
         options["global_shape"], options["offset"] = _dropout.layer_block(
             inputs, layer.shard_spec, global_shape, offset, det, caller=caller
         )
-    return spec.core(inputs, layer.rate, key, deterministic=det, caller=caller, **options)
+    with naming(caller):
+        return spec.core(inputs, layer.rate, key, deterministic=det, **options)

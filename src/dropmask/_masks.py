@@ -16,14 +16,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._checks import check_bool_mask as check_bool_mask
-from ._checks import check_broadcastable as check_broadcastable
-from ._checks import check_int, check_scalar, check_window
-from ._checks import check_integer as _check_integer
-from ._checks import check_lengths as check_lengths
-from ._checks import check_static_int as check_static_int
-from ._checks import is_concrete as is_concrete
-from ._errors import DtypeError, MaskShapeError
+from ._checks import (
+    check_bool_mask,
+    check_broadcastable,
+    check_int,
+    check_integer_dtype,
+    check_lengths,
+    check_scalar,
+    check_window,
+)
+from ._errors import DtypeError, MaskShapeError, user_error
 
 __all__ = [
     "attention_mask",
@@ -81,8 +83,10 @@ def _broadcast_batch(
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
         got = ", ".join(f"{n}: {s}" for n, s in zip(names, shapes, strict=True))
-        raise MaskShapeError(
-            f"{caller}: the leading (batch) dimensions do not broadcast together ({got})."
+        raise user_error(
+            MaskShapeError,
+            f"the leading (batch) dimensions do not broadcast together ({got})",
+            caller=caller,
         ) from None
 
 
@@ -127,7 +131,7 @@ def sequence_mask(lengths: jax.typing.ArrayLike, max_len: int) -> jax.Array:
       >>> dropmask.sequence_mask([3, 0, 4], 4).astype(int).tolist()
       [[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
     """
-    max_len = check_static_int(max_len, name="max_len", caller="sequence_mask")
+    max_len = check_int(max_len, name="max_len", caller="sequence_mask", minimum=0, shape=True)
     lengths_arr = check_lengths(lengths, max_len, caller="sequence_mask")
     shape = lengths_arr.shape + (max_len,)
     steps = lax.broadcasted_iota(jnp.int32, shape, lengths_arr.ndim)
@@ -159,8 +163,12 @@ def _check_offset(offset: Any, caller: str) -> int:
 
 def _relative_positions(q_len: int, kv_len: int | None, offset: int, caller: str) -> jax.Array:
     """``k - (q + offset)`` as an int32 ``[q_len, kv_len]`` grid."""
-    q_len = check_static_int(q_len, name="q_len", caller=caller)
-    kv_len = q_len if kv_len is None else check_static_int(kv_len, name="kv_len", caller=caller)
+    q_len = check_int(q_len, name="q_len", caller=caller, minimum=0, shape=True)
+    kv_len = (
+        q_len
+        if kv_len is None
+        else check_int(kv_len, name="kv_len", caller=caller, minimum=0, shape=True)
+    )
     offset = _check_offset(offset, caller)
     q = lax.broadcasted_iota(jnp.int32, (q_len, kv_len), 0)
     k = lax.broadcasted_iota(jnp.int32, (q_len, kv_len), 1)
@@ -249,9 +257,10 @@ def attention_mask(q_valid: jax.typing.ArrayLike, kv_valid: jax.typing.ArrayLike
 
 def _pairwise(q: jax.Array, k: jax.Array, op: Any, caller: str, names: Sequence[str]) -> jax.Array:
     if q.ndim == 0 or k.ndim == 0:
-        raise MaskShapeError(
-            f"{caller}: {names[0]} and {names[1]} need a length axis, got shapes {q.shape} and "
-            f"{k.shape}."
+        raise user_error(
+            MaskShapeError,
+            f"{names[0]} and {names[1]} need a length axis, got shapes {q.shape} and {k.shape}",
+            caller=caller,
         )
     batch = _broadcast_batch(q.shape[:-1], k.shape[:-1], caller=caller, names=names)
     q = jnp.broadcast_to(q, batch + q.shape[-1:])
@@ -284,8 +293,8 @@ def segment_mask(
     caller = "segment_mask"
     q = jnp.asarray(q_segment_ids)
     k = q if kv_segment_ids is None else jnp.asarray(kv_segment_ids)
-    _check_integer(q, caller=caller, name="q_segment_ids")
-    _check_integer(k, caller=caller, name="kv_segment_ids")
+    check_integer_dtype(q, caller=caller, name="q_segment_ids")
+    check_integer_dtype(k, caller=caller, name="kv_segment_ids")
     return _pairwise(
         q, k, lambda a, b: (a == b) & (a != 0), caller, ("q_segment_ids", "kv_segment_ids")
     )
@@ -384,7 +393,11 @@ def to_bias(
     """
     mask = check_bool_mask(mask, caller="to_bias")
     if not jnp.issubdtype(dtype, jnp.floating):
-        raise DtypeError(f"to_bias: dtype must be floating, got {jnp.dtype(dtype)}.")
+        raise user_error(
+            DtypeError,
+            f"dtype must be floating, got {jnp.dtype(dtype)}",
+            caller="to_bias",
+        )
     if big_neg is None:
         big_neg = float(jnp.finfo(dtype).min) / 2
     return jnp.where(mask, jnp.zeros((), dtype), jnp.asarray(big_neg, dtype))
@@ -410,7 +423,11 @@ def from_bias(
     """
     bias = jnp.asarray(bias)
     if not jnp.issubdtype(bias.dtype, jnp.floating):
-        raise DtypeError(f"from_bias: bias must be floating, got dtype {bias.dtype}.")
+        raise user_error(
+            DtypeError,
+            f"bias must be floating, got dtype {bias.dtype}",
+            caller="from_bias",
+        )
     return bias > threshold
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import types
 
-from ._errors import DropmaskError
+from ._errors import DropmaskError, user_error
 
 __all__ = ["EXTRAS", "extra_for", "require"]
 
@@ -44,7 +44,9 @@ def require(module: str, *, caller: str = "dropmask") -> types.ModuleType:
         return importlib.import_module(module)
     except ImportError:
         top = module.partition(".")[0]
-        raise DropmaskError(
-            f"{caller}: needs the package {top!r}, which is not installed. Install it with "
-            f"pip install 'dropmask[{extra_for(top)}]'."
+        raise user_error(
+            DropmaskError,
+            f"needs the package {top!r}, which is not installed",
+            f"Install it with pip install 'dropmask[{extra_for(top)}]'.",
+            caller=caller,
         ) from None

@@ -19,9 +19,8 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from ._checks import check_choice, check_scalar
-from ._errors import DropmaskTypeError, DropmaskValueError
-from ._masks import check_static_int
+from ._checks import check_choice, check_int, check_scalar
+from ._errors import DropmaskTypeError, DropmaskValueError, user_error
 
 __all__ = [
     "BucketBatch",
@@ -59,19 +58,22 @@ class _Layout:
     def add(self, index: int, seq: Any) -> np.ndarray:
         a = _as_numeric(seq, index, self.caller)
         if a.ndim == 0:
-            raise DropmaskValueError(
-                f"{self.caller}: sequence {index} is a scalar; each sequence must be an array "
-                f"[length, ...]. Wrap single values in a list."
+            raise user_error(
+                DropmaskValueError,
+                f"sequence {index} is a scalar; each sequence must be an array [length, ...]",
+                "Wrap single values in a list.",
+                caller=self.caller,
             )
         if a.shape == (0,):
             return a
         if self.inner is None:
             self.inner, self.first = a.shape[1:], index
         elif a.shape[1:] != self.inner:
-            raise DropmaskValueError(
-                f"{self.caller}: sequence {index} has inner shape {a.shape[1:]} but sequence "
-                f"{self.first} has {self.inner}; every sequence must be [length, *inner] "
-                f"with the same inner shape."
+            raise user_error(
+                DropmaskValueError,
+                f"sequence {index} has inner shape {a.shape[1:]} but sequence {self.first} has "
+                f"{self.inner}; every sequence must be [length, *inner] with the same inner shape",
+                caller=self.caller,
             )
         return a
 
@@ -87,16 +89,20 @@ def _as_numeric(seq: Any, index: int, caller: str) -> np.ndarray:
     try:
         a = np.asarray(seq)
     except (ValueError, TypeError) as err:
-        raise DropmaskTypeError(
-            f"{caller}: sequence {index} is not a rectangular array ({err}). Each sequence must "
-            f"be [length, *inner] with one inner shape for all its steps; pad or split "
-            f"ragged steps first."
+        raise user_error(
+            DropmaskTypeError,
+            f"sequence {index} is not a rectangular array ({err})",
+            "Each sequence must be [length, *inner] with one inner shape for all its steps; pad "
+            "or split ragged steps first.",
+            caller=caller,
         ) from None
     if a.dtype.kind not in _NUMERIC_KINDS:
-        raise DropmaskTypeError(
-            f"{caller}: sequence {index} has dtype {a.dtype}; sequences must hold numbers or "
-            f"booleans (a list that mixes numbers with strings or None becomes such an "
-            f"array). Convert it first, e.g. np.asarray(seq, dtype=np.int32)."
+        raise user_error(
+            DropmaskTypeError,
+            f"sequence {index} has dtype {a.dtype}; sequences must hold numbers or booleans (a "
+            "list that mixes numbers with strings or None becomes such an array)",
+            "Convert it first, e.g. np.asarray(seq, dtype=np.int32).",
+            caller=caller,
         )
     return a
 
@@ -129,11 +135,13 @@ def _check_lossless(a: np.ndarray, dtype: np.dtype, index: int, caller: str) -> 
     if changed.size:
         wider = np.result_type(a.dtype, dtype)
         wider = a.dtype if wider == dtype else wider  # int64 with uint64 gives float64
-        raise DropmaskValueError(
-            f"{caller}: sequence {index} (dtype {a.dtype}) holds {changed[0].item()!r}, which "
-            f"the batch dtype {dtype} cannot store (it would become {stored[0].item()!r}). "
-            f"Pass dtype={wider.name} (or another dtype that holds it), or convert the "
-            f"sequence first."
+        raise user_error(
+            DropmaskValueError,
+            f"sequence {index} (dtype {a.dtype}) holds {changed[0].item()!r}, which the batch "
+            f"dtype {dtype} cannot store (it would become {stored[0].item()!r})",
+            f"Pass dtype={wider.name} (or another dtype that holds it), or convert the sequence "
+            "first.",
+            caller=caller,
         )
 
 
@@ -148,8 +156,10 @@ def _collect(
     layout = _Layout(caller)
     arrays = [layout.add(i, s) for i, s in enumerate(seqs)]
     if not arrays:
-        raise DropmaskValueError(
-            f"{caller}: got no sequences; pass a non-empty list of arrays [length, ...]."
+        raise user_error(
+            DropmaskValueError,
+            "got no sequences; pass a non-empty list of arrays [length, ...]",
+            caller=caller,
         )
     arrays = [layout.shaped(a) for a in arrays]
     # Even the common dtype can round: int64 with uint64 gives float64.
@@ -168,14 +178,18 @@ def _check_pad_value(pad_value: Any, dtype: np.dtype, caller: str) -> None:
     check_scalar(pad_value, caller=caller, name="pad_value", error=DropmaskValueError)
     value = np.asarray(pad_value)
     if value.dtype.kind not in _NUMERIC_KINDS:
-        raise DropmaskTypeError(
-            f"{caller}: pad_value must be a number or a bool, got {pad_value!r}. Pass e.g. "
-            "pad_value=0."
+        raise user_error(
+            DropmaskTypeError,
+            f"pad_value must be a number or a bool, got {pad_value!r}",
+            "Pass e.g. pad_value=0.",
+            caller=caller,
         )
     if _changed_values(value.reshape(1), dtype)[0].size:
-        raise DropmaskValueError(
-            f"{caller}: pad_value={pad_value!r} cannot be stored in dtype {dtype} without "
-            f"changing it. Pick another pad_value or pass dtype=."
+        raise user_error(
+            DropmaskValueError,
+            f"pad_value={pad_value!r} cannot be stored in dtype {dtype} without changing it",
+            "Pick another pad_value or pass dtype=.",
+            caller=caller,
         )
 
 
@@ -183,10 +197,13 @@ def _too_long(lengths: np.ndarray, limit: int, caller: str, what: str) -> None:
     over = np.flatnonzero(lengths > limit)
     if over.size:
         i = int(over[np.argmax(lengths[over])])
-        raise DropmaskValueError(
-            f"{caller}: {over.size} sequence(s) are longer than {what}={limit} (the longest, "
-            f"index {i}, has length {int(lengths[i])}). Pass truncate='right' (keep the "
-            f"start) or truncate='left' (keep the end), or allow a longer {what}."
+        raise user_error(
+            DropmaskValueError,
+            f"{over.size} sequence(s) are longer than {what}={limit} (the longest, index {i}, "
+            f"has length {int(lengths[i])})",
+            "Pass truncate='right' (keep the start) or truncate='left' (keep the end), or allow "
+            f"a longer {what}.",
+            caller=caller,
         )
 
 
@@ -245,13 +262,17 @@ def pad_sequences(
     _check_choice(side, "side", caller, allow_none=False)
     _check_choice(truncate, "truncate", caller, allow_none=True)
     if max_len is not None:
-        max_len = check_static_int(max_len, name="max_len", caller=caller)
+        max_len = check_int(max_len, name="max_len", caller=caller, minimum=0, shape=True)
     if multiple_of is not None:
-        multiple_of = check_static_int(multiple_of, name="multiple_of", caller=caller, minimum=1)
+        multiple_of = check_int(
+            multiple_of, name="multiple_of", caller=caller, minimum=1, shape=True
+        )
         if max_len is not None and max_len % multiple_of:
-            raise DropmaskValueError(
-                f"{caller}: max_len={max_len} is not a multiple of multiple_of={multiple_of}; pass "
-                f"max_len={math.ceil(max_len / multiple_of) * multiple_of} or drop one of them."
+            raise user_error(
+                DropmaskValueError,
+                f"max_len={max_len} is not a multiple of multiple_of={multiple_of}; pass max_len="
+                f"{math.ceil(max_len / multiple_of) * multiple_of} or drop one of them",
+                caller=caller,
             )
     arrays, out_dtype, inner = _collect(seqs, caller, dtype)
     _check_pad_value(pad_value, out_dtype, caller)
@@ -293,11 +314,15 @@ def _fill(
 
 
 def _check_buckets(buckets: Sequence[int], caller: str) -> tuple[int, ...]:
-    out = tuple(check_static_int(b, name="buckets[i]", caller=caller, minimum=1) for b in buckets)
+    out = tuple(
+        check_int(b, name="buckets[i]", caller=caller, minimum=1, shape=True) for b in buckets
+    )
     if not out or any(a >= b for a, b in zip(out, out[1:], strict=False)):
-        raise DropmaskValueError(
-            f"{caller}: buckets must be a non-empty, strictly increasing sequence of lengths, "
-            f"got {tuple(buckets)!r}."
+        raise user_error(
+            DropmaskValueError,
+            "buckets must be a non-empty, strictly increasing sequence of lengths, got "
+            f"{tuple(buckets)!r}",
+            caller=caller,
         )
     return out
 
@@ -321,15 +346,21 @@ def bucket_boundaries(
       (16, 32)
     """
     caller = "bucket_boundaries"
-    num_buckets = check_static_int(num_buckets, name="num_buckets", caller=caller, minimum=1)
-    multiple_of = check_static_int(multiple_of, name="multiple_of", caller=caller, minimum=1)
+    num_buckets = check_int(num_buckets, name="num_buckets", caller=caller, minimum=1, shape=True)
+    multiple_of = check_int(multiple_of, name="multiple_of", caller=caller, minimum=1, shape=True)
     arr = np.asarray(lengths)
     if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
-        raise DropmaskValueError(
-            f"{caller}: lengths must be a non-empty 1-D list of ints, got {arr!r}."
+        raise user_error(
+            DropmaskValueError,
+            f"lengths must be a non-empty 1-D list of ints, got {arr!r}",
+            caller=caller,
         )
     if arr.min() < 0:
-        raise DropmaskValueError(f"{caller}: lengths must be >= 0, got {int(arr.min())}.")
+        raise user_error(
+            DropmaskValueError,
+            f"lengths must be >= 0, got {int(arr.min())}",
+            caller=caller,
+        )
     qs = np.quantile(arr, np.linspace(0, 1, num_buckets + 1)[1:], method="higher")
     rounded = {max(multiple_of, math.ceil(int(q) / multiple_of) * multiple_of) for q in qs}
     return tuple(sorted(rounded))
@@ -433,7 +464,7 @@ def bucket_by_length(
     """
     caller = "bucket_by_length"
     buckets = _check_buckets(buckets, caller)
-    batch_size = check_static_int(batch_size, name="batch_size", caller=caller, minimum=1)
+    batch_size = check_int(batch_size, name="batch_size", caller=caller, minimum=1, shape=True)
     _check_choice(side, "side", caller, allow_none=False)
     _check_choice(truncate, "truncate", caller, allow_none=True)
     if dtype is None and isinstance(seqs, Sequence) and not isinstance(seqs, str):
@@ -488,10 +519,13 @@ def _bucket_batches(
                 out_dtype = a.dtype
                 _check_pad_value(pad_value, out_dtype, caller)
             elif dtype is None and not np.can_cast(a.dtype, out_dtype, casting="same_kind"):
-                raise DropmaskValueError(
-                    f"{caller}: sequence {index} has dtype {a.dtype}, which cannot be stored in "
-                    f"the batch dtype {out_dtype} (fixed by the first non-empty sequence of "
-                    f"the stream) without losing its kind. Pass dtype= or a list."
+                raise user_error(
+                    DropmaskValueError,
+                    f"sequence {index} has dtype {a.dtype}, which cannot be stored in the batch "
+                    f"dtype {out_dtype} (fixed by the first non-empty sequence of the stream) "
+                    "without losing its kind",
+                    "Pass dtype= or a list.",
+                    caller=caller,
                 )
             _check_lossless(a, out_dtype, index, caller)
         if n > buckets[-1] and truncate is None:
@@ -502,8 +536,10 @@ def _bucket_batches(
             yield emit(bucket, pending[bucket])
             pending[bucket] = []
     if count == 0:
-        raise DropmaskValueError(
-            f"{caller}: got no sequences; pass a non-empty iterable of arrays."
+        raise user_error(
+            DropmaskValueError,
+            "got no sequences; pass a non-empty iterable of arrays",
+            caller=caller,
         )
     for bucket in buckets:
         items = pending[bucket]
@@ -574,9 +610,9 @@ def pack_sequences(
       ([[1, 1, 1, 2, 2], [1, 1, 0, 0, 0]], [[0, 1, 2, 0, 1], [0, 1, 0, 0, 0]])
     """
     caller = "pack_sequences"
-    max_len = check_static_int(max_len, name="max_len", caller=caller, minimum=1)
+    max_len = check_int(max_len, name="max_len", caller=caller, minimum=1, shape=True)
     if num_rows is not None:
-        num_rows = check_static_int(num_rows, name="num_rows", caller=caller)
+        num_rows = check_int(num_rows, name="num_rows", caller=caller, minimum=0, shape=True)
     _check_choice(truncate, "truncate", caller, allow_none=True)
     arrays, out_dtype, inner = _collect(seqs, caller, dtype)
     _check_pad_value(pad_value, out_dtype, caller)
@@ -598,9 +634,11 @@ def pack_sequences(
         free[r] -= n
     rows = free.size if num_rows is None else num_rows
     if free.size > rows:
-        raise DropmaskValueError(
-            f"{caller}: the sequences need {free.size} rows of max_len={max_len}, but "
-            f"num_rows={rows}. Raise num_rows or max_len, or pack fewer sequences per call."
+        raise user_error(
+            DropmaskValueError,
+            f"the sequences need {free.size} rows of max_len={max_len}, but num_rows={rows}",
+            "Raise num_rows or max_len, or pack fewer sequences per call.",
+            caller=caller,
         )
     values = np.full((rows, max_len, *inner), pad_value, dtype=out_dtype)
     segment_ids = np.zeros((rows, max_len), dtype=np.int32)
@@ -635,9 +673,10 @@ def unpack_sequences(x: Any, packed: Packed) -> list[np.ndarray]:
     """
     x = np.asarray(x)
     if x.shape[:2] != packed.segment_ids.shape:
-        raise DropmaskValueError(
-            f"unpack_sequences: x must start with the packed shape {packed.segment_ids.shape}, "
-            f"got {x.shape}."
+        raise user_error(
+            DropmaskValueError,
+            f"x must start with the packed shape {packed.segment_ids.shape}, got {x.shape}",
+            caller="unpack_sequences",
         )
     empty = np.zeros((0, *x.shape[2:]), dtype=x.dtype)
     return [

@@ -32,7 +32,7 @@ from ._checks import (
     check_scalar,
     normalize_axes,
 )
-from ._errors import AxisError, DropmaskValueError, DtypeError, MaskShapeError
+from ._errors import AxisError, DropmaskValueError, DtypeError, MaskShapeError, user_error
 from ._masks import as_array, broadcast_mask
 
 __all__ = [
@@ -60,9 +60,11 @@ def _check_dtype(x: jax.Array, caller: str, *, integers: bool) -> None:
     if floating or (integers and integer):
         return
     kinds = "a floating or integer" if integers else "a floating-point"
-    raise DtypeError(
-        f"{caller} expects {kinds} array, got dtype {x.dtype}. Cast it first, e.g. "
-        f"x.astype(jnp.float32)."
+    raise user_error(
+        DtypeError,
+        f"{caller} expects {kinds} array, got dtype {x.dtype}",
+        "Cast it first, e.g. x.astype(jnp.float32).",
+        caller=None,
     )
 
 
@@ -71,9 +73,11 @@ def _axes(axis: Axis, ndim: int, caller: str) -> tuple[int, ...]:
         return tuple(range(ndim))
     axes = axis if isinstance(axis, Sequence) else (axis,)
     if ndim == 0 and len(axes):
-        raise AxisError(
-            f"{caller}: x is 0-d (a scalar), so it has no axis {axis!r} to reduce. Pass "
-            f"axis=None (or axis=()) to reduce a scalar, or give x a dimension."
+        raise user_error(
+            AxisError,
+            f"x is 0-d (a scalar), so it has no axis {axis!r} to reduce",
+            "Pass axis=None (or axis=()) to reduce a scalar, or give x a dimension.",
+            caller=caller,
         )
     return normalize_axes(axes, ndim, name=f"{caller}: axis")
 
@@ -88,9 +92,12 @@ def _check_complex(x: jax.Array, caller: str, *, complex_ok: bool) -> bool:
         return False
     if complex_ok:
         return True
-    raise DtypeError(
-        f"{caller} needs real values, got dtype {x.dtype}. Reduce a real view explicitly, "
-        f"e.g. jnp.abs(x) or x.real (masked_sum and masked_mean accept complex x)."
+    raise user_error(
+        DtypeError,
+        f"{caller} needs real values, got dtype {x.dtype}",
+        "Reduce a real view explicitly, e.g. jnp.abs(x) or x.real (masked_sum and masked_mean "
+        "accept complex x).",
+        caller=None,
     )
 
 
@@ -307,14 +314,19 @@ def _masked_extreme(
     _check_fill(fill, caller)
     if jnp.issubdtype(x.dtype, jnp.integer):
         if not jnp.issubdtype(jnp.result_type(fill), jnp.integer):
-            raise DtypeError(
-                f"{caller}: x has integer dtype {x.dtype}, so fill must be an int, got {fill!r}."
+            raise user_error(
+                DtypeError,
+                f"x has integer dtype {x.dtype}, so fill must be an int, got {fill!r}",
+                caller=caller,
             )
         info = np.iinfo(x.dtype)
         if not info.min <= int(np.asarray(fill)) <= info.max:
-            raise DropmaskValueError(
-                f"{caller}: fill={fill!r} cannot be stored in x's dtype {x.dtype} (integers in "
-                f"[{info.min}, {info.max}]). Pick a fill in that range, or cast x first."
+            raise user_error(
+                DropmaskValueError,
+                f"fill={fill!r} cannot be stored in x's dtype {x.dtype} (integers in [{info.min}"
+                f", {info.max}])",
+                "Pick a fill in that range, or cast x first.",
+                caller=caller,
             )
         neutral = info.min if is_max else info.max
     else:
@@ -594,21 +606,26 @@ def masked_cross_entropy(
         mask = np.asarray(mask)
     check_choice(reduction, ("mean", "sum", "none"), caller=caller, name="reduction")
     if logits.ndim == 0:
-        raise MaskShapeError(
-            f"{caller}: logits need a class axis [..., num_classes], got a scalar."
+        raise user_error(
+            MaskShapeError,
+            "logits need a class axis [..., num_classes], got a scalar",
+            caller=caller,
         )
     batch, classes = logits.shape[:-1], logits.shape[-1]
     sparse = jnp.issubdtype(labels.dtype, jnp.integer)
     expected = batch if sparse else logits.shape
     if not sparse and not jnp.issubdtype(labels.dtype, jnp.floating):
-        raise DtypeError(
-            f"{caller}: labels must be integer ids or float probabilities, got {labels.dtype}."
+        raise user_error(
+            DtypeError,
+            f"labels must be integer ids or float probabilities, got {labels.dtype}",
+            caller=caller,
         )
     if labels.shape != expected:
         kind = "integer labels [...]" if sparse else "probability labels [..., num_classes]"
-        raise MaskShapeError(
-            f"{caller}: {kind} must have shape {expected} for logits {logits.shape}, got "
-            f"{labels.shape}."
+        raise user_error(
+            MaskShapeError,
+            f"{kind} must have shape {expected} for logits {logits.shape}, got {labels.shape}",
+            caller=caller,
         )
     tok = broadcast_mask(mask, batch, caller=caller)
     if sparse:

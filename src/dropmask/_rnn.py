@@ -31,15 +31,23 @@ from ._checks import (
     check_shape_is,
     concrete_value,
 )
-from ._dropout import apply_dropout
-from ._errors import DropmaskTypeError, DropmaskValueError, MaskShapeError, RateError
+from ._dropout import dropout
+from ._errors import (
+    DropmaskTypeError,
+    DropmaskValueError,
+    MaskShapeError,
+    RateError,
+    call_name,
+    named,
+    naming,
+    user_error,
+)
 from ._masks import as_array, sequence_mask
 from ._random import keep_mask
 from ._scan import flip_sequences, masked_scan
 
 __all__ = [
     "FLAX_RECURRENT_KERNELS",
-    "apply_zoneout",
     "carry_rates",
     "check_carry",
     "check_recurrent_kernels",
@@ -77,21 +85,27 @@ def resolve_mask(
     leaves = jax.tree.leaves(inputs)
     if not leaves or any(jnp.ndim(leaf) < 2 for leaf in leaves):
         shapes = [tuple(jnp.shape(leaf)) for leaf in leaves]
-        raise MaskShapeError(
-            f"{caller}: inputs must be [batch, time, ...] (every leaf), got shapes {shapes}. "
-            "Add a batch axis, e.g. x[None]."
+        raise user_error(
+            MaskShapeError,
+            f"inputs must be [batch, time, ...] (every leaf), got shapes {shapes}",
+            "Add a batch axis, e.g. x[None].",
+            caller=caller,
         )
     batch, steps = (int(d) for d in jnp.shape(leaves[0])[:2])
     for leaf in leaves:
         if tuple(jnp.shape(leaf)[:2]) != (batch, steps):
-            raise MaskShapeError(
-                f"{caller}: every inputs leaf must start with [batch, time] = {(batch, steps)}, "
-                f"got a leaf of shape {jnp.shape(leaf)}."
+            raise user_error(
+                MaskShapeError,
+                f"every inputs leaf must start with [batch, time] = {(batch, steps)}, got a leaf "
+                f"of shape {jnp.shape(leaf)}",
+                caller=caller,
             )
     if mask is not None and lengths is not None:
-        raise DropmaskValueError(
-            f"{caller}: pass mask or lengths, not both (got both). lengths=n is the same as "
-            "mask=dropmask.sequence_mask(n, time)."
+        raise user_error(
+            DropmaskValueError,
+            "pass mask or lengths, not both (got both)",
+            "lengths=n is the same as mask=dropmask.sequence_mask(n, time).",
+            caller=caller,
         )
     if lengths is not None:
         check_shape_is(
@@ -132,10 +146,12 @@ def check_rnn_args(
         check_key(init_key, caller=caller, name="init_key")
     if pair and initial_carry is not None:
         if not isinstance(initial_carry, tuple | list) or len(initial_carry) != 2:
-            raise DropmaskTypeError(
-                f"{caller}: initial_carry must be a (forward, backward) pair of carries, got "
-                f"{type(initial_carry).__name__}. Pass (forward_carry, backward_carry), or "
-                f"None for the cells' initial carries."
+            raise user_error(
+                DropmaskTypeError,
+                "initial_carry must be a (forward, backward) pair of carries, got "
+                f"{type(initial_carry).__name__}",
+                "Pass (forward_carry, backward_carry), or None for the cells' initial carries.",
+                caller=caller,
             )
 
 
@@ -143,10 +159,13 @@ def check_carry(carry: Any, batch: int, *, caller: str) -> None:
     """Raises unless every leaf of ``carry`` starts with the batch axis."""
     for leaf in jax.tree.leaves(carry):
         if jnp.ndim(leaf) < 1 or jnp.shape(leaf)[0] != batch:
-            raise MaskShapeError(
-                f"{caller}: initial_carry leaves must be [batch, ...] with batch {batch}, got a "
-                f"leaf of shape {jnp.shape(leaf)}. inputs must be [batch, time, *features] "
-                f"(x[..., None] adds a feature axis), and a given initial_carry batched."
+            raise user_error(
+                MaskShapeError,
+                f"initial_carry leaves must be [batch, ...] with batch {batch}, got a leaf of "
+                f"shape {jnp.shape(leaf)}",
+                "inputs must be [batch, time, *features] (x[..., None] adds a feature axis), "
+                "and a given initial_carry batched.",
+                caller=caller,
             )
 
 
@@ -214,20 +233,26 @@ def carry_rates(zoneout: Any, *, caller: str) -> tuple[float, ...]:
     """``zoneout`` (one rate, or one per carry leaf) as a validated tuple, empty when 0."""
     rates = _as_rates(zoneout)
     if not rates:
-        raise DropmaskValueError(
-            f"{caller}: zoneout must be a rate or a tuple of rates (one per carry leaf), got "
-            "an empty tuple. Pass zoneout=0.0 to turn zoneout off."
+        raise user_error(
+            DropmaskValueError,
+            "zoneout must be a rate or a tuple of rates (one per carry leaf), got an empty tuple",
+            "Pass zoneout=0.0 to turn zoneout off.",
+            caller=caller,
         )
     try:
         values = [check_rate(r, caller=caller, name="zoneout") for r in rates]
     except RateError:
-        raise RateError(
-            f"{caller}: zoneout must be in [0, 1] (the probability that a unit keeps its "
-            f"previous value), got {zoneout!r}. Pass e.g. zoneout=0.1."
+        raise user_error(
+            RateError,
+            "zoneout must be in [0, 1] (the probability that a unit keeps its previous value), "
+            f"got {zoneout!r}",
+            "Pass e.g. zoneout=0.1.",
+            caller=caller,
         ) from None
     return () if all(v == 0.0 for v in values) else rates
 
 
+@named("zoneout")
 def zoneout(
     prev: Any,
     new: Any,
@@ -271,13 +296,7 @@ def zoneout(
       >>> set(y.tolist()) <= {0.0, 1.0}
       True
     """
-    return apply_zoneout(prev, new, rate, key, deterministic=deterministic, caller="zoneout")
-
-
-def apply_zoneout(
-    prev: Any, new: Any, rate: Any, key: Any, *, deterministic: bool, caller: str
-) -> Any:
-    """:func:`zoneout` on behalf of ``caller`` (validated here, before any work)."""
+    caller = call_name()
     carry_rates(rate, caller=caller)
     rates = _as_rates(rate)
     prev_leaves, treedef = jax.tree.flatten(prev)
@@ -285,10 +304,12 @@ def apply_zoneout(
     if treedef != new_treedef or any(
         jnp.shape(a) != jnp.shape(b) for a, b in zip(prev_leaves, new_leaves, strict=True)
     ):
-        raise MaskShapeError(
-            f"{caller}: prev and new must be carries of one structure and shapes, got "
-            f"{jax.tree.map(jnp.shape, prev)} and {jax.tree.map(jnp.shape, new)}. Pass the "
-            "carry before and after one step of the same cell."
+        raise user_error(
+            MaskShapeError,
+            "prev and new must be carries of one structure and shapes, got "
+            f"{jax.tree.map(jnp.shape, prev)} and {jax.tree.map(jnp.shape, new)}",
+            "Pass the carry before and after one step of the same cell.",
+            caller=caller,
         )
     rates = leaf_rates(rates, new, caller=caller)
     values = [concrete_value(r) for r in rates]
@@ -340,10 +361,13 @@ def leaf_rates(rates: tuple, carry: Any, *, caller: str) -> tuple:
     if len(rates) == 1:
         rates = rates * len(leaves)
     if len(rates) != len(leaves):
-        raise DropmaskValueError(
-            f"{caller}: zoneout must be one rate or one per carry leaf ({len(leaves)} here), "
-            f"got {len(rates)} rates. For an LSTM's (c, h) carry pass (cell_rate, "
-            "hidden_rate); a GRU's carry is one array: pass one rate."
+        raise user_error(
+            DropmaskValueError,
+            f"zoneout must be one rate or one per carry leaf ({len(leaves)} here), got "
+            f"{len(rates)} rates",
+            "For an LSTM's (c, h) carry pass (cell_rate, hidden_rate); a GRU's carry is one "
+            "array: pass one rate.",
+            caller=caller,
         )
     for leaf in leaves:
         check_floating(leaf, caller=caller, hint=" (zoneout mixes carries)")
@@ -386,17 +410,21 @@ def check_recurrent_kernels(params: Any, names: Sequence[str], *, caller: str) -
     hits = [path for path in paths if chosen & set(_kernel_owners(path))]
     unknown = [n for n in names if n not in owners]
     if not hits:
-        raise DropmaskValueError(
-            f"{caller}: weight_dropout needs the cell's recurrent kernels, named by "
-            f"recurrent_kernels={tuple(names)}, got a cell whose submodules with a kernel are "
-            f"{owners}. Pass recurrent_kernels=(names of the hidden-to-hidden layers,)."
+        raise user_error(
+            DropmaskValueError,
+            "weight_dropout needs the cell's recurrent kernels, named by recurrent_kernels="
+            f"{tuple(names)}, got a cell whose submodules with a kernel are {owners}",
+            "Pass recurrent_kernels=(names of the hidden-to-hidden layers,).",
+            caller=caller,
         )
     if unknown and tuple(names) != FLAX_RECURRENT_KERNELS:
         known = tuple(n for n in names if n in owners)
-        raise DropmaskValueError(
-            f"{caller}: recurrent_kernels names {unknown[0]!r}, which is no submodule of the "
-            f"cell with a kernel; those are {owners}. Pass names among them, e.g. "
-            f"recurrent_kernels={known}."
+        raise user_error(
+            DropmaskValueError,
+            f"recurrent_kernels names {unknown[0]!r}, which is no submodule of the cell with a "
+            f"kernel; those are {owners}",
+            f"Pass names among them, e.g. recurrent_kernels={known}.",
+            caller=caller,
         )
     return hits
 
@@ -419,7 +447,8 @@ def drop_recurrent_kernels(
     def drop(path: tuple, leaf: Any) -> Any:
         if path not in index:
             return leaf
-        return apply_dropout(leaf, rate, jax.random.fold_in(key, index[path]), caller=caller)
+        with naming(caller):
+            return dropout(leaf, rate, jax.random.fold_in(key, index[path]))
 
     return jax.tree_util.tree_map_with_path(drop, params)
 
@@ -448,9 +477,8 @@ def regularized_step(
     def wrapped(carry: Any, x_t: Any, t: jax.Array) -> tuple[Any, Any]:
         new_carry, y = step(carry, x_t, t)
         step_key = None if key is None else jax.random.fold_in(key, t)
-        zoned = apply_zoneout(
-            carry, new_carry, zoneout_rates, step_key, deterministic=deterministic, caller=caller
-        )
+        with naming(caller):
+            zoned = zoneout(carry, new_carry, zoneout_rates, step_key, deterministic=deterministic)
         pairs = list(zip(jax.tree.leaves(new_carry), jax.tree.leaves(zoned), strict=True))
 
         def same(leaf: Any) -> Any:

@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._errors import MaskShapeError
-from ._masks import as_array, check_bool_mask, check_lengths, widen_lengths
+from ._checks import check_bool_mask, check_lengths
+from ._errors import MaskShapeError, user_error
+from ._masks import as_array, widen_lengths
 
 __all__ = ["flip_sequences", "masked_scan"]
 
@@ -30,9 +31,11 @@ Y = TypeVar("Y")
 def _leaf_mask(m: jax.Array, leaf: jax.Array, what: str) -> jax.Array:
     """Reshapes the step mask ``[*batch]`` to broadcast against ``leaf: [*batch, ...]``."""
     if tuple(leaf.shape[: m.ndim]) != tuple(m.shape):
-        raise MaskShapeError(
-            f"masked_scan: mask[t] has shape {m.shape}, so every {what} leaf must start "
-            f"with those batch dims, got a leaf of shape {leaf.shape}."
+        raise user_error(
+            MaskShapeError,
+            f"mask[t] has shape {m.shape}, so every {what} leaf must start with those batch "
+            f"dims, got a leaf of shape {leaf.shape}",
+            caller="masked_scan",
         )
     return m.reshape(m.shape + (1,) * (leaf.ndim - m.ndim))
 
@@ -41,9 +44,11 @@ def _check_leading(tree: Any, shape: tuple[int, ...], what: str, fix: str) -> No
     for leaf in jax.tree.leaves(tree):
         lshape = tuple(jnp.shape(leaf))
         if lshape[: len(shape)] != shape:
-            raise MaskShapeError(
-                f"masked_scan: every {what} leaf must start with {shape}, got a leaf of "
-                f"shape {lshape}. {fix}"
+            raise user_error(
+                MaskShapeError,
+                f"every {what} leaf must start with {shape}, got a leaf of shape {lshape}",
+                fix,
+                caller="masked_scan",
             )
 
 
@@ -113,9 +118,11 @@ def masked_scan(
         mask = np.asarray(mask)
     mask = check_bool_mask(mask, caller="masked_scan")
     if mask.ndim == 0:
-        raise MaskShapeError(
-            "masked_scan: mask needs a leading time axis, got a scalar. Pass bool[time] "
-            "(or bool[time, *batch])."
+        raise user_error(
+            MaskShapeError,
+            "mask needs a leading time axis, got a scalar",
+            "Pass bool[time] (or bool[time, *batch]).",
+            caller="masked_scan",
         )
     steps, batch = int(mask.shape[0]), tuple(mask.shape[1:])
     _check_leading(xs, (steps, *batch), "xs", "Time must lead, as in lax.scan.")
@@ -152,9 +159,11 @@ def _first_valid_input(xs: Any, mask: jax.Array, reverse: bool, fill_input: Any)
     if len(fills) == 1 and jnp.ndim(fills[0]) == 0:
         fills = fills * len(leaves)
     if len(fills) != len(leaves):
-        raise MaskShapeError(
-            f"masked_scan: fill_input must be a scalar or a pytree like one step of xs, got "
-            f"{len(fills)} leaves for {len(leaves)} xs leaves."
+        raise user_error(
+            MaskShapeError,
+            f"fill_input must be a scalar or a pytree like one step of xs, got {len(fills)} "
+            f"leaves for {len(leaves)} xs leaves",
+            caller="masked_scan",
         )
     steps = mask.shape[0]
     if steps:
@@ -169,9 +178,12 @@ def _first_valid_input(xs: Any, mask: jax.Array, reverse: bool, fill_input: Any)
         step_shape = leaf.shape[1:]
         fill = jnp.asarray(fill, leaf.dtype)
         if fill.ndim > len(step_shape) or fill.shape != step_shape[len(step_shape) - fill.ndim :]:
-            raise MaskShapeError(
-                f"masked_scan: fill_input leaf of shape {fill.shape} does not broadcast to "
-                f"one step of xs, {step_shape}. Pass a scalar or an array of that shape."
+            raise user_error(
+                MaskShapeError,
+                f"fill_input leaf of shape {fill.shape} does not broadcast to one step of xs, "
+                f"{step_shape}",
+                "Pass a scalar or an array of that shape.",
+                caller="masked_scan",
             )
         fill = jnp.broadcast_to(
             fill.reshape((1,) * (len(step_shape) - fill.ndim) + fill.shape), step_shape
@@ -217,9 +229,11 @@ def flip_sequences(
     batch = x.shape[1 : 1 + nb] if time_major else x.shape[:nb]
     if x.ndim <= nb or tuple(batch) != lengths_shape:
         layout = "[time, *batch, ...]" if time_major else "[*batch, time, ...]"
-        raise MaskShapeError(
-            f"flip_sequences: x must be {layout} with batch = lengths.shape = "
-            f"{lengths_shape}, got x of shape {x.shape}."
+        raise user_error(
+            MaskShapeError,
+            f"x must be {layout} with batch = lengths.shape = {lengths_shape}, got x of shape "
+            f"{x.shape}",
+            caller="flip_sequences",
         )
     steps = x.shape[time_axis]
     lengths_arr = check_lengths(lengths, steps, caller="flip_sequences")

@@ -19,8 +19,8 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
-from ._checks import check_choice, check_rate, check_scalar, check_static_int, concrete_value
-from ._errors import DropmaskTypeError, DropmaskValueError
+from ._checks import check_choice, check_int, check_rate, check_scalar, concrete_value
+from ._errors import DropmaskTypeError, DropmaskValueError, user_error
 
 __all__ = ["depth_rates", "early_dropout", "late_dropout", "linear_warmdown"]
 
@@ -29,16 +29,20 @@ def _step(step: Any, caller: str) -> jax.Array:
     dtype = getattr(step, "dtype", None)
     is_int = isinstance(step, int | jnp.integer) and not isinstance(step, bool)
     if not is_int and not (dtype is not None and jnp.issubdtype(dtype, jnp.integer)):
-        raise DropmaskTypeError(
-            f"{caller}: step must be an integer (a Python int or an integer JAX scalar such as "
-            f"state.step), got {step!r} of type {type(step).__name__}."
+        raise user_error(
+            DropmaskTypeError,
+            "step must be an integer (a Python int or an integer JAX scalar such as "
+            f"state.step), got {step!r} of type {type(step).__name__}",
+            caller=caller,
         )
     check_scalar(step, caller=caller, name="step", fix=" Pass one step.")
     value = concrete_value(step)
     if value is not None and value < 0:
-        raise DropmaskValueError(
-            f"{caller}: step must be >= 0 (train steps taken), got {int(value)}. Pass the "
-            f"step counted from 0, e.g. state.step."
+        raise user_error(
+            DropmaskValueError,
+            f"step must be >= 0 (train steps taken), got {int(value)}",
+            "Pass the step counted from 0, e.g. state.step.",
+            caller=caller,
         )
     return jnp.asarray(step, jnp.int32)
 
@@ -65,7 +69,7 @@ def early_dropout(step: Any, rate: float | jax.Array, *, until: int) -> jax.Arra
       [0.1, 0.1, 0.0, 0.0]
     """
     caller = "early_dropout"
-    until = check_static_int(until, name="until", caller=caller)
+    until = check_int(until, name="until", caller=caller, minimum=0, shape=True)
     return jnp.where(_step(step, caller) < until, _rate(rate, caller), jnp.float32(0))
 
 
@@ -86,7 +90,7 @@ def late_dropout(step: Any, rate: float | jax.Array, *, start: int) -> jax.Array
       [0.0, 0.0, 0.1, 0.1]
     """
     caller = "late_dropout"
-    start = check_static_int(start, name="start", caller=caller)
+    start = check_int(start, name="start", caller=caller, minimum=0, shape=True)
     return jnp.where(_step(step, caller) >= start, _rate(rate, caller), jnp.float32(0))
 
 
@@ -107,7 +111,7 @@ def linear_warmdown(step: Any, rate: float | jax.Array, *, until: int) -> jax.Ar
       [0.2, 0.1, 0.0]
     """
     caller = "linear_warmdown"
-    until = check_static_int(until, name="until", caller=caller, minimum=1)
+    until = check_int(until, name="until", caller=caller, minimum=1, shape=True)
     left = jnp.clip(until - _step(step, caller), 0, until).astype(jnp.float32)
     return _rate(rate, caller) * left / jnp.float32(until)
 
@@ -139,7 +143,7 @@ def depth_rates(
       [0.0, 0.1, 0.2, 0.3]
     """
     caller = "depth_rates"
-    num_layers = check_static_int(num_layers, name="num_layers", caller=caller, minimum=1)
+    num_layers = check_int(num_layers, name="num_layers", caller=caller, minimum=1, shape=True)
     r = _rate(rate, caller)
     check_choice(
         rule,

@@ -32,7 +32,7 @@ import jax
 
 from . import _dropout, _random
 from ._checks import check_choice, check_rate, check_residual, check_shape
-from ._errors import DropmaskValueError
+from ._errors import DropmaskValueError, user_error
 from ._random import DEFAULT_RESIDUAL, Residual
 from ._random import Threshold as Threshold
 from ._random import threefry4x32 as threefry4x32
@@ -107,9 +107,11 @@ def threshold(keep_prob: float | jax.Array) -> Threshold:
 def _static_threshold(rate: float, caller: str) -> Threshold:
     value = check_rate(rate, caller=caller, allow_one=False)
     if value is None or value == 0.0:
-        raise DropmaskValueError(
-            f"{caller}: rate must be a Python float in (0, 1), got {rate!r}; a rate of 0 has "
-            f"no mask to draw, and a traced rate has no static threshold."
+        raise user_error(
+            DropmaskValueError,
+            f"rate must be a Python float in (0, 1), got {rate!r}; a rate of 0 has no mask to "
+            "draw, and a traced rate has no static threshold",
+            caller=caller,
         )
     return _random.threshold(_random.probability(value, value, keep=True, caller=caller))
 

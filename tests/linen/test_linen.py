@@ -198,3 +198,25 @@ def test_unknown_residual_field_names_the_layer():
     layer = dl.Dropout(0.2, deterministic=False, residual="bits")  # type: ignore[arg-type]
     with pytest.raises(dropmask.DropmaskValueError, match=r"dropmask.linen.Dropout: residual"):
         layer.apply({}, jnp.ones(4), rng=jax.random.key(0))
+
+
+@pytest.mark.parametrize(
+    ("layer", "bad_input", "error"),
+    [
+        (dl.Dropout(0.5), jnp.arange(4), dropmask.DtypeError),
+        (dl.DropPath(0.5), jnp.arange(4), dropmask.DtypeError),
+        (dl.AlphaDropout(0.5), jnp.arange(4), dropmask.DtypeError),
+        (dl.GaussianDropout(0.5), jnp.arange(4), dropmask.DtypeError),
+        (dl.WordDropout(0.5, unk_id=1), jnp.ones(4), dropmask.DtypeError),
+        (dl.DropBlock(0.5, block_size=2), jnp.ones((2, 4)), dropmask.DropmaskValueError),
+        (dl.DropHead(0.5), jnp.ones((2, 4)), dropmask.DropmaskValueError),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else None,
+)
+def test_an_error_of_the_function_a_layer_calls_names_the_layer(layer, bad_input, error):
+    name = f"dropmask.linen.{type(layer).__name__}"
+    with pytest.raises(error, match=rf"^{name}\b"):
+        layer.apply({}, bad_input, deterministic=False, rng=jax.random.key(0))
+    # The layer's name ends with its call: the function called alone names itself.
+    with pytest.raises(dropmask.DtypeError, match=r"^dropout\b"):
+        dropmask.dropout(jnp.arange(4), 0.5, jax.random.key(0))

@@ -151,3 +151,28 @@ def test_residual_argument_reaches_the_core(make, fn):
         np.testing.assert_array_equal(np.asarray(vjp_fn(x)[0]), np.asarray(want_vjp(x)[0]))
     with pytest.raises(dropmask.DropmaskValueError, match=r"dropmask.nnx.Dropout: residual"):
         dnnx.Dropout(0.2, residual="bits")(jnp.ones(4), rngs=key)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("make", "bad_input", "error"),
+    [
+        (lambda r: dnnx.Dropout(0.5, rngs=r), jnp.arange(4), dropmask.DtypeError),
+        (lambda r: dnnx.DropPath(0.5, rngs=r), jnp.arange(4), dropmask.DtypeError),
+        (lambda r: dnnx.AlphaDropout(0.5, rngs=r), jnp.arange(4), dropmask.DtypeError),
+        (lambda r: dnnx.GaussianDropout(0.5, rngs=r), jnp.arange(4), dropmask.DtypeError),
+        (lambda r: dnnx.WordDropout(0.5, unk_id=1, rngs=r), jnp.ones(4), dropmask.DtypeError),
+        (
+            lambda r: dnnx.DropBlock(0.5, block_size=2, rngs=r),
+            jnp.ones((2, 4)),
+            dropmask.DropmaskValueError,
+        ),
+        (lambda r: dnnx.DropHead(0.5, rngs=r), jnp.ones((2, 4)), dropmask.DropmaskValueError),
+    ],
+)
+def test_an_error_of_the_function_a_layer_calls_names_the_layer(make, bad_input, error):
+    layer = make(nnx.Rngs(dropout=0))
+    with pytest.raises(error, match=rf"^dropmask\.nnx\.{type(layer).__name__}\b"):
+        layer(bad_input)
+    # The layer's name ends with its call: the function called alone names itself.
+    with pytest.raises(dropmask.DtypeError, match=r"^dropout\b"):
+        dropmask.dropout(jnp.arange(4), 0.5, jax.random.key(0))

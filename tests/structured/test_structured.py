@@ -481,3 +481,21 @@ def test_a_static_rate_and_a_jax_scalar_give_the_same_result(name, rate):
             np.testing.assert_allclose(got, static, err_msg=name, **tolerance)
             if name == "alpha_dropout":  # the same elements dropped
                 np.testing.assert_array_equal(np.asarray(got) < 0, np.asarray(static) < 0)
+
+
+def test_drop_head_attention_errors_name_it_and_a_callback_names_its_own_calls():
+    x = jnp.ones((2, 3, 4, 8))
+    with pytest.raises(dropmask.RateError, match=r"^drop_head_attention: rate must be in"):
+        dropmask.drop_head_attention(
+            x, x, x, dropout_rate=1.5, dropout_rng=KEY, deterministic=False
+        )
+
+    def einsum(*args, **kwargs):
+        dropmask.dropout(jnp.arange(3), 0.5, KEY)  # the user's own (bad) call
+        return jnp.einsum(*args, **kwargs)
+
+    # The user's callback runs inside drop_head_attention; its error names what it called.
+    with pytest.raises(dropmask.DtypeError, match=r"^dropout\b"):
+        dropmask.drop_head_attention(
+            x, x, x, qk_attn_weights_einsum=einsum, attn_weights_value_einsum=jnp.einsum
+        )

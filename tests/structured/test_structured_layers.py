@@ -183,3 +183,15 @@ def test_traced_layer_drop_rate_outside_0_1_skips_and_checkify_reports_it(rate):
     np.testing.assert_array_equal(np.asarray(f(jnp.float32(rate))), 0.0)
     err, _ = checkify.checkify(f, errors=checkify.user_checks)(jnp.float32(rate))
     assert err.get() is not None and "rate must be in [0, 1]" in err.get()
+
+
+def test_a_layer_inside_layer_drop_names_itself_in_its_errors():
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return dl.Dropout(0.5, deterministic=False)(jnp.arange(4))  # the user's mistake
+
+    with pytest.raises(dropmask.DtypeError, match=r"^dropmask\.linen\.Dropout\b"):
+        dl.LayerDrop(Block(), 0.5, deterministic=False).init(
+            {"params": jax.random.key(0), "dropout": jax.random.key(1)}, jnp.ones(4)
+        )

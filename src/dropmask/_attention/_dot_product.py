@@ -20,23 +20,20 @@ import jax.numpy as jnp
 
 from .._checks import (
     check_bool_mask,
+    check_broadcastable,
     check_choice,
     check_floating,
     check_impl,
-    check_integer,
+    check_int,
+    check_integer_dtype,
     check_key,
     check_lengths,
     check_one_key,
     check_rate,
-    check_static_int,
     check_window,
 )
-from .._errors import DropmaskValueError, DtypeError
-from .._masks import (
-    as_array,
-    check_broadcastable,
-    sequence_mask,
-)
+from .._errors import DropmaskValueError, DtypeError, user_error
+from .._masks import as_array, sequence_mask
 from .._random import DEFAULT_IMPL, Impl, probability
 from .._reductions import compute_dtype
 from . import _blockwise as bw
@@ -65,26 +62,36 @@ _PAD_HINT = "kv_lengths is [batch...]; kv_mask and segment ids are [batch..., le
 
 def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
     if not q.ndim == k.ndim == v.ndim or q.ndim < 3:
-        raise DropmaskValueError(
-            f"{_CALLER}: q, k, v must have the same rank >= 3 ([batch..., length, heads, "
-            f"depth]), got shapes {q.shape}, {k.shape}, {v.shape}."
+        raise user_error(
+            DropmaskValueError,
+            "q, k, v must have the same rank >= 3 ([batch..., length, heads, depth]), got "
+            f"shapes {q.shape}, {k.shape}, {v.shape}",
+            caller=_CALLER,
         )
     if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3]:
-        raise DropmaskValueError(
-            f"{_CALLER}: q, k, v batch dims must match, got shapes {q.shape}, {k.shape}, {v.shape}."
+        raise user_error(
+            DropmaskValueError,
+            f"q, k, v batch dims must match, got shapes {q.shape}, {k.shape}, {v.shape}",
+            caller=_CALLER,
         )
     if k.shape[-3] != v.shape[-3] or k.shape[-2] != v.shape[-2]:
-        raise DropmaskValueError(
-            f"{_CALLER}: k and v must have the same length and heads, got {k.shape} and {v.shape}."
+        raise user_error(
+            DropmaskValueError,
+            f"k and v must have the same length and heads, got {k.shape} and {v.shape}",
+            caller=_CALLER,
         )
     if q.shape[-1] != k.shape[-1]:
-        raise DropmaskValueError(
-            f"{_CALLER}: q and k depths must match, got {q.shape[-1]} and {k.shape[-1]}."
+        raise user_error(
+            DropmaskValueError,
+            f"q and k depths must match, got {q.shape[-1]} and {k.shape[-1]}",
+            caller=_CALLER,
         )
     if q.shape[-2] % k.shape[-2]:
-        raise DropmaskValueError(
-            f"{_CALLER}: query heads ({q.shape[-2]}) must be a multiple of key/value heads "
-            f"({k.shape[-2]}) (grouped-query attention)."
+        raise user_error(
+            DropmaskValueError,
+            f"query heads ({q.shape[-2]}) must be a multiple of key/value heads ({k.shape[-2]}) "
+            "(grouped-query attention)",
+            caller=_CALLER,
         )
 
 
@@ -93,7 +100,11 @@ def _as_mask(mask: Any, logits_shape: tuple[int, ...]) -> jax.Array:
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_:
         if not (jnp.issubdtype(mask.dtype, jnp.number)):
-            raise DtypeError(f"{_CALLER}: mask must be boolean or numeric, got {mask.dtype}.")
+            raise user_error(
+                DtypeError,
+                f"mask must be boolean or numeric, got {mask.dtype}",
+                caller=_CALLER,
+            )
         mask = mask != 0
     check_broadcastable(mask.shape, logits_shape, caller=_CALLER, name="mask", hint=_HINT)
     return mask.reshape((1,) * (len(logits_shape) - mask.ndim) + mask.shape)
@@ -306,48 +317,26 @@ def _validate(
     impl: Any,
 ) -> _Checked:
     """Every check of :func:`dot_product_attention`, in order, before any work."""
-    qk_attn_weights_einsum, attn_weights_value_einsum = einsums
-    if (qk_attn_weights_einsum is None) != (attn_weights_value_einsum is None):
-        raise DropmaskValueError(
-            f"{_CALLER}: qk_attn_weights_einsum and attn_weights_value_einsum must be given "
-            "together."
-        )
-    if qk_attn_weights_einsum is not None and precision is not None:
-        raise DropmaskValueError(f"{_CALLER}: precision and custom einsums are mutually exclusive.")
-    rng = check_one_key(key, dropout_rng, caller=_CALLER)
-    rate = check_rate(dropout_rate, caller=_CALLER, name="dropout_rate")
-    check_impl(impl, caller=_CALLER)
-    drops = not deterministic and rate != 0.0
-    if drops:
-        check_key(rng, caller=_CALLER)
-
+    rng, rate, drops = _check_options(
+        einsums, precision, key, dropout_rng, dropout_rate, impl, deterministic
+    )
     q, k, v = as_array(q), as_array(k), as_array(v)
-    dtype = jnp.result_type(q, k, v) if dtype is None else jnp.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        raise DtypeError(
-            f"{_CALLER}: q, k and v must be real, got dtype {dtype} (the softmax over scores "
-            f"needs an order). Attend over real features, e.g. concatenate x.real and "
-            f"x.imag on the depth axis."
-        )
-    check_floating(jnp.zeros((), dtype), caller=f"{_CALLER} (q, k, v)")
+    dtype = _check_dtype(q, k, v, dtype)
     _check_qkv(q, k, v)
     heads, kv_heads = q.shape[-2], k.shape[-2]
     groups = heads // kv_heads
-    if groups > 1 and qk_attn_weights_einsum is not None:
-        raise DropmaskValueError(
-            f"{_CALLER}: custom einsums do not support grouped-query attention."
+    if groups > 1 and einsums[0] is not None:
+        raise user_error(
+            DropmaskValueError,
+            "custom einsums do not support grouped-query attention",
+            caller=_CALLER,
         )
     batch = q.shape[:-3]
     q_len, kv_len = q.shape[-3], k.shape[-3]
     logits_shape = (*batch, heads, q_len, kv_len)
     m = None if mask is None else _as_mask(mask, logits_shape)
     if bias is not None:
-        check_broadcastable(jnp.shape(bias), logits_shape, caller=_CALLER, name="bias", hint=_HINT)
-        if jnp.result_type(bias) == jnp.bool_:
-            raise DtypeError(
-                f"{_CALLER}: bias is added to the scores, so a boolean bias would add 1 where "
-                f"True; got dtype bool. Pass a boolean array as mask= (True = attend)."
-            )
+        _check_bias(bias, logits_shape)
     span = _window(window, is_causal)
     kv_valid = _kv_valid(kv_lengths, kv_mask, batch, kv_len)
     q_seg, kv_seg = _segments(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
@@ -372,6 +361,64 @@ def _validate(
         q_seg=q_seg,
         kv_seg=kv_seg,
     )
+
+
+def _check_options(
+    einsums: tuple[Any, Any],
+    precision: Any,
+    key: Any,
+    dropout_rng: Any,
+    dropout_rate: Any,
+    impl: Any,
+    deterministic: bool,
+) -> tuple[Any, float | None, bool]:
+    """The einsum, key, rate and ``impl`` checks; ``(key, rate, whether it drops)``."""
+    qk_attn_weights_einsum, attn_weights_value_einsum = einsums
+    if (qk_attn_weights_einsum is None) != (attn_weights_value_einsum is None):
+        raise user_error(
+            DropmaskValueError,
+            "qk_attn_weights_einsum and attn_weights_value_einsum must be given together",
+            caller=_CALLER,
+        )
+    if qk_attn_weights_einsum is not None and precision is not None:
+        raise user_error(
+            DropmaskValueError,
+            "precision and custom einsums are mutually exclusive",
+            caller=_CALLER,
+        )
+    rng = check_one_key(key, dropout_rng, caller=_CALLER)
+    rate = check_rate(dropout_rate, caller=_CALLER, name="dropout_rate")
+    check_impl(impl, caller=_CALLER)
+    drops = not deterministic and rate != 0.0
+    if drops:
+        check_key(rng, caller=_CALLER)
+    return rng, rate, drops
+
+
+def _check_dtype(q: jax.Array, k: jax.Array, v: jax.Array, dtype: Any) -> Any:
+    """The computation dtype (``dtype`` or that of q, k and v); raises unless real floating."""
+    dtype = jnp.result_type(q, k, v) if dtype is None else jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        raise user_error(
+            DtypeError,
+            f"q, k and v must be real, got dtype {dtype} (the softmax over scores needs an order)",
+            "Attend over real features, e.g. concatenate x.real and x.imag on the depth axis.",
+            caller=_CALLER,
+        )
+    check_floating(jnp.zeros((), dtype), caller=f"{_CALLER} (q, k, v)")
+    return dtype
+
+
+def _check_bias(bias: Any, logits_shape: tuple[int, ...]) -> None:
+    """Raises unless ``bias`` broadcasts to the scores and is not boolean."""
+    check_broadcastable(jnp.shape(bias), logits_shape, caller=_CALLER, name="bias", hint=_HINT)
+    if jnp.result_type(bias) == jnp.bool_:
+        raise user_error(
+            DtypeError,
+            "bias is added to the scores, so a boolean bias would add 1 where True; got dtype bool",
+            "Pass a boolean array as mask= (True = attend).",
+            caller=_CALLER,
+        )
 
 
 def _run_dense(
@@ -514,19 +561,25 @@ def _segments(
     if q_ids is None and kv_ids is None:
         return None, None
     if q_ids is None:
-        raise DropmaskValueError(
-            f"{_CALLER}: kv_segment_ids needs q_segment_ids (the queries' segments). Pass both."
+        raise user_error(
+            DropmaskValueError,
+            "kv_segment_ids needs q_segment_ids (the queries' segments)",
+            "Pass both.",
+            caller=_CALLER,
         )
     if kv_ids is None:
         if q_len != kv_len:
-            raise DropmaskValueError(
-                f"{_CALLER}: q_segment_ids alone serves keys only when q_len == kv_len, got "
-                f"{q_len} and {kv_len}. Pass kv_segment_ids too."
+            raise user_error(
+                DropmaskValueError,
+                f"q_segment_ids alone serves keys only when q_len == kv_len, got {q_len} and "
+                f"{kv_len}",
+                "Pass kv_segment_ids too.",
+                caller=_CALLER,
             )
         kv_ids = q_ids
     q_ids, kv_ids = jnp.asarray(q_ids), jnp.asarray(kv_ids)
     for ids, name, length in ((q_ids, "q_segment_ids", q_len), (kv_ids, "kv_segment_ids", kv_len)):
-        check_integer(ids, caller=_CALLER, name=name)
+        check_integer_dtype(ids, caller=_CALLER, name=name)
         check_broadcastable(ids.shape, (*batch, length), caller=_CALLER, name=name, hint=_PAD_HINT)
     return q_ids, kv_ids
 
@@ -552,15 +605,19 @@ def _choose_path(
     if module is not None:
         dense_only.append("module= (sowing the weights needs them whole)")
     if algorithm in ("blockwise", "pallas") and dense_only:
-        raise DropmaskValueError(
-            f"{_CALLER}: algorithm={algorithm!r} cannot take {dense_only[0]}. Use "
-            f"algorithm='dense' (or 'auto'), or drop that argument."
+        raise user_error(
+            DropmaskValueError,
+            f"algorithm={algorithm!r} cannot take {dense_only[0]}",
+            "Use algorithm='dense' (or 'auto'), or drop that argument.",
+            caller=_CALLER,
         )
     if algorithm == "pallas" and bias:
-        raise DropmaskValueError(
-            f"{_CALLER}: algorithm='pallas' does not take bias= yet (its gradient would be "
-            f"a [q_len, kv_len] array per batch and head). Use algorithm='blockwise', which "
-            f"computes the same function with it."
+        raise user_error(
+            DropmaskValueError,
+            "algorithm='pallas' does not take bias= yet (its gradient would be a [q_len, "
+            "kv_len] array per batch and head)",
+            "Use algorithm='blockwise', which computes the same function with it.",
+            caller=_CALLER,
         )
     if algorithm == "auto":
         return "blockwise" if not dense_only and long else "dense"
@@ -578,11 +635,14 @@ def _pallas_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> 
     ):
         if size is None:
             size = default
-        size = check_static_int(size, name=name, caller=_CALLER, minimum=1)
+        size = check_int(size, name=name, caller=_CALLER, minimum=1, shape=True)
         if size < 16 or size & (size - 1):
-            raise DropmaskValueError(
-                f"{_CALLER}: {name} must be a power of two >= 16 for algorithm='pallas' "
-                f"(Triton's tile sizes), got {size}. Pass e.g. {name}={default}."
+            raise user_error(
+                DropmaskValueError,
+                f"{name} must be a power of two >= 16 for algorithm='pallas' (Triton's tile "
+                f"sizes), got {size}",
+                f"Pass e.g. {name}={default}.",
+                caller=_CALLER,
             )
         sizes.append(min(size, max(16, _next_power_of_two(length))))
     return sizes[0], sizes[1]
@@ -598,7 +658,7 @@ def _block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[i
         size = (
             bw.default_block(length)
             if size is None
-            else check_static_int(size, name=name, caller=_CALLER, minimum=1)
+            else check_int(size, name=name, caller=_CALLER, minimum=1, shape=True)
         )
         sizes.append(max(min(size, length), 1))
     return sizes[0], sizes[1]

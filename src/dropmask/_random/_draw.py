@@ -55,7 +55,7 @@ from .._checks import (
     check_shape,
     normalize_broadcast_dims,
 )
-from .._errors import DropmaskValueError, RateError
+from .._errors import DropmaskValueError, RateError, user_error
 from ._fast_mask import (
     MASK_NAME,
     Threshold,
@@ -196,9 +196,11 @@ def draw(
     ``"none"`` only the key's words.
     """
     if impl == "flax" and block is not None:
-        raise DropmaskValueError(
-            f"{caller}: global_shape/offset need impl='fast', got impl='flax' (its masks are not "
-            f"blockwise). Drop impl='flax', or draw the global mask outside shard_map."
+        raise user_error(
+            DropmaskValueError,
+            "global_shape/offset need impl='fast', got impl='flax' (its masks are not blockwise)",
+            "Drop impl='flax', or draw the global mask outside shard_map.",
+            caller=caller,
         )
     save = residual == "mask" and _packs_words()
     global_shape = None if block is None else block.global_shape
@@ -226,11 +228,13 @@ def draw(
 def _check_resolution(p: float, thr: Threshold, caller: str) -> None:
     """Refuses a static probability that the ``"fast"`` threshold would round to 0 or 1."""
     if thr.realised in (0.0, 1.0) and p not in (0.0, 1.0):
-        raise RateError(
-            f"{caller}: rate must be 0, 1, or more than 2**-17 from both with impl='fast' "
-            f"(it draws probabilities to 2**-16), got a flag probability of {p:.6g} "
-            f"(1 - rate for dropout), which rounds to {thr.realised:g}. Pass rate=0 or 1 "
-            f"itself, or impl='flax' where the function takes it."
+        raise user_error(
+            RateError,
+            "rate must be 0, 1, or more than 2**-17 from both with impl='fast' (it draws "
+            f"probabilities to 2**-16), got a flag probability of {p:.6g} (1 - rate for "
+            f"dropout), which rounds to {thr.realised:g}",
+            "Pass rate=0 or 1 itself, or impl='flax' where the function takes it.",
+            caller=caller,
         )
 
 

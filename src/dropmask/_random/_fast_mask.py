@@ -46,7 +46,7 @@ import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 from ._sharding import Block
 from ._threefry import Ops, threefry4x32
 
@@ -209,11 +209,13 @@ def packing_axis(global_shape: tuple[int, ...]) -> int:
 def check_word_count(global_word_shape: tuple[int, ...]) -> None:
     size = math.prod(global_word_shape)
     if size >= 2**32:
-        raise DropmaskValueError(
-            f"impl='fast' numbers mask words ({LANES} elements each) with 32 bits, but "
-            f"the mask needs {size} >= 2**32 words (global word shape {global_word_shape}). "
-            f"Split the array, share the mask along an axis with broadcast_dims, or use "
-            f"impl='flax'."
+        raise user_error(
+            DropmaskValueError,
+            f"impl='fast' numbers mask words ({LANES} elements each) with 32 bits, but the mask "
+            f"needs {size} >= 2**32 words (global word shape {global_word_shape})",
+            "Split the array, share the mask along an axis with broadcast_dims, or use "
+            "impl='flax'.",
+            caller=None,
         )
 
 
@@ -395,7 +397,11 @@ def keep_from_words(
     backward pass).
     """
     if path is not None and path not in PATHS:
-        raise DropmaskValueError(f"path must be one of {PATHS} or None, got {path!r}.")
+        raise user_error(
+            DropmaskValueError,
+            f"path must be one of {PATHS} or None, got {path!r}",
+            caller=None,
+        )
     if not shape:
         scalar = None if block is None else Block((1,), (0,))
         return keep_from_words(words, (1,), thr, scalar, path=path)[0]
@@ -529,9 +535,12 @@ def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
 def _jitted_bits(key: Any, shape: tuple[int, ...]) -> jax.Array:
     size = math.prod(shape)
     if size >= 2**32:
-        raise DropmaskValueError(
-            f"random_bits indexes words with 32 bits, so it draws fewer than 2**32 at a "
-            f"time; shape {shape} has {size}. Draw it in pieces."
+        raise user_error(
+            DropmaskValueError,
+            "random_bits indexes words with 32 bits, so it draws fewer than 2**32 at a time; "
+            f"shape {shape} has {size}",
+            "Draw it in pieces.",
+            caller=None,
         )
     words = key_words(key)
     # Element by element (each computes its block and keeps one word of it): stacking

@@ -9,6 +9,7 @@ place. ``local_block`` checks ``global_shape`` / ``offset`` given by the caller;
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,8 +17,8 @@ import jax
 import numpy as np
 from jax import lax
 
-from .._checks import check_block_offset
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._checks import concrete_value
+from .._errors import DropmaskTypeError, DropmaskValueError, user_error
 
 __all__ = ["Block", "block_from_spec", "local_block"]
 
@@ -52,33 +53,65 @@ def local_block(
     if global_shape is None and offset is None:
         return None
     if global_shape is None or offset is None:
-        raise DropmaskValueError(
-            f"{caller}: global_shape and offset go together (the local block's place in the "
-            f"global array), got global_shape={global_shape!r}, offset={offset!r}. Pass both."
+        raise user_error(
+            DropmaskValueError,
+            "global_shape and offset go together (the local block's place in the global array), "
+            f"got global_shape={global_shape!r}, offset={offset!r}",
+            "Pass both.",
+            caller=caller,
         )
     dims = tuple(global_shape)
     if any(isinstance(d, bool) or not isinstance(d, int | np.integer) for d in dims):
-        raise DropmaskTypeError(
-            f"{caller}: global_shape must be a tuple of Python ints, got {global_shape!r}. Pass "
-            f"the unsharded shape, e.g. global_shape=(local[0] * n_devices, local[1])."
+        raise user_error(
+            DropmaskTypeError,
+            f"global_shape must be a tuple of Python ints, got {global_shape!r}",
+            "Pass the unsharded shape, e.g. global_shape=(local[0] * n_devices, local[1]).",
+            caller=caller,
         )
     dims = tuple(int(d) for d in dims)
     offset = tuple(offset)
     if len(dims) != len(shape) or len(offset) != len(shape):
-        raise DropmaskValueError(
-            f"{caller}: global_shape and offset need one entry per axis of the local shape "
-            f"{shape}, got global_shape={dims} and {len(offset)} offsets."
+        raise user_error(
+            DropmaskValueError,
+            f"global_shape and offset need one entry per axis of the local shape {shape}, got "
+            f"global_shape={dims} and {len(offset)} offsets",
+            caller=caller,
         )
     if any(g < d for g, d in zip(dims, shape, strict=True)):
-        raise DropmaskValueError(
-            f"{caller}: global_shape {dims} is smaller than the local shape {shape}; it is the "
-            f"shape of the whole (unsharded) array."
+        raise user_error(
+            DropmaskValueError,
+            f"global_shape {dims} is smaller than the local shape {shape}; it is the shape of "
+            "the whole (unsharded) array",
+            caller=caller,
         )
-    check_block_offset(shape, dims, offset, caller=caller)
+    _check_offset(shape, dims, offset, caller=caller)
     return Block(
         tuple(1 if i in axes else d for i, d in enumerate(dims)),
         tuple(0 if i in axes else o for i, o in enumerate(offset)),
     )
+
+
+def _check_offset(shape: tuple[int, ...], global_shape: Any, offset: Any, *, caller: str) -> None:
+    """Raises unless each ``offset`` entry known now puts the local block of ``shape``
+    inside ``global_shape``: an int in ``[0, global - local]``.
+
+    Traced entries (e.g. ``lax.axis_index(...) * size`` inside ``shard_map``) are left
+    to run time; a JAX scalar known now is checked as the same Python int is. The pair's
+    other checks (both given, one entry per axis, ints) come first, in ``local_block``.
+    """
+    dims, offsets = tuple(global_shape), tuple(offset)
+    for axis, (o, g, d) in enumerate(zip(offsets, dims, shape, strict=True)):
+        value = concrete_value(o)
+        if value is None or isinstance(g, bool) or not isinstance(g, int | np.integer):
+            continue
+        if value != math.floor(value) or not 0 <= value <= int(g) - d:
+            raise user_error(
+                DropmaskValueError,
+                f"offset[{axis}] must be an int in [0, {int(g) - d}] (the local block {shape} "
+                f"inside global_shape {tuple(int(n) for n in dims)}), got {value:g}",
+                "Pass each axis's global index of the block's first element.",
+                caller=caller,
+            )
 
 
 def _check_bound(names: Any, spec: Any, caller: str) -> None:
@@ -89,10 +122,12 @@ def _check_bound(names: Any, spec: Any, caller: str) -> None:
     """
     group = names if isinstance(names, tuple) else (names,)
     if not group or not all(isinstance(name, str) for name in group):
-        raise DropmaskTypeError(
-            f"{caller}: shard_spec entries must be None, a mesh axis name or a tuple of names, "
-            f"got {names!r} in {spec!r}. Pass the input's PartitionSpec from shard_map's "
-            f"in_specs."
+        raise user_error(
+            DropmaskTypeError,
+            "shard_spec entries must be None, a mesh axis name or a tuple of names, got "
+            f"{names!r} in {spec!r}",
+            "Pass the input's PartitionSpec from shard_map's in_specs.",
+            caller=caller,
         )
     for name in group:
         try:
@@ -104,10 +139,13 @@ def _check_bound(names: Any, spec: Any, caller: str) -> None:
                 if in_scope
                 else "no mesh axis is in scope (this is not inside shard_map)"
             )
-            raise DropmaskValueError(
-                f"{caller}: shard_spec {spec!r} names the mesh axis {name!r}, which is not bound "
-                f"here; {where}. Use shard_spec inside shard_map with the input's "
-                f"PartitionSpec from in_specs, or leave it None outside shard_map."
+            raise user_error(
+                DropmaskValueError,
+                f"shard_spec {spec!r} names the mesh axis {name!r}, which is not bound here; "
+                f"{where}",
+                "Use shard_spec inside shard_map with the input's PartitionSpec from in_specs, "
+                "or leave it None outside shard_map.",
+                caller=caller,
             ) from None
 
 
@@ -122,9 +160,11 @@ def block_from_spec(shape: tuple[int, ...], spec: Any, *, caller: str) -> Block:
     """
     entries = tuple(spec)
     if len(entries) > len(shape):
-        raise DropmaskValueError(
-            f"{caller}: shard_spec {spec!r} has {len(entries)} entries but the input has "
-            f"{len(shape)} axes. Pass the PartitionSpec the input has inside shard_map."
+        raise user_error(
+            DropmaskValueError,
+            f"shard_spec {spec!r} has {len(entries)} entries but the input has {len(shape)} axes",
+            "Pass the PartitionSpec the input has inside shard_map.",
+            caller=caller,
         )
     entries = entries + (None,) * (len(shape) - len(entries))
     global_shape, offset = [], []

@@ -1,8 +1,6 @@
 """Structured dropout: what drops more than single units (see README.md here)."""
 
-from ._dropblock import apply_drop_block as apply_drop_block
 from ._dropblock import drop_block as drop_block
-from ._heads import apply_drop_head as apply_drop_head
 from ._heads import drop_head as drop_head
 from ._heads import drop_head_attention as drop_head_attention
 from ._layerdrop import check_returns_inputs as check_returns_inputs
@@ -17,8 +15,6 @@ from ._tokens import drop_tokens as drop_tokens
 
 __all__ = [
     "TokenSubset",
-    "apply_drop_block",
-    "apply_drop_head",
     "check_returns_inputs",
     "drop_block",
     "drop_head",

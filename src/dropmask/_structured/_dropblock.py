@@ -34,10 +34,10 @@ from .._checks import (
     check_ndim,
     check_rate,
 )
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._errors import DropmaskTypeError, DropmaskValueError, call_name, named, user_error
 from .._random import draw, flags_only, local_block
 
-__all__ = ["apply_drop_block", "drop_block"]
+__all__ = ["drop_block"]
 
 _BISECTION_STEPS = 60  # halves [0, 1] below float64's resolution
 
@@ -45,22 +45,29 @@ _BISECTION_STEPS = 60  # halves [0, 1] below float64's resolution
 def _block_sizes(block_size: Any, spatial: tuple[int, ...], caller: str) -> tuple[int, ...]:
     sizes = block_size if isinstance(block_size, tuple | list) else (block_size,) * len(spatial)
     if any(isinstance(b, bool) or not isinstance(b, int | np.integer) for b in sizes):
-        raise DropmaskTypeError(
-            f"{caller}: block_size must be an int or one int per spatial axis, got "
-            f"{block_size!r}. Pass e.g. block_size=7 (the paper's size for ResNet-50)."
+        raise user_error(
+            DropmaskTypeError,
+            f"block_size must be an int or one int per spatial axis, got {block_size!r}",
+            "Pass e.g. block_size=7 (the paper's size for ResNet-50).",
+            caller=caller,
         )
     sizes = tuple(int(b) for b in sizes)
     if len(sizes) != len(spatial):
-        raise DropmaskValueError(
-            f"{caller}: block_size must have one entry per spatial axis ({len(spatial)} for "
-            f"spatial shape {spatial}), got {block_size!r}."
+        raise user_error(
+            DropmaskValueError,
+            f"block_size must have one entry per spatial axis ({len(spatial)} for spatial shape "
+            f"{spatial}), got {block_size!r}",
+            caller=caller,
         )
     for b, s in zip(sizes, spatial, strict=True):
         if not 1 <= b <= s:
-            raise DropmaskValueError(
-                f"{caller}: block_size must be in [1, spatial size] on every axis, got "
-                f"{sizes} for spatial shape {spatial}. Use a block no larger than the map "
-                f"(DropBlock needs room for at least one whole block)."
+            raise user_error(
+                DropmaskValueError,
+                f"block_size must be in [1, spatial size] on every axis, got {sizes} for spatial "
+                f"shape {spatial}",
+                "Use a block no larger than the map (DropBlock needs room for at least one "
+                "whole block).",
+                caller=caller,
             )
     return sizes
 
@@ -105,6 +112,7 @@ def seed_probability(rate: Any, spatial: Sequence[int], sizes: Sequence[int]) ->
     return jnp.where((r >= 0) & (r <= 1), 0.5 * (lo + hi), jnp.nan)
 
 
+@named("drop_block")
 def drop_block(
     x: jax.typing.ArrayLike,
     rate: float | jax.Array,
@@ -151,32 +159,7 @@ def drop_block(
       >>> y.shape, bool((y == y[..., :1]).all())  # shared across channels
       ((2, 8, 8, 3), True)
     """
-    return apply_drop_block(
-        x,
-        rate,
-        key,
-        block_size=block_size,
-        per_channel=per_channel,
-        deterministic=deterministic,
-        global_shape=global_shape,
-        offset=offset,
-        caller="drop_block",
-    )
-
-
-def apply_drop_block(
-    x: Any,
-    rate: Any,
-    key: Any,
-    *,
-    block_size: Any,
-    per_channel: bool = False,
-    deterministic: bool = False,
-    global_shape: Any = None,
-    offset: Any = None,
-    caller: str,
-) -> jax.Array:
-    """:func:`drop_block` on behalf of ``caller``."""
+    caller = call_name()
     x = check_array(x, caller=caller)
     check_floating(x, caller=caller)
     check_ndim(
@@ -195,10 +178,11 @@ def apply_drop_block(
     shared = () if per_channel else (x.ndim - 1,)
     block = local_block(x.shape, global_shape, offset, shared, caller=caller)
     if block is not None and block.global_shape[1:-1] != spatial:
-        raise DropmaskValueError(
-            f"{caller}: global_shape {tuple(global_shape or ())} splits a spatial axis of the "
-            f"local shape {x.shape}; blocks span the spatial axes, so split only the batch "
-            f"and channel axes."
+        raise user_error(
+            DropmaskValueError,
+            f"global_shape {tuple(global_shape or ())} splits a spatial axis of the local shape "
+            f"{x.shape}; blocks span the spatial axes, so split only the batch and channel axes",
+            caller=caller,
         )
     if key is not None or (not deterministic and value not in (0.0, 1.0)):
         check_key(key, caller=caller)

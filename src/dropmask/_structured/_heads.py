@@ -16,46 +16,14 @@ import jax
 
 from .._attention import dot_product_attention
 from .._checks import check_array, check_ndim, check_one_key, check_rate, concrete_value
-from .._dropout import apply_dropout
+from .._dropout import dropout
+from .._errors import call_name, named, naming
 from .._random import DEFAULT_RESIDUAL, Residual
 
-__all__ = ["apply_drop_head", "drop_head", "drop_head_attention"]
+__all__ = ["drop_head", "drop_head_attention"]
 
 
-def apply_drop_head(
-    x: Any,
-    rate: Any,
-    key: Any,
-    *,
-    deterministic: bool = False,
-    global_shape: Any = None,
-    offset: Any = None,
-    residual: Any = DEFAULT_RESIDUAL,
-    caller: str,
-) -> jax.Array:
-    """:func:`drop_head` on behalf of ``caller``."""
-    arr = check_array(x, caller=caller)
-    check_ndim(
-        arr.shape,
-        caller=caller,
-        name="x",
-        layout="an attention output [batch..., q_len, heads, depth] (at least 3-d)",
-        minimum=3,
-        fix=" Drop heads before the output projection.",
-    )
-    return apply_dropout(
-        arr,
-        rate,
-        key,
-        broadcast_dims=(arr.ndim - 3, arr.ndim - 1),
-        deterministic=deterministic,
-        global_shape=global_shape,
-        offset=offset,
-        residual=residual,
-        caller=caller,
-    )
-
-
+@named("drop_head")
 def drop_head(
     x: jax.typing.ArrayLike,
     rate: float | jax.Array,
@@ -92,15 +60,25 @@ def drop_head(
       >>> bool((y == y[:, :1, :, :1]).all())  # one decision per example and head
       True
     """
-    return apply_drop_head(
-        x,
+    caller = call_name()
+    arr = check_array(x, caller=caller)
+    check_ndim(
+        arr.shape,
+        caller=caller,
+        name="x",
+        layout="an attention output [batch..., q_len, heads, depth] (at least 3-d)",
+        minimum=3,
+        fix=" Drop heads before the output projection.",
+    )
+    return dropout(
+        arr,
         rate,
         key,
+        broadcast_dims=(arr.ndim - 3, arr.ndim - 1),
         deterministic=deterministic,
         global_shape=global_shape,
         offset=offset,
         residual=residual,
-        caller="drop_head",
     )
 
 
@@ -199,4 +177,6 @@ def drop_head_attention(
         attn_weights_value_einsum=attn_weights_value_einsum,
         **kwargs,
     )
-    return apply_drop_head(out, dropout_rate, heads_key, deterministic=deterministic, caller=caller)
+    # Named here, not for the whole call: the einsum callbacks above are the user's code.
+    with naming(caller):
+        return drop_head(out, dropout_rate, heads_key, deterministic=deterministic)

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 import jax
 from jax import lax
 
-from .._checks import check_callable, check_key, check_rate, check_static_int, concrete_value
-from .._errors import DropmaskValueError
+from .._checks import check_callable, check_int, check_key, check_rate, concrete_value
+from .._errors import DropmaskValueError, user_error
 from .._random import draw, flags_only, probability
 
 __all__ = [
@@ -54,10 +54,12 @@ def check_returns_inputs(inputs: Any, outputs: Any, *, caller: str) -> None:
         (a.shape, a.dtype) != (b.shape, b.dtype)
         for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(given), strict=True)
     ):
-        raise DropmaskValueError(
-            f"{caller}: layer must return what it is given (a skipped layer returns its "
-            f"inputs), got inputs {given} and outputs {out}. Wrap the layer so that it maps "
-            f"the residual stream to itself."
+        raise user_error(
+            DropmaskValueError,
+            "layer must return what it is given (a skipped layer returns its inputs), got "
+            f"inputs {given} and outputs {out}",
+            "Wrap the layer so that it maps the residual stream to itself.",
+            caller=caller,
         )
 
 
@@ -189,12 +191,15 @@ def kept_layers(num_layers: int, rate: float) -> tuple[int, ...]:
       ((0, 3), (0,))
     """
     caller = "kept_layers"
-    check_static_int(num_layers, name="num_layers", caller=caller, minimum=1)
+    check_int(num_layers, name="num_layers", caller=caller, minimum=1, shape=True)
     value = check_rate(rate, caller=caller)
     if value is None or not 0.0 < value < 1.0:
-        raise DropmaskValueError(
-            f"{caller}: rate must be a Python float in (0, 1) (the fraction of layers to "
-            f"prune), got {rate!r}. Pass e.g. rate=0.5 to keep every other layer."
+        raise user_error(
+            DropmaskValueError,
+            "rate must be a Python float in (0, 1) (the fraction of layers to prune), got "
+            f"{rate!r}",
+            "Pass e.g. rate=0.5 to keep every other layer.",
+            caller=caller,
         )
     if value <= 0.5:
         every = math.floor(1.0 / value + 1e-9)

@@ -24,7 +24,7 @@ from .._checks import (
     check_floating,
     check_key,
 )
-from .._errors import MaskShapeError
+from .._errors import MaskShapeError, user_error
 from .._reductions import masked_log_softmax, masked_mean
 
 __all__ = ["r_drop_passes", "symmetric_kl"]
@@ -69,9 +69,11 @@ def symmetric_kl(
     check_floating(a, caller=caller)
     check_floating(b, caller=caller)
     if a.shape != b.shape or a.ndim < 1:
-        raise MaskShapeError(
-            f"{caller}: logits_a and logits_b must have one shape [..., classes], got "
-            f"{a.shape} and {b.shape}."
+        raise user_error(
+            MaskShapeError,
+            f"logits_a and logits_b must have one shape [..., classes], got {a.shape} and "
+            f"{b.shape}",
+            caller=caller,
         )
     lead = a.shape[:-1]
     if mask is None:

@@ -26,7 +26,7 @@ from .._checks import (
     check_rate,
     check_shape_is,
 )
-from .._errors import DropmaskTypeError
+from .._errors import DropmaskTypeError, user_error
 from .._random import random_bits
 
 __all__ = ["TokenSubset", "drop_tokens"]
@@ -122,10 +122,12 @@ def drop_tokens(
         )
     value = check_rate(rate, caller=caller, allow_one=False)
     if value is None:
-        raise DropmaskTypeError(
-            f"{caller}: rate must be a Python float (it fixes the output length), got a traced "
-            f"{type(rate).__name__}. Pass the rate as a constant; each distinct rate compiles "
-            f"its own program."
+        raise user_error(
+            DropmaskTypeError,
+            "rate must be a Python float (it fixes the output length), got a traced "
+            f"{type(rate).__name__}",
+            "Pass the rate as a constant; each distinct rate compiles its own program.",
+            caller=caller,
         )
     positions = lax.broadcasted_iota(jnp.int32, (batch, time), 1)
     if deterministic or value == 0.0:

@@ -25,7 +25,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 from ._entries import PER_RUN_ENTRIES
 
 __all__ = ["config_key", "share_static_fields"]
@@ -113,11 +113,13 @@ def share_static_fields(
             ),
             f"{len(first.layout)} arrays, then {len(layout)}",
         )
-        raise DropmaskValueError(
-            f"train: example {name!r} built two different states for one config ({where}). "
-            f"create_state must build its model and optimizer from the config alone, not "
-            f"from a per-run entry ({', '.join(PER_RUN_ENTRIES)}) nor from a global: runs "
-            f"of one config share the first state's apply_fn and tx, and so one "
-            f"compilation. Make that setting a config entry."
+        raise user_error(
+            DropmaskValueError,
+            f"example {name!r} built two different states for one config ({where})",
+            "create_state must build its model and optimizer from the config alone, not from a "
+            f"per-run entry ({', '.join(PER_RUN_ENTRIES)}) nor from a global: runs of one config "
+            "share the first state's apply_fn and tx, and so one compilation. Make that setting "
+            "a config entry.",
+            caller="train",
         )
     return jax.tree_util.tree_unflatten(first.treedef, [x for _, x in leaves])

@@ -40,7 +40,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._errors import DropmaskTypeError, DropmaskValueError, user_error
 from .._optional import EXTRAS, extra_for
 from ._example import Example
 
@@ -198,9 +198,12 @@ def locate(target: str, attributes: Sequence[str] = ("example",)) -> Located:
         message names what was tried (and the failing line of an import).
     """
     if not isinstance(target, str) or not target.strip():
-        raise DropmaskValueError(
-            f"TARGET must be a non-empty string, got {target!r}. Give an example's name "
-            "(see --list), a directory, a .py file or package.module:attribute."
+        raise user_error(
+            DropmaskValueError,
+            f"TARGET must be a non-empty string, got {target!r}",
+            "Give an example's name (see --list), a directory, a .py file or "
+            "package.module:attribute.",
+            caller=None,
         )
     path = pathlib.Path(target).expanduser()
     if target in _BUNDLED:
@@ -211,21 +214,36 @@ def locate(target: str, attributes: Sequence[str] = ("example",)) -> Located:
         if examples is not None and (examples / target / "train.py").is_file():
             return _pick(_import_directory(examples / target, target), attributes, target)
         if not path.exists():
-            raise DropmaskValueError(_unknown(target))
+            raise user_error(
+                DropmaskValueError,
+                _unknown(target),
+                caller=None,
+            )
     if path.is_dir():
         if not (path / "train.py").is_file():
-            raise DropmaskValueError(
-                f"{target!r} is a directory without a train.py. A target directory's "
-                "train.py must define `example = dropmask.training.Example(...)`."
+            raise user_error(
+                DropmaskValueError,
+                f"{target!r} is a directory without a train.py",
+                "A target directory's train.py must define `example = "
+                "dropmask.training.Example(...)`.",
+                caller=None,
             )
         return _pick(_import_directory(path, target), attributes, target)
     if path.suffix == ".py":
         if not path.is_file():
-            raise DropmaskValueError(f"no file {str(path.resolve())!r} ({target!r}).")
+            raise user_error(
+                DropmaskValueError,
+                f"no file {str(path.resolve())!r} ({target!r})",
+                caller=None,
+            )
         return _pick(_import_file(path, target), attributes, target)
     if ":" in target or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", target):
         return _import_attribute(target, attributes)
-    raise DropmaskValueError(_unknown(target))
+    raise user_error(
+        DropmaskValueError,
+        _unknown(target),
+        caller=None,
+    )
 
 
 def load_example(target: str) -> Any:
@@ -237,9 +255,11 @@ def load_example(target: str) -> Any:
     """
     found = locate(target)
     if not isinstance(found.value, Example):
-        raise DropmaskTypeError(
-            f"{found.where} must be a dropmask.training.Example, got "
-            f"{type(found.value).__name__}. Define example = Example(name=..., ...)."
+        raise user_error(
+            DropmaskTypeError,
+            f"{found.where} must be a dropmask.training.Example, got {type(found.value).__name__}",
+            "Define example = Example(name=..., ...).",
+            caller=None,
         )
     return found.value
 
@@ -323,10 +343,12 @@ def _import(target: str, load: Callable[[], types.ModuleType]) -> types.ModuleTy
     except DropmaskValueError:
         raise
     except SystemExit as error:
-        raise DropmaskValueError(
+        raise user_error(
+            DropmaskValueError,
             f"importing {target!r} called sys.exit({error.code!r}){_location(error)}: a "
             "target must define `example` when imported, not run. Put what runs under "
-            "if __name__ == '__main__':"
+            "if __name__ == '__main__':",
+            caller=None,
         ) from None
     except Exception as error:
         raise _failure(target, error) from error
@@ -348,7 +370,11 @@ def _import_directory(directory: pathlib.Path, target: str) -> types.ModuleType:
                 spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
                 spec.submodule_search_locations = [str(directory)]
             if spec is None:
-                raise DropmaskValueError(f"cannot import {str(init)!r} as a Python module.")
+                raise user_error(
+                    DropmaskValueError,
+                    f"cannot import {str(init)!r} as a Python module",
+                    caller=None,
+                )
             module = importlib.util.module_from_spec(spec)
             sys.modules[package] = module
             try:
@@ -372,7 +398,11 @@ def _import_file(path: pathlib.Path, target: str) -> types.ModuleType:
             return sys.modules[name]
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
-            raise DropmaskValueError(f"cannot import {str(path)!r} as a Python module.")
+            raise user_error(
+                DropmaskValueError,
+                f"cannot import {str(path)!r} as a Python module",
+                caller=None,
+            )
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
@@ -389,8 +419,10 @@ def _import_attribute(target: str, attributes: Sequence[str]) -> Located:
     """``package.module[:attribute]``, the current directory tried after ``sys.path``."""
     module_name, _, attribute = target.partition(":")
     if not module_name or (":" in target and not attribute):
-        raise DropmaskValueError(
-            f"{target!r} must be package.module:attribute, e.g. my_project.train:example."
+        raise user_error(
+            DropmaskValueError,
+            f"{target!r} must be package.module:attribute, e.g. my_project.train:example",
+            caller=None,
         )
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
@@ -402,9 +434,11 @@ def _import_attribute(target: str, attributes: Sequence[str]) -> Located:
         if not isinstance(error, ModuleNotFoundError):
             raise
         if error.name is not None and (module_name + ".").startswith(error.name + "."):
-            raise DropmaskValueError(
+            raise user_error(
+                DropmaskValueError,
                 f"no module {module_name!r} (for {target!r}) on sys.path or in {cwd}. "
-                "Install the package, or run from the directory that holds it"
+                "Install the package, or run from the directory that holds it",
+                caller=None,
             ) from None
         raise
     if not attribute:
@@ -417,7 +451,11 @@ def _attribute(module: types.ModuleType, module_name: str, attribute: str, targe
     value: Any = module
     for part in attribute.split("."):
         if not hasattr(value, part):
-            raise DropmaskValueError(f"{module_name} has no attribute {attribute!r} ({target!r}).")
+            raise user_error(
+                DropmaskValueError,
+                f"{module_name} has no attribute {attribute!r} ({target!r})",
+                caller=None,
+            )
         value = getattr(value, part)
     return Located(value, f"{module_name}:{attribute}", getattr(module, "__file__", None))
 
@@ -429,7 +467,9 @@ def _pick(module: types.ModuleType, attributes: Sequence[str], target: str) -> L
         if hasattr(module, name):
             return Located(getattr(module, name), f"{where}:{name}", file)
     wanted = " or ".join(f"`{name}`" for name in attributes)
-    raise DropmaskValueError(
-        f"{where} (for {target!r}) defines no {wanted}. Define "
-        "example = dropmask.training.Example(name=..., ...) there."
+    raise user_error(
+        DropmaskValueError,
+        f"{where} (for {target!r}) defines no {wanted}",
+        "Define example = dropmask.training.Example(name=..., ...) there.",
+        caller=None,
     )

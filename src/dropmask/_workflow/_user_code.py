@@ -32,7 +32,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from .._errors import DropmaskError, DropmaskTypeError
+from .._errors import DropmaskError, DropmaskTypeError, user_error
 from ._example import Example
 from ._locate import is_library, locate
 
@@ -231,9 +231,12 @@ class _Hook:
         check = _RETURNS.get(self._field)
         if check is not None and not check[0](out):
             where = definition(self._fn)
-            raise DropmaskTypeError(
+            raise user_error(
+                DropmaskTypeError,
                 f"{where + ': ' if where else ''}example.{self._field} must return {check[1]}, "
-                f"got {_got(out)}. {check[2]}."
+                f"got {_got(out)}",
+                f"{check[2]}.",
+                caller=None,
             )
         return out
 
@@ -256,8 +259,11 @@ def _check_fields(example: Example, where: str) -> None:
     """The plain fields, and that every hook is callable; raises naming ``where``."""
 
     def fail(name: str, expected: str, value: Any, fix: str) -> None:
-        raise DropmaskTypeError(
-            f"{where}: Example {name} must be {expected}, got {_got(value)}. {fix}."
+        raise user_error(
+            DropmaskTypeError,
+            f"Example {name} must be {expected}, got {_got(value)}",
+            f"{fix}.",
+            caller=where,
         )
 
     if not isinstance(example.name, str) or not example.name:
@@ -309,9 +315,11 @@ def checked(example: Any, where: str, file: str | None = None) -> Example:
       DropmaskTypeError: not an ``Example``, or a field of the wrong type.
     """
     if not isinstance(example, Example):
-        raise DropmaskTypeError(
-            f"{where} must be a dropmask.training.Example, got {type(example).__name__}. "
-            "Define example = Example(name=..., ...)."
+        raise user_error(
+            DropmaskTypeError,
+            f"{where} must be a dropmask.training.Example, got {type(example).__name__}",
+            "Define example = Example(name=..., ...).",
+            caller=None,
         )
     _check_fields(example, _example_line(file))
     roots: tuple[pathlib.Path, ...] = ()

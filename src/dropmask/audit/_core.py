@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from .._checks import check_callable
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 from . import _findings
 from ._audit_report import AuditReport, Finding
 from ._mode import Mode
@@ -37,9 +37,12 @@ def checked_step(train_step: Any, batches: Iterable[Any], *, caller: str) -> lis
     )
     batches = list(batches)
     if len(batches) < 2:
-        raise DropmaskValueError(
-            f"{caller}: batches must hold at least 2 batches to compare masks between "
-            f"steps, got {len(batches)}. Pass e.g. [batch, batch, batch]."
+        raise user_error(
+            DropmaskValueError,
+            "batches must hold at least 2 batches to compare masks between steps, got "
+            f"{len(batches)}",
+            "Pass e.g. [batch, batch, batch].",
+            caller=caller,
         )
     return batches
 

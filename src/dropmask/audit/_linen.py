@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from .._checks import check_instance
-from .._errors import DropmaskTypeError, MissingKeyError
+from .._errors import DropmaskTypeError, MissingKeyError, user_error
 from ..linen import swapped
 from . import _mode
 from ._audit_report import AuditReport
@@ -95,9 +95,11 @@ def _check_rngs(rngs: Any) -> dict[str, Any]:
     if rngs is None:
         return {"dropout": jax.random.key(0)}
     if not isinstance(rngs, Mapping) or not rngs:
-        raise DropmaskTypeError(
-            f"rngs must be a non-empty mapping of stream name to PRNG key, got {rngs!r}. "
-            "Pass e.g. rngs={'dropout': jax.random.key(0)}."
+        raise user_error(
+            DropmaskTypeError,
+            f"rngs must be a non-empty mapping of stream name to PRNG key, got {rngs!r}",
+            "Pass e.g. rngs={'dropout': jax.random.key(0)}.",
+            caller=None,
         )
     return dict(rngs)
 

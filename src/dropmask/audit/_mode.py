@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 
 __all__ = ["Mode", "from_call", "from_models", "from_signature", "nnx_mode", "unknown"]
 
@@ -168,8 +168,10 @@ def from_signature(
         if name in params:
             return {name: train}, {name: not train}, Mode("keyword", name, train, not train)
     shown = ", ".join(params) or "..."
-    raise DropmaskValueError(
-        f"{caller}: the model's call must take a training, train or deterministic "
-        f"argument, got ({shown}). Pass train_kwargs=... and eval_kwargs=... naming its "
-        "mode argument, or eval_model=... when a config field selects the mode."
+    raise user_error(
+        DropmaskValueError,
+        f"the model's call must take a training, train or deterministic argument, got ({shown})",
+        "Pass train_kwargs=... and eval_kwargs=... naming its mode argument, or eval_model=... "
+        "when a config field selects the mode.",
+        caller=caller,
     )

@@ -10,7 +10,7 @@ from typing import Any
 from flax import nnx
 
 from .._checks import check_instance, check_int_at_least
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._errors import DropmaskTypeError, DropmaskValueError, user_error
 from .._workflow import Example, checked, locate, run_keys
 from ._audit_report import AuditReport
 from ._linen import audit_model, audit_step
@@ -64,14 +64,19 @@ def audit_target(target: AuditTarget) -> AuditReport:
       DropmaskValueError: it has neither a model nor a train step.
     """
     if not isinstance(target, AuditTarget):
-        raise DropmaskTypeError(
-            f"expected a dropmask.audit.AuditTarget, got {type(target).__name__}. An "
-            "example's audit hook must return AuditTarget(model=..., variables=..., args=...)."
+        raise user_error(
+            DropmaskTypeError,
+            f"expected a dropmask.audit.AuditTarget, got {type(target).__name__}",
+            "An example's audit hook must return AuditTarget(model=..., variables=..., args=...).",
+            caller=None,
         )
     if target.model is None and target.train_step is None:
-        raise DropmaskValueError(
-            "an AuditTarget needs a model or a train_step to audit, got neither. Pass "
-            "AuditTarget(model=..., variables=..., args=...) or train_step=, state=, batches=."
+        raise user_error(
+            DropmaskValueError,
+            "an AuditTarget needs a model or a train_step to audit, got neither",
+            "Pass AuditTarget(model=..., variables=..., args=...) or train_step=, state=, "
+            "batches=.",
+            caller=None,
         )
     from ..training import NnxTrainState
 
@@ -181,10 +186,12 @@ def target_from_example(
         )
     model = getattr(getattr(state, "apply_fn", None), "__self__", None)
     if model is None:
-        raise DropmaskTypeError(
-            f"{caller}: example {example.name!r} must build its state with apply_fn=model.apply "
-            f"of a Linen module, got {getattr(state, 'apply_fn', None)!r}, or with an "
-            f"NnxTrainState of an NNX model."
+        raise user_error(
+            DropmaskTypeError,
+            f"example {example.name!r} must build its state with apply_fn=model.apply of a Linen "
+            f"module, got {getattr(state, 'apply_fn', None)!r}, or with an NnxTrainState of an "
+            "NNX model",
+            caller=caller,
         )
     return dataclasses.replace(
         step_only,
@@ -218,8 +225,11 @@ def load_target(target: str) -> AuditTarget:
     if callable(value) and not isinstance(value, AuditTarget):
         value = value()
     if not isinstance(value, AuditTarget):
-        raise DropmaskTypeError(
+        raise user_error(
+            DropmaskTypeError,
             f"{found.where} must be a dropmask.training.Example, an AuditTarget or a function "
-            f"returning one, got {type(value).__name__}. Define example = Example(...)."
+            f"returning one, got {type(value).__name__}",
+            "Define example = Example(...).",
+            caller=None,
         )
     return value

@@ -15,7 +15,7 @@ import jax
 
 from .. import _dropout, _layer_specs
 from .._checks import check_key
-from .._errors import MissingKeyError
+from .._errors import MissingKeyError, user_error
 
 __all__ = ["MissingStreamError", "Sharded", "Stochastic"]
 
@@ -64,7 +64,12 @@ class Stochastic(nn.Module):
             try:
                 check_key(None, caller=self._caller, stream=stream, streams=given)
             except MissingKeyError as err:
-                raise MissingStreamError(f'{self.name} needs PRNG for "{stream}". {err}') from None
+                raise user_error(
+                    MissingStreamError,
+                    f'{self.name} needs PRNG for "{stream}"',
+                    str(err),
+                    caller=None,
+                ) from None
         return det, self.make_rng(stream)
 
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from .. import _dropout
 from .._checks import check_key, check_rate, concrete_value
-from .._errors import DropmaskValueError, MissingKeyError
+from .._errors import DropmaskValueError, MissingKeyError, user_error
 from .._rnn import (
     FLAX_RECURRENT_KERNELS,
     carry_rates,
@@ -182,10 +182,13 @@ class MaskedRNN(nn.Module):
         if not zoneout and concrete_value(self.weight_dropout) == 0.0:
             return True
         if self.deterministic is None and deterministic is None:
-            raise DropmaskValueError(
-                f"{caller}: deterministic must be True or False when zoneout or "
-                "weight_dropout is on, got None. Pass MaskedRNN(..., deterministic=...) "
-                "or call it with deterministic=not training."
+            raise user_error(
+                DropmaskValueError,
+                "deterministic must be True or False when zoneout or weight_dropout is on, got "
+                "None",
+                "Pass MaskedRNN(..., deterministic=...) or call it with deterministic=not "
+                "training.",
+                caller=caller,
             )
         return bool(nn.merge_param("deterministic", self.deterministic, deterministic))
 
@@ -237,11 +240,13 @@ class MaskedRNN(nn.Module):
             stream = self.rng_collection
             if not (self.has_rng(stream) or self.has_rng("params")):
                 given = list(self.scope.rngs) if self.scope is not None else []
-                raise MissingKeyError(
-                    f"{caller}: a key for stream {stream!r} must be given in training mode "
-                    f"with zoneout or weight_dropout on, got streams {given}. Call "
-                    f"apply(..., rngs={{{stream!r}: key}}), pass rng=key, or pass "
-                    "deterministic=True."
+                raise user_error(
+                    MissingKeyError,
+                    f"a key for stream {stream!r} must be given in training mode with zoneout or "
+                    f"weight_dropout on, got streams {given}",
+                    f"Call apply(..., rngs={{{stream!r}: key}}), pass rng=key, or pass "
+                    "deterministic=True.",
+                    caller=caller,
                 )
             rng = self.make_rng(stream)
         check_key(rng, caller=caller, name="rng")

@@ -14,7 +14,7 @@ from flax import nnx
 
 from .. import _dropout, _layer_specs
 from .._checks import as_dims, check_instance, check_rate
-from .._errors import DropmaskValueError, MissingKeyError
+from .._errors import DropmaskValueError, MissingKeyError, user_error
 from .._random import DEFAULT_IMPL, DEFAULT_RESIDUAL, Impl, Residual
 from ._streams import own_stream
 
@@ -24,14 +24,14 @@ _NO_DETERMINISTIC = (
     "No `deterministic` argument was provided to {name}. Pass it to the constructor "
     "({name}(..., deterministic=True/False)), at call time (layer(x, deterministic=...)), "
     "or set it for a whole model with model.train() / model.eval() or "
-    "nnx.view(model, deterministic=...)."
+    "nnx.view(model, deterministic=...)"
 )
 # Flax's own wording comes first, so that code matching on Flax's message still matches.
 _NO_RNGS = (
     "`deterministic` is False, but no `rngs` argument was provided to {name}: it is in "
     "training mode and has no PRNG source for stream {stream!r}. Construct it with "
     "rngs=nnx.Rngs({stream}=0), or call it with rngs=... (an nnx.Rngs, RngStream or key), "
-    "or switch to evaluation with model.eval()."
+    "or switch to evaluation with model.eval()"
 )
 
 
@@ -64,14 +64,20 @@ class Stochastic(nnx.Module):
         constructor's, and the key is None when no randomness is drawn."""
         value = deterministic if deterministic is not None else self.deterministic
         if value is None:
-            raise DropmaskValueError(_NO_DETERMINISTIC.format(name=type(self).__name__))
+            raise user_error(
+                DropmaskValueError,
+                _NO_DETERMINISTIC.format(name=type(self).__name__),
+                caller=None,
+            )
         det = bool(value)
         if not _dropout.needs_key(self.rate, det, caller=self._caller):
             return det, None
         source = rngs if rngs is not None else self.rngs
         if source is None:
-            raise MissingKeyError(
-                _NO_RNGS.format(name=type(self).__name__, stream=self.rng_collection)
+            raise user_error(
+                MissingKeyError,
+                _NO_RNGS.format(name=type(self).__name__, stream=self.rng_collection),
+                caller=None,
             )
         check_instance(
             source,

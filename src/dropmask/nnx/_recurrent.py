@@ -17,7 +17,7 @@ from flax import nnx
 
 from .. import _dropout
 from .._checks import check_key, check_rate, concrete_value
-from .._errors import MissingKeyError
+from .._errors import MissingKeyError, user_error
 from .._rnn import (
     FLAX_RECURRENT_KERNELS,
     carry_rates,
@@ -149,11 +149,13 @@ class MaskedRNN(nnx.Module):
         if isinstance(source, nnx.RngStream):
             return source()
         if source is None:
-            raise MissingKeyError(
-                f"{caller}: rngs must be given in training mode with zoneout or weight_dropout "
-                f"on, got none for stream {self.rng_collection!r}. Construct it with "
-                f"rngs=nnx.Rngs({self.rng_collection}=0), call it with rngs=..., or switch "
-                "to evaluation with model.eval()."
+            raise user_error(
+                MissingKeyError,
+                "rngs must be given in training mode with zoneout or weight_dropout on, got "
+                f"none for stream {self.rng_collection!r}",
+                f"Construct it with rngs=nnx.Rngs({self.rng_collection}=0), call it with "
+                "rngs=..., or switch to evaluation with model.eval().",
+                caller=caller,
             )
         check_key(source, caller=caller, name="rngs")
         return source

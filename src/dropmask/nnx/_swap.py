@@ -20,7 +20,7 @@ from flax import nnx
 
 from .._attention import dot_product_attention
 from .._checks import check_impl, check_instance, is_concrete
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._errors import DropmaskTypeError, DropmaskValueError, user_error
 from .._random import DEFAULT_IMPL, Impl
 
 __all__ = ["Replaced", "swap_dropout"]
@@ -70,15 +70,19 @@ def _check_dropout(module: nnx.Dropout, path: str) -> None:
     cls = type(module)
     where = f"{path or 'the model'} ({cls.__name__})"
     if cls.__call__ is not nnx.Dropout.__call__:
-        raise DropmaskTypeError(
-            f"{_CALLER}: {where} must call as flax.nnx.Dropout does, got a subclass "
-            "with its own __call__. Replace it with dropmask.nnx.Dropout in the model."
+        raise user_error(
+            DropmaskTypeError,
+            f"{where} must call as flax.nnx.Dropout does, got a subclass with its own __call__",
+            "Replace it with dropmask.nnx.Dropout in the model.",
+            caller=_CALLER,
         )
     extra = _own_fields(module) - _DROPOUT_FIELDS
     if extra:
-        raise DropmaskTypeError(
-            f"{_CALLER}: {where} must hold only flax.nnx.Dropout's fields, got also "
-            f"{sorted(extra)}. Replace it with dropmask.nnx.Dropout in the model."
+        raise user_error(
+            DropmaskTypeError,
+            f"{where} must hold only flax.nnx.Dropout's fields, got also {sorted(extra)}",
+            "Replace it with dropmask.nnx.Dropout in the model.",
+            caller=_CALLER,
         )
 
 
@@ -107,9 +111,12 @@ def _default_attention(node: Any) -> bool:
 
 def _check_not_traced(model: nnx.Module) -> None:
     if not all(is_concrete(x) for x in jax.tree.leaves(nnx.state(model))):
-        raise DropmaskValueError(
-            f"{_CALLER}: model must be concrete, got one whose state is traced (inside "
-            "jit, grad, vmap or scan). Swap the model once, eagerly, before the step."
+        raise user_error(
+            DropmaskValueError,
+            "model must be concrete, got one whose state is traced (inside jit, grad, vmap or "
+            "scan)",
+            "Swap the model once, eagerly, before the step.",
+            caller=_CALLER,
         )
 
 
@@ -170,16 +177,20 @@ def swap_dropout(
     )
     _check_not_traced(model)
     if isinstance(model, nnx.Dropout):
-        raise DropmaskTypeError(
-            f"{_CALLER}: model must hold its dropout layers, got a {type(model).__name__} "
-            "itself. Build dropmask.nnx.Dropout directly."
+        raise user_error(
+            DropmaskTypeError,
+            f"model must hold its dropout layers, got a {type(model).__name__} itself",
+            "Build dropmask.nnx.Dropout directly.",
+            caller=_CALLER,
         )
     nodes = [(parts, node) for parts, node in nnx.iter_graph(model)]
     for parts, node in nodes:
         if isinstance(node, tuple) and any(isinstance(c, nnx.Dropout) for c in node):
-            raise DropmaskTypeError(
-                f"{_CALLER}: {_path(parts)} must be a list to swap the dropout layers it "
-                "holds, got a tuple. Hold them in an nnx.List."
+            raise user_error(
+                DropmaskTypeError,
+                f"{_path(parts)} must be a list to swap the dropout layers it holds, got a tuple",
+                "Hold them in an nnx.List.",
+                caller=_CALLER,
             )
     dropouts = {
         id(node): (_path(parts), node) for parts, node in nodes if isinstance(node, nnx.Dropout)

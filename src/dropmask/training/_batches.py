@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_int_at_least
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 
 __all__ = ["epoch_batch", "epoch_position", "steps_per_epoch"]
 
@@ -29,9 +29,11 @@ def steps_per_epoch(*, num_examples: int, batch_size: int, caller: str = "steps_
     for name, value in (("num_examples", num_examples), ("batch_size", batch_size)):
         check_int_at_least(value, 1, caller=caller, name=name)
     if batch_size > num_examples:
-        raise DropmaskValueError(
-            f"{caller}: batch_size must be <= num_examples={num_examples}, got {batch_size}. "
-            "Lower config.batch_size or use more data."
+        raise user_error(
+            DropmaskValueError,
+            f"batch_size must be <= num_examples={num_examples}, got {batch_size}",
+            "Lower config.batch_size or use more data.",
+            caller=caller,
         )
     return int(num_examples) // int(batch_size)
 

@@ -34,7 +34,7 @@ import jax
 import numpy as np
 
 from .._checks import check_choice, check_int_at_least
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 from .._workflow import RUN_LENGTH_ENTRIES
 from ._errors import CheckpointError, DamagedCheckpointError
 from ._serialization import keys_from_data, keys_to_data
@@ -151,9 +151,11 @@ class Checkpointer:
         self.directory = pathlib.Path(directory).absolute()
         existing = next(p for p in (self.directory, *self.directory.parents) if p.exists())
         if not existing.is_dir():
-            raise DropmaskValueError(
-                f"Checkpointer: directory must be a directory, but {existing} is a file. "
-                f"Pass a directory path (it is created on the first save)."
+            raise user_error(
+                DropmaskValueError,
+                f"directory must be a directory, but {existing} is a file",
+                "Pass a directory path (it is created on the first save).",
+                caller="Checkpointer",
             )
         import orbax.checkpoint as ocp
         from orbax.checkpoint import checkpoint_managers
@@ -258,10 +260,12 @@ class Checkpointer:
             fix=" Pass e.g. int(state.step).",
         )
         if self.best_metric is not None and metrics is not None and self.best_metric not in metrics:
-            raise DropmaskValueError(
-                f"Checkpointer.save: metrics must hold best_metric {self.best_metric!r}, got "
-                f"{sorted(metrics)}. Pass the eval metrics, or metrics=None to save a "
-                f"checkpoint that does not compete for best."
+            raise user_error(
+                DropmaskValueError,
+                f"metrics must hold best_metric {self.best_metric!r}, got {sorted(metrics)}",
+                "Pass the eval metrics, or metrics=None to save a checkpoint that does not "
+                "compete for best.",
+                caller="Checkpointer.save",
             )
         not_saved = f"Checkpointer.save: step {step} was not saved in {self.directory}"
         steps = self.steps()

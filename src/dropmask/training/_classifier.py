@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 from .. import uncertainty
-from .._checks import check_key, check_static_int
+from .._checks import check_int, check_key
 from ._nnx_state import NnxTrainState
 
 __all__ = ["ClassifierEval"]
@@ -161,7 +161,9 @@ class ClassifierEval:
     chunk_size: int = DEFAULT_CHUNK_SIZE
 
     def __post_init__(self) -> None:
-        check_static_int(self.chunk_size, name="chunk_size", caller="ClassifierEval", minimum=1)
+        check_int(
+            self.chunk_size, name="chunk_size", caller="ClassifierEval", minimum=1, shape=True
+        )
 
     def logits(
         self, state: Any, inputs: tuple[Any, ...], key: jax.Array | None, num_samples: int
@@ -222,6 +224,6 @@ class ClassifierEval:
 
 
 def _check_samples(key: jax.Array | None, num_samples: int, caller: str) -> None:
-    check_static_int(num_samples, name="num_samples", caller=caller, minimum=0)
+    check_int(num_samples, name="num_samples", caller=caller, minimum=0, shape=True)
     if num_samples:
         check_key(key, caller=caller)

@@ -14,7 +14,7 @@ import shlex
 import sys
 from typing import Any
 
-from .._errors import DropmaskError, DropmaskValueError
+from .._errors import DropmaskError, DropmaskValueError, user_error
 from .._workflow import add_target_arguments
 
 __all__ = ["add_arguments", "run"]
@@ -80,8 +80,10 @@ def _rates(text: str) -> list[float]:
     except ValueError:
         rates = []
     if not rates:
-        raise DropmaskValueError(
-            f"--compare-rates takes comma-separated rates such as 0,0.3,0.6, got {text!r}"
+        raise user_error(
+            DropmaskValueError,
+            f"--compare-rates takes comma-separated rates such as 0,0.3,0.6, got {text!r}",
+            caller=None,
         )
     return rates
 
@@ -174,41 +176,67 @@ def _resume_note(args: argparse.Namespace, rates: list[float] | None) -> str:
     )
 
 
-def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
-    """The example, its config with every flag applied, and the rates to compare."""
-    from . import _config
-
-    overrides = _config.parse_overrides(getattr(args, "extra", []))
+def _checked_flags(args: argparse.Namespace) -> list[float] | None:
+    """The rates to compare, after every check of the flags alone (before any loading)."""
     for flag in ("steps", "devices", "num_seeds"):
         value = getattr(args, flag)
         if value is not None and value < 1:
-            raise DropmaskValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+            raise user_error(
+                DropmaskValueError,
+                f"--{flag.replace('_', '-')} must be >= 1, got {value}",
+                caller=None,
+            )
     if args.mc_samples is not None and args.mc_samples < 0:
-        raise DropmaskValueError(
-            f"--mc-samples must be >= 0 (0: no Monte Carlo evaluation), got {args.mc_samples}"
+        raise user_error(
+            DropmaskValueError,
+            f"--mc-samples must be >= 0 (0: no Monte Carlo evaluation), got {args.mc_samples}",
+            caller=None,
         )
     if args.workdir is not None and not args.workdir.strip():
-        raise DropmaskValueError(
-            "--workdir must be a directory path, got ''. Pass e.g. --workdir=runs/NAME, or "
-            "leave it out for runs/EXAMPLE"
+        raise user_error(
+            DropmaskValueError,
+            "--workdir must be a directory path, got ''",
+            "Pass e.g. --workdir=runs/NAME, or leave it out for runs/EXAMPLE.",
+            caller=None,
         )
     rates = _rates(args.compare_rates) if args.compare_rates is not None else None
     for rate in ([] if args.rate is None else [args.rate]) + (rates or []):
         # Checked here, before any data is loaded; rate 1 would drop every unit.
         if not 0.0 <= rate < 1.0:
             flag = "--rate" if rates is None else "--compare-rates"
-            raise DropmaskValueError(
+            raise user_error(
+                DropmaskValueError,
                 f"{flag} takes dropout rates in [0, 1) (the probability of dropping), got "
-                f"{rate!r}; to keep a fraction p of the units, pass 1 - p"
+                f"{rate!r}; to keep a fraction p of the units, pass 1 - p",
+                caller=None,
             )
     if args.rate is not None and rates is not None:
-        raise DropmaskValueError("give --rate or --compare-rates, not both")
+        raise user_error(
+            DropmaskValueError,
+            "give --rate or --compare-rates, not both",
+            caller=None,
+        )
     if args.num_seeds is not None and rates is None:
-        raise DropmaskValueError(
-            "--num-seeds applies to --compare-rates; for one run pick the seed with --seed"
+        raise user_error(
+            DropmaskValueError,
+            "--num-seeds applies to --compare-rates; for one run pick the seed with --seed",
+            caller=None,
         )
     if args.example is None:
-        raise DropmaskValueError("give a TARGET to train, or --list to see them")
+        raise user_error(
+            DropmaskValueError,
+            "give a TARGET to train, or --list to see them",
+            caller=None,
+        )
+    return rates
+
+
+def _parse(args: argparse.Namespace) -> tuple[Any, Any, list[float] | None]:
+    """The example, its config with every flag applied, and the rates to compare."""
+    from . import _config
+
+    overrides = _config.parse_overrides(getattr(args, "extra", []))
+    rates = _checked_flags(args)
     from .._workflow import load_checked
 
     example = load_checked(args.example)

@@ -9,7 +9,7 @@ from typing import Any
 
 import ml_collections
 
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 
 __all__ = ["apply_overrides", "check_config", "parse_overrides"]
 
@@ -27,13 +27,19 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, str]]:
     while items:
         arg = items.pop(0)
         if not arg.startswith(PREFIX):
-            raise DropmaskValueError(
-                f"unrecognized argument {arg!r}; config entries are set as --config.NAME=VALUE"
+            raise user_error(
+                DropmaskValueError,
+                f"unrecognized argument {arg!r}; config entries are set as --config.NAME=VALUE",
+                caller=None,
             )
         name, sep, text = arg[len(PREFIX) :].partition("=")
         if not sep:
             if not items:
-                raise DropmaskValueError(f"{arg} needs a value, e.g. {arg}=VALUE")
+                raise user_error(
+                    DropmaskValueError,
+                    f"{arg} needs a value, e.g. {arg}=VALUE",
+                    caller=None,
+                )
             text = items.pop(0)
         pairs.append((name, text))
     return pairs
@@ -48,20 +54,28 @@ def _kind(current: Any) -> str:
 
 def _convert(name: str, current: Any, text: str) -> Any:
     """``text`` as a value of ``current``'s type (tuples from Python literals)."""
+    invalid = user_error(
+        DropmaskValueError,
+        f"--config.{name}={text} is not a valid {_kind(current)} (the current value is "
+        f"{current!r})",
+        caller=None,
+    )
     try:
         if isinstance(current, bool):
             lowered = text.lower()
             if lowered not in ("true", "false", "1", "0"):
-                raise ValueError(text)
+                raise invalid
             return lowered in ("true", "1")
         if isinstance(current, int):
             return int(text)
         if isinstance(current, float):
             number = float(text)
             if not math.isfinite(number):
-                raise DropmaskValueError(
+                raise user_error(
+                    DropmaskValueError,
                     f"--config.{name} must be a finite float, got {text} (the current value "
-                    f"is {current!r})"
+                    f"is {current!r})",
+                    caller=None,
                 )
             return number
         if isinstance(current, str):
@@ -72,16 +86,13 @@ def _convert(name: str, current: Any, text: str) -> Any:
             kinds = {type(item) for item in current}
             # (32,) must not become ('a',): the entries keep the current entries' type.
             if len(kinds) == 1 and not all(type(item) in kinds for item in value):
-                raise ValueError(text)
+                raise invalid
             return type(current)(value)
         return ast.literal_eval(text)
     except DropmaskValueError:
         raise
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        raise DropmaskValueError(
-            f"--config.{name}={text} is not a valid {_kind(current)} (the current "
-            f"value is {current!r})"
-        ) from None
+        raise invalid from None
 
 
 def apply_overrides(
@@ -104,9 +115,11 @@ def apply_overrides(
         for part in parents:
             node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
         if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
-            raise DropmaskValueError(
+            raise user_error(
+                DropmaskValueError,
                 f"--config.{path}: no such config entry; the entries are "
-                f"{', '.join(sorted(config.keys()))}"
+                f"{', '.join(sorted(config.keys()))}",
+                caller=None,
             )
         with node.unlocked():
             node[leaf] = _convert(path, node[leaf], text)
@@ -193,7 +206,9 @@ def check_config(
         rules.append((name, value in values, f"one of {names}", str(values[0])))
     for name, ok, must, form in rules:
         if not ok:
-            raise DropmaskValueError(
-                f"config.{name} must be {must}, got {config.get(name)!r}. Set it with "
-                f"--config.{name}={form}."
+            raise user_error(
+                DropmaskValueError,
+                f"config.{name} must be {must}, got {config.get(name)!r}",
+                f"Set it with --config.{name}={form}.",
+                caller=None,
             )

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import jax
 
-from .._errors import DropmaskTypeError, DropmaskValueError
+from .._errors import DropmaskTypeError, DropmaskValueError, user_error
 
 __all__ = ["step_key", "step_rngs", "stream_id", "stream_key"]
 
@@ -52,14 +52,18 @@ def stream_id(name: str) -> int:
       True
     """
     if not isinstance(name, str):
-        raise DropmaskTypeError(
-            f"stream_id: name must be a str, got {type(name).__name__}: {name!r}. "
-            f"Pass the stream's name, e.g. 'dropout'."
+        raise user_error(
+            DropmaskTypeError,
+            f"name must be a str, got {type(name).__name__}: {name!r}",
+            "Pass the stream's name, e.g. 'dropout'.",
+            caller="stream_id",
         )
     if not name.strip():
-        raise DropmaskValueError(
-            f"stream_id: name must be a non-empty stream name, got {name!r}. Pass the "
-            f"stream your model draws from, e.g. 'dropout'."
+        raise user_error(
+            DropmaskValueError,
+            f"name must be a non-empty stream name, got {name!r}",
+            "Pass the stream your model draws from, e.g. 'dropout'.",
+            caller="stream_id",
         )
     return zlib.crc32(name.encode("utf-8"))
 
@@ -145,11 +149,18 @@ def step_rngs(state: HasKeyAndStep, *names: str) -> dict[str, jax.Array]:
       True
     """
     if not names:
-        raise DropmaskValueError(
-            "step_rngs needs at least one stream name, got none. "
-            "Pass the streams your model draws from, e.g. step_rngs(state, 'dropout')."
+        raise user_error(
+            DropmaskValueError,
+            "step_rngs needs at least one stream name, got none",
+            "Pass the streams your model draws from, e.g. step_rngs(state, 'dropout').",
+            caller=None,
         )
     ids = {name: stream_id(name) for name in names}
     if len(set(ids.values())) != len(ids):
-        raise DropmaskValueError(f"two stream names share a CRC-32 id: {ids}. Rename one of them.")
+        raise user_error(
+            DropmaskValueError,
+            f"two stream names share a CRC-32 id: {ids}",
+            "Rename one of them.",
+            caller=None,
+        )
     return {name: stream_key(state.key, state.step, name) for name in ids}

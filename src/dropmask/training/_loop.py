@@ -20,7 +20,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 from .._workflow import SCHEDULE_ENTRIES, Example, run_keys
 from . import _summary, _uncertainty
 from ._checkpoint import Checkpointer
@@ -65,17 +65,21 @@ class Schedule:
             if isinstance(entry.default, bool):
                 value = config.get(entry.name, entry.default)
                 if not isinstance(value, bool):
-                    raise DropmaskValueError(
-                        f"config.{entry.name} must be a bool, got {value!r}. Set it with "
-                        f"--config.{entry.name}=True or False."
+                    raise user_error(
+                        DropmaskValueError,
+                        f"config.{entry.name} must be a bool, got {value!r}",
+                        f"Set it with --config.{entry.name}=True or False.",
+                        caller=None,
                     )
                 values[entry.name] = value
             elif entry.at_least is None:
                 value = config.get(entry.name)
                 if not isinstance(value, int) or isinstance(value, bool):
-                    raise DropmaskValueError(
-                        f"config.{entry.name} must be an int, got {value!r}. Set it with "
-                        f"--config.{entry.name}=N."
+                    raise user_error(
+                        DropmaskValueError,
+                        f"config.{entry.name} must be an int, got {value!r}",
+                        f"Set it with --config.{entry.name}=N.",
+                        caller=None,
                     )
                 values[entry.name] = value
             else:
@@ -116,14 +120,18 @@ def check_writable(workdir: pathlib.Path) -> None:
     existing = next(p for p in (workdir, *workdir.parents) if p.exists())
     if not existing.is_dir():
         what = "is a file" if existing == workdir else f"cannot be created: {existing} is a file"
-        raise DropmaskValueError(
-            f"train: workdir must be a directory, but {workdir} {what}. Pass --workdir a "
-            f"directory path (it is created if missing)."
+        raise user_error(
+            DropmaskValueError,
+            f"workdir must be a directory, but {workdir} {what}",
+            "Pass --workdir a directory path (it is created if missing).",
+            caller="train",
         )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise DropmaskValueError(
-            f"train: workdir must be writable, but {existing} is not writable by this user. "
-            f"Pass --workdir a directory you can write to."
+        raise user_error(
+            DropmaskValueError,
+            f"workdir must be writable, but {existing} is not writable by this user",
+            "Pass --workdir a directory you can write to.",
+            caller="train",
         )
 
 
@@ -533,15 +541,19 @@ def compare_rates(
     started = time.perf_counter()
     workdir = pathlib.Path(workdir)
     if not rates or not seeds:
-        raise DropmaskValueError(
-            f"compare_rates needs at least one rate and one seed, got rates={list(rates)} "
-            f"and seeds={list(seeds)}."
+        raise user_error(
+            DropmaskValueError,
+            f"compare_rates needs at least one rate and one seed, got rates={list(rates)} and "
+            f"seeds={list(seeds)}",
+            caller=None,
         )
     for rate in rates:
         if not 0.0 <= rate < 1.0:
-            raise DropmaskValueError(
-                f"each rate to compare must be in [0, 1), got {rate!r}. Pass e.g. "
-                f"--compare-rates 0,0.3,0.6."
+            raise user_error(
+                DropmaskValueError,
+                f"each rate to compare must be in [0, 1), got {rate!r}",
+                "Pass e.g. --compare-rates 0,0.3,0.6.",
+                caller=None,
             )
     if not resume:
         for rate in rates:

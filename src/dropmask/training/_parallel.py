@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 from ._serialization import keys_from_data, keys_to_data
 
 __all__ = [
@@ -70,23 +70,29 @@ def initialize_distributed(
         return False
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 2**16:
-        raise DropmaskValueError(
-            f"initialize_distributed: coordinator_address must be HOST:PORT of process 0, got "
-            f"{address!r}. Pass e.g. --coordinator-address=10.0.0.1:1234."
+        raise user_error(
+            DropmaskValueError,
+            f"coordinator_address must be HOST:PORT of process 0, got {address!r}",
+            "Pass e.g. --coordinator-address=10.0.0.1:1234.",
+            caller="initialize_distributed",
         )
     count = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
     index = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
     if count is None or index is None:
-        raise DropmaskValueError(
-            f"a multi-process run at {address} needs the process count and this "
-            f"process's id, got num_processes={count}, process_id={index}. Pass "
-            f"--num-processes and --process-id (or set {ENV_NUM_PROCESSES} and "
-            f"{ENV_PROCESS_ID})."
+        raise user_error(
+            DropmaskValueError,
+            f"a multi-process run at {address} needs the process count and this process's id, "
+            f"got num_processes={count}, process_id={index}",
+            f"Pass --num-processes and --process-id (or set {ENV_NUM_PROCESSES} and "
+            f"{ENV_PROCESS_ID}).",
+            caller=None,
         )
     if count < 1 or not 0 <= index < count:
-        raise DropmaskValueError(
+        raise user_error(
+            DropmaskValueError,
             f"process_id must be in [0, num_processes), got process_id={index} with "
-            f"num_processes={count}."
+            f"num_processes={count}",
+            caller=None,
         )
     # Only CPU collectives read this; GPU and TPU runs keep their own transports.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -101,8 +107,10 @@ def _env_int(name: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise DropmaskValueError(
-            f"environment variable {name} must be an integer, got {value!r}."
+        raise user_error(
+            DropmaskValueError,
+            f"environment variable {name} must be an integer, got {value!r}",
+            caller=None,
         ) from None
 
 
@@ -127,10 +135,12 @@ def make_mesh(devices_per_process: int | None = None) -> Mesh:
     local = jax.local_device_count()
     n = local if devices_per_process is None else devices_per_process
     if not isinstance(n, int) or not 1 <= n <= local:
-        raise DropmaskValueError(
-            f"devices must be an int in [1, {local}] (the local devices of this process), "
-            f"got {devices_per_process!r}. On CPU, XLA_FLAGS="
-            f"--xla_force_host_platform_device_count=N gives N devices."
+        raise user_error(
+            DropmaskValueError,
+            f"devices must be an int in [1, {local}] (the local devices of this process), got "
+            f"{devices_per_process!r}",
+            "On CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N gives N devices.",
+            caller=None,
         )
     by_process: dict[int, list[Any]] = {}
     for device in jax.devices():
@@ -158,9 +168,12 @@ def check_batch_splits(batch: Mapping[str, Any], mesh: Mesh) -> None:
     size = mesh.devices.size
     for name, value in batch.items():
         if np.shape(value)[0] % size:
-            raise DropmaskValueError(
+            raise user_error(
+                DropmaskValueError,
                 f"batch entry {name!r} has {np.shape(value)[0]} examples, which {size} devices "
-                f"cannot split evenly. Use a batch_size that is a multiple of {size}."
+                "cannot split evenly",
+                f"Use a batch_size that is a multiple of {size}.",
+                caller=None,
             )
 
 

@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 
 from .. import _schedules
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 
 __all__ = ["RateSchedule"]
 
@@ -58,9 +58,11 @@ class RateSchedule:
             return None
         kind, _, number = str(text).partition(":")
         if kind not in _KINDS or not number.isdigit() or (kind == "warmdown" and int(number) < 1):
-            raise DropmaskValueError(
+            raise user_error(
+                DropmaskValueError,
                 f"--config.rate_schedule must be {_FORMS} (STEP a step count, >= 1 for "
-                f"warmdown), got {text!r}. E.g. --config.rate_schedule=early:200"
+                f"warmdown), got {text!r}. E.g. --config.rate_schedule=early:200",
+                caller=None,
             )
         rate: Any = config.rate
         return cls(kind, int(number), float(rate))

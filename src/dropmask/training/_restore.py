@@ -9,7 +9,7 @@ from typing import Any
 import ml_collections
 
 from .._checks import check_instance, check_int_at_least
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 from .._workflow import Example, base_config, run_keys
 from ._checkpoint import Checkpointer
 from ._errors import CheckpointError
@@ -69,10 +69,12 @@ def restore_run(
     )
     directory = pathlib.Path(workdir) / "checkpoints"
     if not directory.is_dir():
-        raise DropmaskValueError(
-            f"restore_run: workdir must hold a run's checkpoints/, but {directory} does not "
-            f"exist. Train first (dropmask train {example.name} --workdir {workdir}), or pass "
-            f"the run's workdir (for --compare-rates, one of its rate_R/seed_S)."
+        raise user_error(
+            DropmaskValueError,
+            f"workdir must hold a run's checkpoints/, but {directory} does not exist",
+            f"Train first (dropmask train {example.name} --workdir {workdir}), or pass the run's "
+            "workdir (for --compare-rates, one of its rate_R/seed_S).",
+            caller="restore_run",
         )
     if step is not None:
         check_int_at_least(

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import check_instance
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 
 __all__ = ["from_bytes", "keys_from_data", "keys_to_data", "to_bytes"]
 
@@ -68,9 +68,11 @@ def keys_from_data(tree: Any, impls: list[str | None]) -> Any:
     """
     leaves, treedef = jax.tree.flatten(tree)
     if len(leaves) != len(impls):
-        raise DropmaskValueError(
-            f"the saved state has {len(impls)} leaves but the target has {len(leaves)}. "
-            f"Restore into a state built from the same model and optimizer."
+        raise user_error(
+            DropmaskValueError,
+            f"the saved state has {len(impls)} leaves but the target has {len(leaves)}",
+            "Restore into a state built from the same model and optimizer.",
+            caller=None,
         )
     out = [
         jax.random.wrap_key_data(leaf, impl=impl) if impl is not None else leaf
@@ -148,28 +150,35 @@ def from_bytes(target: Any, encoded: bytes) -> Any:
     except Exception:
         saved = None
     if not isinstance(saved, dict):
-        raise DropmaskValueError(
-            f"from_bytes: encoded must be bytes written by dropmask.training.to_bytes, got "
-            f"{len(encoded)} bytes that do not decode as a saved state. Pass the bytes "
-            f"to_bytes returned, unchanged (a truncated or text-mode copy does not decode)."
+        raise user_error(
+            DropmaskValueError,
+            f"encoded must be bytes written by dropmask.training.to_bytes, got {len(encoded)} "
+            "bytes that do not decode as a saved state",
+            "Pass the bytes to_bytes returned, unchanged (a truncated or text-mode copy does "
+            "not decode).",
+            caller="from_bytes",
         )
     want = _flat(flax.serialization.to_state_dict(data_target))
     have = _flat(saved)
     missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
     if missing or extra:
-        raise DropmaskValueError(
-            f"from_bytes: encoded must hold target's structure, but only the saved state has "
-            f"{extra[:3]} and only target has {missing[:3]}. Restore into a state built "
-            f"from the same model and optimizer."
+        raise user_error(
+            DropmaskValueError,
+            f"encoded must hold target's structure, but only the saved state has {extra[:3]} and "
+            f"only target has {missing[:3]}",
+            "Restore into a state built from the same model and optimizer.",
+            caller="from_bytes",
         )
     for path, leaf in want.items():
         shape, dtype = np.shape(leaf), leaf_dtype(leaf)
         got = have[path]
         if np.shape(got) != shape or leaf_dtype(got) != dtype:
-            raise DropmaskValueError(
-                f"from_bytes: encoded must hold target's shapes and dtypes, but {path} is "
-                f"{leaf_dtype(got)}{np.shape(got)} there and {dtype}{shape} in target. "
-                f"Restore into a state built from the same config."
+            raise user_error(
+                DropmaskValueError,
+                f"encoded must hold target's shapes and dtypes, but {path} is {leaf_dtype(got)}"
+                f"{np.shape(got)} there and {dtype}{shape} in target",
+                "Restore into a state built from the same config.",
+                caller="from_bytes",
             )
     data = flax.serialization.from_state_dict(data_target, saved)
     return keys_from_data(data, impls)

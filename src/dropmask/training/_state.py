@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax.training import train_state
 
 from .._checks import check_key, check_optimizer
-from .._errors import DropmaskTypeError
+from .._errors import DropmaskTypeError, user_error
 from ._keys import step_key, step_rngs
 
 __all__ = ["TrainState"]
@@ -76,9 +76,11 @@ class TrainState(train_state.TrainState):
             ``tx`` is not an optax transformation.
         """
         if "key" not in kwargs:
-            raise DropmaskTypeError(
+            raise user_error(
+                DropmaskTypeError,
                 "TrainState.create needs key=..., the PRNG key for dropout, e.g. "
-                "TrainState.create(apply_fn=..., params=..., tx=..., key=dropout_key)."
+                "TrainState.create(apply_fn=..., params=..., tx=..., key=dropout_key)",
+                caller=None,
             )
         check_key(kwargs["key"], caller="TrainState.create")
         check_optimizer(tx, caller="TrainState.create")

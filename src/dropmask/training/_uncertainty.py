@@ -18,7 +18,7 @@ import ml_collections
 
 from .. import uncertainty
 from .._checks import check_int_at_least
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 from ._keys import stream_key
 
 if TYPE_CHECKING:
@@ -53,10 +53,13 @@ def check(example: Example, config: ml_collections.ConfigDict) -> None:
       DropmaskValueError: a bad ``mc_samples``, or no hook to sample with.
     """
     if num_samples(config) and example.predict is None:
-        raise DropmaskValueError(
-            f"example {example.name!r} has no predict hook, so it cannot be evaluated with "
-            "Monte Carlo dropout. Drop --mc-samples, or give its Example a predict="
-            "(state, config, data, split, key, num_samples) -> (logits, labels)."
+        raise user_error(
+            DropmaskValueError,
+            f"example {example.name!r} has no predict hook, so it cannot be evaluated with Monte "
+            "Carlo dropout",
+            "Drop --mc-samples, or give its Example a predict=(state, config, data, split, key, "
+            "num_samples) -> (logits, labels).",
+            caller=None,
         )
 
 

@@ -32,11 +32,11 @@ from .._checks import (
     check_bool_mask,
     check_broadcastable,
     check_floating,
-    check_integer,
+    check_int,
+    check_integer_dtype,
     check_label_range,
-    check_static_int,
 )
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 from .._optional import require
 from .._reductions import masked_mean, masked_sum
 from ._summaries import log_softmax
@@ -56,11 +56,13 @@ def _inputs(logits: Any, labels: Any, mask: Any, caller: str) -> tuple[jax.Array
     x = check_array(logits, caller=caller, name="logits")
     check_floating(x, caller=caller)
     y = check_array(labels, caller=caller, name="labels")
-    check_integer(y, caller=caller, name="labels")
+    check_integer_dtype(y, caller=caller, name="labels")
     if x.ndim < 1 or x.shape[:-1] != y.shape:
-        raise DropmaskValueError(
-            f"{caller}: logits must be labels.shape + (classes,), got logits {x.shape} and "
-            f"labels {y.shape}. For K samples pass uncertainty.predictive_log_probs(samples)."
+        raise user_error(
+            DropmaskValueError,
+            f"logits must be labels.shape + (classes,), got logits {x.shape} and labels {y.shape}",
+            "For K samples pass uncertainty.predictive_log_probs(samples).",
+            caller=caller,
         )
     m = None
     if mask is not None:
@@ -227,7 +229,7 @@ def expected_calibration_error(
       0.4
     """
     caller = "uncertainty.expected_calibration_error"
-    num_bins = check_static_int(num_bins, name="num_bins", caller=caller, minimum=1)
+    num_bins = check_int(num_bins, name="num_bins", caller=caller, minimum=1, shape=True)
     return _expected_calibration_error(*_inputs(logits, labels, mask, caller), num_bins)
 
 
@@ -256,7 +258,7 @@ def reliability(
       ([0.0, 0.0, 1.0, 0.0, 2.0], [0.0, 0.0, 1.0, 0.0, 0.5])
     """
     caller = "uncertainty.reliability"
-    num_bins = check_static_int(num_bins, name="num_bins", caller=caller, minimum=1)
+    num_bins = check_int(num_bins, name="num_bins", caller=caller, minimum=1, shape=True)
     return _reliability(*_inputs(logits, labels, mask, caller), num_bins)
 
 

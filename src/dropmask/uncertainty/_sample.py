@@ -21,8 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .. import nnx as dnnx
-from .._checks import check_callable, check_instance, check_key, check_static_int
-from .._errors import DropmaskValueError
+from .._checks import check_callable, check_instance, check_int, check_key
+from .._errors import DropmaskValueError, user_error
 
 __all__ = ["sample", "sample_keys", "sample_linen", "sample_nnx"]
 
@@ -63,14 +63,14 @@ def sample_keys(key: jax.Array, num_samples: int) -> jax.Array:
     """
     caller = "uncertainty.sample_keys"
     check_key(key, caller=caller)
-    num_samples = check_static_int(num_samples, name="num_samples", caller=caller, minimum=1)
+    num_samples = check_int(num_samples, name="num_samples", caller=caller, minimum=1, shape=True)
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_samples))
 
 
 def _check_chunk(chunk_size: Any, caller: str) -> int | None:
     if chunk_size is None:
         return None
-    return check_static_int(chunk_size, name="chunk_size", caller=caller, minimum=1)
+    return check_int(chunk_size, name="chunk_size", caller=caller, minimum=1, shape=True)
 
 
 def _over_keys(
@@ -78,7 +78,7 @@ def _over_keys(
 ) -> Any:
     """``one(fold_in(key, i))`` for every sample ``i``, stacked on a leading axis."""
     check_key(key, caller=caller)
-    num_samples = check_static_int(num_samples, name="num_samples", caller=caller, minimum=1)
+    num_samples = check_int(num_samples, name="num_samples", caller=caller, minimum=1, shape=True)
     chunk = _check_chunk(chunk_size, caller)
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_samples))
     if chunk is None or chunk >= num_samples:
@@ -211,19 +211,23 @@ def sample_linen(
     try:
         return _over_keys(one, key, num_samples, chunk_size, caller)
     except flax.errors.ModifyScopeVariableError as error:
-        raise DropmaskValueError(
-            f"{caller}: in the mode {call!r} the model updates a variable ({error}). That "
-            "layer (typically BatchNorm) would use statistics of the other samples "
-            "instead of its running averages. Give it its own flag, e.g. "
-            "BatchNorm(use_running_average=True) while sampling, and pass only the flag "
-            "that turns dropout on."
+        raise user_error(
+            DropmaskValueError,
+            f"in the mode {call!r} the model updates a variable ({error})",
+            "That layer (typically BatchNorm) would use statistics of the other samples instead "
+            "of its running averages. Give it its own flag, e.g. "
+            "BatchNorm(use_running_average=True) while sampling, and pass only the flag that "
+            "turns dropout on.",
+            caller=caller,
         ) from None
     except flax.errors.InvalidRngError as error:
-        raise DropmaskValueError(
-            f"{caller}: in the mode {call!r} the model draws from a PRNG stream other than "
-            f"{rng_collection!r} ({error}). Only dropout may be random while sampling: "
-            "switch that layer off, or pass rng_collection= if dropout draws from "
-            "another stream."
+        raise user_error(
+            DropmaskValueError,
+            f"in the mode {call!r} the model draws from a PRNG stream other than "
+            f"{rng_collection!r} ({error})",
+            "Only dropout may be random while sampling: switch that layer off, or pass "
+            "rng_collection= if dropout draws from another stream.",
+            caller=caller,
         ) from None
 
 

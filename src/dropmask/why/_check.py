@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from .._errors import DropmaskValueError
+from .._errors import DropmaskValueError, user_error
 from ._claims import DEPENDS, HOLDS, NOT, Claim, documented, fact_claims, timing_claims
 from ._measure import forms
 
@@ -94,9 +94,11 @@ def check_claims(*, timing: bool = True, size: int = 1 << 20, repeats: int = 15)
       DropmaskValueError: ``size`` or ``repeats`` below 1.
     """
     if size < 1 or repeats < 1:
-        raise DropmaskValueError(
-            f"size and repeats must be >= 1, got size={size}, repeats={repeats}. "
-            "The defaults are size=2**20, repeats=15."
+        raise user_error(
+            DropmaskValueError,
+            f"size and repeats must be >= 1, got size={size}, repeats={repeats}",
+            "The defaults are size=2**20, repeats=15.",
+            caller=None,
         )
     start = time.perf_counter()
     claims = fact_claims()
