@@ -263,16 +263,21 @@ def _start_config(example: Any, name: str | None) -> Any:
         return example.get_config()
     if name not in example.configs:
         known = ", ".join(sorted(example.configs)) or "none besides the default"
-        raise DropmaskValueError(
-            f"--config must name one of {example.name}'s configs ({known}), got {name!r}. "
-            f"Leave --config out for the default"
+        raise user_error(
+            DropmaskValueError,
+            f"--config must name one of {example.name}'s configs ({known}), got {name!r}",
+            "Leave --config out for the default.",
+            caller=None,
         )
     config = example.configs[name]()
     default = example.get_config()
     if set(config) != set(default):
-        raise DropmaskValueError(
+        raise user_error(
+            DropmaskValueError,
             f"{example.name}'s config {name!r} must have the default's entries; it differs in "
-            f"{sorted(set(config) ^ set(default))}. Build it from get_config() and change values"
+            f"{sorted(set(config) ^ set(default))}",
+            "Build it from get_config() and change values.",
+            caller=None,
         )
     return config
 

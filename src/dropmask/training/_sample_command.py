@@ -13,7 +13,7 @@ import math
 import pathlib
 import sys
 
-from .._errors import DropmaskError, DropmaskValueError
+from .._errors import DropmaskError, DropmaskValueError, user_error
 from .._workflow import add_target_arguments
 
 __all__ = ["add_arguments", "run"]
@@ -42,44 +42,75 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> pathlib.Path:
     """The run's checkpoint directory; raises on any argument that cannot be served."""
     if args.example is None:
-        raise DropmaskValueError("give a TARGET whose run to sample, or --list to see them")
+        raise user_error(
+            DropmaskValueError,
+            "give a TARGET whose run to sample, or --list to see them",
+            caller=None,
+        )
     if args.extra:
-        raise DropmaskValueError(
-            f"unrecognized arguments: {' '.join(args.extra)}. See {_COMMAND} --help"
+        raise user_error(
+            DropmaskValueError,
+            f"unrecognized arguments: {' '.join(args.extra)}",
+            f"See {_COMMAND} --help.",
+            caller=None,
         )
     if args.prompt is None or not args.prompt:
-        raise DropmaskValueError(
-            "--prompt must be at least one character, got none. Pass e.g. --prompt 'The '"
+        raise user_error(
+            DropmaskValueError,
+            "--prompt must be at least one character, got none",
+            "Pass e.g. --prompt 'The '.",
+            caller=None,
         )
     try:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError as error:
         bad = args.prompt[error.start : error.end].encode("utf-8", "surrogateescape")
-        raise DropmaskValueError(
-            f"--prompt must be UTF-8 text, got the byte(s) {bad!r} at position "
-            f"{error.start}. Pass the prompt in UTF-8 (e.g. iconv -t utf-8)"
+        raise user_error(
+            DropmaskValueError,
+            f"--prompt must be UTF-8 text, got the byte(s) {bad!r} at position {error.start}",
+            "Pass the prompt in UTF-8 (e.g. iconv -t utf-8).",
+            caller=None,
         ) from None
     if args.length < 1:
-        raise DropmaskValueError(f"--length must be >= 1 (tokens to add), got {args.length}")
+        raise user_error(
+            DropmaskValueError,
+            f"--length must be >= 1 (tokens to add), got {args.length}",
+            caller=None,
+        )
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise DropmaskValueError(
-            f"--temperature must be a finite number >= 0 (0: greedy), got {args.temperature}"
+        raise user_error(
+            DropmaskValueError,
+            f"--temperature must be a finite number >= 0 (0: greedy), got {args.temperature}",
+            caller=None,
         )
     if args.top_k < 0:
-        raise DropmaskValueError(f"--top-k must be >= 0 (0: every token), got {args.top_k}")
+        raise user_error(
+            DropmaskValueError,
+            f"--top-k must be >= 0 (0: every token), got {args.top_k}",
+            caller=None,
+        )
     if args.top_k and args.temperature == 0:
-        raise DropmaskValueError(
+        raise user_error(
+            DropmaskValueError,
             f"--top-k {args.top_k} needs --temperature > 0 (at 0 the most likely token is "
-            "taken anyway). Pass e.g. --temperature 0.8, or leave --top-k out"
+            "taken anyway)",
+            "Pass e.g. --temperature 0.8, or leave --top-k out.",
+            caller=None,
         )
     if args.step is not None and args.step < 0:
-        raise DropmaskValueError(f"--step must be >= 0 (a saved train step), got {args.step}")
+        raise user_error(
+            DropmaskValueError,
+            f"--step must be >= 0 (a saved train step), got {args.step}",
+            caller=None,
+        )
     workdir = pathlib.Path(args.workdir or pathlib.Path("runs", args.example))
     if not (workdir / "checkpoints").is_dir():
-        raise DropmaskValueError(
-            f"{workdir} holds no checkpoints/: no run was trained there. Train first "
-            f"(dropmask train {args.example} --workdir {workdir}), or pass the run's "
-            "--workdir (for --compare-rates, one of its rate_R/seed_S)"
+        raise user_error(
+            DropmaskValueError,
+            f"{workdir} holds no checkpoints/: no run was trained there",
+            f"Train first (dropmask train {args.example} --workdir {workdir}), or pass the "
+            "run's --workdir (for --compare-rates, one of its rate_R/seed_S).",
+            caller=None,
         )
     return workdir
 
@@ -92,9 +123,11 @@ def _sample(args: argparse.Namespace, workdir: pathlib.Path) -> str:
 
     example = load_checked(args.example)
     if example.sample is None:
-        raise DropmaskValueError(
-            f"the example {example.name!r} does not generate text: its Example sets no "
-            "sample=. Sample an example that does (e.g. lm), or add a sample hook"
+        raise user_error(
+            DropmaskValueError,
+            f"the example {example.name!r} does not generate text: its Example sets no sample=",
+            "Sample an example that does (e.g. lm), or add a sample hook.",
+            caller=None,
         )
     state, config, _ = restore_run(workdir, example, step=args.step)
     key = jax.random.key(args.seed)
