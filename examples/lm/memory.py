@@ -5,12 +5,12 @@
     python -m examples.lm.memory                  # context 4096, batch 1
     python -m examples.lm.memory --context 2048 --batch-size 2
 
-The same model, parameters and step (the example's ``train_step``: forward, backward
-and AdamW update, dropout on at the config's rate), with ``config.attention`` set to
-Flax's ``nnx.dot_product_attention`` or to ``dropmask.dot_product_attention`` on its
-dense and blockwise paths. Each step is compiled (not run) and XLA's memory analysis
-of the compiled program gives its temporaries: the buffers the step needs besides its
-arguments and outputs.
+The long config's model (``--config long``), parameters and step (the example's
+``train_step``: forward, backward and AdamW update, dropout on at the config's rate),
+with ``config.attention`` set to Flax's ``nnx.dot_product_attention`` or to
+``dropmask.dot_product_attention`` on its dense and blockwise paths. Each step is
+compiled (not run) and XLA's memory analysis of the compiled program gives its
+temporaries: the buffers the step needs besides its arguments and outputs.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ CONTESTANTS = {
 
 
 def temporaries(context: int, batch_size: int, **entries: object) -> int:
-    """Bytes of compiled temporaries of one train step of the default model."""
-    config = configs.get_config()
+    """Bytes of compiled temporaries of one train step of the long config's model."""
+    config = configs.get_long_config()
     config.update(context=context, batch_size=batch_size, **entries)
     _, params_key, dropout_key = run_keys(config.seed)
     state = create_state(config, None, params_key, dropout_key)  # type: ignore[arg-type]
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    config = configs.get_config()
+    config = configs.get_long_config()
     print(
         f"one train step, context {args.context}, batch {args.batch_size}, width "
         f"{config.width}, {config.heads} heads, depth {config.depth}, rate {config.rate}, "

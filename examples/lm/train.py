@@ -172,6 +172,7 @@ example = Example(
     data_position=input_pipeline.position,
     predict=predict,
     get_tiny_config=configs.get_tiny_config,
+    configs=configs.CONFIGS,
     model_inputs=model_inputs,
     train_kwargs={},
     eval_kwargs={},

@@ -1,6 +1,7 @@
 """The lm example: the split by topic, windows, its step, sampling and a tiny run that learns."""
 
 import functools
+import json
 import shutil
 
 import jax
@@ -225,3 +226,25 @@ def test_tiny_run_lowers_the_loss_resumes_exactly_and_samples(config, tmp_path, 
     key = jax.random.key(0)
     expected = sample.generate(early, "def ", 8, temperature=1.0, top_k=50, key=key)
     assert texts[3] == expected + "\n"
+
+
+def test_the_named_configs_change_only_values():
+    default = configs.get_config()
+    for name, get in configs.CONFIGS.items():
+        assert set(get()) == set(default), name
+    long = configs.get_long_config()
+    assert long.context >= 1024 and long.attention_algorithm == "blockwise" and long.rate > 0
+    small = configs.get_small_data_config()
+    assert small.eval_fraction > 0.5 and small.eval_windows > 0
+
+
+@pytest.mark.slow
+def test_the_long_config_trains_from_the_command_on_the_blockwise_path(tmp_path, capsys):
+    tiny = ["--config.width=32", "--config.heads=2", "--config.depth=1", "--config.batch_size=2"]
+    tiny += ["--config.eval_windows=2", "--config.eval_every=2", "--config.checkpoint_every=2"]
+    argv = ["train", "lm", "--config", "long", "--steps", "2", "--devices", "1", "--no-progress"]
+    assert cli.main([*argv, f"--workdir={tmp_path}", *tiny]) == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    saved = summary["config"]
+    assert saved["context"] == 1024 and saved["attention_algorithm"] == "blockwise"
+    assert saved["rate"] == configs.get_config().rate > 0 and saved["width"] == 32
