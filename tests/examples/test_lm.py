@@ -2,6 +2,7 @@
 
 import functools
 import json
+import pathlib
 import shutil
 
 import jax
@@ -179,6 +180,16 @@ def test_the_sample_command_answers_a_mistake_in_one_line(tmp_path, capsys, argv
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dropmask sample: error: "), captured.err
     assert says in lines[0]
+
+
+def test_the_sample_command_reads_runs_name_by_default(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    target = str(pathlib.Path(train.__file__).parent)  # a path target, not the name
+    assert cli.main(["sample", target, "--prompt", "x"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"dropmask sample: error: {pathlib.Path('runs', 'lm')} holds no checkpoints/"
+    )
 
 
 def test_the_sample_command_names_an_example_that_does_not_generate(tmp_path, capsys):

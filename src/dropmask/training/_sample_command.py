@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, help="the checkpoint to restore (the latest)")
 
 
-def _check(args: argparse.Namespace) -> pathlib.Path:
-    """The run's checkpoint directory; raises on any argument that cannot be served."""
+def _check(args: argparse.Namespace) -> None:
+    """Raises on any argument that cannot be served, before anything is loaded."""
     if args.example is None:
         raise user_error(
             DropmaskValueError,
@@ -103,7 +103,11 @@ def _check(args: argparse.Namespace) -> pathlib.Path:
             f"--step must be >= 0 (a saved train step), got {args.step}",
             caller=None,
         )
-    workdir = pathlib.Path(args.workdir or pathlib.Path("runs", args.example))
+    if args.workdir is not None:
+        _check_workdir(args, pathlib.Path(args.workdir))
+
+
+def _check_workdir(args: argparse.Namespace, workdir: pathlib.Path) -> None:
     if not (workdir / "checkpoints").is_dir():
         raise user_error(
             DropmaskValueError,
@@ -112,10 +116,9 @@ def _check(args: argparse.Namespace) -> pathlib.Path:
             "run's --workdir (for --compare-rates, one of its rate_R/seed_S).",
             caller=None,
         )
-    return workdir
 
 
-def _sample(args: argparse.Namespace, workdir: pathlib.Path) -> str:
+def _sample(args: argparse.Namespace) -> str:
     import jax
 
     from .._workflow import load_checked
@@ -129,6 +132,9 @@ def _sample(args: argparse.Namespace, workdir: pathlib.Path) -> str:
             "Sample an example that does (e.g. lm), or add a sample hook.",
             caller=None,
         )
+    # runs/NAME, as dropmask train names it: the example's name, whatever the target's form.
+    workdir = pathlib.Path(args.workdir or pathlib.Path("runs", example.name))
+    _check_workdir(args, workdir)
     state, config, _ = restore_run(workdir, example, step=args.step)
     key = jax.random.key(args.seed)
     return example.sample(
@@ -150,11 +156,11 @@ def run(args: argparse.Namespace) -> int:
         print(listing())
         return 0
     try:
-        workdir = _check(args)
+        _check(args)
     except DropmaskError as error:
         return _fail(error, 2)
     try:
-        text = _sample(args, workdir)
+        text = _sample(args)
     except ExampleCodeError as error:
         report(_COMMAND, error)
         return 1
