@@ -401,12 +401,11 @@ def masked_min(
 
 
 def shifted_exp(
-    x: jax.Array, m: jax.Array, axes: tuple[int, ...], extra: jax.Array | None = None
+    x: jax.Array, m: jax.Array, axes: tuple[int, ...]
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """``(x - shift, exp(x - shift), sum exp, shift)`` over valid elements, in f32+.
 
-    ``shift`` is the valid maximum (0 where it is not finite). ``extra`` is added to
-    the valid exponentials, to mark chosen rows' sums.
+    ``shift`` is the valid maximum (0 where it is not finite).
 
     Masked elements are set to the shift before ``exp`` so both the value and the
     derivative there are finite, then zeroed. The shift is a constant for autodiff
@@ -416,8 +415,7 @@ def shifted_exp(
     top = jnp.max(jnp.where(m, xz, -jnp.inf), axis=axes, keepdims=True, initial=-jnp.inf)
     shift = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0))
     shifted = jnp.where(m, xz, shift) - shift
-    e = jnp.exp(shifted) if extra is None else jnp.exp(shifted) + extra
-    e = jnp.where(m, e, 0)
+    e = jnp.where(m, jnp.exp(shifted), 0)
     return shifted, e, jnp.sum(e, axis=axes, keepdims=True), shift
 
 

@@ -76,9 +76,9 @@ def _weights(score, dtype, q, k, bias, allowed, bad_rows, bad_cols):
     x = _scores(score, q, k, bias)
     valid = jnp.ones((1,) * x.ndim, bool) if allowed is None else allowed
     # An allowed score of -inf can only be an overflow (a -inf bias is not allowed):
-    # it taints the row as NaN and +inf do, whichever of them a path's product gave.
-    taint = bad_rows | bad_cols | (x == -jnp.inf)
-    return softmax_flagging_nonfinite(x, valid, (x.ndim - 1,), taint, dtype)
+    # the softmax flags its row as it flags NaN and +inf, whichever of them a path's
+    # product gave.
+    return softmax_flagging_nonfinite(x, valid, (x.ndim - 1,), bad_rows | bad_cols, dtype)
 
 
 @_weights.defjvp

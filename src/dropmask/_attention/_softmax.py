@@ -15,8 +15,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from .._reductions import compute_dtype, safe_denominator, shifted_exp, softmax_tangent, zero_masked
+from .._reductions import compute_dtype, safe_denominator, softmax_tangent, zero_masked
 
 __all__ = ["narrow_softmax_tangent", "softmax_flagging_nonfinite"]
 
@@ -38,7 +39,8 @@ def softmax_flagging_nonfinite(
 
     Dense attention uses it (``_dense_weights``, its only softmax) to find the rows
     that see a non-finite input from the sum the softmax computes anyway (``taint``
-    joins it inside the exp fusion, so no extra pass over ``x``), and to empty them so
+    joins it inside the exp fusion) and from a minimum beside the maximum, over the
+    array the maximum reads (a valid -inf), and to empty them so
     that ``0 * NaN`` in the backward pass cannot reach the other rows; it then writes
     NaN into their outputs itself. The backward pass keeps the weights only: one array
     the size of ``x``.
@@ -58,11 +60,20 @@ def _softmax_flagged(
     x: jax.Array, m: jax.Array, taint: jax.Array, axes: tuple[int, ...], dtype: Any
 ) -> tuple[jax.Array, jax.Array]:
     # A NaN or +inf valid element makes the shift 0 and the sum NaN or inf; a
-    # tainted one makes it at least _TAINT.
+    # tainted one makes it at least _TAINT. A -inf one adds 0 to the sum: the row's
+    # minimum finds it, over the array the maximum reads (masked elements held at the
+    # lowest finite value, so that only a valid -inf reaches -inf). Checked element
+    # by element beside the exponentials instead, the scores stayed alive until the
+    # weights were written: one more [*b, heads, q, k] array at the peak.
     xz = zero_masked(x, m)
+    held = jnp.where(m, xz, jnp.finfo(xz.dtype).min)
+    top = jnp.max(held, axis=axes, keepdims=True)
+    no_neg_inf = jnp.min(held, axis=axes, keepdims=True) > -jnp.inf  # False for NaN too
+    shift = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0))
     extra = jnp.where(taint, jnp.asarray(_TAINT, xz.dtype), jnp.zeros((), xz.dtype))
-    _, e, s, _ = shifted_exp(xz, m, axes, extra)
-    clean = s < _TAINT  # False for NaN too
+    e = jnp.where(m, jnp.exp(jnp.where(m, xz, shift) - shift) + extra, 0)
+    s = jnp.sum(e, axis=axes, keepdims=True)
+    clean = (s < _TAINT) & no_neg_inf  # False for a NaN sum too
     return jnp.where(clean, e / safe_denominator(s), 0).astype(dtype), ~clean
 
 
