@@ -1,6 +1,7 @@
 """``dropmask.linen.swap_dropout``: Flax's Linen dropout routed through dropmask."""
 
 import functools
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -322,3 +323,43 @@ def test_wmt_transformer_trains_bit_identically_with_impl_flax():
         params, losses = _train()
     assert losses[-1] < losses[0]
     assert not _equal(params, want[0])
+
+
+class EncoderLayer(nn.Module):
+    """``WmtEncoderLayer``'s sites, with the dropout class and attention function as
+    fields: Flax's by default, dropmask's when given."""
+
+    drop: Any = nn.Dropout
+    attention_fn: Any = nn.dot_product_attention
+
+    @nn.compact
+    def __call__(self, inputs):
+        x = nn.MultiHeadDotProductAttention(
+            num_heads=4, broadcast_dropout=False, dropout_rate=0.1,
+            attention_fn=self.attention_fn, deterministic=False,
+        )(inputs)  # fmt: skip
+        x = inputs + self.drop(rate=0.1)(x, deterministic=False)
+        y = self.drop(rate=0.1)(nn.relu(nn.Dense(64)(x)), deterministic=False)
+        return x + nn.Dense(inputs.shape[-1])(y)
+
+
+def test_swapped_step_traces_to_the_program_of_dropmask_layers():
+    # The switch acts at trace time only: a swapped step is dropmask's own step, equation
+    # for equation, so it runs at the speed of dropmask's layers (docs/swap.md).
+    x = jax.random.normal(jax.random.key(0), (2, 8, 32))
+    flax_style = EncoderLayer()
+    ours = EncoderLayer(drop=dl.Dropout, attention_fn=dropmask.dot_product_attention)
+    params = flax_style.init({"params": jax.random.key(1), "dropout": jax.random.key(2)}, x)
+
+    def grad_of(model):
+        def loss(p, key):
+            return jnp.sum(model.apply(p, x, rngs={"dropout": key}) ** 2)
+
+        return jax.grad(loss)
+
+    with dl.swap_dropout(attention=True):
+        swapped = jax.make_jaxpr(grad_of(flax_style))(params, jax.random.key(3))
+    want = jax.make_jaxpr(grad_of(ours))(params, jax.random.key(3))
+    unswapped = jax.make_jaxpr(grad_of(flax_style))(params, jax.random.key(3))
+    assert str(swapped) == str(want)
+    assert str(unswapped) != str(want)  # Flax's own dropout traces to another program
