@@ -190,10 +190,24 @@ def _select_scaled(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
         dtype = _compute_dtype(part.dtype)
         scale, fill = scale_and_fill(realised, dtype)
         scaled = part.astype(dtype) * scale
-        fill = _sharded_as(jnp.broadcast_to(fill, part.shape), part)
-        return lax.select(keep, scaled, fill).astype(part.dtype)
+        dropped = dropped_value(keep, realised, fill, dtype)
+        return lax.select(keep, scaled, dropped).astype(part.dtype)
 
     return _per_part(apply, x)
+
+
+def dropped_value(keep: jax.Array, realised: Any, fill: Any, dtype: Any) -> jax.Array:
+    """The value of dropped elements, ``fill`` from :func:`scale_and_fill` (0, or NaN
+    for an invalid run-time rate), in ``keep``'s shape, built from the flags:
+    ``convert(False)`` is 0.
+
+    Not a broadcast constant: differentiating a scan (``nn.scan``), JAX computes what
+    depends on no carried or scanned value once, before the loop, and holds it whole, so
+    a broadcast fill would be an array of ``x``'s size read back at every iteration. A
+    run-time rate's fill is added as a scalar, which needs no broadcast of its own.
+    """
+    dropped = lax.convert_element_type(keep, dtype)
+    return dropped if isinstance(realised, float) else dropped + fill
 
 
 def flags_and_realised(x: Any, flags: jax.Array, realised: Any) -> tuple[jax.Array, Any]:
@@ -206,6 +220,8 @@ def flags_and_realised(x: Any, flags: jax.Array, realised: Any) -> tuple[jax.Arr
 def _flax_select(x: jax.Array, keep: jax.Array, keep_prob: Any) -> jax.Array:
     """Flax's own arithmetic (a Python-float divide in the input dtype), for bit-identity."""
     keep = _sharded_as(jnp.broadcast_to(keep, x.shape), x)
+    # Flax's zeros_like(x) too, though a differentiated scan hoists it (dropped_value):
+    # the fusions downstream, and so how XLA rounds a tanh after them, stay Flax's.
     return lax.select(keep, x / keep_prob, jnp.zeros_like(x))
 
 
@@ -513,9 +529,10 @@ def _alpha_affine(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
     safe_keep = jnp.where(realised > 0, realised, 1.0)
     a = lax.rsqrt(safe_keep * (1.0 + drop * _ALPHA_PRIME**2))
     b = -a * _ALPHA_PRIME * drop
-    y = jnp.where(keep, x.astype(dtype), jnp.asarray(_ALPHA_PRIME, dtype))
+    # alpha' and the fill from the flags, not broadcast constants (see dropped_value).
+    y = lax.select(keep, x.astype(dtype), keep.astype(dtype) + _ALPHA_PRIME)
     _, fill = scale_and_fill(realised, dtype)
-    return jnp.where(realised > 0, a * y + b, fill).astype(x.dtype)
+    return lax.select(realised > 0, a * y + b, keep.astype(dtype) + fill).astype(x.dtype)
 
 
 @named("alpha_dropout")

@@ -92,9 +92,11 @@ def test_default_impl_draws_dropmask_masks_one_per_site_and_step():
     with dl.swap_dropout():
         swapped = jax.jit(lambda k: Block().apply(params, x, False, rngs={"dropout": k}))
         steps = [swapped(jax.random.key(s)) for s in range(2)]
+    own = jax.jit(lambda k: ours.apply(params, x, False, rngs={"dropout": k}))
     for s, y in enumerate(steps):  # the very masks dropmask's own layers draw
-        want = ours.apply(params, x, False, rngs={"dropout": jax.random.key(s)})
-        np.testing.assert_array_equal(y, want)
+        # Jitted as the swapped call is: eagerly, tanh runs in a fusion of its own and
+        # may round differently in the last bit.
+        np.testing.assert_array_equal(y, own(jax.random.key(s)))
     flax = Block().apply(params, x, False, rngs={"dropout": jax.random.key(0)})
     assert not np.array_equal(steps[0], flax)
     assert not np.array_equal(steps[0] == 0, steps[1] == 0)  # a new mask per step

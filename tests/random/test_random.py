@@ -387,7 +387,9 @@ def test_packed_paths_hold_one_copy_of_the_rounds(keep, monkeypatch):
 def test_a_traced_rate_compiles_to_the_program_of_a_static_one():
     """A run-time rate's site holds the same generator as a static one's: the same
     compiled count of every op the rounds and the packing use; what it adds is the
-    threshold and the scale computed from the rate, a few dozen scalar ops."""
+    threshold and the scale computed from the rate, a few dozen scalar ops, and one
+    elementwise add that gives dropped elements the rate's fill (0, or NaN for an
+    invalid rate; ``_dropout.dropped_value``)."""
 
     def count(rate):
         def loss(x, key, r):
@@ -399,8 +401,9 @@ def test_a_traced_rate_compiles_to_the_program_of_a_static_one():
         return collections.Counter(re.findall(r"= \S+ ([a-z][\w-]*)\(", hlo))
 
     static, traced = count(0.1), count(None)
-    for op in ("add", "xor", "or", "shift-left", "shift-right-logical"):
+    for op in ("xor", "or", "shift-left", "shift-right-logical"):
         assert traced[op] == static[op], (op, static[op], traced[op])
+    assert traced["add"] == static["add"] + 1, (static["add"], traced["add"])
     assert sum(traced.values()) <= sum(static.values()) + 64, (static, traced)
 
 

@@ -221,7 +221,7 @@ def check_word_count(global_word_shape: tuple[int, ...]) -> None:
 
 def _row_major(coords: Sequence[jax.Array], global_word_shape: tuple[int, ...]) -> jax.Array:
     """uint32 row-major index, among the global words, of global word coordinates."""
-    index = jnp.zeros(coords[0].shape, _U32)
+    index = lax.bitwise_and(coords[0], _U32(0))  # 0, as varying as the coordinates
     stride = 1
     for axis in reversed(range(len(global_word_shape))):
         if global_word_shape[axis] > 1:
@@ -232,14 +232,19 @@ def _row_major(coords: Sequence[jax.Array], global_word_shape: tuple[int, ...]) 
 
 def _coords(shape: tuple[int, ...], start: Sequence[Any]) -> list[jax.Array]:
     """Global coordinates ``start + iota`` of every entry of a local ``shape``, per axis;
-    built from iotas so that any sharding computes them locally."""
-    coords = []
-    for axis in range(len(shape)):
-        position = lax.broadcasted_iota(_U32, shape, axis)
-        if not isinstance(start[axis], int) or start[axis]:
-            position = position + jnp.asarray(start[axis]).astype(_U32)
-        coords.append(position)
-    return coords
+    built from iotas so that any sharding computes them locally.
+
+    Each axis's coordinates are its length's iota plus its start, broadcast: with a
+    start that depends on the key (:func:`_tie`), nothing of ``shape``'s size is a
+    constant that a differentiated scan would compute before its loop
+    (:class:`~dropmask._random._threefry.Ops`).
+    """
+    return [
+        lax.broadcast_in_dim(
+            lax.iota(_U32, shape[axis]) + jnp.asarray(start[axis]).astype(_U32), shape, (axis,)
+        )
+        for axis in range(len(shape))
+    ]
 
 
 def _packed_flags(
@@ -255,6 +260,16 @@ def _packed_flags(
     """
     value, static_value = _split_value(thr)
     return _jitted_flags(words, index, part, value, static_value, apart)
+
+
+def _tie(source: jax.Array) -> jax.Array:
+    """A uint32 0 computed from the key's first word, which XLA folds to a constant.
+
+    Added to a mask's constants and counter starts, it makes them depend on the key, so
+    that a differentiated scan does not compute them before its loop and read them back
+    whole at every iteration (see :class:`~dropmask._random._threefry.Ops`).
+    """
+    return lax.bitwise_and(source.reshape(-1)[0], _U32(0))
 
 
 def _run_time_zero(source: jax.Array) -> jax.Array:
@@ -316,9 +331,10 @@ def _jitted_flags(
     ``lax.cond`` that did the same at a higher compile cost (docs/dropout_speed.md).
     """
     key = _words(words)
-    ops = Ops()
+    tie = _tie(words)
+    ops = Ops(tie)
     if value is not None:
-        value = lax.broadcast_in_dim(value, index.shape, ())
+        value = lax.broadcast_in_dim(lax.bitwise_or(value, tie), index.shape, ())
     elif static_value is not None and static_value < _LEVELS:
         value = ops.like(index, static_value)
     if value is None:  # a static threshold of 2**16: every field is below it
@@ -420,13 +436,14 @@ def keep_from_words(
         spill = 0 if isinstance(first, int) and first == 0 else 1
         part_shape = _with(shape, axis, -(-shape[axis] // bits) + spill)
         part_start = _with(offset, axis, offset[axis] // bits)
-        if apart:  # every axis: an invariant axis's share of the counter would be hoisted
-            zero = _run_time_zero(words)
-            part_start = tuple(zero + s for s in part_start)
-
+        # Every axis starts at a 0 from the key: an invariant axis's share of the
+        # counter would be hoisted out of a loop. Apart, by XLA too, so there the 0 is
+        # one XLA cannot fold.
+        zero = _run_time_zero(words) if apart else _tie(words)
+        part_start = tuple(zero + s for s in part_start)
         index, part = _part_counters(part_shape, part_start, axis, global_word_shape)
         packed = _packed_flags(words, index, part, thr, apart)
-        return _unpack(checkpoint_name(packed, MASK_NAME), shape, axis, first)
+        return _unpack(checkpoint_name(packed, MASK_NAME), shape, axis, first, _tie(words))
 
     def per_element_path() -> jax.Array:
         # Static starts stay Python ints (constants XLA folds, nothing a backward pass
@@ -480,6 +497,8 @@ def _per_element_flags(
     the packing axis's first word) is split into static and traced parts."""
     thr = Threshold(static_value if value is None else value, None)
     start = [t if s is None else s for s, t in zip(static_start, traced_start, strict=True)]
+    tie = _tie(words)
+    start = [tie + s for s in start]
     coords = _coords(shape, start[:-1])
     position = coords[axis]  # counted from the start of the block's first word
     coords[axis] = position // _U32(LANES) + jnp.asarray(start[-1]).astype(_U32)
@@ -497,9 +516,11 @@ def _with(values: Sequence[Any], axis: int, value: Any) -> tuple[Any, ...]:
     return tuple(value if i == axis else v for i, v in enumerate(values))
 
 
-def _unpack(flags: jax.Array, shape: tuple[int, ...], axis: int, lane0: Any) -> jax.Array:
+def _unpack(
+    flags: jax.Array, shape: tuple[int, ...], axis: int, lane0: Any, tie: jax.Array
+) -> jax.Array:
     """``bool[*shape]`` from packed parts along ``axis`` (as many lanes each as the bits
-    of their dtype), starting at bit ``lane0`` of the first."""
+    of their dtype), starting at bit ``lane0`` of the first; ``tie`` is :func:`_tie`."""
     n_parts, dtype = flags.shape[axis], flags.dtype
     bits = jnp.iinfo(dtype).bits
     spread = jnp.broadcast_to(
@@ -510,12 +531,14 @@ def _unpack(flags: jax.Array, shape: tuple[int, ...], axis: int, lane0: Any) -> 
         spread = lax.slice_in_dim(spread, lane0, lane0 + shape[axis], axis=axis)
     else:
         spread = lax.dynamic_slice_in_dim(spread, lane0, shape[axis], axis=axis)
-    lane = (lax.broadcasted_iota(_U32, shape, axis) + jnp.asarray(lane0).astype(_U32)) & _U32(
-        bits - 1
-    )
+    # One axis's bit pattern, broadcast: tied to the key, nothing of ``shape``'s size is
+    # a constant a differentiated scan would hoist (``_coords``).
+    lane = lax.iota(_U32, shape[axis]) + jnp.asarray(lane0).astype(_U32) + tie
+    lane = lane & _U32(bits - 1)
+    bit = lax.broadcast_in_dim(jnp.ones((), dtype) << lane.astype(dtype), shape, (axis,))
     # Testing the bit in place, not shifting it down: the bf16 forward pass ran 6% faster
     # per pass on CPU (median of 81 paired passes at [4096, 4096]; f32 unchanged).
-    return (spread & (jnp.ones((), dtype) << lane.astype(dtype))) != 0
+    return (spread & bit) != 0
 
 
 def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:

@@ -41,10 +41,19 @@ class Ops:
     """uint32 add, xor and rotate whose smaller operand (a shift amount, a key word, a
     counter word) is broadcast to the other's shape once per call of the block function,
     not at every use: lax broadcasts a scalar operand again each time, which put 195
-    broadcasts of 20 distinct values into one mask's program."""
+    broadcasts of 20 distinct values into one mask's program.
 
-    def __init__(self) -> None:
+    ``tie``, a uint32 scalar 0 computed from the key, is or-ed into every constant
+    before it is broadcast. Differentiating a scan (``nn.scan``, ``lax.scan``), JAX
+    computes whatever in the scanned body depends on no carried or scanned value once,
+    before the loop, and passes it in whole: a broadcast constant becomes an array of
+    the counters' size read from memory at every iteration. Tied to the key, each stays
+    a constant XLA folds into the generator's fusion.
+    """
+
+    def __init__(self, tie: jax.Array | None = None) -> None:
         self._made: dict[tuple[tuple[int, ...], Any], tuple[Any, jax.Array]] = {}
+        self._tie = tie
 
     def like(self, x: Any, value: int) -> Any:
         """The constant ``value`` in ``x``'s shape (a uint32 scalar for a scalar ``x``)."""
@@ -55,7 +64,10 @@ class Ops:
             return _u32(y)
         key = (shape, y if isinstance(y, int) else id(y))
         if key not in self._made:  # keeps ``y`` alive, so its id is not reused
-            self._made[key] = (y, lax.broadcast_in_dim(_u32(y), shape, ()))
+            value = _u32(y)
+            if isinstance(y, int) and self._tie is not None:
+                value = lax.bitwise_or(value, self._tie)
+            self._made[key] = (y, lax.broadcast_in_dim(value, shape, ()))
         return self._made[key][1]
 
     def _pair(self, x: Any, y: Any) -> tuple[Any, Any]:
