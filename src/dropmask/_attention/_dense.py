@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from .._dropout import dropout, flags_and_realised, scale_and_fill
 from .._masks import segment_mask, sliding_window_mask
@@ -93,8 +94,12 @@ def dense(
             p = probability(dropout_rate, spec.rate, keep=True, caller=_CALLER)
             shape = mask_shape(logits_shape, dims)
             flags, realised = draw(rng, shape, p, "fast", flags_and_realised, caller=_CALLER)
-            scale, fill = scale_and_fill(realised, compute_dtype(dtype))
-            weights = jnp.where(flags, weights, fill.astype(weights.dtype))
+            scale, _ = scale_and_fill(realised, compute_dtype(dtype))
+            # Dropped weights are 0 (an invalid run-time rate's NaN scale reaches every
+            # output through v), written as the flags' own convert(False), not a
+            # constant a differentiated scan would hold whole (``_dropout``).
+            flags = jnp.broadcast_to(flags, weights.shape)
+            weights = lax.select(flags, weights, flags.astype(weights.dtype))
             v = (v.astype(scale.dtype) * scale).astype(v.dtype)
         elif drops:
             weights = dropout(weights, dropout_rate, rng, broadcast_dims=dims, impl=impl)

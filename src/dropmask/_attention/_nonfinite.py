@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._reductions import loop_zero
+
 __all__ = ["poison", "prepared", "taint"]
 
 
@@ -37,9 +39,10 @@ def _sanitised(x: jax.Array, dtype: Any) -> jax.Array:
     Zeroed before the cast, so no op passes a NaN along (``jax_debug_nans``); a cast
     can overflow (float32 to float16), so its result is checked too.
     """
-    out = jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype)).astype(dtype)
+    zero = loop_zero(x)  # not a constant a differentiated scan would hold whole
+    out = jnp.where(jnp.isfinite(x), x, zero).astype(dtype)
     if x.dtype != dtype:
-        out = jnp.where(jnp.isfinite(out), out, jnp.zeros((), dtype))
+        out = jnp.where(jnp.isfinite(out), out, zero.astype(dtype))
     return out
 
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._reductions import compute_dtype, safe_denominator, softmax_tangent, zero_masked
+from .._reductions import compute_dtype, loop_zero, safe_denominator, softmax_tangent, zero_masked
 
 __all__ = ["narrow_softmax_tangent", "softmax_flagging_nonfinite"]
 
@@ -65,16 +65,21 @@ def _softmax_flagged(
     # lowest finite value, so that only a valid -inf reaches -inf). Checked element
     # by element beside the exponentials instead, the scores stayed alive until the
     # weights were written: one more [*b, heads, q, k] array at the peak.
-    xz = zero_masked(x, m)
-    held = jnp.where(m, xz, jnp.finfo(xz.dtype).min)
+    # Every fill, and the mask, start from a 0 of the scores: in a differentiated scan
+    # none of them is a constant array JAX holds for the whole loop (``loop_zero``).
+    zero = loop_zero(x)
+    m = m | (zero != 0)
+    xz = zero_masked(x, m, zero)
+    zero = zero.astype(xz.dtype)
+    held = jnp.where(m, xz, zero + jnp.finfo(xz.dtype).min)
     top = jnp.max(held, axis=axes, keepdims=True)
     no_neg_inf = jnp.min(held, axis=axes, keepdims=True) > -jnp.inf  # False for NaN too
     shift = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0))
-    extra = jnp.where(taint, jnp.asarray(_TAINT, xz.dtype), jnp.zeros((), xz.dtype))
-    e = jnp.where(m, jnp.exp(jnp.where(m, xz, shift) - shift) + extra, 0)
+    extra = jnp.where(taint, zero + _TAINT, zero)
+    e = jnp.where(m, jnp.exp(jnp.where(m, xz, shift) - shift) + extra, zero)
     s = jnp.sum(e, axis=axes, keepdims=True)
     clean = (s < _TAINT) & no_neg_inf  # False for a NaN sum too
-    return jnp.where(clean, e / safe_denominator(s), 0).astype(dtype), ~clean
+    return jnp.where(clean, e / safe_denominator(s), zero).astype(dtype), ~clean
 
 
 @_softmax_flagged.defjvp
