@@ -32,6 +32,8 @@ Each target is measured the way a user meets it, with the spread of paired repea
   same under ``nn.scan``, and each bundled example's step, are reported beside them.
 * Flax-style code swapped without an edit (``bench_swap``): the encoder step's time and
   temporaries under ``swap_dropout(attention=True)``, and a 2048-token step's.
+* Scanned layers (``bench_scan``): a train step through ``nn.scan``-ned Dense + Dropout
+  layers against the same step without dropout, in time and temporaries.
 * On a GPU only: dropout at ``x * c``'s bandwidth, and the train step against Flax's.
 
 A speed target's measured value is the median of the paired repeats, with their
@@ -58,6 +60,7 @@ from benchmarks import (
     bench_attention,
     bench_compile,
     bench_mc,
+    bench_scan,
     bench_structured,
     bench_swap,
     bench_transformer_step,
@@ -580,6 +583,7 @@ def run(size: Size) -> tuple[list[Target], str]:
         + long_targets(size)
         + growth_targets(size)
         + bench_swap.targets(size.quick)
+        + bench_scan.targets(size.quick)
     )
     return measured, compile_table
 
