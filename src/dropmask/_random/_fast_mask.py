@@ -263,13 +263,15 @@ def _packed_flags(
 
 
 def _tie(source: jax.Array) -> jax.Array:
-    """A uint32 0 computed from the key's first word, which XLA folds to a constant.
+    """A uint32 0 computed from the first element of ``source`` (the key's words, or the
+    packed flags), which XLA folds to a constant.
 
     Added to a mask's constants and counter starts, it makes them depend on the key, so
     that a differentiated scan does not compute them before its loop and read them back
     whole at every iteration (see :class:`~dropmask._random._threefry.Ops`).
     """
-    return lax.bitwise_and(source.reshape(-1)[0], _U32(0))
+    first = source.reshape(-1)[0]
+    return lax.bitwise_and(first, jnp.zeros((), first.dtype)).astype(_U32)
 
 
 def _run_time_zero(source: jax.Array) -> jax.Array:
@@ -442,8 +444,10 @@ def keep_from_words(
         zero = _run_time_zero(words) if apart else _tie(words)
         part_start = tuple(zero + s for s in part_start)
         index, part = _part_counters(part_shape, part_start, axis, global_word_shape)
-        packed = _packed_flags(words, index, part, thr, apart)
-        return _unpack(checkpoint_name(packed, MASK_NAME), shape, axis, first, _tie(words))
+        packed = checkpoint_name(_packed_flags(words, index, part, thr, apart), MASK_NAME)
+        # Tied to the packed flags, not the key: a backward pass that keeps the flags
+        # unpacks them without the key's words.
+        return _unpack(packed, shape, axis, first, _tie(packed))
 
     def per_element_path() -> jax.Array:
         # Static starts stay Python ints (constants XLA folds, nothing a backward pass
