@@ -27,6 +27,7 @@ import dropmask.linen as dl
 
 X = jnp.linspace(-2.0, 2.0, 64 * 256, dtype=jnp.float32).reshape(64, 256)
 PAD = jnp.arange(16)[None, :] < jnp.array([16, 11, 7, 16])[:, None]  # [batch, kv_len] kv mask
+VALID = jnp.arange(256)[None, :] < jnp.arange(64)[:, None] * 4  # X's mask, the same every step
 
 
 def _hoisted(body: Callable[[jax.Array, Any], jax.Array]) -> Counter:
@@ -75,6 +76,15 @@ BODIES = {
     "attention, no dropout": _attention(),
     "attention, causal": _attention(dropout_rate=0.1, is_causal=True),
     "attention, kv mask (the same for every step)": _attention(dropout_rate=0.1, kv_mask=PAD),
+    "masked_softmax": lambda c, k: dm.masked_softmax(c, VALID),
+    "masked_log_softmax": lambda c, k: dm.masked_log_softmax(c, VALID),
+    "masked_logsumexp": lambda c, k: c + dm.masked_logsumexp(c, VALID, -1, keepdims=True),
+    "masked_mean": lambda c, k: c * dm.masked_mean(c, VALID, -1, keepdims=True),
+    "masked_var": lambda c, k: c * dm.masked_var(c, VALID, -1, keepdims=True),
+    "masked_max": lambda c, k: c - dm.masked_max(c, VALID, -1, keepdims=True),
+    "masked_cross_entropy": lambda c, k: (
+        c * dm.masked_cross_entropy(c, jnp.zeros(64, jnp.int32), VALID[:, 0])
+    ),
 }
 
 

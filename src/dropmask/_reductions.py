@@ -116,7 +116,37 @@ def _prepare(
     axes = _axes(axis, x.ndim, caller)
     if isinstance(mask, list | tuple):  # like x, a nested list is read as an array
         mask = np.asarray(mask)
-    return x, broadcast_mask(mask, x.shape, caller=caller), axes
+    m = broadcast_mask(mask, x.shape, caller=caller)
+    # Tied to x: a mask that is the same for every step of a differentiated scan (a
+    # batch's padding, in a scan over layers) is not computed whole before the loop.
+    return x, m | (loop_zero(jnp.real(x)) != 0), axes
+
+
+def _fill(m: jax.Array, x: jax.Array, value: Any) -> jax.Array:
+    """``jnp.where(m, x, value)`` in ``x``'s dtype for a scalar ``value``, the fill built
+    from the mask (``m``'s False is 0): not a broadcast constant, which a differentiated
+    scan would compute whole before its loop (``loop_zero``). Its derivative is the same
+    select of the tangents, so no zero tangent of ``x``'s size is built either."""
+    value = jnp.asarray(value, x.dtype)
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return _filled(m, x, value)
+    return _fill_differentiable(m, x, value)
+
+
+def _filled(m: jax.Array, x: jax.Array, value: jax.Array) -> jax.Array:
+    return jnp.where(m, x, m.astype(x.dtype) + value)
+
+
+@jax.custom_jvp
+def _fill_differentiable(m: jax.Array, x: jax.Array, value: jax.Array) -> jax.Array:
+    return _filled(m, x, value)
+
+
+@_fill_differentiable.defjvp
+def _fill_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[jax.Array, jax.Array]:
+    m, x, value = primals
+    _, dx, dvalue = tangents
+    return _filled(m, x, value), _filled(m, dx, dvalue)
 
 
 def _check_fill(fill: Any, caller: str) -> None:
@@ -168,7 +198,7 @@ def masked_sum(
       [6, 9, 30]
     """
     x, m, axes = _prepare(x, mask, axis, "masked_sum", integers=True, complex_ok=True)
-    xs = jnp.where(m, x, jnp.zeros((), x.dtype))
+    xs = _fill(m, x, 0)
     if jnp.issubdtype(x.dtype, jnp.integer):
         return jnp.sum(xs, axis=axes, keepdims=keepdims)
     acc = compute_dtype(x.dtype)
@@ -207,7 +237,7 @@ def masked_mean(
     _check_fill(fill, "masked_mean")
     out_dtype = _result_float(x.dtype)
     acc = compute_dtype(out_dtype)
-    total = jnp.sum(jnp.where(m, x, 0).astype(acc), axis=axes, keepdims=keepdims)
+    total = jnp.sum(_fill(m, x, 0).astype(acc), axis=axes, keepdims=keepdims)
     count = jnp.sum(m, axis=axes, keepdims=keepdims, dtype=jnp.zeros((), acc).real.dtype)
     mean = total / jnp.maximum(count, 1)
     return jnp.where(count > 0, mean, jnp.asarray(fill, acc)).astype(out_dtype)
@@ -221,11 +251,11 @@ def _masked_var(
     check_int_at_least(ddof, 0, caller=caller, name="ddof")
     out_dtype = _result_float(x.dtype)
     acc = compute_dtype(out_dtype)
-    xs = jnp.where(m, x, 0).astype(acc)
+    xs = _fill(m, x, 0).astype(acc)
     count = jnp.sum(m, axis=axes, keepdims=True, dtype=acc)
     mean = jnp.sum(xs, axis=axes, keepdims=True) / jnp.maximum(count, 1)
     # Two-pass (centred) form: no catastrophic cancellation, unlike E[x^2] - E[x]^2.
-    centred = jnp.where(m, xs - mean, 0)
+    centred = _fill(m, xs - mean, 0)
     sq = jnp.sum(centred * centred, axis=axes, keepdims=keepdims)
     denom = _squeeze(count, axes, keepdims) - ddof
     defined = denom > 0
@@ -331,7 +361,7 @@ def _masked_extreme(
         neutral = info.min if is_max else info.max
     else:
         neutral = -np.inf if is_max else np.inf
-    xs = jnp.where(m, x, jnp.asarray(neutral, x.dtype))
+    xs = _fill(m, x, neutral)
     reduce = jnp.max if is_max else jnp.min
     # `initial` lets a zero-length axis reduce to the neutral value (then `fill`).
     out = reduce(xs, axis=axes, keepdims=keepdims, initial=neutral)
@@ -411,11 +441,11 @@ def shifted_exp(
     derivative there are finite, then zeroed. The shift is a constant for autodiff
     (the result does not depend on it).
     """
-    xz = jnp.where(m, x, jnp.zeros((), x.dtype)).astype(compute_dtype(x.dtype))
-    top = jnp.max(jnp.where(m, xz, -jnp.inf), axis=axes, keepdims=True, initial=-jnp.inf)
+    xz = _fill(m, x, 0).astype(compute_dtype(x.dtype))
+    top = jnp.max(_fill(m, xz, -jnp.inf), axis=axes, keepdims=True, initial=-jnp.inf)
     shift = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0))
-    shifted = jnp.where(m, xz, shift) - shift
-    e = jnp.where(m, jnp.exp(shifted), 0)
+    shifted = _fill(m, xz - shift, 0)  # the shift is finite, and xz is 0 where masked
+    e = _fill(m, jnp.exp(shifted), 0)
     return shifted, e, jnp.sum(e, axis=axes, keepdims=True), shift
 
 
@@ -442,8 +472,9 @@ def softmax_tangent(y: jax.Array, t: jax.Array, axes: tuple[int, ...]) -> jax.Ar
 def zero_masked(x: jax.Array, m: jax.Array, zero: Any = None) -> jax.Array:
     """Masked elements set to 0 before the cast to the compute dtype (no NaN passed on);
     ``zero`` is the 0 to write (:func:`loop_zero`), a constant by default."""
-    zero = jnp.zeros((), x.dtype) if zero is None else zero.astype(x.dtype)
-    return jnp.where(m, x, zero).astype(compute_dtype(x.dtype))
+    if zero is None:
+        return _fill(m, x, 0).astype(compute_dtype(x.dtype))
+    return jnp.where(m, x, zero.astype(x.dtype)).astype(compute_dtype(x.dtype))
 
 
 def loop_zero(x: jax.Array) -> jax.Array:
@@ -574,7 +605,7 @@ def masked_log_softmax(
     x, m, axes = _prepare(x, mask, axis, "masked_log_softmax")
     _check_fill(fill, "masked_log_softmax")
     shifted, _, s, _ = shifted_exp(x, m, axes)
-    out = jnp.where(m, shifted - jnp.log(safe_denominator(s)), jnp.asarray(fill, s.dtype))
+    out = _fill(m, shifted - jnp.log(safe_denominator(s)), fill)
     return out.astype(x.dtype)
 
 
@@ -651,7 +682,8 @@ def masked_cross_entropy(
         check_label_range(
             labels, None if mask is None else tok, classes, caller=caller, what="valid tokens"
         )
-    row = jnp.broadcast_to(tok[..., None], logits.shape)
+    tied = tok | (loop_zero(logits) != 0)  # as _prepare ties a mask
+    row = jnp.broadcast_to(tied[..., None], logits.shape)
     shifted, _, s, _ = shifted_exp(logits, row, (logits.ndim - 1,))
     log_z = jnp.log(safe_denominator(s))
     if sparse:
@@ -660,7 +692,7 @@ def masked_cross_entropy(
         per_token = (log_z - jnp.take_along_axis(shifted, safe, axis=-1))[..., 0]
         per_token = jnp.where(tok & ~in_range, np.nan, per_token)
     else:
-        probs = jnp.where(row, labels, jnp.zeros((), labels.dtype)).astype(shifted.dtype)
+        probs = _fill(row, labels, 0).astype(shifted.dtype)
         per_token = -jnp.sum(probs * (shifted - log_z), axis=-1)
     per_token = jnp.where(tok, per_token, 0)
     if reduction == "none":
