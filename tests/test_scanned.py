@@ -71,6 +71,12 @@ BODIES = {
     "alpha_dropout": lambda c, k: dm.alpha_dropout(c, 0.1, k),
     "drop_path": lambda c, k: dm.drop_path(c, 0.1, k),
     "drop_head": lambda c, k: dm.drop_head(_heads(c), 0.1, k).reshape(c.shape),
+    "drop_block": lambda c, k: dm.drop_block(
+        c.reshape(4, 16, 16, 16), 0.1, k, block_size=3
+    ).reshape(c.shape),
+    "drop_block, run-time rate": lambda c, k: dm.drop_block(
+        c.reshape(4, 16, 16, 16), jnp.float32(0.1), k, block_size=3
+    ).reshape(c.shape),
     "zoneout": lambda c, k: dm.zoneout(c, jnp.tanh(c), 0.1, k),
     "attention": _attention(dropout_rate=0.1),
     "attention, no dropout": _attention(),

@@ -122,7 +122,7 @@ def _prepare(
     return x, m | (loop_zero(jnp.real(x)) != 0), axes
 
 
-def _fill(m: jax.Array, x: jax.Array, value: Any) -> jax.Array:
+def fill_where(m: jax.Array, x: jax.Array, value: Any) -> jax.Array:
     """``jnp.where(m, x, value)`` in ``x``'s dtype for a scalar ``value``, the fill built
     from the mask (``m``'s False is 0): not a broadcast constant, which a differentiated
     scan would compute whole before its loop (``loop_zero``). Its derivative is the same
@@ -198,7 +198,7 @@ def masked_sum(
       [6, 9, 30]
     """
     x, m, axes = _prepare(x, mask, axis, "masked_sum", integers=True, complex_ok=True)
-    xs = _fill(m, x, 0)
+    xs = fill_where(m, x, 0)
     if jnp.issubdtype(x.dtype, jnp.integer):
         return jnp.sum(xs, axis=axes, keepdims=keepdims)
     acc = compute_dtype(x.dtype)
@@ -237,7 +237,7 @@ def masked_mean(
     _check_fill(fill, "masked_mean")
     out_dtype = _result_float(x.dtype)
     acc = compute_dtype(out_dtype)
-    total = jnp.sum(_fill(m, x, 0).astype(acc), axis=axes, keepdims=keepdims)
+    total = jnp.sum(fill_where(m, x, 0).astype(acc), axis=axes, keepdims=keepdims)
     count = jnp.sum(m, axis=axes, keepdims=keepdims, dtype=jnp.zeros((), acc).real.dtype)
     mean = total / jnp.maximum(count, 1)
     return jnp.where(count > 0, mean, jnp.asarray(fill, acc)).astype(out_dtype)
@@ -251,11 +251,11 @@ def _masked_var(
     check_int_at_least(ddof, 0, caller=caller, name="ddof")
     out_dtype = _result_float(x.dtype)
     acc = compute_dtype(out_dtype)
-    xs = _fill(m, x, 0).astype(acc)
+    xs = fill_where(m, x, 0).astype(acc)
     count = jnp.sum(m, axis=axes, keepdims=True, dtype=acc)
     mean = jnp.sum(xs, axis=axes, keepdims=True) / jnp.maximum(count, 1)
     # Two-pass (centred) form: no catastrophic cancellation, unlike E[x^2] - E[x]^2.
-    centred = _fill(m, xs - mean, 0)
+    centred = fill_where(m, xs - mean, 0)
     sq = jnp.sum(centred * centred, axis=axes, keepdims=keepdims)
     denom = _squeeze(count, axes, keepdims) - ddof
     defined = denom > 0
@@ -361,7 +361,7 @@ def _masked_extreme(
         neutral = info.min if is_max else info.max
     else:
         neutral = -np.inf if is_max else np.inf
-    xs = _fill(m, x, neutral)
+    xs = fill_where(m, x, neutral)
     reduce = jnp.max if is_max else jnp.min
     # `initial` lets a zero-length axis reduce to the neutral value (then `fill`).
     out = reduce(xs, axis=axes, keepdims=keepdims, initial=neutral)
@@ -441,11 +441,11 @@ def shifted_exp(
     derivative there are finite, then zeroed. The shift is a constant for autodiff
     (the result does not depend on it).
     """
-    xz = _fill(m, x, 0).astype(compute_dtype(x.dtype))
-    top = jnp.max(_fill(m, xz, -jnp.inf), axis=axes, keepdims=True, initial=-jnp.inf)
+    xz = fill_where(m, x, 0).astype(compute_dtype(x.dtype))
+    top = jnp.max(fill_where(m, xz, -jnp.inf), axis=axes, keepdims=True, initial=-jnp.inf)
     shift = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0))
-    shifted = _fill(m, xz - shift, 0)  # the shift is finite, and xz is 0 where masked
-    e = _fill(m, jnp.exp(shifted), 0)
+    shifted = fill_where(m, xz - shift, 0)  # the shift is finite, and xz is 0 where masked
+    e = fill_where(m, jnp.exp(shifted), 0)
     return shifted, e, jnp.sum(e, axis=axes, keepdims=True), shift
 
 
@@ -473,7 +473,7 @@ def zero_masked(x: jax.Array, m: jax.Array, zero: Any = None) -> jax.Array:
     """Masked elements set to 0 before the cast to the compute dtype (no NaN passed on);
     ``zero`` is the 0 to write (:func:`loop_zero`), a constant by default."""
     if zero is None:
-        return _fill(m, x, 0).astype(compute_dtype(x.dtype))
+        return fill_where(m, x, 0).astype(compute_dtype(x.dtype))
     return jnp.where(m, x, zero.astype(x.dtype)).astype(compute_dtype(x.dtype))
 
 
@@ -605,7 +605,7 @@ def masked_log_softmax(
     x, m, axes = _prepare(x, mask, axis, "masked_log_softmax")
     _check_fill(fill, "masked_log_softmax")
     shifted, _, s, _ = shifted_exp(x, m, axes)
-    out = _fill(m, shifted - jnp.log(safe_denominator(s)), fill)
+    out = fill_where(m, shifted - jnp.log(safe_denominator(s)), fill)
     return out.astype(x.dtype)
 
 
@@ -692,7 +692,7 @@ def masked_cross_entropy(
         per_token = (log_z - jnp.take_along_axis(shifted, safe, axis=-1))[..., 0]
         per_token = jnp.where(tok & ~in_range, np.nan, per_token)
     else:
-        probs = _fill(row, labels, 0).astype(shifted.dtype)
+        probs = fill_where(row, labels, 0).astype(shifted.dtype)
         per_token = -jnp.sum(probs * (shifted - log_z), axis=-1)
     per_token = jnp.where(tok, per_token, 0)
     if reduction == "none":

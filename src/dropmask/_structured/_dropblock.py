@@ -36,6 +36,7 @@ from .._checks import (
 )
 from .._errors import DropmaskTypeError, DropmaskValueError, call_name, named, user_error
 from .._random import draw, flags_only, local_block
+from .._reductions import fill_where, loop_zero
 
 __all__ = ["drop_block"]
 
@@ -192,12 +193,14 @@ def drop_block(
         return jnp.zeros_like(x)
     gamma = seed_probability(rate if isinstance(rate, jax.Array) else value, spatial, sizes)
     seeds = draw(key, seed_shape, gamma, "fast", flags_only, block=block, caller=caller)
-    # A seed is the block's first corner; only corners whose block fits are seeds.
-    fits = jnp.ones((), bool)
+    # A seed is the block's first corner; only corners whose block fits are seeds. Each
+    # axis's test is built on its own length and broadcast, tied to x: in a
+    # differentiated scan nothing of the seeds' size is computed before the loop.
+    tie = loop_zero(x) != 0
     for axis, (s, b) in enumerate(zip(spatial, sizes, strict=True), start=1):
-        iota = lax.broadcasted_iota(jnp.int32, seed_shape, axis)
-        fits = fits & (iota <= s - b)
-    seeds = (seeds & fits).astype(jnp.uint8)
+        fits = (lax.iota(jnp.int32, s) <= s - b) | tie
+        seeds = seeds & lax.broadcast_in_dim(fits, seed_shape, (axis,))
+    seeds = seeds.astype(jnp.uint8)
     window = (1, *sizes, 1)
     padding = ((0, 0), *((b - 1, 0) for b in sizes), (0, 0))
     dropped = lax.reduce_window(seeds, np.uint8(0), lax.max, window, (1,) * x.ndim, padding)
@@ -206,7 +209,7 @@ def drop_block(
     kept = jnp.sum(keep, axis=spatial_axes, keepdims=True, dtype=jnp.float32)
     scale = jnp.where(kept > 0, math.prod(spatial) / jnp.maximum(kept, 1.0), 0.0)
     compute = jnp.promote_types(x.dtype, jnp.float32)
-    out = jnp.where(keep, x.astype(compute) * scale, jnp.zeros((), compute))
-    if value is None:
-        out = jnp.where(jnp.isnan(gamma), jnp.nan, out)
+    out = fill_where(keep, x.astype(compute) * scale, 0)
+    if value is None:  # NaN everywhere for an invalid run-time rate, by a scalar factor
+        out = out * jnp.where(jnp.isnan(gamma), jnp.nan, 1.0).astype(compute)
     return out.astype(x.dtype)
