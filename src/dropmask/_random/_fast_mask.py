@@ -266,9 +266,9 @@ def _tie(source: jax.Array) -> jax.Array:
     """A uint32 0 computed from the first element of ``source`` (the key's words, or the
     packed flags), which XLA folds to a constant.
 
-    Added to a mask's constants and counter starts, it makes them depend on the key, so
-    that a differentiated scan does not compute them before its loop and read them back
-    whole at every iteration (see :class:`~dropmask._random._threefry.Ops`).
+    Added to a mask's constants and counter starts, it makes them depend on the key (or
+    the flags), so that a differentiated scan does not compute them before its loop and
+    read them back whole at every iteration (see :class:`~dropmask._random._threefry.Ops`).
     """
     first = source.reshape(-1)[0]
     return lax.bitwise_and(first, jnp.zeros((), first.dtype)).astype(_U32)
@@ -535,8 +535,8 @@ def _unpack(
         spread = lax.slice_in_dim(spread, lane0, lane0 + shape[axis], axis=axis)
     else:
         spread = lax.dynamic_slice_in_dim(spread, lane0, shape[axis], axis=axis)
-    # One axis's bit pattern, broadcast: tied to the key, nothing of ``shape``'s size is
-    # a constant a differentiated scan would hoist (``_coords``).
+    # One axis's bit pattern, broadcast: tied to the flags, nothing of ``shape``'s size
+    # is a constant a differentiated scan would hoist (``_coords``).
     lane = lax.iota(_U32, shape[axis]) + jnp.asarray(lane0).astype(_U32) + tie
     lane = lane & _U32(bits - 1)
     bit = lax.broadcast_in_dim(jnp.ones((), dtype) << lane.astype(dtype), shape, (axis,))
