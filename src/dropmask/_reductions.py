@@ -34,6 +34,7 @@ from ._checks import (
 )
 from ._errors import AxisError, DropmaskValueError, DtypeError, MaskShapeError, user_error
 from ._masks import as_array, broadcast_mask
+from ._random import loop_zero
 
 __all__ = [
     "masked_cross_entropy",
@@ -475,25 +476,6 @@ def zero_masked(x: jax.Array, m: jax.Array, zero: Any = None) -> jax.Array:
     if zero is None:
         return fill_where(m, x, 0).astype(compute_dtype(x.dtype))
     return jnp.where(m, x, zero.astype(x.dtype)).astype(compute_dtype(x.dtype))
-
-
-def loop_zero(x: jax.Array) -> jax.Array:
-    """A 0 of ``x``'s dtype computed from ``x``'s first element, which XLA folds away.
-
-    Differentiating a scan (``nn.scan``, ``lax.scan``), JAX computes whatever in the
-    scanned body depends on no carried or scanned value once, before the loop, and
-    passes it in whole. ``jnp.where(m, x, c)`` broadcasts ``c`` (and a constant ``m``)
-    to ``x``'s shape, so such a fill becomes an array of ``x``'s size, held for the
-    whole loop and read back at every iteration. A fill of ``loop_zero(x) + c``, and a
-    mask ``m | (loop_zero(x) != 0)``, depend on ``x`` instead; XLA folds them back to
-    the constant and the mask inside the fusion that uses them.
-    """
-    if x.size == 0:
-        return jnp.zeros((), x.dtype)
-    first = lax.slice(x, (0,) * x.ndim, (1,) * x.ndim).reshape(())
-    width = jnp.dtype(x.dtype).itemsize * 8
-    bits = lax.bitcast_convert_type(first, jnp.dtype(f"uint{width}"))
-    return lax.convert_element_type(lax.bitwise_and(bits, jnp.zeros((), bits.dtype)), x.dtype)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2,))

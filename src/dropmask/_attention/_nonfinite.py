@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._reductions import loop_zero
+from .._random import loop_zero
 
 __all__ = ["poison", "prepared", "taint"]
 

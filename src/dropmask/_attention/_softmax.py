@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._reductions import compute_dtype, loop_zero, safe_denominator, softmax_tangent, zero_masked
+from .._random import loop_zero
+from .._reductions import compute_dtype, safe_denominator, softmax_tangent, zero_masked
 
 __all__ = ["narrow_softmax_tangent", "softmax_flagging_nonfinite"]
 

@@ -23,6 +23,7 @@ from ._fast_mask import PATHS as PATHS
 from ._fast_mask import Threshold as Threshold
 from ._fast_mask import keep_from_words as keep_from_words
 from ._fast_mask import key_words as key_words
+from ._fast_mask import loop_zero as loop_zero
 from ._fast_mask import packed_keep_words as packed_keep_words
 from ._fast_mask import random_bits as random_bits
 from ._fast_mask import threshold as threshold
@@ -55,6 +56,7 @@ __all__ = [
     "keep_mask",
     "key_words",
     "local_block",
+    "loop_zero",
     "mask_shape",
     "packed_keep_words",
     "probability",

@@ -57,6 +57,7 @@ __all__ = [
     "keep_from_words",
     "key_source",
     "key_words",
+    "loop_zero",
     "packed_keep_words",
     "random_bits",
     "threshold",
@@ -262,16 +263,30 @@ def _packed_flags(
     return _jitted_flags(words, index, part, value, static_value, apart)
 
 
-def _tie(source: jax.Array) -> jax.Array:
-    """A uint32 0 computed from the first element of ``source`` (the key's words, or the
-    packed flags), which XLA folds to a constant.
+def loop_zero(x: jax.Array) -> jax.Array:
+    """A 0 of ``x``'s dtype computed from ``x``'s first element, which XLA folds away.
 
-    Added to a mask's constants and counter starts, it makes them depend on the key (or
-    the flags), so that a differentiated scan does not compute them before its loop and
-    read them back whole at every iteration (see :class:`~dropmask._random._threefry.Ops`).
+    Differentiating a scan (``nn.scan``, ``lax.scan``), JAX computes whatever in the
+    scanned body depends on no carried or scanned value once, before the loop, and
+    passes it in whole. ``jnp.where(m, x, c)`` broadcasts ``c`` (and a constant ``m``)
+    to ``x``'s shape, so such a fill becomes an array of ``x``'s size, held for the
+    whole loop and read back at every iteration. A fill of ``loop_zero(x) + c``, and a
+    mask ``m | (loop_zero(x) != 0)``, depend on ``x`` instead; XLA folds them back to
+    the constant and the mask inside the fusion that uses them.
     """
-    first = source.reshape(-1)[0]
-    return lax.bitwise_and(first, jnp.zeros((), first.dtype)).astype(_U32)
+    if x.size == 0:
+        return jnp.zeros((), x.dtype)
+    first = lax.slice(x, (0,) * x.ndim, (1,) * x.ndim).reshape(())
+    width = jnp.dtype(x.dtype).itemsize * 8
+    bits = lax.bitcast_convert_type(first, jnp.dtype(f"uint{width}"))
+    return lax.convert_element_type(lax.bitwise_and(bits, jnp.zeros((), bits.dtype)), x.dtype)
+
+
+def _tie(source: jax.Array) -> jax.Array:
+    """:func:`loop_zero` of ``source`` (the key's words, or the packed flags) as a
+    uint32: added to a mask's constants and counter starts, it ties them to the key (see
+    :class:`~dropmask._random._threefry.Ops`)."""
+    return loop_zero(source).astype(_U32)
 
 
 def _run_time_zero(source: jax.Array) -> jax.Array:

@@ -35,8 +35,8 @@ from .._checks import (
     check_rate,
 )
 from .._errors import DropmaskTypeError, DropmaskValueError, call_name, named, user_error
-from .._random import draw, flags_only, local_block
-from .._reductions import fill_where, loop_zero
+from .._random import draw, flags_only, local_block, loop_zero
+from .._reductions import fill_where
 
 __all__ = ["drop_block"]
 
