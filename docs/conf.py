@@ -57,7 +57,6 @@ nitpicky = True
 # Private types that public signatures name: shown as text, without an entry.
 nitpick_ignore = [
     ("py:class", "dropmask.training._keys.HasKeyAndStep"),
-    ("py:class", "dropmask._random._threefry.Ops"),
 ]
 # Names outside dropmask have no inventory offline: they render as plain text.
 nitpick_ignore_regex = [

@@ -48,19 +48,22 @@ from jax.ad_checkpoint import checkpoint_name
 
 from .._errors import DropmaskValueError, user_error
 from ._sharding import Block
-from ._threefry import Ops, threefry4x32
+from ._threefry import threefry4x32
 
 __all__ = [
     "FIELD_BITS",
     "MASK_NAME",
     "Threshold",
+    "default_path",
     "keep_from_words",
     "key_source",
     "key_words",
     "loop_zero",
     "packed_keep_words",
+    "packed_words",
     "random_bits",
     "threshold",
+    "unpack_words",
 ]
 
 MASK_NAME = "dropout_mask"
@@ -72,7 +75,7 @@ the backward pass regenerate them from the key words.
 """
 LANES = 32  # elements per packed word: one uint32 of keep-flags
 _BLOCK_BITS = 128  # bits per Threefry-4x32 call
-_U32 = jnp.uint32
+_U32 = np.uint32
 # Every "fast" mask compares 16-bit fields: a keep probability is drawn to 2**-16, static
 # or run-time alike, and the threshold (at most 2**16) is exact in float32.
 FIELD_BITS = 16
@@ -99,10 +102,16 @@ def _words(source: jax.Array) -> list[jax.Array]:
     """The four Threefry key words from :func:`key_source`: a Threefry key's own two
     words ``(k0, k1)`` give ``(k0, k1, k0 ^ c0, k1 ^ c1)``; no hash, so a mask's program
     computes no key of its own (``split`` and ``fold_in`` already hash their keys)."""
-    if source.shape == (4,):
-        return [source[i] for i in range(4)]
-    k0, k1 = source[0], source[1]
-    return [k0, k1, k0 ^ _U32(_KEY_SPREAD[0]), k1 ^ _U32(_KEY_SPREAD[1])]
+    words = [lax.index_in_dim(source, i, keepdims=False) for i in range(source.shape[0])]
+    if len(words) == 4:
+        return words
+    k0, k1 = words
+    return [
+        k0,
+        k1,
+        lax.bitwise_xor(k0, _U32(_KEY_SPREAD[0])),
+        lax.bitwise_xor(k1, _U32(_KEY_SPREAD[1])),
+    ]
 
 
 def key_words(key: Any) -> jax.Array:
@@ -226,7 +235,7 @@ def _row_major(coords: Sequence[jax.Array], global_word_shape: tuple[int, ...]) 
     stride = 1
     for axis in reversed(range(len(global_word_shape))):
         if global_word_shape[axis] > 1:
-            index = index + coords[axis] * _U32(stride)
+            index = lax.add(index, lax.mul(coords[axis], _U32(stride)))
         stride *= global_word_shape[axis]
     return index
 
@@ -237,15 +246,22 @@ def _coords(shape: tuple[int, ...], start: Sequence[Any]) -> list[jax.Array]:
 
     Each axis's coordinates are its length's iota plus its start, broadcast: with a
     start that depends on the key (:func:`_tie`), nothing of ``shape``'s size is a
-    constant that a differentiated scan would compute before its loop
-    (:class:`~dropmask._random._threefry.Ops`).
+    constant that a differentiated scan would compute before its loop (:func:`loop_zero`).
     """
     return [
         lax.broadcast_in_dim(
-            lax.iota(_U32, shape[axis]) + jnp.asarray(start[axis]).astype(_U32), shape, (axis,)
+            lax.add(lax.iota(_U32, shape[axis]), _as_u32(start[axis])), shape, (axis,)
         )
         for axis in range(len(shape))
     ]
+
+
+def _as_u32(x: Any) -> Any:
+    """``x`` as a uint32 operand: an int as a NumPy scalar (a literal), an array converted
+    in lax (a ``jnp`` conversion traces several times slower)."""
+    if isinstance(x, int):
+        return _U32(x)
+    return lax.convert_element_type(x, _U32)
 
 
 def _packed_flags(
@@ -276,16 +292,16 @@ def loop_zero(x: jax.Array) -> jax.Array:
     """
     if x.size == 0:
         return jnp.zeros((), x.dtype)
-    first = lax.slice(x, (0,) * x.ndim, (1,) * x.ndim).reshape(())
-    width = jnp.dtype(x.dtype).itemsize * 8
-    bits = lax.bitcast_convert_type(first, jnp.dtype(f"uint{width}"))
-    return lax.convert_element_type(lax.bitwise_and(bits, jnp.zeros((), bits.dtype)), x.dtype)
+    first = lax.reshape(lax.slice(x, (0,) * x.ndim, (1,) * x.ndim), ())
+    unsigned = np.dtype(f"uint{np.dtype(x.dtype).itemsize * 8}")
+    bits = lax.bitcast_convert_type(first, unsigned)
+    return lax.convert_element_type(lax.bitwise_and(bits, unsigned.type(0)), x.dtype)
 
 
 def _tie(source: jax.Array) -> jax.Array:
     """:func:`loop_zero` of ``source`` (the key's words, or the packed flags) as a
-    uint32: added to a mask's constants and counter starts, it ties them to the key (see
-    :class:`~dropmask._random._threefry.Ops`)."""
+    uint32: added to a mask's counter starts and bit patterns, it ties them to the key
+    or the flags."""
     return loop_zero(source).astype(_U32)
 
 
@@ -298,7 +314,7 @@ def _run_time_zero(source: jax.Array) -> jax.Array:
     against 1.6x). Started from this 0 they vary with the key and stay in the
     generator's fusion, computed from iotas.
     """
-    first = source.reshape(-1)[0]
+    first = lax.index_in_dim(lax.reshape(source, (source.size,)), 0, keepdims=False)
     return lax.sub(lax.bitwise_or(lax.shift_right_logical(first, _U32(31)), _U32(1)), _U32(1))
 
 
@@ -307,20 +323,22 @@ def _split_value(thr: Threshold) -> tuple[Any, int | None]:
     return (None, thr.value) if isinstance(thr.value, int) else (thr.value, None)
 
 
-def _call_lanes(packed: jax.Array, outputs: list[jax.Array], value: Any, ops: Ops) -> jax.Array:
-    """``packed`` with the lanes of one Threefry call (its 128-bit block ``outputs``) set;
-    in lax ops on constants broadcast once, as the rounds are."""
+def _call_lanes(outputs: list[jax.Array], value: Any) -> jax.Array:
+    """The keep-flags of one Threefry call's lanes (its 128-bit block ``outputs``): bit
+    ``l`` for lane ``l``, in a uint32."""
+    packed = None
     for lane in range(FIELDS.per_call):
         _, o, bit = FIELDS.locate(lane)
         field = outputs[o]
         if bit:  # the high half: the shift leaves 16 bits
-            field = lax.shift_right_logical(field, ops.like(field, bit))
+            field = lax.shift_right_logical(field, _U32(bit))
         else:
-            field = lax.bitwise_and(field, ops.like(field, _LEVELS - 1))
+            field = lax.bitwise_and(field, _U32(_LEVELS - 1))
         keep = lax.convert_element_type(lax.lt(field, value), _U32)
         if lane:
-            keep = lax.shift_left(keep, ops.like(keep, lane))
-        packed = lax.bitwise_or(packed, keep)
+            keep = lax.shift_left(keep, _U32(lane))
+        packed = keep if packed is None else lax.bitwise_or(packed, keep)
+    assert packed is not None
     return packed
 
 
@@ -348,22 +366,19 @@ def _jitted_flags(
     ``lax.cond`` that did the same at a higher compile cost (docs/dropout_speed.md).
     """
     key = _words(words)
-    tie = _tie(words)
-    ops = Ops(tie)
-    if value is not None:
-        value = lax.broadcast_in_dim(lax.bitwise_or(value, tie), index.shape, ())
-    elif static_value is not None and static_value < _LEVELS:
-        value = ops.like(index, static_value)
-    if value is None:  # a static threshold of 2**16: every field is below it
-        packed = ops.like(index, 2**FIELDS.per_call - 1)
+    if value is None:
+        value = static_value
+    if isinstance(value, int) and value >= _LEVELS:  # a static threshold of 2**16
+        # All ones, from the counters: a constant array would be computed before a
+        # differentiated scan's loop (``_coords``).
+        packed = lax.bitwise_or(lax.bitwise_and(index, _U32(0)), _U32(2**FIELDS.per_call - 1))
     else:
-        zero = _U32(0)
-        outputs = threefry4x32((index, part, zero, zero), key, ops=ops)
-        packed = _call_lanes(ops.like(index, 0), outputs, value, ops)
+        outputs = threefry4x32((index, part, 0, 0), key)
+        packed = _call_lanes(outputs, _U32(value) if isinstance(value, int) else value)
     packed = lax.convert_element_type(packed, FIELDS.part_dtype)
     if apart:
         one = lax.bitwise_or(lax.shift_right_logical(key[0], _U32(31)), _U32(1))
-        packed = lax.div(packed, lax.broadcast_in_dim(one.astype(packed.dtype), packed.shape, ()))
+        packed = lax.div(packed, one.astype(packed.dtype))
     return packed
 
 
@@ -451,22 +466,7 @@ def keep_from_words(
     word_start = _with(offset, axis, offset[axis] // LANES)
 
     def packed_path(apart: bool) -> jax.Array:
-        bits = FIELDS.part_bits
-        first = offset[axis] % bits  # where the local block starts within its first part
-        # One part more when the block may start mid-part (its last part then spills).
-        spill = 0 if isinstance(first, int) and first == 0 else 1
-        part_shape = _with(shape, axis, -(-shape[axis] // bits) + spill)
-        part_start = _with(offset, axis, offset[axis] // bits)
-        # Every axis starts at a 0 from the key: an invariant axis's share of the
-        # counter would be hoisted out of a loop. Apart, by XLA too, so there the 0 is
-        # one XLA cannot fold.
-        zero = _run_time_zero(words) if apart else _tie(words)
-        part_start = tuple(zero + s for s in part_start)
-        index, part = _part_counters(part_shape, part_start, axis, global_word_shape)
-        packed = checkpoint_name(_packed_flags(words, index, part, thr, apart), MASK_NAME)
-        # Tied to the packed flags, not the key: a backward pass that keeps the flags
-        # unpacks them without the key's words.
-        return _unpack(packed, shape, axis, first, _tie(packed))
+        return unpack_words(packed_words(words, shape, thr, block, apart=apart), shape, block)
 
     def per_element_path() -> jax.Array:
         # Static starts stay Python ints (constants XLA folds, nothing a backward pass
@@ -479,7 +479,7 @@ def keep_from_words(
             words, traced, value, static, shape, axis, global_word_shape, static_value
         )
 
-    path = _default_path() if path is None else path
+    path = default_path() if path is None else path
     if path == "packed":
         return packed_path(apart=True)
     if path == "packed_inline":
@@ -487,7 +487,49 @@ def keep_from_words(
     return per_element_path()
 
 
-def _default_path() -> str:
+def _packed_layout(
+    shape: tuple[int, ...], block: Block | None
+) -> tuple[int, tuple[int, ...], tuple[Any, ...], Any]:
+    """``(axis, global word shape, offset, first)`` of a non-scalar mask's packed parts:
+    ``first`` is the bit of its first part where the local block starts."""
+    global_shape = shape if block is None else block.global_shape
+    offset = (0,) * len(shape) if block is None else block.offset
+    axis = packing_axis(global_shape)
+    global_word_shape = _with(global_shape, axis, -(-global_shape[axis] // LANES))
+    return axis, global_word_shape, tuple(offset), offset[axis] % FIELDS.part_bits
+
+
+def packed_words(
+    words: jax.Array, shape: tuple[int, ...], thr: Threshold, block: Block | None, *, apart: bool
+) -> jax.Array:
+    """The packed paths' keep-flags of a non-scalar ``shape`` mask (within ``block``'s
+    global mask when given), as the parts that :func:`unpack_words` expands, named
+    ``MASK_NAME``; kept out of the consumer's fusion when ``apart``."""
+    axis, global_word_shape, offset, first = _packed_layout(shape, block)
+    check_word_count(global_word_shape)
+    bits = FIELDS.part_bits
+    # One part more when the block may start mid-part (its last part then spills).
+    spill = 0 if isinstance(first, int) and first == 0 else 1
+    part_shape = _with(shape, axis, -(-shape[axis] // bits) + spill)
+    part_start = _with(offset, axis, offset[axis] // bits)
+    # Every axis starts at a 0 from the key: an invariant axis's share of the counter
+    # would be hoisted out of a loop. Apart, by XLA too, so there the 0 is one XLA
+    # cannot fold.
+    zero = _run_time_zero(words) if apart else _tie(words)
+    part_start = tuple(lax.add(zero, _as_u32(s)) for s in part_start)
+    index, part = _part_counters(part_shape, part_start, axis, global_word_shape)
+    return checkpoint_name(_packed_flags(words, index, part, thr, apart), MASK_NAME)
+
+
+def unpack_words(packed: jax.Array, shape: tuple[int, ...], block: Block | None) -> jax.Array:
+    """``bool[*shape]`` from :func:`packed_words`' parts."""
+    axis, _, _, first = _packed_layout(shape, block)
+    # Tied to the packed flags, not the key: a backward pass that keeps the flags
+    # unpacks them without the key's words.
+    return _unpack(packed, shape, axis, first, _tie(packed))
+
+
+def default_path() -> str:
     """The fastest measured path on the default backend: packed on CPU, packed_inline on
     CUDA, per_element elsewhere (ROCm also calls itself ``"gpu"``).
 
@@ -546,22 +588,24 @@ def _unpack(
     of their dtype), starting at bit ``lane0`` of the first; ``tie`` is :func:`_tie`."""
     n_parts, dtype = flags.shape[axis], flags.dtype
     bits = jnp.iinfo(dtype).bits
-    spread = jnp.broadcast_to(
-        jnp.expand_dims(flags, axis + 1),
+    spread = lax.broadcast_in_dim(
+        flags,
         (*flags.shape[: axis + 1], bits, *flags.shape[axis + 1 :]),
-    ).reshape(_with(flags.shape, axis, n_parts * bits))
+        tuple(d if d <= axis else d + 1 for d in range(flags.ndim)),
+    )
+    spread = lax.reshape(spread, _with(flags.shape, axis, n_parts * bits))
     if isinstance(lane0, int):
         spread = lax.slice_in_dim(spread, lane0, lane0 + shape[axis], axis=axis)
     else:
         spread = lax.dynamic_slice_in_dim(spread, lane0, shape[axis], axis=axis)
     # One axis's bit pattern, broadcast: tied to the flags, nothing of ``shape``'s size
     # is a constant a differentiated scan would hoist (``_coords``).
-    lane = lax.iota(_U32, shape[axis]) + jnp.asarray(lane0).astype(_U32) + tie
-    lane = lane & _U32(bits - 1)
-    bit = lax.broadcast_in_dim(jnp.ones((), dtype) << lane.astype(dtype), shape, (axis,))
+    lane = lax.add(lax.add(lax.iota(_U32, shape[axis]), _as_u32(lane0)), tie)
+    lane = lax.convert_element_type(lax.bitwise_and(lane, _U32(bits - 1)), dtype)
+    bit = lax.broadcast_in_dim(lax.shift_left(np.dtype(dtype).type(1), lane), shape, (axis,))
     # Testing the bit in place, not shifting it down: the bf16 forward pass ran 6% faster
     # per pass on CPU (median of 81 paired passes at [4096, 4096]; f32 unchanged).
-    return (spread & bit) != 0
+    return lax.ne(lax.bitwise_and(spread, bit), np.dtype(dtype).type(0))
 
 
 def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["ROUNDS", "Ops", "threefry4x32"]
+__all__ = ["ROUNDS", "threefry4x32"]
 
 # Random123's rotation constants for Threefry-4x32, one pair per round (mod 8).
 _ROTATIONS = ((10, 26), (11, 21), (13, 27), (23, 5), (6, 20), (17, 11), (25, 10), (18, 20))
@@ -31,100 +31,66 @@ ROUNDS = 13
 _U32 = np.uint32
 
 
-def _u32(x: Any) -> jax.Array:
+def _u32(x: Any) -> Any:
+    """A uint32 operand: an int stays a NumPy scalar, which a jaxpr holds as a literal."""
+    if isinstance(x, int):
+        return _U32(x)
     return x if isinstance(x, jax.Array) and x.dtype == _U32 else jnp.asarray(x, _U32)
 
 
-# The rounds call lax directly: each ``jnp`` operator is a small jitted function that
-# tracing inlines, which made tracing one dropout about 1.7 times slower. Same ops.
-class Ops:
-    """uint32 add, xor and rotate whose smaller operand (a shift amount, a key word, a
-    counter word) is broadcast to the other's shape once per call of the block function,
-    not at every use: lax broadcasts a scalar operand again each time, which put 195
-    broadcasts of 20 distinct values into one mask's program.
+# The rounds call lax directly, on operands of any rank: a scalar (a key word, a shift
+# amount, a counter word) is broadcast where the program is lowered, so the jaxpr holds
+# no broadcast of it. Each ``jnp`` operator is a small jitted function that tracing
+# inlines, which made tracing one dropout about 1.7 times slower. Constants as literals
+# also keep a differentiated scan (``nn.scan``, ``lax.scan``) from computing them before
+# its loop: JAX hoists a loop-invariant broadcast out of the scanned body as an array of
+# the counters' size, but a literal is no equation of the body.
+def _add(x: Any, y: Any) -> jax.Array:
+    return lax.add(_u32(x), _u32(y))
 
-    ``tie``, a uint32 scalar 0 computed from the key, is or-ed into every constant
-    before it is broadcast. Differentiating a scan (``nn.scan``, ``lax.scan``), JAX
-    computes whatever in the scanned body depends on no carried or scanned value once,
-    before the loop, and passes it in whole: a broadcast constant becomes an array of
-    the counters' size read from memory at every iteration. Tied to the key, each stays
-    a constant XLA folds into the generator's fusion.
-    """
 
-    def __init__(self, tie: jax.Array | None = None) -> None:
-        self._made: dict[tuple[tuple[int, ...], Any], tuple[Any, jax.Array]] = {}
-        self._tie = tie
+def _xor(x: Any, y: Any) -> jax.Array:
+    return lax.bitwise_xor(_u32(x), _u32(y))
 
-    def like(self, x: Any, value: int) -> Any:
-        """The constant ``value`` in ``x``'s shape (a uint32 scalar for a scalar ``x``)."""
-        return self._like(jnp.shape(x), value)
 
-    def _like(self, shape: tuple[int, ...], y: Any) -> Any:
-        if jnp.shape(y) == shape:
-            return _u32(y)
-        key = (shape, y if isinstance(y, int) else id(y))
-        if key not in self._made:  # keeps ``y`` alive, so its id is not reused
-            value = _u32(y)
-            if isinstance(y, int) and self._tie is not None:
-                value = lax.bitwise_or(value, self._tie)
-            self._made[key] = (y, lax.broadcast_in_dim(value, shape, ()))
-        return self._made[key][1]
-
-    def _pair(self, x: Any, y: Any) -> tuple[Any, Any]:
-        shape = jnp.broadcast_shapes(jnp.shape(x), jnp.shape(y))
-        return self._like(shape, _u32(x) if isinstance(x, int) else x), self._like(shape, y)
-
-    def add(self, x: Any, y: Any) -> jax.Array:
-        return lax.add(*self._pair(_u32(x), y if isinstance(y, int) else _u32(y)))
-
-    def xor(self, x: Any, y: Any) -> jax.Array:
-        return lax.bitwise_xor(*self._pair(_u32(x), y if isinstance(y, int) else _u32(y)))
-
-    def rotl(self, x: jax.Array, r: int) -> jax.Array:
-        shape = jnp.shape(x)
-        left = lax.shift_left(x, self._like(shape, r) if shape else _U32(r))
-        right = lax.shift_right_logical(x, self._like(shape, 32 - r) if shape else _U32(32 - r))
-        return lax.bitwise_or(left, right)
+def _rotl(x: jax.Array, r: int) -> jax.Array:
+    return lax.bitwise_or(lax.shift_left(x, _U32(r)), lax.shift_right_logical(x, _U32(32 - r)))
 
 
 def threefry4x32(
-    counter: Sequence[jax.Array],
-    key: Sequence[jax.Array],
-    rounds: int = ROUNDS,
-    ops: Ops | None = None,
+    counter: Sequence[Any], key: Sequence[Any], rounds: int = ROUNDS
 ) -> list[jax.Array]:
     """Threefry-4x32 of ``counter`` under ``key``.
 
     Args:
-      counter: four uint32 arrays (broadcastable against each other).
+      counter: four uint32 arrays or ints (broadcastable against each other: each
+        of one shape, or a scalar).
       key: four uint32 scalars or arrays.
       rounds: the number of rounds (13 unless testing).
-      ops: the broadcasts to share with the caller's own ops on the outputs.
 
     Returns:
       Four uint32 arrays, the 128 output bits.
     """
-    ops = Ops() if ops is None else ops
     schedule = [_u32(k) for k in key]
-    parity = ops.xor(_U32(_PARITY), schedule[0])
+    parity = _xor(_PARITY, schedule[0])
     for word in schedule[1:]:
-        parity = ops.xor(parity, word)
+        parity = _xor(parity, word)
     schedule.append(parity)
-    x = [ops.add(_u32(c), schedule[i]) for i, c in enumerate(counter)]
+    x = [_add(c, schedule[i]) for i, c in enumerate(counter)]
     for r in range(rounds):
         a, b = _ROTATIONS[r % 8]
         if r % 2 == 0:
-            x[0] = ops.add(x[0], x[1])
-            x[1] = ops.xor(ops.rotl(x[1], a), x[0])
-            x[2] = ops.add(x[2], x[3])
-            x[3] = ops.xor(ops.rotl(x[3], b), x[2])
+            x[0] = _add(x[0], x[1])
+            x[1] = _xor(_rotl(x[1], a), x[0])
+            x[2] = _add(x[2], x[3])
+            x[3] = _xor(_rotl(x[3], b), x[2])
         else:
-            x[0] = ops.add(x[0], x[3])
-            x[3] = ops.xor(ops.rotl(x[3], a), x[0])
-            x[2] = ops.add(x[2], x[1])
-            x[1] = ops.xor(ops.rotl(x[1], b), x[2])
+            x[0] = _add(x[0], x[3])
+            x[3] = _xor(_rotl(x[3], a), x[0])
+            x[2] = _add(x[2], x[1])
+            x[1] = _xor(_rotl(x[1], b), x[2])
         if r % 4 == 3:  # key injection every four rounds
             s = r // 4 + 1
-            x = [ops.add(x[i], schedule[(s + i) % 5]) for i in range(4)]
-            x[3] = ops.add(x[3], s)
+            x = [_add(x[i], schedule[(s + i) % 5]) for i in range(4)]
+            x[3] = _add(x[3], s)
     return x
