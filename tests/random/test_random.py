@@ -318,14 +318,14 @@ def test_every_mask_caller_goes_through_the_one_entry_point(monkeypatch):
     from dropmask._random import _draw
 
     specs = []
-    entry = _draw._draw_and_combine_jit
+    entry = _draw._entry
 
     def spy(spec, combine, *args):
         hash(spec)  # the static spec keys the jit cache
         specs.append(spec)
         return entry(spec, combine, *args)
 
-    monkeypatch.setattr(_draw, "_draw_and_combine_jit", spy)
+    monkeypatch.setattr(_draw, "_entry", spy)
     x, key, tokens = jnp.ones((4, 40)), jax.random.key(0), jnp.zeros((4, 40), jnp.int32)
     calls = [
         lambda r, impl: dropmask.dropout(x, r, key, impl=impl),

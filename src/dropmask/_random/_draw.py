@@ -1,8 +1,8 @@
 """How keep-masks are drawn from a JAX key: the one entry point for all mask RNG.
 
 Every caller (``dropout``, ``alpha_dropout``, ``word_dropout``, ``keep_mask``, attention
-dropout) goes through :func:`draw`: one jitted, checkpointed function keyed by a hashable
-:class:`MaskSpec` that draws the mask and hands it to the caller's ``combine``.
+dropout) goes through :func:`draw`: jitted, checkpointed functions keyed by a hashable
+:class:`MaskSpec` that draw the mask and hand it to the caller's ``combine``.
 
 Two generators:
 
@@ -59,9 +59,12 @@ from .._errors import DropmaskValueError, RateError, user_error
 from ._fast_mask import (
     MASK_NAME,
     Threshold,
+    default_path,
     keep_from_words,
     key_source,
+    packed_words,
     threshold,
+    unpack_words,
 )
 from ._sharding import Block, local_block
 
@@ -163,9 +166,53 @@ def _checkpointed(
     return body(spec, combine, x, source, dynamic, offset)
 
 
+def _words(spec: MaskSpec, source: Any, dynamic: Any, offset: Any) -> jax.Array:
+    """The packed words of a ``"fast"`` mask that keeps them (``spec.save_words``)."""
+    value, realised = (spec.value, spec.realised) if dynamic is None else dynamic
+    return packed_words(
+        source, spec.shape, Threshold(value, realised), _block(spec, offset), apart=_apart()
+    )
+
+
+def _unpack_and_combine(
+    spec: MaskSpec, combine: Combine, x: Any, words: jax.Array, dynamic: Any, offset: Any
+) -> Any:
+    realised = spec.realised if dynamic is None else dynamic[1]
+    return combine(x, unpack_words(words, spec.shape, _block(spec, offset)), realised)
+
+
+def _block(spec: MaskSpec, offset: Any) -> Block | None:
+    return None if spec.global_shape is None else Block(spec.global_shape, tuple(offset))
+
+
+def _apart() -> bool:
+    return default_path() == "packed"
+
+
 # Jitted and module-level, so that eager calls hit a compilation cache instead of
-# re-tracing op by op; under an outer jit it is inlined.
+# re-tracing op by op; under an outer jit they are inlined.
 _draw_and_combine_jit = jax.jit(_checkpointed, static_argnums=(0, 1))
+# A mask that keeps its packed words draws them outside the checkpoint, in a jit of
+# their own whose inputs carry no tangent: differentiating a caller binds the generator
+# as one call, and the checkpoint holds only the unpacking and the combine, so neither
+# JAX's transposition nor XLA sees a second copy of the rounds (one site's compiled
+# gradient: 756 lines, against 799 with the words named inside the checkpoint). The
+# words are the checkpoint's input, so its backward pass reads them as the saving
+# policy did.
+_words_jit = jax.jit(_words, static_argnums=0)
+_unpack_and_combine_jit = jax.jit(
+    jax.checkpoint(_unpack_and_combine, policy=SAVE_NOTHING, static_argnums=(0, 1)),
+    static_argnums=(0, 1),
+)
+
+
+def _entry(spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, offset: Any) -> Any:
+    """``combine(x, flags, realised)`` of every mask drawn: a ``"fast"`` mask that keeps
+    its packed words draws them apart."""
+    if spec.impl == "fast" and spec.save_words and spec.shape and default_path() != "per_element":
+        words = _words_jit(spec, source, dynamic, offset)
+        return _unpack_and_combine_jit(spec, combine, x, words, dynamic, offset)
+    return _draw_and_combine_jit(spec, combine, x, source, dynamic, offset)
 
 
 def _packs_words() -> bool:
@@ -208,21 +255,18 @@ def draw(
     if impl == "flax" and isinstance(p, float):
         # Only the draw goes through the entry point: the caller's arithmetic runs op by
         # op as in Flax, so that outputs and gradients stay bit-identical to Flax's.
-        flags = _draw_and_combine_jit(
-            MaskSpec(shape, impl, realised=p), _flags, None, key, None, None
-        )
+        flags = _entry(MaskSpec(shape, impl, realised=p), _flags, None, key, None, None)
         return combine(x, flags, p)
     if impl == "flax":
         realised = jnp.where((p >= 0) & (p <= 1), p, jnp.nan)
-        return _draw_and_combine_jit(MaskSpec(shape, impl), combine, x, key, (p, realised), None)
+        return _entry(MaskSpec(shape, impl), combine, x, key, (p, realised), None)
     thr = threshold(p)
     if isinstance(thr.value, int):  # a static rate: the threshold is a compile-time constant
         _check_resolution(p, thr, caller)
         spec = MaskSpec(shape, impl, thr.value, thr.realised, global_shape, save)
-        return _draw_and_combine_jit(spec, combine, x, key_source(key), None, offset)
+        return _entry(spec, combine, x, key_source(key), None, offset)
     spec = MaskSpec(shape, impl, global_shape=global_shape, save_words=save)
-    dynamic = (thr.value, thr.realised)
-    return _draw_and_combine_jit(spec, combine, x, key_source(key), dynamic, offset)
+    return _entry(spec, combine, x, key_source(key), (thr.value, thr.realised), offset)
 
 
 def _check_resolution(p: float, thr: Threshold, caller: str) -> None:
