@@ -53,12 +53,14 @@ def _heads(x: jax.Array) -> jax.Array:
     return x.reshape(4, 16, 8, 32)
 
 
-def _attention(**kwargs: Any) -> Callable[[jax.Array, Any], jax.Array]:
+def _attention(algorithm: str = "dense", **kwargs: Any) -> Callable[[jax.Array, Any], jax.Array]:
+    if algorithm == "blockwise":  # tiles of 8: a tile's arrays are then 1/8 of X's size
+        kwargs = {"block_q": 8, "block_k": 8, **kwargs}
+
     def body(c: jax.Array, k: Any) -> jax.Array:
         q = _heads(c)
-        return dm.dot_product_attention(q, q, q, key=k, algorithm="dense", **kwargs).reshape(
-            c.shape
-        )
+        out = dm.dot_product_attention(q, q, q, key=k, algorithm=algorithm, **kwargs)
+        return out.reshape(c.shape)
 
     return body
 
@@ -82,6 +84,8 @@ BODIES = {
     "attention, no dropout": _attention(),
     "attention, causal": _attention(dropout_rate=0.1, is_causal=True),
     "attention, kv mask (the same for every step)": _attention(dropout_rate=0.1, kv_mask=PAD),
+    "blockwise attention": _attention("blockwise", dropout_rate=0.1),
+    "blockwise attention, causal, no dropout": _attention("blockwise", is_causal=True),
     "masked_softmax": lambda c, k: dm.masked_softmax(c, VALID),
     "masked_log_softmax": lambda c, k: dm.masked_log_softmax(c, VALID),
     "masked_logsumexp": lambda c, k: c + dm.masked_logsumexp(c, VALID, -1, keepdims=True),

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._dropout import flags_and_realised, scale_and_fill
-from .._random import Block, draw, mask_shape
+from .._random import Block, draw, loop_zero, mask_shape
 
 __all__ = [
     "Dropout",
@@ -255,6 +255,10 @@ def _varying_like(refs: Any) -> Any:
     return vary
 
 
+def _filled(value: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    return lax.broadcast_in_dim(value, shape, ())
+
+
 def _forward(plan: Plan, q, k, v, side: Side, dropout: Dropout):
     """Output ``[B, Hk, G, Lq_pad, Dv]`` (float32, tainted rows 0), log-sum-exp and taint."""
     b, hk, g = q.shape[0], plan.kv_heads, plan.groups
@@ -301,17 +305,20 @@ def _forward(plan: Plan, q, k, v, side: Side, dropout: Dropout):
 
             return lax.cond(jnp.any(ok), visit, lambda c: c, carry)
 
+        # From a 0 of the queries, not constants: a differentiated scan over layers
+        # would compute constants before its loop and hold them whole.
+        zero = loop_zero(q_tile).astype(plan.accumulate)
         init = (
-            vary(jnp.full((b, hk, g, bq), -jnp.inf, plan.accumulate)),
-            vary(jnp.zeros((b, hk, g, bq), plan.accumulate)),
-            vary(jnp.zeros((b, hk, g, bq, dv), plan.accumulate)),
-            vary(jnp.zeros((b, hk, g, bq), bool)),
+            vary(_filled(zero - jnp.inf, (b, hk, g, bq))),
+            vary(_filled(zero, (b, hk, g, bq))),
+            vary(_filled(zero, (b, hk, g, bq, dv))),
+            vary(_filled(zero != 0, (b, hk, g, bq))),
         )
         lo, hi = key_block_bounds(plan, i)
         m, total, acc, taint = lax.fori_loop(lo, hi, key_tile, init)
         empty = (total == 0) | taint
-        out = jnp.where(empty[..., None], 0.0, acc / jnp.where(empty, 1.0, total)[..., None])
-        lse = jnp.where(empty, 0.0, m + jnp.log(jnp.where(empty, 1.0, total)))
+        out = jnp.where(empty[..., None], zero, acc / jnp.where(empty, 1.0, total)[..., None])
+        lse = jnp.where(empty, zero, m + jnp.log(jnp.where(empty, 1.0, total)))
         return None, (out, lse, taint)
 
     _, (out, lse, taint) = lax.scan(query_tile, None, jnp.arange(plan.n_q))
@@ -366,18 +373,20 @@ def _backward(plan: Plan, q, k, v, side: Side, dropout: Dropout, out, lse, taint
 
             return lax.cond(jnp.any(ok), visit, lambda c: c, carry)
 
+        zero = loop_zero(k_tile).astype(plan.accumulate)
         init = (
-            vary(jnp.zeros(k_tile.shape, plan.accumulate)),
-            vary(jnp.zeros(v_tile.shape, plan.accumulate)),
+            vary(_filled(zero, k_tile.shape)),
+            vary(_filled(zero, v_tile.shape)),
             d_q_and_bias,
         )
         lo, hi = query_block_bounds(plan, j)
         d_k, d_v, d_q_and_bias = lax.fori_loop(lo, hi, query_tile, init)
         return d_q_and_bias, (d_k, d_v)
 
-    d_bias0 = None if side.bias is None else vary(jnp.zeros(side.bias.shape, plan.accumulate))
+    zero = loop_zero(d_out)
+    d_bias0 = None if side.bias is None else vary(_filled(zero, side.bias.shape))
     (d_q, d_bias), (d_k, d_v) = lax.scan(
-        key_tile, (vary(jnp.zeros(q.shape, plan.accumulate)), d_bias0), jnp.arange(plan.n_k)
+        key_tile, (vary(_filled(zero, q.shape)), d_bias0), jnp.arange(plan.n_k)
     )
     d_k = jnp.moveaxis(d_k, 0, 2).reshape(k.shape)
     d_v = jnp.moveaxis(d_v, 0, 2).reshape(v.shape)
