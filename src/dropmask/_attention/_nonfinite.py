@@ -12,8 +12,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from .._random import loop_zero
+from ._softmax import select
 
 __all__ = ["poison", "prepared", "taint"]
 
@@ -40,18 +43,23 @@ def _sanitised(x: jax.Array, dtype: Any) -> jax.Array:
     can overflow (float32 to float16), so its result is checked too.
     """
     zero = loop_zero(x)  # not a constant a differentiated scan would hold whole
-    out = jnp.where(jnp.isfinite(x), x, zero).astype(dtype)
+    out = lax.convert_element_type(select(_is_finite(x), x, zero), dtype)
     if x.dtype != dtype:
-        out = jnp.where(jnp.isfinite(out), out, zero.astype(dtype))
+        out = select(_is_finite(out), out, lax.convert_element_type(zero, dtype))
     return out
 
 
+def _is_finite(x: jax.Array) -> jax.Array:
+    """``jnp.isfinite`` in lax: an integer is always finite (``x == x``, not a constant)."""
+    return lax.is_finite(x) if jnp.issubdtype(x.dtype, jnp.floating) else lax.eq(x, x)
+
+
 def _nonfinite_rows(x: jax.Array, dtype: Any) -> jax.Array:
-    finite = jnp.isfinite(x)
+    finite = _is_finite(x)
     if x.dtype != dtype:
-        safe = jnp.where(finite, x, jnp.zeros((), x.dtype)).astype(dtype)
-        finite = finite & jnp.isfinite(safe)
-    return ~jnp.all(finite, axis=-1)
+        safe = lax.convert_element_type(select(finite, x, np.zeros((), x.dtype)), dtype)
+        finite = lax.bitwise_and(finite, _is_finite(safe))
+    return lax.bitwise_not(lax.reduce_and(finite, (x.ndim - 1,)))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
@@ -103,6 +111,7 @@ def poison(out: jax.Array, q: jax.Array, tainted: jax.Array) -> jax.Array:
     tainted query's first feature always gets a NaN gradient.
     """
     rows = jnp.swapaxes(tainted[..., 0], -1, -2)[..., None]  # [*b, q, heads, 1]
-    zero = q[..., :1].astype(out.dtype) * jnp.zeros((), out.dtype)
-    nan = zero / jnp.where(rows, jnp.zeros((), out.dtype), jnp.ones((), out.dtype))
-    return jnp.where(rows, nan, out)
+    first = lax.slice_in_dim(q, 0, 1, axis=q.ndim - 1)
+    zero = lax.mul(lax.convert_element_type(first, out.dtype), np.zeros((), out.dtype))
+    nan = lax.div(zero, select(rows, np.zeros((), out.dtype), np.ones((), out.dtype)))
+    return select(rows, nan, out)

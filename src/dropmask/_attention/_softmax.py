@@ -18,9 +18,9 @@ import numpy as np
 from jax import lax
 
 from .._random import loop_zero
-from .._reductions import compute_dtype, safe_denominator, softmax_tangent, zero_masked
+from .._reductions import compute_dtype, softmax_tangent
 
-__all__ = ["narrow_softmax_tangent", "softmax_flagging_nonfinite"]
+__all__ = ["narrow_softmax_tangent", "select", "softmax_flagging_nonfinite"]
 
 # Added to a tainted row's exponentials (each in [0, 1]): no sum of untainted ones
 # reaches it, and it is finite, so no NaN is built where none was given.
@@ -68,19 +68,53 @@ def _softmax_flagged(
     # weights were written: one more [*b, heads, q, k] array at the peak.
     # Every fill, and the mask, start from a 0 of the scores: in a differentiated scan
     # none of them is a constant array JAX holds for the whole loop (``loop_zero``).
+    # In lax, not jnp: each jnp function is a jitted function that tracing runs again
+    # for every new shape (``select``).
     zero = loop_zero(x)
-    m = m | (zero != 0)
-    xz = zero_masked(x, m, zero)
-    zero = zero.astype(xz.dtype)
-    held = jnp.where(m, xz, zero + jnp.finfo(xz.dtype).min)
-    top = jnp.max(held, axis=axes, keepdims=True)
-    no_neg_inf = jnp.min(held, axis=axes, keepdims=True) > -jnp.inf  # False for NaN too
-    shift = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0))
-    extra = jnp.where(taint, zero + _TAINT, zero)
-    e = jnp.where(m, jnp.exp(jnp.where(m, xz, shift) - shift) + extra, zero)
-    s = jnp.sum(e, axis=axes, keepdims=True)
-    clean = (s < _TAINT) & no_neg_inf  # False for a NaN sum too
-    return jnp.where(clean, e / safe_denominator(s), zero).astype(dtype), ~clean
+    m = lax.bitwise_or(m, lax.ne(zero, np.zeros((), zero.dtype)))
+    xz = lax.convert_element_type(select(m, x, zero), compute_dtype(x.dtype))
+    zero = lax.convert_element_type(zero, xz.dtype)
+    held = select(m, xz, lax.add(zero, np.array(jnp.finfo(xz.dtype).min, xz.dtype)))
+    top = _keep(lax.reduce_max(held, axes), axes)
+    no_neg_inf = lax.gt(_keep(lax.reduce_min(held, axes), axes), np.array(-np.inf, xz.dtype))
+    shift = lax.stop_gradient(select(lax.is_finite(top), top, zero))
+    extra = select(taint, lax.add(zero, np.array(_TAINT, xz.dtype)), zero)
+    e = _broadcasting(lax.sub, select(m, xz, shift), shift)
+    e = select(m, _broadcasting(lax.add, lax.exp(e), extra), zero)
+    s = _keep(lax.reduce_sum(e, axes), axes)
+    clean = lax.bitwise_and(lax.lt(s, np.array(_TAINT, s.dtype)), no_neg_inf)  # NaN: False
+    denominator = select(lax.eq(s, zero), lax.add(zero, np.ones((), s.dtype)), s)
+    y = select(clean, _broadcasting(lax.div, e, denominator), zero)
+    return lax.convert_element_type(y, dtype), lax.bitwise_not(clean)
+
+
+def select(m: Any, a: Any, b: Any) -> jax.Array:
+    """``jnp.where(m, a, b)`` in lax for ``a`` and ``b`` of one dtype: the three broadcast
+    against each other as NumPy broadcasts them.
+
+    ``jnp.where`` is a jitted function that tracing runs again for every new shape
+    (about 0.7 ms on 2 CPU cores); a dense attention call traced about 30 of them.
+    """
+    shape = jnp.broadcast_shapes(jnp.shape(m), jnp.shape(a), jnp.shape(b))
+    return lax.select(_to(m, shape), _to(a, shape), _to(b, shape))
+
+
+def _broadcasting(op: Any, a: jax.Array, b: jax.Array) -> jax.Array:
+    """``op(a, b)`` for a lax binary ``op``, the two broadcast against each other."""
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    return op(_to(a, shape), _to(b, shape))
+
+
+def _to(x: Any, shape: tuple[int, ...]) -> jax.Array:
+    if jnp.shape(x) == shape:
+        return x
+    ndim = jnp.ndim(x)
+    return lax.broadcast_in_dim(x, shape, tuple(range(len(shape) - ndim, len(shape))))
+
+
+def _keep(reduced: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """A reduction's result with its reduced ``axes`` back, as 1s (``keepdims=True``)."""
+    return lax.expand_dims(reduced, axes)
 
 
 @_softmax_flagged.defjvp
