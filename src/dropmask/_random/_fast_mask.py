@@ -366,15 +366,13 @@ def _jitted_flags(
     ``lax.cond`` that did the same at a higher compile cost (docs/dropout_speed.md).
     """
     key = _words(words)
-    if value is None:
-        value = static_value
-    if isinstance(value, int) and value >= _LEVELS:  # a static threshold of 2**16
+    if static_value is not None and static_value >= _LEVELS:  # a threshold of 2**16
         # All ones, from the counters: a constant array would be computed before a
         # differentiated scan's loop (``_coords``).
         packed = lax.bitwise_or(lax.bitwise_and(index, _U32(0)), _U32(2**FIELDS.per_call - 1))
     else:
-        outputs = threefry4x32((index, part, 0, 0), key)
-        packed = _call_lanes(outputs, _U32(value) if isinstance(value, int) else value)
+        threshold = value if static_value is None else _U32(static_value)
+        packed = _call_lanes(threefry4x32((index, part, 0, 0), key), threshold)
     packed = lax.convert_element_type(packed, FIELDS.part_dtype)
     if apart:
         one = lax.bitwise_or(lax.shift_right_logical(key[0], _U32(31)), _U32(1))
