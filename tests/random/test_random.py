@@ -480,3 +480,15 @@ def test_generator_constants_are_literals_not_broadcasts():
         names = [eqn.primitive.name for eqn in jaxpr.eqns]
         assert "broadcast_in_dim" not in names
         assert len(names) <= 210
+
+
+def test_threefry_broadcasts_counters_and_keys_of_different_shapes():
+    rows = jnp.arange(4, dtype=jnp.uint32)[:, None]
+    cols = jnp.arange(8, dtype=jnp.uint32)[None, :]
+    key = jnp.arange(3, dtype=jnp.uint32)[:, None, None]
+    got = threefry4x32((rows, cols, 0, 0), (key, 2, 3, 4))
+    full = [jnp.broadcast_to(a, (3, 4, 8)) for a in (rows, cols, jnp.uint32(0), key)]
+    want = threefry4x32((full[0], full[1], full[2], full[2]), (full[3], 2, 3, 4))
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == (3, 4, 8)
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

@@ -57,21 +57,33 @@ def _rotl(x: jax.Array, r: int) -> jax.Array:
     return lax.bitwise_or(lax.shift_left(x, _U32(r)), lax.shift_right_logical(x, _U32(32 - r)))
 
 
+def _common_shape(*groups: list[Any]) -> list[list[Any]]:
+    """Each group's operands, those of neither the common shape nor a scalar's broadcast
+    to it: scalars stay scalars (lax takes them beside an array of any shape)."""
+    shape = jnp.broadcast_shapes(*(jnp.shape(x) for group in groups for x in group))
+
+    def fit(x: Any) -> Any:
+        if jnp.shape(x) in ((), shape):
+            return x
+        return lax.broadcast_in_dim(x, shape, tuple(range(len(shape) - jnp.ndim(x), len(shape))))
+
+    return [[fit(x) for x in group] for group in groups]
+
+
 def threefry4x32(
     counter: Sequence[Any], key: Sequence[Any], rounds: int = ROUNDS
 ) -> list[jax.Array]:
     """Threefry-4x32 of ``counter`` under ``key``.
 
     Args:
-      counter: four uint32 arrays or ints (broadcastable against each other: each
-        of one shape, or a scalar).
+      counter: four uint32 arrays or ints, broadcastable against each other.
       key: four uint32 scalars or arrays.
       rounds: the number of rounds (13 unless testing).
 
     Returns:
       Four uint32 arrays, the 128 output bits.
     """
-    schedule = [_u32(k) for k in key]
+    counter, schedule = _common_shape([_u32(c) for c in counter], [_u32(k) for k in key])
     parity = _xor(_PARITY, schedule[0])
     for word in schedule[1:]:
         parity = _xor(parity, word)
