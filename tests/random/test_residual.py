@@ -7,6 +7,7 @@ the default.
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -243,6 +244,28 @@ def test_backends_without_packed_words_keep_only_the_key(monkeypatch):
     x, key = _x(), jax.random.key(0)
     leaves = _residuals(lambda x: dropmask.dropout(x, 0.1, key), x)
     assert _avals(leaves) == [((2,), "uint32")]
+
+
+@pytest.mark.parametrize("packs", [True, False], ids=["words", "key"])
+@pytest.mark.parametrize("rate", [0.3, jnp.float32(0.3)], ids=["static", "run_time"])
+def test_a_kept_mask_gives_the_flags_draw_gives(monkeypatch, packs, rate):
+    # A caller with its own backward pass keeps the mask as `Kept` (the packed words,
+    # or the key where the backend packs none) and rebuilds the same flags from it.
+    monkeypatch.setattr(_draw, "_packs_words", lambda: packs)
+    key, shape = jax.random.key(7), (3, 40, 70)
+    p = 1.0 - rate
+
+    def both(key):
+        kept = _draw.draw(key, shape, p, "fast", _draw.kept, caller="test")
+        flags = _draw.draw(key, shape, p, "fast", _draw.flags_only, caller="test")
+        return kept, kept.flags(), flags
+
+    kept, rebuilt, flags = jax.jit(both)(key)
+    np.testing.assert_array_equal(rebuilt, flags)
+    assert (kept.words is not None) == packs
+    if packs:  # one bit per flag, nothing of the flags' size
+        assert kept.words.nbytes * 8 <= math.prod(shape) * 1.1
+    np.testing.assert_allclose(kept.realised, 0.7, atol=2.0**-16)
 
 
 # --- errors --------------------------------------------------------------------------

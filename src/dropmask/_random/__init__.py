@@ -9,10 +9,12 @@ from ._draw import DEFAULT_RESIDUAL as DEFAULT_RESIDUAL
 from ._draw import SAVE_MASK_WORDS as SAVE_MASK_WORDS
 from ._draw import SAVE_NOTHING as SAVE_NOTHING
 from ._draw import Impl as Impl
+from ._draw import Kept as Kept
 from ._draw import Residual as Residual
 from ._draw import draw as draw
 from ._draw import flags_only as flags_only
 from ._draw import keep_mask as keep_mask
+from ._draw import kept as kept
 from ._draw import mask_shape as mask_shape
 from ._draw import probability as probability
 from ._fast_mask import FIELD_BITS as FIELD_BITS
@@ -46,6 +48,7 @@ __all__ = [
     "SAVE_NOTHING",
     "Block",
     "Impl",
+    "Kept",
     "Residual",
     "Threshold",
     "TileGeometry",
@@ -54,6 +57,7 @@ __all__ = [
     "flags_only",
     "keep_from_words",
     "keep_mask",
+    "kept",
     "key_words",
     "local_block",
     "loop_zero",

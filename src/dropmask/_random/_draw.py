@@ -68,7 +68,7 @@ from ._fast_mask import (
 )
 from ._sharding import Block, local_block
 
-__all__ = ["Impl", "Residual", "keep_mask"]
+__all__ = ["Impl", "Kept", "Residual", "keep_mask", "kept"]
 
 Impl = Literal["fast", "flax"]
 DEFAULT_IMPL: Impl = "fast"
@@ -206,12 +206,56 @@ _unpack_and_combine_jit = jax.jit(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """A drawn mask as a caller that writes its own backward pass keeps it: the packed
+    words where the backend packs them (1 bit per flag), else the key's words, from
+    which :meth:`flags` draws the flags again. A pytree whose leaves are those arrays
+    (``spec`` is static), so it can be a ``custom_vjp`` residual."""
+
+    spec: MaskSpec
+    words: Any
+    source: Any
+    dynamic: Any
+    offset: Any
+
+    def flags(self) -> jax.Array:
+        """``bool[spec.shape]``, the flags ``draw`` hands a ``combine`` for the same key."""
+        if self.words is not None:
+            return unpack_words(self.words, self.spec.shape, _block(self.spec, self.offset))
+        return _draw_and_combine_jit(
+            self.spec, _flags, None, self.source, self.dynamic, self.offset
+        )
+
+    @property
+    def realised(self) -> Any:
+        """The probability that a flag is True (a float, or a float32 array)."""
+        return self.spec.realised if self.dynamic is None else self.dynamic[1]
+
+
+jax.tree_util.register_dataclass(
+    Kept, data_fields=["words", "source", "dynamic", "offset"], meta_fields=["spec"]
+)
+
+
+def kept(x: Any, flags: jax.Array, realised: Any) -> Any:
+    """A ``combine`` for :func:`draw` that returns the mask as a :class:`Kept` instead
+    of flags (``"fast"`` only): for callers with a backward pass of their own."""
+    del x, flags, realised
+    raise AssertionError("draw hands this combine a Kept, never flags")
+
+
 def _entry(spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, offset: Any) -> Any:
     """``combine(x, flags, realised)`` of every mask drawn: a ``"fast"`` mask that keeps
-    its packed words draws them apart."""
+    its packed words draws them apart. With ``combine=kept``, the mask as a
+    :class:`Kept`."""
     if spec.impl == "fast" and spec.save_words and spec.shape and default_path() != "per_element":
         words = _words_jit(spec, source, dynamic, offset)
+        if combine is kept:
+            return Kept(spec, words, None, dynamic, offset)
         return _unpack_and_combine_jit(spec, combine, x, words, dynamic, offset)
+    if combine is kept:
+        return Kept(spec, None, source, dynamic, offset)
     return _draw_and_combine_jit(spec, combine, x, source, dynamic, offset)
 
 
