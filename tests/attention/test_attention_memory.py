@@ -62,26 +62,110 @@ def test_dropout_keeps_no_dropped_copy_of_the_weights(dtype, broadcast):
     assert got == [(jnp.dtype(dtype).name, (B, H, T, T))]
 
 
-def test_dropout_gradient_is_unchanged_by_the_recomputation():
+@pytest.mark.parametrize("run_time_rate", [False, True], ids=["static", "run_time"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+def test_dropout_gradient_is_unchanged_by_the_recomputation(run_time_rate, with_bias):
     rng = np.random.default_rng(1)
     q, k, v = (jnp.asarray(rng.normal(size=(B, T, H, D)), jnp.float32) for _ in range(3))
+    bias = jnp.asarray(rng.normal(size=(1, H, T, T)), jnp.float32) if with_bias else None
     key = jax.random.key(3)
+    rate = jnp.float32(0.2) if run_time_rate else 0.2
 
-    def loss(q, k, v, attention):
-        out = attention(q, k, v, dropout_rate=0.2, dropout_rng=key, deterministic=False)
+    def loss(q, k, v, bias, attention):
+        out = attention(q, k, v, bias=bias, dropout_rate=rate, dropout_rng=key, deterministic=False)
         return jnp.sum(jnp.sin(out))
 
     # The same computation written out: plain softmax, dropmask.dropout on the
     # weights (the key and broadcast dims attention uses), its dropped copy kept.
-    def reference(q, k, v, **_):
+    def reference(q, k, v, bias, **_):
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q / jnp.sqrt(D).astype(q.dtype), k)
+        logits = logits if bias is None else logits + bias
+        w = dm.dropout(jax.nn.softmax(logits), rate, key, broadcast_dims=(0, 1))
+        return jnp.einsum("bhqk,bkhd->bqhd", w, v)
+
+    argnums = (0, 1, 2, 3) if with_bias else (0, 1, 2)
+    got = jax.grad(loss, argnums)(q, k, v, bias, dm.dot_product_attention)
+    want = jax.grad(loss, argnums)(q, k, v, bias, reference)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_second_derivative_matches_the_computation_written_out():
+    # Reverse over reverse through the dropout rule's own backward pass.
+    rng = np.random.default_rng(2)
+    q, k, v, u = (jnp.asarray(rng.normal(size=(B, T, H, D)), jnp.float32) for _ in range(4))
+    key = jax.random.key(4)
+
+    def attention(q, k, v):
+        return dm.dot_product_attention(q, k, v, dropout_rate=0.2, key=key, deterministic=False)
+
+    def reference(q, k, v):
         logits = jnp.einsum("bqhd,bkhd->bhqk", q / jnp.sqrt(D).astype(q.dtype), k)
         w = dm.dropout(jax.nn.softmax(logits), 0.2, key, broadcast_dims=(0, 1))
         return jnp.einsum("bhqk,bkhd->bqhd", w, v)
 
-    got = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, dm.dot_product_attention)
-    want = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, reference)
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    def hvp(f):
+        grad_q = jax.grad(lambda q: jnp.sum(jnp.sin(f(q, k, v))))
+        return jax.grad(lambda q: jnp.vdot(grad_q(q), u))(q)
+
+    np.testing.assert_allclose(hvp(attention), hvp(reference), rtol=1e-4, atol=1e-5)
+
+
+def test_forward_mode_with_dropout_on_the_weights_takes_the_flax_generator():
+    # The dropout rule is a custom_vjp (its backward pass depends on the cotangent, to
+    # hold no dropped copy of the weights): jax.jvp raises with impl="fast" and works
+    # with impl="flax", whose rule is the plain one.
+    rng = np.random.default_rng(3)
+    q, k, v, tq = (jnp.asarray(rng.normal(size=(B, T, H, D)), jnp.float32) for _ in range(4))
+    key = jax.random.key(5)
+
+    def attention(impl):
+        return lambda q: dm.dot_product_attention(
+            q, k, v, dropout_rate=0.2, key=key, deterministic=False, impl=impl
+        )
+
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(attention("fast"), (q,), (tq,))
+
+    def reference(q):
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q / jnp.sqrt(D).astype(q.dtype), k)
+        w = dm.dropout(jax.nn.softmax(logits), 0.2, key, broadcast_dims=(0, 1), impl="flax")
+        return jnp.einsum("bhqk,bkhd->bqhd", w, v)
+
+    _, got = jax.jvp(attention("flax"), (q,), (tq,))
+    _, want = jax.jvp(reference, (q,), (tq,))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_on_the_weights_adds_only_its_mask_words_to_the_gradient():
+    # At this size XLA:CPU computed the dropped weights that v's gradient needs in the
+    # forward pass and kept them until then: one more f32 [b, h, q, k] array at rate
+    # 0.1 than at rate 0 (4 bytes per weight; the packed mask is 1 bit). The dropout
+    # rule's backward pass rebuilds them from the cotangent (_dense_dropped).
+    b, t, h, d = 1, 1024, 4, 32
+    s = jax.ShapeDtypeStruct((b, t, h, d), jnp.float32)
+
+    def temporaries(rate):
+        def loss(q, k, v):
+            out = dm.dot_product_attention(
+                q,
+                k,
+                v,
+                is_causal=True,
+                dropout_rate=rate,
+                key=jax.random.key(0),
+                deterministic=rate == 0,
+                algorithm="dense",
+            )
+            return jnp.sum(out)
+
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        analysis = grad.lower(s, s, s).compile().memory_analysis()
+        assert analysis is not None, "this backend reports no memory analysis"
+        return analysis.temp_size_in_bytes
+
+    added = temporaries(0.1) - temporaries(0.0)
+    assert added <= 0.25 * b * h * t * t, added / (b * h * t * t)
 
 
 def _plain_attention(q, k, v):

@@ -8,12 +8,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from .._dropout import dropout, flags_and_realised, scale_and_fill
+from .._dropout import dropout, scale_and_fill
 from .._masks import segment_mask, sliding_window_mask
-from .._random import SAVE_MASK_WORDS, Impl, draw, mask_shape, probability
+from .._random import Impl, draw, kept, mask_shape, probability
 from .._reductions import compute_dtype
+from ._dense_dropped import dropped_attention
 from ._dense_weights import attention_weights
 from ._nonfinite import poison, prepared, taint
 
@@ -79,42 +79,30 @@ def dense(
         not_neg_inf = bias_arr != -jnp.inf
         allowed = not_neg_inf if allowed is None else allowed & not_neg_inf
     bad_rows, bad_cols = taint(bad_q, bad_k | bad_v, groups)
-    weights, tainted = attention_weights(score, q, k, bias_arr, allowed, bad_rows, bad_cols, dtype)
+    structure = (allowed, bad_rows, bad_cols)
+    dims = tuple(range(len(logits_shape) - 2)) if spec.broadcast_dropout else ()
+    if attn_weights_value_einsum is None:
+        product = functools.partial(_heads_major_values, kv_heads, groups, precision)
+    else:
+        product = functools.partial(attn_weights_value_einsum, "...hqk,...khd->...qhd")
+    if drops and impl == "fast":
+        if module is not None:
+            _sow(module, attention_weights(score, q, k, bias_arr, *structure, dtype)[0])
+        p = probability(dropout_rate, spec.rate, keep=True, caller=_CALLER)
+        mask = draw(rng, mask_shape(logits_shape, dims), p, "fast", kept, caller=_CALLER)
+        # The kept weights' 1/keep goes onto v, [*b, kv_len, kv_heads, depth], not onto
+        # the weights: the gradient's matching multiply then also lands on a small array.
+        # An invalid run-time rate's NaN scale reaches every output through v.
+        scale, _ = scale_and_fill(mask.realised, acc)
+        v = (v.astype(scale.dtype) * scale).astype(v.dtype)
+        out, tainted = dropped_attention(score, product, dtype, q, k, bias_arr, v, mask, structure)
+        return poison(out, q, tainted)
+    weights, tainted = attention_weights(score, q, k, bias_arr, *structure, dtype)
     if module is not None:
         _sow(module, weights)
-
-    dims = tuple(range(len(logits_shape) - 2)) if spec.broadcast_dropout else ()
-
-    def weigh(weights: jax.Array, v: jax.Array) -> jax.Array:
-        if drops and impl == "fast":
-            # The kept weights' 1/keep goes onto v, [*b, kv_len, kv_heads, depth], not
-            # onto the weights: the gradient's matching multiply then also lands on a
-            # small array, instead of a scalar that XLA's CPU backend broadcasts to a
-            # whole [*b, heads, q, k] array to feed the fused softmax derivative.
-            p = probability(dropout_rate, spec.rate, keep=True, caller=_CALLER)
-            shape = mask_shape(logits_shape, dims)
-            flags, realised = draw(rng, shape, p, "fast", flags_and_realised, caller=_CALLER)
-            scale, _ = scale_and_fill(realised, compute_dtype(dtype))
-            # Dropped weights are 0 (an invalid run-time rate's NaN scale reaches every
-            # output through v), written as the flags' own convert(False), not a
-            # constant a differentiated scan would hold whole (``_dropout``).
-            flags = jnp.broadcast_to(flags, weights.shape)
-            weights = lax.select(flags, weights, flags.astype(weights.dtype))
-            v = (v.astype(scale.dtype) * scale).astype(v.dtype)
-        elif drops:
-            weights = dropout(weights, dropout_rate, rng, broadcast_dims=dims, impl=impl)
-        if attn_weights_value_einsum is not None:
-            return attn_weights_value_einsum("...hqk,...khd->...qhd", weights, v)
-        return _heads_major_values(kv_heads, groups, precision, weights, v)
-
-    if drops and impl == "fast":
-        # The backward pass of `dropped weights @ v` needs the dropped weights; kept,
-        # they would be a second [b, h, q, k] residual beside the softmax's weights.
-        # Recomputed from those weights and the saved 1-bit mask words, they cost one
-        # elementwise pass in the backward pass and are not kept between the passes
-        # (XLA still holds them while that einsum's gradient runs).
-        weigh = jax.checkpoint(weigh, policy=SAVE_MASK_WORDS)
-    return poison(weigh(weights, v), q, tainted)
+    if drops:
+        weights = dropout(weights, dropout_rate, rng, broadcast_dims=dims, impl=impl)
+    return poison(product(weights, v), q, tainted)
 
 
 dense_jit = jax.jit(dense, static_argnums=(0, 1))

@@ -32,7 +32,7 @@ import numpy as np
 from .._reductions import compute_dtype
 from ._softmax import narrow_softmax_tangent, softmax_flagging_nonfinite
 
-__all__ = ["attention_weights"]
+__all__ = ["Score", "attention_weights", "scores"]
 
 Score = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -65,7 +65,8 @@ def attention_weights(
     return _weights(score, jnp.dtype(dtype), q, k, bias, allowed, bad_rows, bad_cols)
 
 
-def _scores(score: Score, q: jax.Array, k: jax.Array, bias: Any) -> jax.Array:
+def scores(score: Score, q: jax.Array, k: jax.Array, bias: Any) -> jax.Array:
+    """``score(q, k)`` in the compute dtype, plus ``bias`` when given."""
     logits = score(q, k)
     x = logits.astype(compute_dtype(logits.dtype))
     return x if bias is None else x + bias
@@ -73,7 +74,7 @@ def _scores(score: Score, q: jax.Array, k: jax.Array, bias: Any) -> jax.Array:
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
 def _weights(score, dtype, q, k, bias, allowed, bad_rows, bad_cols):
-    x = _scores(score, q, k, bias)
+    x = scores(score, q, k, bias)
     valid = jnp.ones((1,) * x.ndim, bool) if allowed is None else allowed
     # An allowed score of -inf can only be an overflow (a -inf bias is not allowed):
     # the softmax flags its row as it flags NaN and +inf, whichever of them a path's

@@ -183,7 +183,10 @@ def dot_product_attention(
         below, and dense whenever the blockwise path cannot serve the call
         (``impl="flax"``, custom einsums, ``module`` to sow the weights into). The
         blockwise path is a ``custom_vjp``: ``jvp``, and second derivatives with
-        ``is_causal`` or ``window``, need ``"dense"``. ``"pallas"`` (never chosen by
+        ``is_causal`` or ``window``, need ``"dense"``. The dense path's dropout
+        with ``impl="fast"`` is one too (its backward pass holds no dropped copy of
+        the weights): ``jvp`` through dropout on the weights needs
+        ``impl="flax"``. ``"pallas"`` (never chosen by
         ``"auto"``) takes no ``bias``; see ``docs/attention.md``.
       block_q, block_k: blockwise tile sizes (default 64 for a length up to 512, 128
         above; at most the length); any size gives the same result, sizes that do not

@@ -1,0 +1,130 @@
+"""The dense path with dropout on its weights: one backward rule for the softmax, the
+dropout and the values product.
+
+Differentiated as three rules (the softmax's, the dropout's select, the product's), the
+backward pass of ``o = (flags * y) @ v`` holds one more ``[*b, heads, q, k]`` array than
+at rate 0, read from XLA:CPU's buffer assignment:
+
+- the dropped weights that ``v``'s gradient needs are a function of forward-pass values
+  only, so XLA computes them in the forward pass and keeps them until then, whether JAX
+  saves them or rebuilds them under ``jax.checkpoint``;
+- the flags' select between ``g @ v.T`` and the softmax's derivative (a reduction over
+  the keys) splits the fusion that, at rate 0, never writes that product out.
+
+This rule answers both. Its backward pass rebuilds the dropped weights from the kept
+weights and the mask's 1-bit words as a value of the cotangent (:func:`_after`), takes
+``v``'s gradient from them, and only then, again by a data dependence, the weights'
+product ``g @ v.T``, whose consumer is one elementwise pass (written in place):
+
+    scores' cotangent = select(flags, (g @ v.T) * y, 0) - y * rowsum(g * o)
+
+(``y`` the weights, ``o`` the output, ``v`` already scaled by ``1 / keep``), the
+closed form of the three rules together: ``rowsum(g * o)`` over the depth replaces the
+softmax derivative's sum over the keys.
+
+A data dependence on the cotangent exists only in a transpose, which JAX offers as a
+``custom_vjp`` (forward mode, ``jax.jvp``, then raises) or as
+``jax.custom_derivatives.linear_call`` (no batching rule: ``jax.vmap`` of a gradient
+fails). This path is a ``custom_vjp``, as the blockwise and Pallas paths are; forward
+mode through dropout on the weights takes ``impl="flax"``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .._random import Kept
+from .._reductions import compute_dtype
+from ._dense_weights import Score, attention_weights, scores
+
+__all__ = ["dropped_attention"]
+
+Product = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def dropped_attention(
+    score: Score,
+    product: Product,
+    dtype: Any,
+    q: jax.Array,
+    k: jax.Array,
+    bias: jax.Array | None,
+    v: jax.Array,
+    mask: Kept,
+    structure: tuple[Any, jax.Array, jax.Array],
+) -> tuple[jax.Array, jax.Array]:
+    """``(output, tainted)`` of dense attention with dropout on the weights.
+
+    Args:
+      score: ``(q, k) -> scores``, bilinear (as :func:`attention_weights` takes it).
+      product: ``(weights, v) -> output``, bilinear (``[*b, heads, q, k]`` weights).
+      dtype: the weights' dtype.
+      q, k: the zeroed, scaled inputs of ``score``.
+      bias: additive, in the compute dtype, broadcastable to the scores, or None.
+      v: the values, already scaled by ``1 / keep``.
+      mask: the keep flags (broadcastable to the scores), as :func:`draw` keeps them.
+      structure: ``(allowed, bad_rows, bad_cols)`` as :func:`attention_weights` takes
+        them.
+    """
+    return _attend(score, product, jnp.dtype(dtype), q, k, bias, v, mask, structure)
+
+
+def _dropped(weights: jax.Array, mask: Kept) -> tuple[jax.Array, jax.Array]:
+    flags = jnp.broadcast_to(mask.flags(), weights.shape)
+    return flags, lax.select(flags, weights, flags.astype(weights.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _attend(score, product, dtype, q, k, bias, v, mask, structure):
+    return _attend_fwd(score, product, dtype, q, k, bias, v, mask, structure)[0]
+
+
+def _attend_fwd(score, product, dtype, q, k, bias, v, mask, structure):
+    allowed, bad_rows, bad_cols = structure
+    y, tainted = attention_weights(score, q, k, bias, allowed, bad_rows, bad_cols, dtype)
+    out = product(_dropped(y, mask)[1], v)
+    return (out, tainted), (q, k, bias, v, mask, y, out)
+
+
+def _attend_bwd(score, product, dtype, residuals, cotangents):
+    q, k, bias, v, mask, y, out = residuals
+    g = cotangents[0]
+    # Rebuilt here, from the cotangent: computed from forward-pass values only, XLA
+    # would compute them in the forward pass and keep them for this.
+    flags, dropped = _dropped(_after(y, g), mask)
+    (dv,) = jax.linear_transpose(functools.partial(product, dropped), v)(g)
+    # The weights' product after v's gradient: the dropped weights are gone by then.
+    (dw,) = jax.linear_transpose(lambda w: product(w, v), dropped)(_after(g, dv))
+    acc = compute_dtype(y.dtype)
+    y = y.astype(acc)
+    dw = dw.astype(acc)
+    # rowsum(g * o) over the depth, moved from [*b, q, heads] to [*b, heads, q, 1].
+    c = jnp.sum(g.astype(acc) * out.astype(acc), axis=-1)
+    c = jnp.moveaxis(c, -1, -2)[..., None]
+    # A select of its own, not `dropped` again, which would keep it alive until here.
+    t = lax.select(flags, dw * y, flags.astype(acc)) - y * c
+    if bias is None:
+        dq, dk = jax.vjp(lambda q, k: scores(score, q, k, None), q, k)[1](t)
+        dbias = None
+    else:
+        dq, dk, dbias = jax.vjp(lambda q, k, b: scores(score, q, k, b), q, k, bias)[1](t)
+    return dq, dk, dbias, dv, None, None
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def _after(x: jax.Array, dependency: jax.Array) -> jax.Array:
+    """``x`` unchanged (every bit), as a value XLA can compute only once ``dependency``
+    exists: multiplied by 1 from a predicate that is always True but that XLA cannot
+    fold (fewer than 64 of one element's 32 bits set)."""
+    first = lax.convert_element_type(dependency.reshape(-1)[:1], jnp.float32)
+    bits = lax.population_count(lax.bitcast_convert_type(first, jnp.uint32))
+    one = lax.convert_element_type(lax.lt(bits, jnp.uint32(64)), x.dtype)
+    return x * one.reshape((1,) * x.ndim)
