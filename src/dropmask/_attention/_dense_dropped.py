@@ -76,6 +76,8 @@ def dropped_attention(
 
 
 def _dropped(weights: jax.Array, mask: Kept) -> tuple[jax.Array, jax.Array]:
+    """The flags and the dropped weights. A dropped weight is the flags' own
+    ``convert(False)``, not a constant a differentiated scan would hold whole."""
     flags = jnp.broadcast_to(mask.flags(), weights.shape)
     return flags, lax.select(flags, weights, flags.astype(weights.dtype))
 

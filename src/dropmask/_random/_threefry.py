@@ -58,8 +58,8 @@ def _rotl(x: jax.Array, r: int) -> jax.Array:
 
 
 def _common_shape(*groups: list[Any]) -> list[list[Any]]:
-    """Each group's operands, those of neither the common shape nor a scalar's broadcast
-    to it: scalars stay scalars (lax takes them beside an array of any shape)."""
+    """Each group's operands broadcast to the shape all of them broadcast to; scalars
+    stay scalars (lax takes them beside an array of any shape)."""
     shape = jnp.broadcast_shapes(*(jnp.shape(x) for group in groups for x in group))
 
     def fit(x: Any) -> Any:
