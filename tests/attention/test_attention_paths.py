@@ -33,8 +33,10 @@ SCALES = (1.0, 300.0, 1e20)
 _SPECIALS = (np.nan, np.inf, -np.inf)
 
 
-def _loss(algorithm, options, q, k, v, bias, mask):
+def _loss(algorithm, options, q, k, v, bias, mask, key):
     kw = dict(options)
+    if key is not None:  # every path draws the same mask from one key
+        kw.update(key=key, deterministic=False)
     out = dm.dot_product_attention(
         q, k, v, bias=bias, mask=mask, algorithm=algorithm, **TILES[algorithm], **kw
     )
@@ -43,10 +45,10 @@ def _loss(algorithm, options, q, k, v, bias, mask):
 
 
 @functools.partial(jax.jit, static_argnames=("algorithm", "options"))
-def _run(algorithm, options, q, k, v, bias, mask):
+def _run(algorithm, options, q, k, v, bias, mask, key):
     argnums = (0, 1, 2) if bias is None else (0, 1, 2, 3)
     grad = jax.grad(functools.partial(_loss, algorithm, options), argnums, has_aux=True)
-    grads, out = grad(q, k, v, bias, mask)
+    grads, out = grad(q, k, v, bias, mask, key)
     return out, grads
 
 
@@ -85,6 +87,10 @@ def _cases(draw: st.DrawFn, *, bias: bool) -> dict:
             b[index] = draw(st.sampled_from(_SPECIALS))
         out["bias"] = jnp.asarray(b, jnp.float32)
     out["options"] = (("is_causal", draw(st.booleans())),)
+    out["key"] = None
+    if draw(st.booleans()):
+        out["options"] += (("dropout_rate", 0.3),)
+        out["key"] = jax.random.key(draw(st.integers(0, 2**32 - 1)))
     return out
 
 
@@ -111,7 +117,7 @@ def _same(got, want, tol: float, what: str, size: float = 1.0) -> None:
 
 
 def _check(case: dict, paths: tuple[str, ...]) -> None:
-    args = (case["q"], case["k"], case["v"], case["bias"], case["mask"])
+    args = (case["q"], case["k"], case["v"], case["bias"], case["mask"], case["key"])
     tol = TOL[str(case["q"].dtype)]
     want_out, want_grads = _run("dense", case["options"], *args)
     for path in paths:
@@ -161,7 +167,7 @@ def test_a_row_with_no_valid_key_is_zero_whatever_its_q_on_every_path():
     k = v = jnp.ones((1, 3, 1, 4))
     mask = jnp.array([[True, True, True], [False, False, False]])
     for path in ("dense", "blockwise", "pallas"):
-        out, (dq, dk, dv) = _run(path, (), q, k, v, None, mask)
+        out, (dq, dk, dv) = _run(path, (), q, k, v, None, mask, None)
         np.testing.assert_array_equal(np.asarray(out[0, 1]), 0.0, err_msg=path)
         for g in (dq, dk, dv):
             assert bool(jnp.isfinite(g).all()), path
@@ -172,7 +178,7 @@ def test_float16_scores_beyond_65504_are_finite_on_every_path():
     q, k, v = (jnp.asarray(_values(rng, (1, 4, 1, 8), s), jnp.float16) for s in (300, 300, 1))
     want = dm.dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)))
     for path in ("dense", "blockwise", "pallas"):
-        out, grads = _run(path, (), q, k, v, None, None)
+        out, grads = _run(path, (), q, k, v, None, None, None)
         assert bool(jnp.isfinite(out).all()), path
         assert all(bool(jnp.isfinite(g).all()) for g in grads), path
         np.testing.assert_allclose(np.asarray(out, np.float32), want, rtol=4e-3, atol=4e-3)
