@@ -95,8 +95,7 @@ def dense(
         # An invalid run-time rate's NaN scale reaches every output through v.
         scale, _ = scale_and_fill(mask.realised, acc)
         v = (v.astype(scale.dtype) * scale).astype(v.dtype)
-        out, tainted = dropped_attention(score, product, dtype, q, k, bias_arr, v, mask, structure)
-        return poison(out, q, tainted)
+        return dropped_attention(score, product, dtype, q, k, bias_arr, v, mask, structure)
     weights, tainted = attention_weights(score, q, k, bias_arr, *structure, dtype)
     if module is not None:
         _sow(module, weights)

@@ -11,16 +11,20 @@ at rate 0, read from XLA:CPU's buffer assignment:
 - the flags' select between ``g @ v.T`` and the softmax's derivative (a reduction over
   the keys) splits the fusion that, at rate 0, never writes that product out.
 
-This rule answers both. Its backward pass rebuilds the dropped weights from the kept
-weights and the mask's 1-bit words as a value of the cotangent (:func:`_after`), takes
-``v``'s gradient from them, and only then, again by a data dependence, the weights'
-product ``g @ v.T``, whose consumer is one elementwise pass (written in place):
+This rule answers both. Its backward pass takes ``rowsum(g * o)`` first, then rebuilds
+the dropped weights from the kept weights and the mask's 1-bit words as a value of that
+sum (:func:`_after`), takes ``v``'s gradient from them, and only then, again by a data
+dependence, the weights' product ``g @ v.T``, whose consumer is one elementwise pass
+(written in place):
 
     scores' cotangent = select(flags, (g @ v.T) * y, 0) - y * rowsum(g * o)
 
 (``y`` the weights, ``o`` the output, ``v`` already scaled by ``1 / keep``), the
 closed form of the three rules together: ``rowsum(g * o)`` over the depth replaces the
-softmax derivative's sum over the keys.
+softmax derivative's sum over the keys. Taken first, it frees ``o`` and its copy of
+``g`` before the dropped weights exist. The rule also poisons tainted rows
+(:func:`poison`) and writes that derivative itself (:func:`poisoned_gradient`), so that
+no ``q``-sized pad of it is held through the pass either.
 
 A data dependence on the cotangent exists only in a transpose, which JAX offers as a
 ``custom_vjp`` (forward mode, ``jax.jvp``, then raises) or as
@@ -42,6 +46,7 @@ from jax import lax
 from .._random import Kept
 from .._reductions import compute_dtype
 from ._dense_weights import Score, attention_weights, scores
+from ._nonfinite import poison, poisoned_cotangent, poisoned_gradient
 
 __all__ = ["dropped_attention"]
 
@@ -58,8 +63,9 @@ def dropped_attention(
     v: jax.Array,
     mask: Kept,
     structure: tuple[Any, jax.Array, jax.Array],
-) -> tuple[jax.Array, jax.Array]:
-    """``(output, tainted)`` of dense attention with dropout on the weights.
+) -> jax.Array:
+    """Dense attention with dropout on the weights, its tainted rows poisoned
+    (:func:`poison`).
 
     Args:
       score: ``(q, k) -> scores``, bilinear (as :func:`attention_weights` takes it).
@@ -91,24 +97,25 @@ def _attend_fwd(score, product, dtype, q, k, bias, v, mask, structure):
     allowed, bad_rows, bad_cols = structure
     y, tainted = attention_weights(score, q, k, bias, allowed, bad_rows, bad_cols, dtype)
     out = product(_dropped(y, mask)[1], v)
-    return (out, tainted), (q, k, bias, v, mask, y, out)
+    return poison(out, q, tainted), (q, k, bias, v, mask, y, out, tainted)
 
 
-def _attend_bwd(score, product, dtype, residuals, cotangents):
-    q, k, bias, v, mask, y, out = residuals
-    g = cotangents[0]
-    # Rebuilt here, from the cotangent: computed from forward-pass values only, XLA
-    # would compute them in the forward pass and keep them for this.
-    flags, dropped = _dropped(_after(y, g), mask)
-    (dv,) = jax.linear_transpose(functools.partial(product, dropped), v)(g)
-    # The weights' product after v's gradient: the dropped weights are gone by then.
-    (dw,) = jax.linear_transpose(lambda w: product(w, v), dropped)(_after(g, dv))
+def _attend_bwd(score, product, dtype, residuals, g):
+    q, k, bias, v, mask, y, out, tainted = residuals
+    g = poisoned_cotangent(tainted, g)
     acc = compute_dtype(y.dtype)
-    y = y.astype(acc)
-    dw = dw.astype(acc)
     # rowsum(g * o) over the depth, moved from [*b, q, heads] to [*b, heads, q, 1].
     c = jnp.sum(g.astype(acc) * out.astype(acc), axis=-1)
     c = jnp.moveaxis(c, -1, -2)[..., None]
+    # Rebuilt here, after the row sum: computed from forward-pass values only, XLA
+    # would compute them in the forward pass and keep them for this; before it, they
+    # would share the pass's peak with the row sum's inputs.
+    flags, dropped = _dropped(_after(y, c), mask)
+    (dv,) = jax.linear_transpose(functools.partial(product, dropped), v)(g)
+    # The weights' product after v's gradient: the dropped weights are gone by then.
+    (dw,) = jax.linear_transpose(lambda w: product(w, v), dropped)(_after(g, dv))
+    y = y.astype(acc)
+    dw = dw.astype(acc)
     # A select of its own, not `dropped` again, which would keep it alive until here.
     t = lax.select(flags, dw * y, flags.astype(acc)) - y * c
     if bias is None:
@@ -116,7 +123,7 @@ def _attend_bwd(score, product, dtype, residuals, cotangents):
         dbias = None
     else:
         dq, dk, dbias = jax.vjp(lambda q, k, b: scores(score, q, k, b), q, k, bias)[1](t)
-    return dq, dk, dbias, dv, None, None
+    return poisoned_gradient(tainted, dq), dk, dbias, dv, None, None
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)

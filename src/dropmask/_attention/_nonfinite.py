@@ -18,7 +18,7 @@ from jax import lax
 from .._random import loop_zero
 from ._softmax import select
 
-__all__ = ["poison", "prepared", "taint"]
+__all__ = ["poison", "poisoned_cotangent", "poisoned_gradient", "prepared", "taint"]
 
 
 def prepared(q: jax.Array, k: jax.Array, v: jax.Array, dtype: Any) -> tuple[jax.Array, ...]:
@@ -110,8 +110,37 @@ def poison(out: jax.Array, q: jax.Array, tainted: jax.Array) -> jax.Array:
     that entry whatever it held (:func:`_zeroed` passes gradients through): a
     tainted query's first feature always gets a NaN gradient.
     """
-    rows = jnp.swapaxes(tainted[..., 0], -1, -2)[..., None]  # [*b, q, heads, 1]
+    rows = _rows(tainted)
     first = lax.slice_in_dim(q, 0, 1, axis=q.ndim - 1)
     zero = lax.mul(lax.convert_element_type(first, out.dtype), np.zeros((), out.dtype))
     nan = lax.div(zero, select(rows, np.zeros((), out.dtype), np.ones((), out.dtype)))
     return select(rows, nan, out)
+
+
+def poisoned_cotangent(tainted: jax.Array, g: jax.Array) -> jax.Array:
+    """The cotangent :func:`poison` passes to its ``out``: ``g`` zeroed on tainted rows.
+
+    With :func:`poisoned_gradient`, :func:`poison`'s derivative, for a backward rule of
+    its own.
+    """
+    return select(_rows(tainted), np.zeros((), g.dtype), g)
+
+
+def poisoned_gradient(tainted: jax.Array, dq: jax.Array) -> jax.Array:
+    """``dq``, the queries' gradient (0 on tainted rows, which were emptied), with the
+    NaN that :func:`poison` gives the first feature of a tainted query.
+
+    Written into ``dq`` elementwise, where :func:`poison`'s own derivative adds a
+    ``q``-sized pad of that feature's cotangent, which XLA may compute early and hold
+    through the attention's backward pass. ``0 / 0`` where tainted and ``dq / 1``
+    elsewhere: no NaN is built when there is none.
+    """
+    first = lax.eq(lax.broadcasted_iota(jnp.int32, dq.shape, dq.ndim - 1), np.int32(0))
+    bad = lax.bitwise_and(first, jnp.broadcast_to(_rows(tainted), dq.shape))
+    zero, one = np.zeros((), dq.dtype), np.ones((), dq.dtype)
+    return lax.div(select(bad, lax.mul(dq, zero), dq), select(bad, zero, one))
+
+
+def _rows(tainted: jax.Array) -> jax.Array:
+    """``tainted: bool[*b, heads, q, 1]`` as ``[*b, q, heads, 1]``, the outputs' layout."""
+    return jnp.swapaxes(tainted[..., 0], -1, -2)[..., None]
