@@ -40,6 +40,7 @@ from ._random import (
     DEFAULT_RESIDUAL,
     Block,
     Impl,
+    Linear,
     Residual,
     block_from_spec,
     draw,
@@ -182,7 +183,7 @@ def _sharded_as(y: jax.Array, x: jax.Array) -> jax.Array:
     return jax.sharding.reshard(y, spec)
 
 
-def _select_scaled(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
+def _select_and_scale(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
     """``x / realised`` where kept, 0 elsewhere; finite (zero) when ``realised == 0``."""
     keep = _sharded_as(jnp.broadcast_to(keep, x.shape), x)
 
@@ -194,6 +195,11 @@ def _select_scaled(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
         return lax.select(keep, scaled, dropped).astype(part.dtype)
 
     return _per_part(apply, x)
+
+
+# Linear in x and diagonal: on a TPU the kernel that draws the mask applies it, forward
+# and backward.
+_select_scaled = Linear(_select_and_scale)
 
 
 def dropped_value(keep: jax.Array, realised: Any, fill: Any, dtype: Any) -> jax.Array:

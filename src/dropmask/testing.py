@@ -20,12 +20,15 @@ What the ``"fast"`` mask is made of (see docs/design.md, "The generator"):
   one chosen path, where the library picks a path per backend;
 * :data:`MASK_NAME`: the name the packed words carry for ``jax.checkpoint`` policies
   (an alias of :data:`dropmask.DROPOUT_MASK_NAME`);
-* :func:`random_bits`: the generator's raw bit stream.
+* :func:`random_bits`: the generator's raw bit stream;
+* :func:`tpu_kernels`: dropout's masks drawn by the TPU kernel (Pallas), compiled on a
+  TPU and interpreted elsewhere.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -50,6 +53,7 @@ __all__ = [
     "random_bits",
     "threefry4x32",
     "threshold",
+    "tpu_kernels",
 ]
 
 FIELD_BITS = _random.FIELD_BITS
@@ -234,3 +238,25 @@ def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
       True
     """
     return _random.random_bits(key, tuple(check_shape(shape, caller="random_bits")))
+
+
+@contextlib.contextmanager
+def tpu_kernels() -> Iterator[None]:
+    """Inside it, ``dropmask.dropout`` (and the layers over it) draw their masks by the TPU
+    kernel where it serves the shape: compiled on a TPU, in Pallas's TPU interpreter
+    elsewhere; the same bits as the default path (``docs/dropout_speed.md``, "The TPU").
+
+    JAX's caches are cleared on entry and exit, since a traced draw does not record
+    which way it was drawn: trace (or ``jit``) the function inside it.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> from dropmask import testing
+      >>> x, key = jnp.ones((32, 128)), jax.random.key(0)
+      >>> with testing.tpu_kernels():
+      ...     y = dropmask.dropout(x, 0.1, key)
+      >>> bool((y == dropmask.dropout(x, 0.1, key)).all())
+      True
+    """
+    with _random.tpu_kernels():
+        yield

@@ -10,6 +10,7 @@ from ._draw import SAVE_MASK_WORDS as SAVE_MASK_WORDS
 from ._draw import SAVE_NOTHING as SAVE_NOTHING
 from ._draw import Impl as Impl
 from ._draw import Kept as Kept
+from ._draw import Linear as Linear
 from ._draw import Residual as Residual
 from ._draw import draw as draw
 from ._draw import flags_only as flags_only
@@ -35,6 +36,7 @@ from ._sharding import local_block as local_block
 from ._threefry import threefry4x32 as threefry4x32
 from ._tile_mask import TileGeometry as TileGeometry
 from ._tile_mask import tile_keep_flags as tile_keep_flags
+from ._tpu_mask import enabled as tpu_kernels
 
 __all__ = [
     "DEFAULT_IMPL",
@@ -49,6 +51,7 @@ __all__ = [
     "Block",
     "Impl",
     "Kept",
+    "Linear",
     "Residual",
     "Threshold",
     "TileGeometry",
@@ -68,4 +71,5 @@ __all__ = [
     "threefry4x32",
     "threshold",
     "tile_keep_flags",
+    "tpu_kernels",
 ]

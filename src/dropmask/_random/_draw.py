@@ -40,12 +40,14 @@ it is an error instead.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import checkify
 
 from .._checks import (
@@ -65,10 +67,19 @@ from ._fast_mask import (
     packed_words,
     threshold,
     unpack_words,
+    words_of,
 )
 from ._sharding import Block, local_block
+from ._tpu_mask import (
+    TpuKernel,
+    kernel_for,
+    masked_linear,
+    scalars_of,
+    tpu_interpret,
+    tpu_kernels_run,
+)
 
-__all__ = ["Impl", "Kept", "Residual", "keep_mask", "kept"]
+__all__ = ["Impl", "Kept", "Linear", "Residual", "keep_mask", "kept"]
 
 Impl = Literal["fast", "flax"]
 DEFAULT_IMPL: Impl = "fast"
@@ -134,12 +145,53 @@ class MaskSpec:
 Combine = Callable[[Any, jax.Array, Any], Any]
 
 
+@dataclasses.dataclass(frozen=True)
+class Linear:
+    """A ``combine`` that is linear in ``x`` and diagonal, as dropout's select and scale:
+    its own transpose. On a TPU, :func:`draw` runs it inside the kernel that draws the
+    mask (``_tpu_mask``), forward and backward; elsewhere it is ``fn`` itself."""
+
+    fn: Combine
+
+    def __call__(self, x: Any, flags: jax.Array, realised: Any) -> Any:
+        return self.fn(x, flags, realised)
+
+
+def _on_tpu(spec: MaskSpec, combine: Combine, x: Any, thr: Threshold) -> TpuKernel | None:
+    """The TPU kernel that serves this draw, if one does: a linear combine over an array of
+    the mask's own shape, not a block of a sharded mask, where the kernels run."""
+    if not (isinstance(combine, Linear) and isinstance(x, jax.Array)):
+        return None
+    if spec.global_shape is not None or x.shape != spec.shape or not tpu_kernels_run():
+        return None
+    return kernel_for(spec.shape, x.dtype, thr, interpret=tpu_interpret())
+
+
+def _xla_linear(x: Any, scalars: Any, kernel: TpuKernel, combine: Combine) -> Any:
+    """What the kernel computes, by the XLA path (the same bits): for ``vmap``."""
+    words = lax.bitcast_convert_type(scalars[:4], jnp.uint32)
+    if kernel.value is None:
+        realised = lax.bitcast_convert_type(scalars[5], jnp.float32)
+        thr = Threshold(scalars[4].astype(jnp.uint32), realised)
+    else:
+        thr = Threshold(kernel.value, kernel.realised)
+    flags = keep_from_words(words, kernel.shape, thr, path="per_element")
+    return combine(x, flags, thr.realised)
+
+
 def _draw_and_combine(
     spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, offset: Any
 ) -> Any:
     """``combine(x, flags, realised)`` with ``flags: bool[spec.shape]`` drawn from ``source``
     (``key_source(key)`` for ``"fast"``, the key for ``"flax"``)."""
     value, realised = (spec.value, spec.realised) if dynamic is None else dynamic
+    if spec.impl == "fast":
+        thr = Threshold(value, realised)
+        kernel = _on_tpu(spec, combine, x, thr)
+        if kernel is not None:
+            scalars = scalars_of(words_of(source), thr)
+            fallback = functools.partial(_xla_linear, combine=combine)
+            return masked_linear(x, scalars, spec=kernel, combine=combine, fallback=fallback)
     if spec.impl == "flax":
         p: Any = realised if dynamic is None else value  # unclipped, as Flax draws it
         flags = jax.random.bernoulli(source, p=p, shape=spec.shape)
@@ -263,7 +315,7 @@ def _packs_words() -> bool:
     """Whether the default backend may take a packed path (CPU, CUDA). Elsewhere the words
     never exist, and a saving policy would only add a zero-filled residual (ROCm also
     reports ``"gpu"``, so there it does)."""
-    return jax.default_backend() in ("cpu", "gpu")
+    return jax.default_backend() in ("cpu", "gpu") and not tpu_kernels_run()
 
 
 def draw(

@@ -64,6 +64,7 @@ __all__ = [
     "random_bits",
     "threshold",
     "unpack_words",
+    "words_of",
 ]
 
 MASK_NAME = "dropout_mask"
@@ -114,11 +115,16 @@ def _words(source: jax.Array) -> list[jax.Array]:
     ]
 
 
+def words_of(source: jax.Array) -> jax.Array:
+    """``uint32[4]``: the four Threefry key words from :func:`key_source`'s words."""
+    return jnp.stack(_words(source))
+
+
 def key_words(key: Any) -> jax.Array:
     """``uint32[4]``: the Threefry key words of ``key`` (a key of any impl, or raw): a
     Threefry key's ``(k0, k1, k0 ^ c0, k1 ^ c1)``, another impl's ``jax.random.bits(key,
     (4,), uint32)``."""
-    return jnp.stack(_words(key_source(key)))
+    return words_of(key_source(key))
 
 
 @dataclasses.dataclass(frozen=True)

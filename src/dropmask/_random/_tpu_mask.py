@@ -1,0 +1,349 @@
+"""The ``"fast"`` mask on a TPU: a Pallas (Mosaic) kernel that draws it where dropout uses it.
+
+The mask is ``_fast_mask``'s, bit for bit. Along a packing axis that is the last axis
+and a multiple of 32 long, element ``(r, c)`` of the array seen as ``[rows, n]`` lies in
+word ``r * n / 32 + c // 32``, whose four Threefry-4x32-13 calls ``j`` at counters
+``(word, j, 0, 0)`` give 8 fields of 16 bits each; the element compares field ``c % 8``
+of call ``(c % 32) // 8`` with the integer threshold. So 8 neighbouring lanes share one
+call.
+
+XLA's paths on a TPU draw this mask compute-bound (each element computes a call, or a
+packed word is unpacked across lanes). The kernel computes each call once and delivers
+its 8 flags to their 8 lanes: it takes 1024 columns of a chunk of rows at a time (128
+calls a row, one per lane of a vector register), compares the 8 fields of each call and
+packs their flags into one byte, then spreads each byte to its 8 lanes, where each lane
+tests its own bit. The spread is a product on the matrix unit, ``bytes [rows, 128] @
+spread [128, 1024]`` with ``spread[m, c] = (c // 8 == m)``, exact in bfloat16 (a byte
+is an integer below 256) with a float32 result, so the vector unit is left to the
+rounds; the ``"gather"`` delivery (one lane gather per output register) is kept for
+measuring against it. The select and scale run in the same kernel, so neither the flags
+nor a residual reaches memory, and the generator's work hides under the copy.
+
+Not the default yet. The kernel draws the CPU's mask on a TPU and hides the rounds
+under its copy, but on a v5e a Pallas kernel that only scales its input ran at half the
+speed of XLA's ``x * c`` (an extra copy of the operand in XLA's program), and a
+Transformer train step with the kernel took longer than Flax's, where its compile time
+was a fraction of Flax's (``docs/dropout_speed.md``, "The TPU"). So the library draws
+by the XLA path unless :func:`enabled` (``dropmask.testing.tpu_kernels``) asks for the
+kernel, which ``benchmarks/bench_tpu.py`` times beside it.
+
+Differentiation. Dropout's combine is linear in ``x`` and diagonal, so it is its own
+transpose: the kernel is bound as a linear primitive, whose tangent (``jax.jvp``) and
+cotangent (``jax.grad``) are the same kernel applied to ``t`` or ``g`` with the same key
+(the backward pass draws the mask again rather than reading a residual). Under ``vmap``
+the primitive computes the same values by the XLA path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.core
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.extend import core as jex_core
+from jax.interpreters import ad, batching, mlir
+
+from ._fast_mask import FIELDS, LANES, Threshold, check_word_count
+from ._threefry import threefry4x32
+
+__all__ = [
+    "TpuKernel",
+    "enabled",
+    "kernel_for",
+    "masked_linear",
+    "scalars_of",
+    "tpu_interpret",
+    "tpu_kernels_run",
+]
+
+_SPAN = 1024  # columns per delivery: 128 calls, one per lane
+_CALLS = _SPAN // FIELDS.per_call  # 128
+_BLOCK_BYTES = 2 * 2**20  # bytes of input per grid step: ~2 MiB measured best on a v5e
+_U32 = np.uint32
+DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
+Combine = Callable[[Any, jax.Array, Any], Any]
+
+
+_ENABLED: list[bool] = []  # inside ``enabled()``
+
+
+def tpu_kernels_run() -> bool:
+    """Whether dropout's masks are drawn by the kernel: only inside :func:`enabled` for
+    now (see the module's docstring). Decided when the mask is traced."""
+    return bool(_ENABLED)
+
+
+def tpu_interpret() -> bool:
+    """Whether the kernel runs in Pallas's TPU interpreter: off a TPU. Decided by the
+    default backend, as ``default_path`` is."""
+    return jax.extend.backend.get_backend().platform != "tpu"
+
+
+@contextlib.contextmanager
+def enabled() -> Iterator[None]:
+    """Draws dropout's masks by the kernel while tracing inside it: compiled on a TPU, in
+    Pallas's TPU interpreter elsewhere (tests on a CPU). JAX's caches are cleared on entry
+    and exit, since a traced draw does not record which way it was drawn."""
+    jax.clear_caches()
+    _ENABLED.append(True)
+    try:
+        yield
+    finally:
+        _ENABLED.pop()
+        jax.clear_caches()
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuKernel:
+    """Everything static about one kernel; hashable (a primitive's parameter).
+
+    Attributes:
+      shape: the array's shape; the kernel sees it as ``[lead, rows, cols]``.
+      dtype: float32 or bfloat16.
+      value: the threshold when static (None: a run-time one in scalar memory).
+      realised: the keep probability when static.
+      block: ``(rows, cols)`` of a grid step.
+      chunk: rows the kernel computes at a time (a multiple of 8, 16 for bfloat16).
+      delivery: ``"mxu"`` or ``"gather"`` (see the module's docstring).
+      interpret: run in Pallas's TPU interpreter (tests on a CPU).
+    """
+
+    shape: tuple[int, ...]
+    dtype: Any
+    value: int | None
+    realised: float | None
+    block: tuple[int, int]
+    chunk: int
+    delivery: str = "mxu"
+    interpret: bool = False
+
+    @property
+    def view(self) -> tuple[int, int, int]:
+        cols = self.shape[-1]
+        rows = self.shape[-2] if len(self.shape) > 1 else 1
+        return (math.prod(self.shape[:-2]), rows, cols)
+
+
+def kernel_for(
+    shape: tuple[int, ...],
+    dtype: Any,
+    thr: Threshold,
+    *,
+    delivery: str = "mxu",
+    interpret: bool = False,
+) -> TpuKernel | None:
+    """The kernel for a mask of ``shape`` over an array of ``dtype``, or None where it
+    does not serve: the last axis must be the packing axis and a multiple of 128 long
+    (whole vector registers), the rows of a step a multiple of the chunk, and the dtype
+    float32 or bfloat16. Merging the axes before the last two is free in a TPU's tiled
+    layout; any other reshape would copy the array."""
+    if jnp.dtype(dtype) not in DTYPES or len(shape) == 0:
+        return None
+    cols = shape[-1]
+    rows = shape[-2] if len(shape) > 1 else 1
+    if cols % 128 or cols % LANES or math.prod(shape) == 0:
+        return None
+    check_word_count((math.prod(shape) // LANES,))
+    chunk = 32 if rows % 32 == 0 else 16 if rows % 16 == 0 else 0
+    if not chunk:
+        return None
+    itemsize = jnp.dtype(dtype).itemsize
+    block_cols = cols if cols <= 4 * _SPAN else 2 * _SPAN
+    fit = max(chunk, _BLOCK_BYTES // (block_cols * itemsize) // chunk * chunk)
+    block_rows = min(rows, fit)
+    static = isinstance(thr.value, int)
+    return TpuKernel(
+        tuple(shape),
+        jnp.dtype(dtype),
+        thr.value if static else None,
+        thr.realised if static else None,
+        (block_rows, block_cols),
+        chunk,
+        delivery,
+        interpret,
+    )
+
+
+def _call_bytes(word0: Any, key: list[jax.Array], thr: Any, rows: int) -> jax.Array:
+    """``int32[rows, 128]``: the keep-flags of 128 consecutive calls of each row, bit
+    ``f`` for field ``f``; ``word0`` (``uint32[rows, 1]``) is each row's first word."""
+    lane = lax.broadcasted_iota(_U32, (rows, _CALLS), 1)
+    word = word0 + (lane >> _U32(2))
+    outs = threefry4x32((word, lane & _U32(FIELDS.calls - 1), _U32(0), _U32(0)), key)
+    packed = None
+    for f in range(FIELDS.per_call):
+        _, o, bit = FIELDS.locate(f)
+        field = outs[o] >> _U32(bit) if bit else outs[o] & _U32(2**FIELDS.nbits - 1)
+        keep = jnp.where(field.astype(jnp.int32) < thr, np.int32(1 << f), np.int32(0))
+        packed = keep if packed is None else packed | keep
+    assert packed is not None
+    return packed
+
+
+def _spread_matrix() -> jax.Array:
+    """``bf16[128, 1024]``: 1 where column ``c`` reads call ``m`` (``c // 8 == m``)."""
+    m = lax.broadcasted_iota(jnp.int32, (_CALLS, _SPAN), 0)
+    c = lax.broadcasted_iota(jnp.int32, (_CALLS, _SPAN), 1)
+    return jnp.where((c >> 3) == m, 1.0, 0.0).astype(jnp.bfloat16)
+
+
+def _test_bits(spread: jax.Array) -> jax.Array:
+    """Each lane's own bit (``c % 8``) of the byte spread to it, moved to the sign."""
+    lane = lax.broadcasted_iota(jnp.int32, spread.shape, 1)
+    return (spread << (31 - (lane & 7))) < 0
+
+
+def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, x_ref: Any, o_ref: Any) -> None:
+    key = [scalars_ref[i].astype(_U32) for i in range(4)]
+    block_rows, block_cols = spec.block
+    if spec.value is None:
+        thr: Any = scalars_ref[4]
+        realised_bits = jnp.full((1, 1), scalars_ref[5], jnp.int32)
+        realised: Any = lax.bitcast_convert_type(realised_bits, jnp.float32)
+    else:
+        thr, realised = np.int32(spec.value), spec.realised
+    _, rows, cols = spec.view
+    words_per_row = cols // LANES
+    first_row = pl.program_id(0) * rows + pl.program_id(1) * block_rows
+    first_word = pl.program_id(2) * (block_cols // LANES)
+    ch = spec.chunk
+    spread_matrix = _spread_matrix() if spec.delivery == "mxu" else None
+
+    def step(c: Any, carry: Any) -> Any:
+        r0 = pl.multiple_of(c * ch, ch)
+        row = first_row + r0 + lax.broadcasted_iota(jnp.int32, (ch, 1), 0)
+        for s0 in range(0, block_cols, _SPAN):
+            width = min(_SPAN, block_cols - s0)
+            word0 = row.astype(_U32) * _U32(words_per_row) + (first_word + s0 // LANES).astype(_U32)
+            packed = _call_bytes(word0, key, thr, ch)
+            if spread_matrix is not None:
+                values = jnp.dot(
+                    packed.astype(jnp.float32).astype(jnp.bfloat16),
+                    spread_matrix,
+                    preferred_element_type=jnp.float32,
+                ).astype(jnp.int32)
+                keep = _test_bits(values[:, :width])
+                cols_ = pl.ds(s0, width)
+                o_ref[0, pl.ds(r0, ch), cols_] = combine(
+                    x_ref[0, pl.ds(r0, ch), cols_], keep, realised
+                ).astype(o_ref.dtype)
+                continue
+            lane = lax.broadcasted_iota(jnp.int32, (ch, _CALLS), 1)
+            for k in range(width // _CALLS):
+                index = 16 * k + (lane >> 3)
+                spread = jnp.take_along_axis(packed, index, axis=1, mode="promise_in_bounds")
+                cols_ = pl.ds(s0 + k * _CALLS, _CALLS)
+                o_ref[0, pl.ds(r0, ch), cols_] = combine(
+                    x_ref[0, pl.ds(r0, ch), cols_], _test_bits(spread), realised
+                ).astype(o_ref.dtype)
+        return carry
+
+    lax.fori_loop(0, block_rows // ch, step, 0)
+
+
+def _pallas(spec: TpuKernel, combine: Combine, x: jax.Array, scalars: jax.Array) -> jax.Array:
+    lead, rows, cols = spec.view
+    block_rows, block_cols = spec.block
+    grid = (lead, pl.cdiv(rows, block_rows), pl.cdiv(cols, block_cols))
+    block = pl.BlockSpec((1, block_rows, block_cols), lambda b, i, j: (b, i, j))
+    out = pl.pallas_call(
+        functools.partial(_kernel, spec, combine),
+        grid=grid,
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), block],
+        out_specs=block,
+        out_shape=jax.ShapeDtypeStruct(spec.view, x.dtype),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel")
+        ),
+        interpret=spec.interpret,
+    )(scalars, x.reshape(spec.view))
+    return out.reshape(spec.shape)
+
+
+def scalars_of(words: jax.Array, thr: Threshold) -> jax.Array:
+    """The kernel's scalar operands (int32): the key words, then for a run-time rate the
+    threshold and the bits of the realised keep probability."""
+    parts = [lax.bitcast_convert_type(words.astype(_U32), jnp.int32)]
+    if not isinstance(thr.value, int):
+        parts.append(jnp.reshape(thr.value.astype(jnp.int32), (1,)))
+        realised = jnp.asarray(thr.realised, jnp.float32)
+        parts.append(jnp.reshape(lax.bitcast_convert_type(realised, jnp.int32), (1,)))
+    return jnp.concatenate(parts)
+
+
+# The kernel as a primitive, linear in ``x``: ``jax.jvp`` and ``jax.grad`` apply the same
+# kernel to the tangent or cotangent (a pallas_call has neither rule of its own).
+masked_linear_p = jex_core.Primitive("dropmask_tpu_masked_linear")
+
+
+def masked_linear(
+    x: jax.Array, scalars: jax.Array, *, spec: TpuKernel, combine: Combine, fallback: Combine
+) -> jax.Array:
+    """``combine(x, keep, realised)`` with the keep-flags drawn inside the kernel.
+
+    ``combine`` must be linear in ``x`` and diagonal (dropout's select and scale), so
+    that it is its own transpose. ``fallback(x, scalars, spec)`` computes the same by
+    XLA, for ``vmap``.
+    """
+    return masked_linear_p.bind(x, scalars, spec=spec, combine=combine, fallback=fallback)
+
+
+def _abstract(x: Any, scalars: Any, **params: Any) -> Any:
+    del scalars, params
+    return jax.core.ShapedArray(x.shape, x.dtype)
+
+
+def _lowering(spec: TpuKernel, combine: Combine, fallback: Combine) -> Callable[..., Any]:
+    del fallback
+    return lambda x, scalars: _pallas(spec, combine, x, scalars)
+
+
+def _lower(ctx: Any, x: Any, scalars: Any, *, spec: Any, combine: Any, fallback: Any) -> Any:
+    """The kernel, or where it fails to lower (a Mosaic that lacks an op it uses), the XLA
+    path, which draws the same mask."""
+    try:
+        fun = mlir.lower_fun(_lowering(spec, combine, fallback), multiple_results=False)
+        return fun(ctx, x, scalars)
+    except Exception:  # noqa: BLE001 - any lowering failure falls back, never crashes
+        fun = mlir.lower_fun(lambda x, s: fallback(x, s, spec), multiple_results=False)
+        return fun(ctx, x, scalars)
+
+
+def _jvp(primals: Any, tangents: Any, **params: Any) -> Any:
+    x, scalars = primals
+    tx, _ = tangents
+    out = masked_linear_p.bind(x, scalars, **params)
+    if type(tx) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)  # pyright: ignore[reportAttributeAccessIssue]
+    return out, masked_linear_p.bind(tx, scalars, **params)
+
+
+def _transpose(ct: Any, x: Any, scalars: Any, **params: Any) -> Any:
+    del x
+    if type(ct) is ad.Zero:
+        return [ad.Zero(ct.aval), None]
+    return [masked_linear_p.bind(ct, scalars, **params), None]
+
+
+def _batch(args: Any, dims: Any, *, spec: Any, combine: Any, fallback: Any) -> Any:
+    out = jax.vmap(lambda x, s: fallback(x, s, spec), in_axes=dims)(*args)
+    return out, 0
+
+
+masked_linear_p.def_abstract_eval(_abstract)
+mlir.register_lowering(masked_linear_p, _lower)
+ad.primitive_jvps[masked_linear_p] = _jvp
+ad.primitive_transposes[masked_linear_p] = _transpose
+batching.primitive_batchers[masked_linear_p] = _batch

@@ -1,0 +1,122 @@
+"""The TPU kernel (``_random/_tpu_mask.py``) run in Pallas's TPU interpreter on a CPU.
+
+Inside ``dropmask.testing.tpu_kernels()`` dropout draws its mask in the kernel; every
+output, gradient, tangent and batched result must equal the default path's bit for bit,
+on the shapes the kernel serves and on those it hands back to the XLA path.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dropmask
+from dropmask import linen as dl
+from dropmask import testing
+from dropmask._random import _tpu_mask, threshold
+
+KEY = jax.random.key(5)
+RATE = 0.1
+SERVED = [
+    ((4, 32, 256), "float32"),  # a block narrower than the kernel's 1024 columns
+    ((64, 1024), "bfloat16"),
+    ((2, 16, 5120), "float32"),  # column blocks of 2048, the last one partial
+    ((48, 384), "float32"),  # rows not a multiple of 32: chunks of 16
+]
+FALLBACK = [((3, 100), "float32"), ((7, 96), "bfloat16"), ((2, 1, 4096), "float32")]
+FALLBACK_DTYPE = [((64, 128), "float16"), ((64, 128), "complex64")]
+
+
+def _x(shape, dtype):
+    return jax.random.normal(jax.random.key(1), shape, jnp.float32).astype(dtype)
+
+
+def _uses_kernel(f, *args):
+    return "dropmask_tpu_masked_linear" in str(jax.make_jaxpr(f)(*args))
+
+
+def _dropout(x):
+    return dropmask.dropout(x, RATE, KEY)
+
+
+def _loss(x):
+    w = jnp.cos(jnp.arange(x.size, dtype=jnp.float32)).reshape(x.shape)
+    return jnp.sum(_dropout(x).astype(jnp.float32) * w)
+
+
+@pytest.mark.parametrize(("shape", "dtype"), SERVED + FALLBACK + FALLBACK_DTYPE)
+def test_the_kernel_gives_the_default_paths_outputs_and_gradients(shape, dtype):
+    x = _x(shape, dtype)
+    want, want_grad = _dropout(x), jax.grad(_loss)(x) if dtype != "complex64" else None
+    with testing.tpu_kernels():
+        served = _uses_kernel(_dropout, x)
+        got = _dropout(x)
+        got_grad = jax.grad(_loss)(x) if dtype != "complex64" else None
+    assert served == ((shape, dtype) in SERVED)
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    if want_grad is not None:
+        np.testing.assert_array_equal(np.asarray(got_grad), np.asarray(want_grad))
+
+
+def test_tangents_batches_and_run_time_rates_equal_the_default_path():
+    x = _x((32, 256), "float32")
+    keys = jax.random.split(KEY, 3)
+    tangent = lambda x: jax.jvp(_dropout, (x,), (2 * x,))  # noqa: E731
+    batched = jax.vmap(lambda k: dropmask.dropout(x, RATE, k))
+    traced = jax.jit(lambda r: dropmask.dropout(x, r, KEY))
+    want = (tangent(x), batched(keys), traced(jnp.float32(0.3)), traced(jnp.float32(1.5)))
+    with testing.tpu_kernels():
+        assert _uses_kernel(lambda r: dropmask.dropout(x, r, KEY), jnp.float32(0.3))
+        got = (tangent(x), batched(keys), traced(jnp.float32(0.3)), traced(jnp.float32(1.5)))
+    assert bool(jnp.isnan(got[3]).all())  # a run-time rate outside [0, 1]: NaN, not clipped
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_a_kernel_that_fails_to_lower_falls_back_to_the_same_bits(monkeypatch):
+    def broken(*args, **kwargs):
+        raise NotImplementedError("no such Mosaic op")
+
+    x = _x((32, 256), "float32")
+    want = jax.jit(_dropout)(x)
+    monkeypatch.setattr(_tpu_mask, "_pallas", broken)
+    with testing.tpu_kernels():
+        assert _uses_kernel(_dropout, x)
+        got = jax.jit(_dropout)(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_layers_draw_through_the_kernel():
+    x = _x((2, 16, 256), "bfloat16")
+    layer = dl.Dropout(RATE, deterministic=False)
+    apply = lambda x: layer.apply({}, x, rngs={"dropout": KEY})  # noqa: E731
+    want = apply(x)
+    with testing.tpu_kernels():
+        assert _uses_kernel(apply, x)
+        got = apply(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_the_kernel_is_off_by_default():
+    x = _x((32, 256), "float32")
+    assert not _uses_kernel(_dropout, x)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "served"),
+    [
+        ((8, 1024), "float32", False),  # 8 rows: no chunk of 16 or 32
+        ((16, 1024), "float32", True),
+        ((32, 200), "float32", False),  # not whole vector registers
+        ((32, 128), "float64", False),
+        ((0, 128), "float32", False),
+        ((), "float32", False),
+    ],
+)
+def test_kernel_for_serves_whole_registers_of_float32_and_bfloat16(shape, dtype, served):
+    kernel = _tpu_mask.kernel_for(shape, jnp.dtype(dtype), threshold(0.9))
+    assert (kernel is not None) == served
+    if kernel is not None:
+        rows, cols = kernel.block
+        assert rows % kernel.chunk == 0 and cols % 128 == 0
