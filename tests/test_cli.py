@@ -2,8 +2,12 @@
 
 import dataclasses
 import json
+import os
+import pathlib
 import re
 import shlex
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import pytest
@@ -479,3 +483,26 @@ def test_ctrl_c_during_compare_rates_names_each_saved_run(capsys, tmp_path, monk
     command = shlex.split(err.split("Resume with: ")[1])
     assert cli.main(command[1:]) == 0
     assert list(_summary(tmp_path)["rates"]) == ["0", "0.5"]
+
+
+def test_a_config_refused_by_the_example_is_one_line_in_a_fresh_process(tmp_path):
+    # In-process tests cannot see what threads print at interpreter exit: orbax's
+    # cleanup thread once added a 30-line traceback after the refusal.
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    argv = ["train", "digits_nnx", "--config.model=conv", f"--workdir={tmp_path / 'run'}"]
+    done = subprocess.run(
+        [sys.executable, "-m", "dropmask.cli", *argv, "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "dropmask train: error: digits_nnx: config.model must be 'mlp' (the NNX example "
+        "trains the MLP only), got 'conv'. Use dropmask train digits --config.model=conv for "
+        "the convolutional net."
+    ], done.stderr
+    assert not (tmp_path / "run").exists()

@@ -318,3 +318,23 @@ def test_a_directory_that_is_a_file_is_refused(tmp_path):
     for directory in (afile, afile / "ckpt"):
         with pytest.raises(DropmaskError, match=rf"Checkpointer: directory must be.*{afile} is a"):
             Checkpointer(directory)
+
+
+def test_a_checkpointer_closed_before_any_save_leaves_no_thread_behind(tmp_path):
+    # Orbax removes earlier partial saves on a thread; left running at exit, it printed
+    # a traceback after a command's one-line refusal.
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    script = (
+        "from dropmask.training import Checkpointer\n"
+        f"Checkpointer({str(tmp_path / 'checkpoints')!r}).close()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr

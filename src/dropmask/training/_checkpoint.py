@@ -477,7 +477,14 @@ class Checkpointer:
         return state, record
 
     def close(self) -> None:
-        """Waits for pending writes and releases orbax's resources."""
+        """Waits for pending writes and for the removal of earlier partial saves, then
+        releases orbax's resources."""
+        # Orbax removes the partial saves of earlier runs on a thread started with the
+        # manager, and only a save waits for it: a checkpointer closed before its first
+        # save (a refused resume) would leave the thread to print a traceback at exit.
+        cleanup = getattr(self._manager, "_cleanup_tmp_directory_future", None)
+        if cleanup is not None:
+            cleanup.result()
         self._manager.close()
 
     def _read(self, step: int, item: str, args: Any) -> Any:

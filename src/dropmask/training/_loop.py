@@ -369,11 +369,11 @@ def _start(
                 )
         data = example.load_data(config)
         data_key, params_key, dropout_key = run_keys(schedule.seed)
-        # A new run creates its directories only once its data has loaded and its
-        # batches split over the devices.
         check_batch_splits(example.train_batch(config, data, data_key, start), mesh)
-        checkpointer = checkpointer or open_checkpoints()
+        # The example checks its config entries in load_data and create_state: a new
+        # run refuses a bad one before it creates a directory or starts orbax's threads.
         state = replicate(example.build_state(config, data, params_key, dropout_key), mesh)
+        checkpointer = checkpointer or open_checkpoints()
         if resume:
             state, start = _restore_complete(
                 checkpointer, example, config, data, state, start, damaged, workdir
