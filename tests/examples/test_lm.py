@@ -185,7 +185,7 @@ def test_the_sample_command_answers_a_mistake_in_one_line(tmp_path, capsys, argv
 def test_the_sample_command_reads_runs_name_by_default(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     target = str(pathlib.Path(train.__file__).parent)  # a path target, not the name
-    assert cli.main(["sample", target, "--prompt", "x"]) == 1
+    assert cli.main(["sample", target, "--prompt", "x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
         f"dropmask sample: error: {pathlib.Path('runs', 'lm')} holds no checkpoints/"
@@ -194,7 +194,7 @@ def test_the_sample_command_reads_runs_name_by_default(tmp_path, capsys, monkeyp
 
 def test_the_sample_command_names_an_example_that_does_not_generate(tmp_path, capsys):
     (tmp_path / "checkpoints").mkdir()
-    assert cli.main(["sample", "digits", "--workdir", str(tmp_path), "--prompt", "x"]) == 1
+    assert cli.main(["sample", "digits", "--workdir", str(tmp_path), "--prompt", "x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "dropmask sample: error: the example 'digits' does not generate text: its Example "

@@ -164,7 +164,7 @@ def test_a_train_step_returning_the_wrong_type_is_one_line(tmp_path, capsys):
     )
     status = cli.main(["train", str(mine), "--no-progress", f"--workdir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
-    assert status == 1
+    assert status == 2
     line = _line_of(mine / "train.py", "def train_step") - 1  # its @jax.jit line
     _one_line(err, f"train.py:{line}", "train_step must return a pair (new_state, metrics)")
     _no_internals(err)

@@ -36,7 +36,7 @@ import numpy as np
 from .._checks import check_choice, check_int_at_least
 from .._errors import DropmaskValueError, user_error
 from .._workflow import RUN_LENGTH_ENTRIES
-from ._errors import CheckpointError, DamagedCheckpointError
+from ._errors import CheckpointError, DamagedCheckpointError, SaveError
 from ._serialization import keys_from_data, keys_to_data
 from ._serialization import leaf_dtype as _dtype
 
@@ -218,7 +218,7 @@ class Checkpointer:
             a running minimum that starts at inf); by default such a state is refused.
 
         Raises:
-          CheckpointError: nothing was saved because checkpoint ``step`` exists and
+          SaveError: nothing was saved because checkpoint ``step`` exists and
             ``overwrite`` is False, a newer checkpoint exists, the state holds NaN or
             inf, or orbax declined, failed or did not finish the write.
           DropmaskValueError: ``step`` is not an int >= 0, or ``metrics`` lacks
@@ -231,7 +231,7 @@ class Checkpointer:
             bad = _nonfinite_paths(data)
             if bad:
                 more = f" (and {len(bad) - 1} more leaves)" if len(bad) > 1 else ""
-                raise CheckpointError(
+                raise SaveError(
                     f"{not_saved}: the state's leaf {bad[0]}{more} holds NaN or inf, and a "
                     f"non-finite state is never saved. Resume from the last checkpoint with "
                     f"a lower learning rate, or pass allow_nonfinite=True if the state "
@@ -270,12 +270,12 @@ class Checkpointer:
         not_saved = f"Checkpointer.save: step {step} was not saved in {self.directory}"
         steps = self.steps()
         if step in steps and not overwrite:
-            raise CheckpointError(
+            raise SaveError(
                 f"{not_saved}: a checkpoint of step {step} already exists. Pass "
                 f"overwrite=True to replace it, or save under another step."
             )
         if step not in steps and steps and steps[-1] > step:
-            raise CheckpointError(
+            raise SaveError(
                 f"{not_saved}: it is older than the latest checkpoint, step {steps[-1]}, and "
                 f"checkpoints only move forward (keeping the latest would delete it at "
                 f"once). Save it in another directory, or save a step after {steps[-1]}."
@@ -311,18 +311,18 @@ class Checkpointer:
             self._manager.wait_until_finished()
         except Exception as error:
             self._put_back(replaced, step)
-            raise CheckpointError(
+            raise SaveError(
                 f"{not_saved}: orbax failed to write it ({_first_line(error)}). Check the "
                 f"directory's space and permissions, then save again."
             ) from error
         if not written:
             self._put_back(replaced, step)
-            raise CheckpointError(
+            raise SaveError(
                 f"{not_saved}: orbax declined the save (CheckpointManager.save returned "
                 f"False). Save again, or report this with the orbax-checkpoint version."
             )
         if not (self.directory / str(step)).is_dir() or step not in self.steps():
-            raise CheckpointError(
+            raise SaveError(
                 f"{not_saved}: orbax reported it written, but {self.directory / str(step)} "
                 f"is not a complete checkpoint (the write did not finish, or the "
                 f"retention policy removed it). Save again, or report this."
