@@ -272,6 +272,39 @@ def test_a_named_config_is_the_start_and_overrides_apply_on_top(capsys, tmp_path
     _one_line_error(err, "digits's configs (none besides the default)")
 
 
+def test_resuming_a_named_config_run_without_it_says_to_pass_it_again(
+    capsys, tmp_path, monkeypatch
+):
+    from dropmask.examples.digits import train as digits_train
+
+    def get_wide_config():
+        config = configs.get_tiny_config()
+        config.hidden = (24,)
+        return config
+
+    named = {"wide": get_wide_config}
+    monkeypatch.setattr(
+        digits_train, "example", dataclasses.replace(digits_train.example, configs=named)
+    )
+    flags = ["--no-progress", f"--workdir={tmp_path}"]
+    assert _train(capsys, "--config=wide", "--steps=4", *flags, tiny=False)[0] == 0
+    status, _, err = _train(capsys, "--resume", "--steps=8", *flags, tiny=False)
+    assert status == 2
+    _one_line_error(
+        err,
+        f"checkpoint 4 in {tmp_path / 'checkpoints'} was made with --config wide",
+        "this run starts from the default config",
+        "Resume with --config wide (pass it again)",
+    )
+    assert _train(capsys, "--config=wide", "--resume", "--steps=8", *flags, tiny=False)[0] == 0
+    # A run of the default config, resumed with --config wide.
+    flags = ["--no-progress", f"--workdir={tmp_path / 'b'}"]
+    assert _train(capsys, "--steps=4", *flags, tiny=False)[0] == 0
+    status, _, err = _train(capsys, "--config=wide", "--resume", "--steps=8", *flags, tiny=False)
+    assert status == 2
+    _one_line_error(err, "was made with the default config", "Resume without --config")
+
+
 def test_data_path_missing_or_unreadable(capsys, tmp_path):
     missing = tmp_path / "nope.npz"
     status, _, err = _train(capsys, f"--workdir={tmp_path / 'a'}", data_path=str(missing))

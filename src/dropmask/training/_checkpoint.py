@@ -2,10 +2,10 @@
 
 A checkpoint holds every leaf of the train state (params, optimizer state, step, the
 PRNG key as key data) plus a JSON record: the key impls, each leaf's path, shape and
-dtype, the config, the data pipeline's position and the eval metrics. Orbax writes a
-step into a temporary directory and renames it only once complete, so a run killed
-mid-save leaves the previous checkpoints as they were; the partial directory is
-ignored and cleaned up by the next run.
+dtype, the config and the named config it started from, the data pipeline's position
+and the eval metrics. Orbax writes a step into a temporary directory and renames it
+only once complete, so a run killed mid-save leaves the previous checkpoints as they
+were; the partial directory is ignored and cleaned up by the next run.
 
 A save either writes its step or raises, naming the step and why: orbax on its own
 declines some saves by returning ``False`` (a step that exists, a step older than
@@ -40,12 +40,25 @@ from ._errors import CheckpointError, DamagedCheckpointError, SaveError
 from ._serialization import keys_from_data, keys_to_data
 from ._serialization import leaf_dtype as _dtype
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "config_difference"]
 
 
 def _plain(value: Any) -> Any:
     """``value`` as JSON would give it back (tuples become lists), for comparison."""
     return json.loads(json.dumps(value))
+
+
+def config_difference(
+    saved: Mapping[str, Any], current: Mapping[str, Any]
+) -> tuple[str, Any, Any] | None:
+    """``(entry, saved value, current value)`` of the first entry in which two configs
+    differ, the run-length entries left out (``'<absent>'`` for a missing one); None
+    when they agree."""
+    saved, current = _plain(dict(saved)), _plain(dict(current))
+    for name in sorted((set(saved) | set(current)) - RUN_LENGTH_ENTRIES):
+        if saved.get(name, "<absent>") != current.get(name, "<absent>"):
+            return name, saved.get(name, "<absent>"), current.get(name, "<absent>")
+    return None
 
 
 def _first_line(error: BaseException, limit: int = 160) -> str:
@@ -200,6 +213,7 @@ class Checkpointer:
         metrics: Mapping[str, float] | None = None,
         overwrite: bool = False,
         allow_nonfinite: bool = False,
+        config_name: str | None = None,
     ) -> None:
         """Writes ``state`` as checkpoint ``step`` (atomically) and prunes old ones.
 
@@ -216,6 +230,9 @@ class Checkpointer:
             aside and deleted only once the new one is complete.
           allow_nonfinite: save a state whose floating leaves hold NaN or inf (e.g.
             a running minimum that starts at inf); by default such a state is refused.
+          config_name: the named config that ``config`` started from (``dropmask
+            train --config NAME``; ``None``: the default), kept in the record as
+            ``config_name`` so that a resume from another start can say which.
 
         Raises:
           SaveError: nothing was saved because checkpoint ``step`` exists and
@@ -242,6 +259,7 @@ class Checkpointer:
             "key_impls": impls,
             "leaves": _leaf_records(data),
             "config": _plain(dict(config)),
+            "config_name": config_name,
             "data_position": _plain(dict(data_position)),
             "metrics": _plain(dict(metrics)) if metrics is not None else None,
         }
@@ -527,14 +545,14 @@ class Checkpointer:
 
     @staticmethod
     def _check_config(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:
-        names = sorted((set(saved) | set(current)) - RUN_LENGTH_ENTRIES)
-        for name in names:
-            if saved.get(name, "<absent>") != current.get(name, "<absent>"):
-                raise CheckpointError(
-                    f"{where} was saved with config.{name}={saved.get(name, '<absent>')!r}, "
-                    f"but this run has config.{name}={current.get(name, '<absent>')!r}. "
-                    f"Resume with the same config, or train in a new workdir."
-                )
+        difference = config_difference(saved, current)
+        if difference is not None:
+            name, there, here = difference
+            raise CheckpointError(
+                f"{where} was saved with config.{name}={there!r}, but this run has "
+                f"config.{name}={here!r}. Resume with the same config, or train in a new "
+                f"workdir."
+            )
 
     @staticmethod
     def _check_leaves(

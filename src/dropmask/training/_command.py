@@ -300,7 +300,13 @@ def _execute(args: argparse.Namespace, example: Any, config: Any, rates: list[fl
     progress = not args.no_progress
     if rates is None:
         result = train(
-            example, config, workdir, resume=args.resume, devices=args.devices, progress=progress
+            example,
+            config,
+            workdir,
+            resume=args.resume,
+            devices=args.devices,
+            progress=progress,
+            config_name=args.config,
         )
         table = _summary.run_table(result.final)
         written = "metrics.jsonl, tensorboard/, curves.png, summary.json, checkpoints/"
@@ -316,6 +322,7 @@ def _execute(args: argparse.Namespace, example: Any, config: Any, rates: list[fl
             resume=args.resume,
             devices=args.devices,
             progress=progress,
+            config_name=args.config,
         )
         table = _summary.comparison_table(summary)
         written = "summary.json, curves.png, and rate_R/seed_S/ per run"
