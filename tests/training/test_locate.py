@@ -151,6 +151,27 @@ def test_get_config_returning_a_dict_is_one_line_at_the_users_function(command, 
     _no_internals(err)
 
 
+def test_a_named_config_returning_a_dict_names_the_function_called(tmp_path, capsys):
+    mine = _users_copy(
+        tmp_path,
+        "example = Example(\n",
+        "example = Example(\n    configs={'big': get_big_config},\n",
+    )
+    train = mine / "train.py"
+    text = train.read_text().replace(
+        "\ndef load_data(",
+        "\ndef get_big_config():\n    return get_config().to_dict()\n\n\ndef load_data(",
+    )
+    train.write_text(text)
+    assert cli.main(["train", str(mine), "--config", "big"]) == 2
+    line = _line_of(train, "def get_big_config")
+    _one_line(
+        capsys.readouterr().err,
+        f"train.py:{line}: example.configs['big'] (get_big_config) must return an "
+        "ml_collections.ConfigDict, got a dict",
+    )
+
+
 def test_a_plain_field_of_the_wrong_kind_names_the_example_line(tmp_path, capsys):
     mine = _users_copy(tmp_path, 'best_mode="max"', 'best_mode="maximum"')
     assert cli.main(["train", str(mine)]) == 2
