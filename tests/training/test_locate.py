@@ -118,6 +118,35 @@ def test_train_and_audit_a_users_directory(tmp_path, capsys):
 # exit, no traceback and no internal function's name.
 
 
+def test_list_states_the_context_lms_configs_use(capsys, monkeypatch):
+    import dataclasses
+
+    from examples.lm import configs
+
+    def lm_line() -> str:
+        assert cli.main(["train", "--list"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        return lines[lines.index(next(x for x in lines if x.startswith("lm "))) + 1]
+
+    default, long = configs.get_config().context, configs.get_long_config().context
+    assert lm_line().endswith(f"model (context {default}; --config long: context {long})")
+    # Read from the example's configs, not written beside them: it follows a change.
+    module = _locate._import_directory(checkout_examples() / "lm", "lm")
+
+    def get_config():
+        config = configs.get_config()
+        config.context = 77
+        return config
+
+    monkeypatch.setattr(
+        module, "example", dataclasses.replace(module.example, get_config=get_config)
+    )
+    small = configs.get_small_data_config().context
+    assert lm_line().endswith(
+        f"model (context 77; --config long: context {long}; --config small_data: context {small})"
+    )
+
+
 def _users_copy(tmp_path, old: str = "", new: str = "") -> pathlib.Path:
     """tests/user_example copied to ``tmp_path``, ``old`` replaced by ``new`` in train.py."""
     directory = tmp_path / "mine"
