@@ -542,8 +542,6 @@ def test_a_config_refused_by_the_example_is_one_line_in_a_fresh_process(tmp_path
 
 
 def _run_saved_at_step_4(workdir: pathlib.Path) -> pathlib.Path:
-    import jax.numpy as jnp
-
     from dropmask.training import Checkpointer
 
     checkpointer = Checkpointer(workdir / "checkpoints")
@@ -616,7 +614,7 @@ MISTAKES = {
 
 
 @pytest.mark.parametrize("kind", MISTAKES)
-def test_every_kind_of_user_mistake_exits_2_in_one_line(capsys, tmp_path, monkeypatch, kind):
+def test_every_kind_of_user_mistake_exits_2_in_one_line(capsys, tmp_path, kind):
     command, words = MISTAKES[kind]
     try:
         status = cli.main(command(tmp_path))
