@@ -2,8 +2,12 @@
 
 import dataclasses
 import json
+import os
+import pathlib
 import re
 import shlex
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import pytest
@@ -123,17 +127,17 @@ def test_steps_rate_seed(capsys, tmp_path):
 def test_resume(capsys, tmp_path):
     base = ("--no-progress", f"--workdir={tmp_path}")
     status, _, err = _train(capsys, *base, "--resume")
-    assert status == 1
+    assert status == 2
     _one_line_error(err, "--resume found no checkpoint", str(tmp_path))
     assert _train(capsys, *base, "--steps=4")[0] == 0
     status, _, err = _train(capsys, *base, "--steps=8")
-    assert status == 1
+    assert status == 2
     _one_line_error(err, "already holds checkpoints", "--resume")
     status, _, err = _train(capsys, *base, "--steps=8", "--resume")
     assert status == 0, err
     assert _summary(tmp_path)["start_step"] == 4 and _summary(tmp_path)["steps"] == 8
     status, _, err = _train(capsys, *base, "--resume", hidden=(8,))
-    assert status == 1
+    assert status == 2
     _one_line_error(err, "config.hidden=[32]", "config.hidden=[8]")
 
 
@@ -142,10 +146,10 @@ def test_devices(capsys, tmp_path):
     status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path}", "--devices=4")
     assert status == 0, err
     status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path / 'b'}", "--devices=9")
-    assert status == 1
+    assert status == 2
     _one_line_error(err, "devices must be an int in [1, 8]")
     status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path / 'c'}", "--devices=5")
-    assert status == 1
+    assert status == 2
     _one_line_error(err, "batch_size that is a multiple of 5")
 
 
@@ -209,11 +213,11 @@ def test_progress_bar_and_no_progress(capsys, tmp_path):
 
 def test_multi_process_flags_need_each_other(capsys):
     status, _, err = _train(capsys, "--coordinator-address=127.0.0.1:1", "--process-id=0")
-    assert status == 1
+    assert status == 2
     _one_line_error(err, "--num-processes", "--process-id")
     args = ("--coordinator-address=127.0.0.1:1", "--num-processes=2", "--process-id=2")
     status, _, err = _train(capsys, *args)
-    assert status == 1
+    assert status == 2
     _one_line_error(err, "process_id must be in [0, num_processes)")
 
 
@@ -268,15 +272,48 @@ def test_a_named_config_is_the_start_and_overrides_apply_on_top(capsys, tmp_path
     _one_line_error(err, "digits's configs (none besides the default)")
 
 
+def test_resuming_a_named_config_run_without_it_says_to_pass_it_again(
+    capsys, tmp_path, monkeypatch
+):
+    from dropmask.examples.digits import train as digits_train
+
+    def get_wide_config():
+        config = configs.get_tiny_config()
+        config.hidden = (24,)
+        return config
+
+    named = {"wide": get_wide_config}
+    monkeypatch.setattr(
+        digits_train, "example", dataclasses.replace(digits_train.example, configs=named)
+    )
+    flags = ["--no-progress", f"--workdir={tmp_path}"]
+    assert _train(capsys, "--config=wide", "--steps=4", *flags, tiny=False)[0] == 0
+    status, _, err = _train(capsys, "--resume", "--steps=8", *flags, tiny=False)
+    assert status == 2
+    _one_line_error(
+        err,
+        f"checkpoint 4 in {tmp_path / 'checkpoints'} was made with --config wide",
+        "this run starts from the default config",
+        "Resume with --config wide (pass it again)",
+    )
+    assert _train(capsys, "--config=wide", "--resume", "--steps=8", *flags, tiny=False)[0] == 0
+    # A run of the default config, resumed with --config wide.
+    flags = ["--no-progress", f"--workdir={tmp_path / 'b'}"]
+    assert _train(capsys, "--steps=4", *flags, tiny=False)[0] == 0
+    status, _, err = _train(capsys, "--config=wide", "--resume", "--steps=8", *flags, tiny=False)
+    assert status == 2
+    _one_line_error(err, "was made with the default config", "Resume without --config")
+
+
 def test_data_path_missing_or_unreadable(capsys, tmp_path):
     missing = tmp_path / "nope.npz"
     status, _, err = _train(capsys, f"--workdir={tmp_path / 'a'}", data_path=str(missing))
-    assert status == 1
+    assert status == 2
     _one_line_error(err, str(missing), "does not exist")
     garbage = tmp_path / "digits.npz"
     garbage.write_bytes(b"not a zip")
     status, _, err = _train(capsys, f"--workdir={tmp_path / 'b'}", data_path=str(garbage))
-    assert status == 1
+    assert status == 2
     _one_line_error(err, str(garbage), "not readable")
     assert not (tmp_path / "a" / "checkpoints").exists()
 
@@ -357,7 +394,7 @@ def test_workdir_that_is_a_file(capsys, tmp_path):
     afile.write_text("")
     for workdir in (afile, afile / "run"):
         status, _, err = _train(capsys, "--no-progress", f"--workdir={workdir}")
-        assert status == 1
+        assert status == 2
         _one_line_error(err, "workdir must be a directory", f"{afile} is a file", "--workdir")
 
 
@@ -366,7 +403,7 @@ def test_resume_with_steps_below_the_checkpoint_changes_nothing(capsys, tmp_path
     assert _train(capsys, *base, "--steps=8")[0] == 0
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     status, _, err = _train(capsys, *base, "--steps=4", "--resume")
-    assert status == 1
+    assert status == 2
     _one_line_error(err, "step 8, past config.steps=4", "nothing was changed", "--steps above 8")
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
@@ -444,13 +481,13 @@ def test_config_values_of_the_wrong_kind(capsys, override, words):
         (["--workdir="], 2, ["--workdir must be a directory path, got ''", "runs/EXAMPLE"]),
         (
             ["--coordinator-address=nonsense", "--num-processes=2", "--process-id=0"],
-            1,
+            2,
             ["coordinator_address must be HOST:PORT", "'nonsense'", "--coordinator-address="],
         ),
-        (["--config.hidden=(0,)"], 1, ["config.hidden must be widths >= 1", "--config.hidden="]),
-        (["--config.learning_rate=-1"], 1, ["config.learning_rate must be > 0", "-1.0"]),
-        (["--config.label_noise=2"], 1, ["config.label_noise must be in [0, 1]", "got 2.0"]),
-        (["--config.data_seed=-3"], 1, ["config.data_seed must be an int >= 0", "got -3"]),
+        (["--config.hidden=(0,)"], 2, ["config.hidden must be widths >= 1", "--config.hidden="]),
+        (["--config.learning_rate=-1"], 2, ["config.learning_rate must be > 0", "-1.0"]),
+        (["--config.label_noise=2"], 2, ["config.label_noise must be in [0, 1]", "got 2.0"]),
+        (["--config.data_seed=-3"], 2, ["config.data_seed must be an int >= 0", "got -3"]),
     ],
 )
 def test_bad_flag_and_config_values_are_one_line(capsys, tmp_path, args, status, words):
@@ -479,3 +516,121 @@ def test_ctrl_c_during_compare_rates_names_each_saved_run(capsys, tmp_path, monk
     command = shlex.split(err.split("Resume with: ")[1])
     assert cli.main(command[1:]) == 0
     assert list(_summary(tmp_path)["rates"]) == ["0", "0.5"]
+
+
+def test_a_config_refused_by_the_example_is_one_line_in_a_fresh_process(tmp_path):
+    # In-process tests cannot see what threads print at interpreter exit: orbax's
+    # cleanup thread once added a 30-line traceback after the refusal.
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    argv = ["train", "digits_nnx", "--config.model=conv", f"--workdir={tmp_path / 'run'}"]
+    done = subprocess.run(
+        [sys.executable, "-m", "dropmask.cli", *argv, "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "dropmask train: error: digits_nnx: config.model must be 'mlp' (the NNX example "
+        "trains the MLP only), got 'conv'. Use dropmask train digits --config.model=conv for "
+        "the convolutional net."
+    ], done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def _run_saved_at_step_4(workdir: pathlib.Path) -> pathlib.Path:
+    from dropmask.training import Checkpointer
+
+    checkpointer = Checkpointer(workdir / "checkpoints")
+    checkpointer.save(4, {"w": jnp.ones(2)}, config={}, data_position={})
+    checkpointer.close()
+    return workdir
+
+
+def _a_file(path: pathlib.Path) -> pathlib.Path:
+    path.write_text("")
+    return path
+
+
+# Each kind of user mistake: the command line (given a fresh directory) and its one line.
+MISTAKES = {
+    "unknown example": (lambda d: ["train", "nonesuch"], "no example 'nonesuch'"),
+    "unknown example to sample": (
+        lambda d: ["sample", "nonesuch", "--prompt", "x"],
+        "no example 'nonesuch'",
+    ),
+    "unknown example to audit": (lambda d: ["audit", "nonesuch"], "no example 'nonesuch'"),
+    "unknown --config name": (
+        lambda d: ["train", "digits", "--config=narrow"],
+        "--config must name one of digits's configs",
+    ),
+    "unknown --config entry": (
+        lambda d: ["train", "digits", "--config.nope=1"],
+        "--config.nope: no such config entry",
+    ),
+    "bad --config value for the loop": (
+        lambda d: ["train", "digits", "--config.keep_checkpoints=0", f"--workdir={d / 'w'}"],
+        "config.keep_checkpoints must be an int >= 1",
+    ),
+    "bad --config value for the data": (
+        lambda d: ["train", "digits", "--config.learning_rate=-1", f"--workdir={d / 'w'}"],
+        "config.learning_rate must be > 0",
+    ),
+    "bad --config value for the model": (
+        lambda d: ["train", "digits_nnx", "--config.model=conv", f"--workdir={d / 'w'}"],
+        "config.model must be 'mlp'",
+    ),
+    "workdir that is a file": (
+        lambda d: ["train", "digits", f"--workdir={_a_file(d / 'f')}"],
+        "workdir must be a directory",
+    ),
+    "--resume without checkpoints": (
+        lambda d: ["train", "digits", "--resume", f"--workdir={d / 'w'}"],
+        "--resume found no checkpoint",
+    ),
+    "more --devices than there are": (
+        lambda d: ["train", "digits", "--devices=9", f"--workdir={d / 'w'}"],
+        "devices must be an int in [1, 8]",
+    ),
+    "sample an example without a sampler": (
+        lambda d: ["sample", "digits", "--prompt", "x", f"--workdir={_run_saved_at_step_4(d)}"],
+        "the example 'digits' does not generate text",
+    ),
+    "sample a --step never saved": (
+        lambda d: [
+            "sample",
+            "lm",
+            "--prompt",
+            "x",
+            "--step=9",
+            f"--workdir={_run_saved_at_step_4(d)}",
+        ],
+        "no checkpoint for step 9",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", MISTAKES)
+def test_every_kind_of_user_mistake_exits_2_in_one_line(capsys, tmp_path, kind):
+    command, words = MISTAKES[kind]
+    try:
+        status = cli.main(command(tmp_path))
+    except SystemExit as exit_info:
+        status = exit_info.code
+    assert status == 2
+    _one_line_error(capsys.readouterr().err, words)
+
+
+def test_a_save_that_fails_once_the_run_started_exits_1(capsys, tmp_path, monkeypatch):
+    from dropmask.training import SaveError, _checkpoint
+
+    def full_disk(self, step, *args, **kwargs):
+        raise SaveError(f"Checkpointer.save: step {step} was not saved: the disk is full.")
+
+    monkeypatch.setattr(_checkpoint.Checkpointer, "_write", full_disk)
+    status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path}")
+    assert status == 1
+    _one_line_error(err, "step 4 was not saved: the disk is full")

@@ -41,10 +41,22 @@ def _next_byte(
     # The k-th largest logit is the threshold (top_k 0 or >= 256: none); a byte that
     # ties with it is kept too.
     vocab = logits.shape[-1]
-    kth = jnp.sort(logits)[vocab - jnp.clip(top_k, 1, vocab)]
+    ordered = jnp.sort(logits)
+    kth = ordered[vocab - jnp.clip(top_k, 1, vocab)]
     kth = jnp.where((top_k > 0) & (top_k < vocab), kth, -jnp.inf)
-    logits = jnp.where(logits >= kth, logits, -jnp.inf)
-    return jax.random.categorical(key, logits / temperature)
+    # Scaled from the largest logit, the most likely bytes stay at 0 whatever the
+    # temperature: a huge one (logits / T below float32's smallest, or T past its
+    # largest) leaves the kept bytes equally likely, a tiny one the most likely
+    # bytes alone, and neither makes an infinity meet a zero (NaN).
+    below = logits - ordered[-1]
+    scaled = jnp.where(below == 0, 0.0, below / temperature)
+    return jax.random.categorical(key, jnp.where(logits >= kth, scaled, -jnp.inf))
+
+
+def _float32(value: float) -> jax.Array:
+    """``value`` in float32, infinite past its largest finite value (no overflow warning)."""
+    with np.errstate(over="ignore"):
+        return jnp.asarray(np.float32(value))
 
 
 def _bucket(length: int, context: int) -> int:
@@ -98,7 +110,10 @@ def generate(
 
     Temperature 0 takes the most likely byte (greedy); above 0, byte ``i`` is drawn
     from ``softmax(logits / temperature)`` over the ``top_k`` most likely bytes (0:
-    all 256) with ``fold_in(key, i)``: one key, one text. The model reads
+    all 256) with ``fold_in(key, i)``: one key, one text. Any finite temperature is
+    honoured: so large that ``logits / temperature`` underflows, the kept bytes are
+    equally likely (at ``top_k`` 1, greedy); so small that it overflows, the most
+    likely byte is taken. The model reads
     the last ``context`` bytes. Bytes that do not decode as UTF-8 are shown as U+FFFD.
 
     Args:
@@ -130,7 +145,7 @@ def generate(
             jnp.asarray(window),
             jnp.int32(len(recent) - 1),
             jax.random.fold_in(key, i),
-            jnp.float32(max(temperature, 1e-6)),
+            _float32(temperature),
             jnp.int32(top_k),
             temperature == 0,
         )

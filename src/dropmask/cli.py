@@ -56,7 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       argv: the arguments after ``dropmask`` (``sys.argv[1:]`` by default).
 
     Returns:
-      0 on success, 1 when the command failed on its input, 2 for bad usage.
+      0 on success; 2 for a user's mistake (a flag, the target, a config, a workdir);
+      1 when the work failed once started, or found what it looks for (audit
+      findings, a why verdict that differs); 130 on Ctrl-C. docs/cli.md states each.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = OneLineParser(

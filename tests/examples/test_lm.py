@@ -140,6 +140,24 @@ def test_greedy_temperature_and_top_k_sampling_are_keyed(state):
     assert few <= {chr(int(b)) for b in np.argsort(np.asarray(logits))[-3:]}
 
 
+def test_a_temperature_at_either_end_of_float32_still_samples(state):
+    greedy = sample.generate(state, "The ", 12)
+    hot = functools.partial(sample.generate, state, "The ", 12)
+    # logits / 3e38 underflows to 0 (and -inf / 1e39 was NaN): the one kept byte was
+    # lost, and every byte came out NUL. 1e39 is past float32's largest value.
+    for temperature in (3e38, 1e39, 1e300):
+        assert hot(temperature=temperature, top_k=1, key=jax.random.key(0)) == greedy
+    # So small that logits / T overflows: the most likely byte, as at T = 0.
+    for temperature in (1e-40, 1e-300):
+        assert hot(temperature=temperature, key=jax.random.key(0)) == greedy
+    # So large that logits / T underflows: the k most likely bytes are equally likely.
+    window = jnp.asarray(np.frombuffer(b"The ", np.uint8).astype(np.int32))
+    logits = state.model(training=False)(window[None])[0, -1]
+    top3 = {chr(int(b)) for b in np.argsort(np.asarray(logits))[-3:]}
+    drawn = {hot(temperature=3e38, top_k=3, key=jax.random.key(s))[4] for s in range(12)}
+    assert drawn == top3  # each of the three, in 12 draws (chance of missing one: 2.3%)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -185,7 +203,7 @@ def test_the_sample_command_answers_a_mistake_in_one_line(tmp_path, capsys, argv
 def test_the_sample_command_reads_runs_name_by_default(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     target = str(pathlib.Path(train.__file__).parent)  # a path target, not the name
-    assert cli.main(["sample", target, "--prompt", "x"]) == 1
+    assert cli.main(["sample", target, "--prompt", "x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
         f"dropmask sample: error: {pathlib.Path('runs', 'lm')} holds no checkpoints/"
@@ -194,7 +212,7 @@ def test_the_sample_command_reads_runs_name_by_default(tmp_path, capsys, monkeyp
 
 def test_the_sample_command_names_an_example_that_does_not_generate(tmp_path, capsys):
     (tmp_path / "checkpoints").mkdir()
-    assert cli.main(["sample", "digits", "--workdir", str(tmp_path), "--prompt", "x"]) == 1
+    assert cli.main(["sample", "digits", "--workdir", str(tmp_path), "--prompt", "x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "dropmask sample: error: the example 'digits' does not generate text: its Example "
@@ -225,6 +243,11 @@ def test_tiny_run_lowers_the_loss_resumes_exactly_and_samples(config, tmp_path, 
     assert cli.main(command) == 0
     greedy = capsys.readouterr().out
     assert greedy.startswith("def ") and len(greedy.encode()) >= len("def ") + 1
+    # Among the one most likely byte, any temperature is greedy, float32's largest too
+    # (the target is this checkout's lm, whichever checkout dropmask is installed from).
+    here = [*command[:1], str(pathlib.Path(train.__file__).parent), *command[2:]]
+    assert cli.main([*here, "--temperature", "3e38", "--top-k", "1"]) == 0
+    assert capsys.readouterr().out == greedy
     # One seed, one text; the checkpoint of step 4 is another model.
     hot = [*command, "--temperature", "1", "--top-k", "50"]
     texts = []

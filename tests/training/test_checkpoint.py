@@ -12,6 +12,7 @@ from dropmask.training import (
     Checkpointer,
     CheckpointError,
     DamagedCheckpointError,
+    SaveError,
     TrainState,
     from_bytes,
     to_bytes,
@@ -166,7 +167,7 @@ def test_saving_an_existing_step_raises_and_overwrite_replaces_it(tmp_path):
     first, second = _state(seed=0), _state(seed=1)
     ckpt = Checkpointer(tmp_path)
     ckpt.save(5, first, config=CONFIG, data_position={})
-    with pytest.raises(CheckpointError, match=r"step 5 was not saved.*already exists.*overwrite="):
+    with pytest.raises(SaveError, match=r"step 5 was not saved.*already exists.*overwrite="):
         ckpt.save(5, second, config=CONFIG, data_position={})
     np.testing.assert_array_equal(_w(ckpt.restore(second, config=CONFIG)[0]), _w(first))
     ckpt.save(5, second, config=CONFIG, data_position={}, overwrite=True)
@@ -179,7 +180,7 @@ def test_saving_an_existing_step_raises_and_overwrite_replaces_it(tmp_path):
 def test_saving_a_step_older_than_the_latest_raises(tmp_path):
     ckpt = Checkpointer(tmp_path)
     ckpt.save(5, _state(), config=CONFIG, data_position={})
-    with pytest.raises(CheckpointError, match=r"step 3 was not saved.*older than the latest.*5"):
+    with pytest.raises(SaveError, match=r"step 3 was not saved.*older than the latest.*5"):
         ckpt.save(3, _state(), config=CONFIG, data_position={})
     assert ckpt.steps() == [5]
     ckpt.close()
@@ -195,7 +196,7 @@ def test_saving_a_step_older_than_the_latest_raises(tmp_path):
 def test_a_save_orbax_declines_or_does_not_finish_raises(tmp_path, monkeypatch, orbax_save, match):
     ckpt = Checkpointer(tmp_path)
     monkeypatch.setattr(ckpt._manager, "save", orbax_save)
-    with pytest.raises(CheckpointError, match=match):
+    with pytest.raises(SaveError, match=match):
         ckpt.save(2, _state(), config=CONFIG, data_position={})
     ckpt.close()
 
@@ -209,7 +210,7 @@ def test_a_failed_overwrite_keeps_the_old_checkpoint(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(ckpt._manager, "save", disk_full)
-    with pytest.raises(CheckpointError, match=r"step 5 was not saved.*No space left on device"):
+    with pytest.raises(SaveError, match=r"step 5 was not saved.*No space left on device"):
         ckpt.save(5, _state(seed=1), config=CONFIG, data_position={}, overwrite=True)
     monkeypatch.undo()
     assert ckpt.steps() == [5]
@@ -223,7 +224,7 @@ def test_a_non_finite_state_is_never_saved_unless_allowed(tmp_path):
     bad.params["Dense_1"]["bias"] = bad.params["Dense_1"]["bias"].at[0].set(jnp.nan)
     ckpt = Checkpointer(tmp_path)
     with pytest.raises(
-        CheckpointError, match=r"step 1 was not saved.*\['Dense_1'\]\['bias'\].*NaN or inf"
+        SaveError, match=r"step 1 was not saved.*\['Dense_1'\]\['bias'\].*NaN or inf"
     ):
         ckpt.save(1, bad, config=CONFIG, data_position={})
     assert ckpt.steps() == []
@@ -318,3 +319,23 @@ def test_a_directory_that_is_a_file_is_refused(tmp_path):
     for directory in (afile, afile / "ckpt"):
         with pytest.raises(DropmaskError, match=rf"Checkpointer: directory must be.*{afile} is a"):
             Checkpointer(directory)
+
+
+def test_a_checkpointer_closed_before_any_save_leaves_no_thread_behind(tmp_path):
+    # Orbax removes earlier partial saves on a thread; left running at exit, it printed
+    # a traceback after a command's one-line refusal.
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    script = (
+        "from dropmask.training import Checkpointer\n"
+        f"Checkpointer({str(tmp_path / 'checkpoints')!r}).close()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr

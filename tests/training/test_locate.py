@@ -118,6 +118,35 @@ def test_train_and_audit_a_users_directory(tmp_path, capsys):
 # exit, no traceback and no internal function's name.
 
 
+def test_list_states_the_context_lms_configs_use(capsys, monkeypatch):
+    import dataclasses
+
+    from examples.lm import configs
+
+    def lm_line() -> str:
+        assert cli.main(["train", "--list"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        return lines[lines.index(next(x for x in lines if x.startswith("lm "))) + 1]
+
+    default, long = configs.get_config().context, configs.get_long_config().context
+    assert lm_line().endswith(f"model (context {default}; --config long: context {long})")
+    # Read from the example's configs, not written beside them: it follows a change.
+    module = _locate._import_directory(checkout_examples() / "lm", "lm")
+
+    def get_config():
+        config = configs.get_config()
+        config.context = 77
+        return config
+
+    monkeypatch.setattr(
+        module, "example", dataclasses.replace(module.example, get_config=get_config)
+    )
+    small = configs.get_small_data_config().context
+    assert lm_line().endswith(
+        f"model (context 77; --config long: context {long}; --config small_data: context {small})"
+    )
+
+
 def _users_copy(tmp_path, old: str = "", new: str = "") -> pathlib.Path:
     """tests/user_example copied to ``tmp_path``, ``old`` replaced by ``new`` in train.py."""
     directory = tmp_path / "mine"
@@ -151,6 +180,27 @@ def test_get_config_returning_a_dict_is_one_line_at_the_users_function(command, 
     _no_internals(err)
 
 
+def test_a_named_config_returning_a_dict_names_the_function_called(tmp_path, capsys):
+    mine = _users_copy(
+        tmp_path,
+        "example = Example(\n",
+        "example = Example(\n    configs={'big': get_big_config},\n",
+    )
+    train = mine / "train.py"
+    text = train.read_text().replace(
+        "\ndef load_data(",
+        "\ndef get_big_config():\n    return get_config().to_dict()\n\n\ndef load_data(",
+    )
+    train.write_text(text)
+    assert cli.main(["train", str(mine), "--config", "big"]) == 2
+    line = _line_of(train, "def get_big_config")
+    _one_line(
+        capsys.readouterr().err,
+        f"train.py:{line}: example.configs['big'] (get_big_config) must return an "
+        "ml_collections.ConfigDict, got a dict",
+    )
+
+
 def test_a_plain_field_of_the_wrong_kind_names_the_example_line(tmp_path, capsys):
     mine = _users_copy(tmp_path, 'best_mode="max"', 'best_mode="maximum"')
     assert cli.main(["train", str(mine)]) == 2
@@ -164,7 +214,7 @@ def test_a_train_step_returning_the_wrong_type_is_one_line(tmp_path, capsys):
     )
     status = cli.main(["train", str(mine), "--no-progress", f"--workdir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
-    assert status == 1
+    assert status == 2
     line = _line_of(mine / "train.py", "def train_step") - 1  # its @jax.jit line
     _one_line(err, f"train.py:{line}", "train_step must return a pair (new_state, metrics)")
     _no_internals(err)

@@ -378,3 +378,22 @@ def test_a_batch_the_devices_cannot_split_is_refused_before_the_workdir_is_writt
     with pytest.raises(DropmaskError, match="24 examples, which 5 devices cannot split"):
         train(example_named(name), config, workdir, devices=5, progress=False)
     assert not workdir.exists()
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_a_config_the_example_refuses_is_refused_before_any_checkpointer(
+    name, tmp_path, monkeypatch
+):
+    from dropmask.training import _loop
+
+    def no_checkpointer(*args, **kwargs):
+        pytest.fail("a Checkpointer (and orbax's threads) was created before the refusal")
+
+    monkeypatch.setattr(_loop, "Checkpointer", no_checkpointer)
+    config = tiny_config()
+    # digits refuses the model in load_data, digits_nnx in create_state.
+    config.model = "transformer" if name == "digits" else "conv"
+    workdir = tmp_path / "run"
+    with pytest.raises(DropmaskError, match=r"config.model must be 'mlp'"):
+        train(example_named(name), config, workdir, devices=1, progress=False)
+    assert not workdir.exists()

@@ -67,8 +67,11 @@ _SUMMARIES = {
     "sst2": "a bidirectional LSTM sentence classifier with word dropout",
     "seq2seq": "an LSTM encoder-decoder that learns addition",
     "translate": "a Transformer on generated English-German pairs",
-    "lm": "a Flax NNX byte-level Transformer language model at context 1024",
+    "lm": "a Flax NNX byte-level Transformer language model",
 }
+# Config entries that an example's line of --list states, read from its default and
+# named configs where the example is found, so that the line says what they use.
+_STATED = {"lm": ("context",)}
 _CHECKOUT_ONLY = ("sst2", "seq2seq", "translate", "lm")
 
 
@@ -146,11 +149,37 @@ def available() -> list[tuple[str, str, str]]:
             name = train.parent.name
             if name not in _BUNDLED:
                 found.add(name)
-                rows.append((name, str(train.parent), _SUMMARIES.get(name, "")))
+                summary = _SUMMARIES.get(name, "") + _stated(name, train.parent)
+                rows.append((name, str(train.parent), summary))
     for name in _CHECKOUT_ONLY:
         if name not in found:
             rows.append((name, "source checkout only: examples/" + name, _SUMMARIES[name]))
     return rows
+
+
+def _stated(name: str, directory: pathlib.Path) -> str:
+    """`` (context 128; --config long: context 1024)``: the entries of ``_STATED[name]``
+    in the example's default config, and in each named config that changes them; empty
+    when there are none, or when the example cannot be imported or its configs built
+    (``train`` says why when it is run)."""
+    entries = _STATED.get(name, ())
+    if not entries:
+        return ""
+    try:
+        example = getattr(_import_directory(directory, name), "example", None)
+        if not isinstance(example, Example):
+            return ""
+        default = example.get_config()
+        parts = [", ".join(f"{entry} {default[entry]}" for entry in entries)]
+        for config_name, get_config in example.configs.items():
+            config = get_config()
+            changed = [entry for entry in entries if config[entry] != default[entry]]
+            if changed:
+                values = ", ".join(f"{entry} {config[entry]}" for entry in changed)
+                parts.append(f"--config {config_name}: {values}")
+    except Exception:
+        return ""
+    return f" ({'; '.join(parts)})"
 
 
 def listing() -> str:

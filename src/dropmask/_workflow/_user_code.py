@@ -205,13 +205,24 @@ _REQUIRED = ("get_config", "load_data", "create_state", "train_batch", "train_st
 
 
 class _Hook:
-    """One hook of the example: calls it, checks its result, attributes its exceptions."""
+    """One hook of the example: calls it, checks its result, attributes its exceptions.
 
-    def __init__(self, fn: Callable[..., Any], field: str, roots: tuple[pathlib.Path, ...]):
+    ``field`` is the ``Example`` field whose result check applies; ``name`` is how
+    messages call the hook after ``example.`` (default: ``field``).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        field: str,
+        roots: tuple[pathlib.Path, ...],
+        name: str | None = None,
+    ):
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._field = field
         self._roots = roots
+        self._name = name or field
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -223,7 +234,7 @@ class _Hook:
             at = f" at {frame[0]}:{frame[1]}, in your code" if frame else ""
             text = str(error).splitlines()[0] if str(error) else ""
             raise ExampleCodeError(
-                f"the example's {self._field} raised {type(error).__name__}{at}: {text}",
+                f"the example's {self._name} raised {type(error).__name__}{at}: {text}",
                 hook=self._field,
                 frame=frame,
                 users=bool(self._roots),
@@ -233,7 +244,7 @@ class _Hook:
             where = definition(self._fn)
             raise user_error(
                 DropmaskTypeError,
-                f"{where + ': ' if where else ''}example.{self._field} must return {check[1]}, "
+                f"{where + ': ' if where else ''}example.{self._name} must return {check[1]}, "
                 f"got {_got(out)}",
                 f"{check[2]}.",
                 caller=None,
@@ -331,11 +342,20 @@ def checked(example: Any, where: str, file: str | None = None) -> Example:
         if (field.name in _RETURNS or field.name == "load_data")
         and getattr(example, field.name) is not None
     }
-    # A named config is a get_config: its result is checked the same way.
+    # A named config is a get_config: its result is checked the same way, and its
+    # messages name the function called for it.
     hooks["configs"] = {
-        name: _Hook(fn, "get_config", roots) for name, fn in example.configs.items()
+        name: _Hook(fn, "get_config", roots, _config_name(name, fn))
+        for name, fn in example.configs.items()
     }
     return dataclasses.replace(example, **hooks)
+
+
+def _config_name(name: str, fn: Any) -> str:
+    """How messages call the named config ``name``: ``configs['long']``, and the
+    function behind it (``get_long_config``) when it has a name."""
+    function = getattr(inspect.unwrap(fn), "__name__", "<")
+    return f"configs[{name!r}]" + ("" if function.startswith("<") else f" ({function})")
 
 
 def report(command: str, error: ExampleCodeError) -> None:

@@ -30,6 +30,7 @@ from ._errors import CheckpointError as CheckpointError
 from ._errors import DamagedCheckpointError as DamagedCheckpointError
 from ._errors import DataError as DataError
 from ._errors import NonFiniteLossError as NonFiniteLossError
+from ._errors import SaveError as SaveError
 from ._keys import step_key as step_key
 from ._keys import step_rngs as step_rngs
 from ._keys import stream_id as stream_id
@@ -59,6 +60,7 @@ __all__ = [
     "NonFiniteLossError",
     "RateSchedule",
     "RunResult",
+    "SaveError",
     "TrainState",
     "base_config",
     "check_config",

@@ -2,10 +2,10 @@
 
 A checkpoint holds every leaf of the train state (params, optimizer state, step, the
 PRNG key as key data) plus a JSON record: the key impls, each leaf's path, shape and
-dtype, the config, the data pipeline's position and the eval metrics. Orbax writes a
-step into a temporary directory and renames it only once complete, so a run killed
-mid-save leaves the previous checkpoints as they were; the partial directory is
-ignored and cleaned up by the next run.
+dtype, the config and the named config it started from, the data pipeline's position
+and the eval metrics. Orbax writes a step into a temporary directory and renames it
+only once complete, so a run killed mid-save leaves the previous checkpoints as they
+were; the partial directory is ignored and cleaned up by the next run.
 
 A save either writes its step or raises, naming the step and why: orbax on its own
 declines some saves by returning ``False`` (a step that exists, a step older than
@@ -36,16 +36,29 @@ import numpy as np
 from .._checks import check_choice, check_int_at_least
 from .._errors import DropmaskValueError, user_error
 from .._workflow import RUN_LENGTH_ENTRIES
-from ._errors import CheckpointError, DamagedCheckpointError
+from ._errors import CheckpointError, DamagedCheckpointError, SaveError
 from ._serialization import keys_from_data, keys_to_data
 from ._serialization import leaf_dtype as _dtype
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "config_difference"]
 
 
 def _plain(value: Any) -> Any:
     """``value`` as JSON would give it back (tuples become lists), for comparison."""
     return json.loads(json.dumps(value))
+
+
+def config_difference(
+    saved: Mapping[str, Any], current: Mapping[str, Any]
+) -> tuple[str, Any, Any] | None:
+    """``(entry, saved value, current value)`` of the first entry in which two configs
+    differ, the run-length entries left out (``'<absent>'`` for a missing one); None
+    when they agree."""
+    saved, current = _plain(dict(saved)), _plain(dict(current))
+    for name in sorted((set(saved) | set(current)) - RUN_LENGTH_ENTRIES):
+        if saved.get(name, "<absent>") != current.get(name, "<absent>"):
+            return name, saved.get(name, "<absent>"), current.get(name, "<absent>")
+    return None
 
 
 def _first_line(error: BaseException, limit: int = 160) -> str:
@@ -200,6 +213,7 @@ class Checkpointer:
         metrics: Mapping[str, float] | None = None,
         overwrite: bool = False,
         allow_nonfinite: bool = False,
+        config_name: str | None = None,
     ) -> None:
         """Writes ``state`` as checkpoint ``step`` (atomically) and prunes old ones.
 
@@ -216,9 +230,12 @@ class Checkpointer:
             aside and deleted only once the new one is complete.
           allow_nonfinite: save a state whose floating leaves hold NaN or inf (e.g.
             a running minimum that starts at inf); by default such a state is refused.
+          config_name: the named config that ``config`` started from (``dropmask
+            train --config NAME``; ``None``: the default), kept in the record as
+            ``config_name`` so that a resume from another start can say which.
 
         Raises:
-          CheckpointError: nothing was saved because checkpoint ``step`` exists and
+          SaveError: nothing was saved because checkpoint ``step`` exists and
             ``overwrite`` is False, a newer checkpoint exists, the state holds NaN or
             inf, or orbax declined, failed or did not finish the write.
           DropmaskValueError: ``step`` is not an int >= 0, or ``metrics`` lacks
@@ -231,7 +248,7 @@ class Checkpointer:
             bad = _nonfinite_paths(data)
             if bad:
                 more = f" (and {len(bad) - 1} more leaves)" if len(bad) > 1 else ""
-                raise CheckpointError(
+                raise SaveError(
                     f"{not_saved}: the state's leaf {bad[0]}{more} holds NaN or inf, and a "
                     f"non-finite state is never saved. Resume from the last checkpoint with "
                     f"a lower learning rate, or pass allow_nonfinite=True if the state "
@@ -242,6 +259,7 @@ class Checkpointer:
             "key_impls": impls,
             "leaves": _leaf_records(data),
             "config": _plain(dict(config)),
+            "config_name": config_name,
             "data_position": _plain(dict(data_position)),
             "metrics": _plain(dict(metrics)) if metrics is not None else None,
         }
@@ -270,12 +288,12 @@ class Checkpointer:
         not_saved = f"Checkpointer.save: step {step} was not saved in {self.directory}"
         steps = self.steps()
         if step in steps and not overwrite:
-            raise CheckpointError(
+            raise SaveError(
                 f"{not_saved}: a checkpoint of step {step} already exists. Pass "
                 f"overwrite=True to replace it, or save under another step."
             )
         if step not in steps and steps and steps[-1] > step:
-            raise CheckpointError(
+            raise SaveError(
                 f"{not_saved}: it is older than the latest checkpoint, step {steps[-1]}, and "
                 f"checkpoints only move forward (keeping the latest would delete it at "
                 f"once). Save it in another directory, or save a step after {steps[-1]}."
@@ -311,18 +329,18 @@ class Checkpointer:
             self._manager.wait_until_finished()
         except Exception as error:
             self._put_back(replaced, step)
-            raise CheckpointError(
+            raise SaveError(
                 f"{not_saved}: orbax failed to write it ({_first_line(error)}). Check the "
                 f"directory's space and permissions, then save again."
             ) from error
         if not written:
             self._put_back(replaced, step)
-            raise CheckpointError(
+            raise SaveError(
                 f"{not_saved}: orbax declined the save (CheckpointManager.save returned "
                 f"False). Save again, or report this with the orbax-checkpoint version."
             )
         if not (self.directory / str(step)).is_dir() or step not in self.steps():
-            raise CheckpointError(
+            raise SaveError(
                 f"{not_saved}: orbax reported it written, but {self.directory / str(step)} "
                 f"is not a complete checkpoint (the write did not finish, or the "
                 f"retention policy removed it). Save again, or report this."
@@ -477,7 +495,14 @@ class Checkpointer:
         return state, record
 
     def close(self) -> None:
-        """Waits for pending writes and releases orbax's resources."""
+        """Waits for pending writes and for the removal of earlier partial saves, then
+        releases orbax's resources."""
+        # Orbax removes the partial saves of earlier runs on a thread started with the
+        # manager, and only a save waits for it: a checkpointer closed before its first
+        # save (a refused resume) would leave the thread to print a traceback at exit.
+        cleanup = getattr(self._manager, "_cleanup_tmp_directory_future", None)
+        if cleanup is not None:
+            cleanup.result()
         self._manager.close()
 
     def _read(self, step: int, item: str, args: Any) -> Any:
@@ -520,14 +545,14 @@ class Checkpointer:
 
     @staticmethod
     def _check_config(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:
-        names = sorted((set(saved) | set(current)) - RUN_LENGTH_ENTRIES)
-        for name in names:
-            if saved.get(name, "<absent>") != current.get(name, "<absent>"):
-                raise CheckpointError(
-                    f"{where} was saved with config.{name}={saved.get(name, '<absent>')!r}, "
-                    f"but this run has config.{name}={current.get(name, '<absent>')!r}. "
-                    f"Resume with the same config, or train in a new workdir."
-                )
+        difference = config_difference(saved, current)
+        if difference is not None:
+            name, there, here = difference
+            raise CheckpointError(
+                f"{where} was saved with config.{name}={there!r}, but this run has "
+                f"config.{name}={here!r}. Resume with the same config, or train in a new "
+                f"workdir."
+            )
 
     @staticmethod
     def _check_leaves(

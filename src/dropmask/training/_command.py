@@ -89,18 +89,21 @@ def _rates(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs ``dropmask train``; returns the exit status.
+    """Runs ``dropmask train``; returns the exit status (docs/cli.md).
 
-    Bad flags, an unknown example or config entry, a mistake in the example (a hook
-    returning the wrong type) exit with 2, a run that fails on its input (data path,
-    workdir, checkpoints, a non-finite loss) with 1; each prints one line saying why.
-    An exception raised in the example's own code exits with 1: its traceback, then
-    one line naming the hook and the line of the user's code. Ctrl-C exits with 130
-    and one line naming the last saved checkpoint and the command that resumes from
-    it. Any other exception prints its traceback, then one line: raised in the
-    user's code, where; else a bug in dropmask, to report.
+    A user's mistake exits with 2 and one line saying why: a bad flag, an unknown
+    example, config name or entry, a config value the loop or the example refuses, a
+    mistake in the example (a hook returning the wrong type), a data path, workdir or
+    checkpoint that does not fit the run. A run that fails once started (a non-finite
+    loss, a checkpoint that cannot be saved or read back, a path it cannot write)
+    exits with 1 and one line. An exception raised in the example's own code exits
+    with 1: its traceback, then one line naming the hook and the line of the user's
+    code. Ctrl-C exits with 130 and one line naming the last saved checkpoint and the
+    command that resumes from it. Any other exception prints its traceback, then one
+    line: raised in the user's code, where; else a bug in dropmask, to report.
     """
     from .._workflow import ExampleCodeError, report, report_exception
+    from ._errors import exit_status
 
     if args.list:
         from .._workflow import listing
@@ -120,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         report("dropmask train", error)
         return 1
     except DropmaskError as error:
-        return _fail(error, 1)
+        return _fail(error, exit_status(error))
     except OSError as error:
         # A path the run writes or reads failed under it (disk full, permissions).
         where = f" {error.filename}" if error.filename else ""
@@ -297,7 +300,13 @@ def _execute(args: argparse.Namespace, example: Any, config: Any, rates: list[fl
     progress = not args.no_progress
     if rates is None:
         result = train(
-            example, config, workdir, resume=args.resume, devices=args.devices, progress=progress
+            example,
+            config,
+            workdir,
+            resume=args.resume,
+            devices=args.devices,
+            progress=progress,
+            config_name=args.config,
         )
         table = _summary.run_table(result.final)
         written = "metrics.jsonl, tensorboard/, curves.png, summary.json, checkpoints/"
@@ -313,6 +322,7 @@ def _execute(args: argparse.Namespace, example: Any, config: Any, rates: list[fl
             resume=args.resume,
             devices=args.devices,
             progress=progress,
+            config_name=args.config,
         )
         table = _summary.comparison_table(summary)
         written = "summary.json, curves.png, and rate_R/seed_S/ per run"

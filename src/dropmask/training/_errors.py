@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import pathlib
 
-from .._errors import DropmaskValueError
+from .._errors import DropmaskError, DropmaskValueError
 
-__all__ = ["CheckpointError", "DamagedCheckpointError", "DataError", "NonFiniteLossError"]
+__all__ = [
+    "CheckpointError",
+    "DamagedCheckpointError",
+    "DataError",
+    "NonFiniteLossError",
+    "SaveError",
+    "exit_status",
+]
 
 
 class CheckpointError(DropmaskValueError):
     """A checkpoint that is missing, that belongs to another config, model or dataset,
-    or a save that could not happen (the message names the step and why)."""
+    or a save that could not happen (:class:`SaveError`)."""
 
 
 class DamagedCheckpointError(CheckpointError):
@@ -30,6 +37,11 @@ class DamagedCheckpointError(CheckpointError):
         self.why = why
 
 
+class SaveError(CheckpointError):
+    """A checkpoint that was not saved; the message names the step and why (a step that
+    exists or is older than the latest, a state holding NaN or inf, a write that failed)."""
+
+
 class DataError(DropmaskValueError):
     """A data path that is missing or unreadable, or data a pipeline cannot use."""
 
@@ -44,3 +56,14 @@ class NonFiniteLossError(DropmaskValueError):
     def __init__(self, message: str, *, step: int) -> None:
         super().__init__(message)
         self.step = step
+
+
+def exit_status(error: DropmaskError) -> int:
+    """The status a command exits with after ``error``, as docs/cli.md states it.
+
+    1 when the run failed once started: a non-finite loss, a checkpoint that could
+    not be saved or read back. 2 for every other error dropmask raises, a refusal of
+    what the user gave (flags, target, config, workdir), as argparse exits on a
+    usage error.
+    """
+    return 1 if isinstance(error, NonFiniteLossError | DamagedCheckpointError | SaveError) else 2

@@ -23,7 +23,7 @@ import numpy as np
 from .._errors import DropmaskValueError, user_error
 from .._workflow import SCHEDULE_ENTRIES, Example, run_keys
 from . import _summary, _uncertainty
-from ._checkpoint import Checkpointer
+from ._checkpoint import Checkpointer, config_difference
 from ._config import check_config
 from ._errors import CheckpointError, DamagedCheckpointError, NonFiniteLossError
 from ._logging import MetricsLog, require
@@ -167,6 +167,7 @@ def train(
     devices: int | None = None,
     progress: bool = True,
     label: str | None = None,
+    config_name: str | None = None,
 ) -> RunResult:
     """Trains ``example`` with ``config``, writing everything to ``workdir``.
 
@@ -188,6 +189,10 @@ def train(
       devices: local devices per process to shard the batch over (all if ``None``).
       progress: show a progress bar with the live loss and throughput.
       label: the progress bar's title.
+      config_name: the example's named config that ``config`` started from
+        (``dropmask train --config NAME``); ``None``: its default. Each checkpoint
+        records it, so that a resume whose config differs, started from another,
+        names the one to pass again.
 
     Returns:
       A :class:`RunResult`.
@@ -215,7 +220,7 @@ def train(
     check_workdir(workdir, resume=resume)
     mesh = make_mesh(devices)
     checkpointer, data, data_key, state, start = _start(
-        example, config, workdir, schedule, mesh, resume=resume
+        example, config, workdir, schedule, mesh, resume=resume, config_name=config_name
     )
     primary = jax.process_index() == 0
     log = MetricsLog(workdir, start=start, enabled=primary)
@@ -224,6 +229,7 @@ def train(
         losses, final = _run_steps(
             example,
             config,
+            config_name,
             schedule,
             rates,
             mesh,
@@ -270,6 +276,7 @@ def _progress_bar(schedule: Schedule, start: int, desc: str, show: bool, label: 
 def _run_steps(
     example: Example,
     config: ml_collections.ConfigDict,
+    config_name: str | None,
     schedule: Schedule,
     rates: RateSchedule | None,
     mesh: Any,
@@ -322,6 +329,7 @@ def _run_steps(
                 data_position=position,
                 # Only this step's metrics rank a checkpoint as the best.
                 metrics=final.get("eval") if evaluating else None,
+                config_name=config_name,
             )
     if start >= schedule.steps:
         # Nothing left to train: report the restored state without logging its
@@ -338,6 +346,7 @@ def _start(
     mesh: Any,
     *,
     resume: bool,
+    config_name: str | None,
 ) -> tuple[Checkpointer, Any, jax.Array, Any, int]:
     """Opens the checkpoints, loads the data, builds (or restores) the placed state.
 
@@ -359,7 +368,7 @@ def _start(
             # Refuse another config, or a run already past config.steps, before
             # loading data or building a model.
             checkpointer = open_checkpoints()
-            start = _readable_step(checkpointer, config, damaged)
+            start = _readable_step(checkpointer, config, damaged, config_name)
             if start > schedule.steps:
                 raise CheckpointError(
                     f"--resume: the latest checkpoint in {checkpointer.directory} is step "
@@ -369,14 +378,14 @@ def _start(
                 )
         data = example.load_data(config)
         data_key, params_key, dropout_key = run_keys(schedule.seed)
-        # A new run creates its directories only once its data has loaded and its
-        # batches split over the devices.
         check_batch_splits(example.train_batch(config, data, data_key, start), mesh)
-        checkpointer = checkpointer or open_checkpoints()
+        # The example checks its config entries in load_data and create_state: a new
+        # run refuses a bad one before it creates a directory or starts orbax's threads.
         state = replicate(example.build_state(config, data, params_key, dropout_key), mesh)
+        checkpointer = checkpointer or open_checkpoints()
         if resume:
             state, start = _restore_complete(
-                checkpointer, example, config, data, state, start, damaged, workdir
+                checkpointer, example, config, data, state, start, damaged, workdir, config_name
             )
     except BaseException:
         if checkpointer is not None:
@@ -394,6 +403,7 @@ def _restore_complete(
     start: int,
     damaged: list[DamagedCheckpointError],
     workdir: pathlib.Path,
+    config_name: str | None,
 ) -> tuple[Any, int]:
     """Restores checkpoint ``start``, or the newest complete one before it.
 
@@ -414,7 +424,7 @@ def _restore_complete(
             break
         except DamagedCheckpointError as error:
             damaged.append(error)
-            start = _readable_step(checkpointer, config, damaged)
+            start = _readable_step(checkpointer, config, damaged, config_name)
     for error in damaged:
         moved = checkpointer.set_aside(error.step, workdir / "damaged_checkpoints")
         if jax.process_index() == 0:
@@ -432,28 +442,65 @@ def _readable_step(
     checkpointer: Checkpointer,
     config: ml_collections.ConfigDict,
     damaged: list[DamagedCheckpointError],
+    config_name: str | None,
 ) -> int:
     """The newest checkpoint whose record reads and matches ``config``, skipping
     the ones in ``damaged`` and adding to it those found damaged here.
 
     Raises:
-      CheckpointError: a readable checkpoint was saved with another config, or no
-        checkpoint is readable (the message names the damaged ones, kept as they are).
+      CheckpointError: a readable checkpoint was saved with another config (the
+        message names the named config it started from, when that differs from
+        ``config_name``, else the entry), or no checkpoint is readable (the message
+        names the damaged ones, kept as they are).
     """
     skip = {error.step for error in damaged}
     for step in reversed(checkpointer.steps()):
         if step in skip:
             continue
         try:
-            return int(checkpointer.check_config(config.to_dict(), step)["step"])
+            record = checkpointer.record(step)
         except DamagedCheckpointError as error:
             damaged.append(error)
+            continue
+        _check_named_config(record, config, config_name, checkpointer.directory)
+        return int(checkpointer.check_config(config.to_dict(), step)["step"])
     steps = ", ".join(str(error.step) for error in damaged)
     are = "steps {} are" if len(damaged) > 1 else "step {} is"
     raise CheckpointError(
         f"--resume found no complete checkpoint in {checkpointer.directory}: "
         f"{are.format(steps)} damaged (checkpoint {damaged[0].step}: {damaged[0].why}) "
         f"and kept as they are. Train in another --workdir, without --resume"
+    )
+
+
+def _check_named_config(
+    record: dict[str, Any],
+    config: ml_collections.ConfigDict,
+    config_name: str | None,
+    directory: pathlib.Path,
+) -> None:
+    """Refuses a resume from another named config than the checkpoint's, naming it, when
+    the configs differ (a record without ``config_name`` predates it: the entries decide)."""
+    if "config_name" not in record or record["config_name"] == config_name:
+        return
+    difference = config_difference(record["config"], config.to_dict())
+    if difference is None:
+        return
+    name, there, here = difference
+
+    def start(config_name: str | None) -> str:
+        return "the default config" if config_name is None else f"--config {config_name}"
+
+    again = (
+        "without --config"
+        if record["config_name"] is None
+        else f"with --config {record['config_name']} (pass it again)"
+    )
+    raise CheckpointError(
+        f"--resume: checkpoint {record['step']} in {directory} was made with "
+        f"{start(record['config_name'])}, but this run starts from {start(config_name)} "
+        f"(config.{name} is {there!r} there and {here!r} here). Resume {again}, or train "
+        f"in a new workdir."
     )
 
 
@@ -512,6 +559,7 @@ def compare_rates(
     resume: bool = False,
     devices: int | None = None,
     progress: bool = True,
+    config_name: str | None = None,
 ) -> dict[str, Any]:
     """Trains one run per (rate, seed), same data, and reports the spread per rate.
 
@@ -529,6 +577,7 @@ def compare_rates(
       resume: continue the runs that have checkpoints and start the others.
       devices: see :func:`train`.
       progress: show a progress bar per run.
+      config_name: see :func:`train`.
 
     Returns:
       The contents of ``summary.json``.
@@ -574,6 +623,7 @@ def compare_rates(
                 devices=devices,
                 progress=progress,
                 label=f"rate {rate:g} seed {seed}",
+                config_name=config_name,
             )
             runs.append((rate, seed, result))
     summary = _summary.summarize_comparison(example, config, runs)

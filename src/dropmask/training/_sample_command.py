@@ -143,12 +143,15 @@ def _sample(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs ``dropmask sample``; returns the exit status.
+    """Runs ``dropmask sample``; returns the exit status (docs/cli.md).
 
-    A mistake in the flags exits with 2, a run that cannot be restored (no
-    checkpoints, another example's run) with 1; each prints one line saying why.
+    A user's mistake exits with 2 and one line saying why: a bad flag, an unknown
+    example or one that does not generate, a workdir without checkpoints or of another
+    example's run, a ``--step`` that was never saved. A checkpoint that cannot be read
+    back exits with 1 and one line.
     """
     from .._workflow import ExampleCodeError, report, report_exception
+    from ._errors import exit_status
 
     if args.list:
         from .._workflow import listing
@@ -165,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         report(_COMMAND, error)
         return 1
     except DropmaskError as error:
-        return _fail(error, 1)
+        return _fail(error, exit_status(error))
     except OSError as error:
         where = f" {error.filename}" if error.filename else ""
         return _fail(f"cannot use{where}: {error.strerror or error}", 1)
