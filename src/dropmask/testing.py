@@ -247,7 +247,9 @@ def tpu_kernels() -> Iterator[None]:
     elsewhere; the same bits as the default path (``docs/dropout_speed.md``, "The TPU").
 
     JAX's caches are cleared on entry and exit, since a traced draw does not record
-    which way it was drawn: trace (or ``jit``) the function inside it.
+    which way it was drawn: trace (or ``jit``) the function inside it. The kernel has
+    no sharding rule yet: under ``jit`` with a sharded input XLA gathers the array to
+    one device first, so use it unsharded (or inside ``shard_map``).
 
     Example:
       >>> import jax, jax.numpy as jnp, dropmask
