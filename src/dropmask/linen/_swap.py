@@ -7,22 +7,22 @@ Built on Flax's public ``nn.intercept_methods``. While a swap is active, each ca
 scope: its ``make_rng`` draws the key Flax's would draw, at the same place, from the
 same counter. With ``attention=True``, a ``MultiHeadDotProductAttention`` whose
 ``attention_fn`` is Flax's default runs as a clone of itself, bound to the same
-scope, whose ``attention_fn`` is :func:`dropmask.dot_product_attention`.
+scope, whose ``attention_fn`` is :func:`dropmask.dot_product_attention` (with
+``impl="flax"``: Flax's own function, as a new object).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import flax.linen as nn
 
-from .._attention import dot_product_attention
 from .._checks import check_impl, check_instance
+from .._layer_specs import swapped_attention_fn
 from .._random import DEFAULT_IMPL, Impl
 
 __all__ = ["swap_dropout", "swapped"]
@@ -92,10 +92,10 @@ def _dropout(module: nn.Dropout, swap: _Swap, args: Any, kwargs: Any) -> Any:
 
 
 def _attention(module: nn.MultiHeadDotProductAttention, swap: _Swap, args: Any, kwargs: Any) -> Any:
-    attention_fn = functools.partial(dot_product_attention, impl=swap.impl)
+    fn = swapped_attention_fn(swap.impl, nn.dot_product_attention)
     # Fields are frozen, so the module runs as a clone of itself that differs only in
     # attention_fn, bound to the module's scope: same parameters, same dropout key.
-    clone = module.clone(parent=module.scope, attention_fn=attention_fn)
+    clone = module.clone(parent=module.scope, attention_fn=fn)
     return clone(*args, **kwargs)
 
 
@@ -134,9 +134,11 @@ def swap_dropout(
     :class:`dropmask.linen.Dropout` with the module's ``rate``, ``broadcast_dims``,
     ``deterministic`` (merged with the call's as Flax does), ``rng_collection`` and the
     call's ``rng``; the key is drawn by the module's own ``make_rng`` where Flax draws
-    it. With ``impl="flax"`` outputs and gradients are bit-identical to not swapping.
-    Routing happens when a model is traced: wrap the ``apply`` (or the jitted step's
-    first call), not only a later call of a compiled function.
+    it. With ``impl="flax"`` outputs and gradients are bit-identical to not swapping
+    (a routed attention module then calls Flax's own ``dot_product_attention``: only
+    the routing is proven). Routing happens when a model is traced: wrap the
+    ``apply`` (or the jitted step's first call), not only a later call of a compiled
+    function.
 
     Nested swaps: the innermost one decides. dropmask's own layers are not affected.
 
@@ -145,7 +147,11 @@ def swap_dropout(
       attention: also route ``flax.linen.MultiHeadDotProductAttention`` (and
         subclasses) whose ``attention_fn`` is Flax's default through
         :func:`dropmask.dot_product_attention`, with the module's ``dropout_rate``,
-        ``broadcast_dropout`` and dropout key.
+        ``broadcast_dropout`` and dropout key. With ``impl="fast"`` it differs from
+        Flax's in one place: a query with no valid key (a fully padded row) attends
+        to nothing, so the module outputs its output projection's bias there (Flax:
+        the projected mean of the values); every other output and gradient, without
+        dropout, is Flax's within float rounding. With dropout the masks differ.
 
     Example:
       >>> import flax.linen as nn, jax, jax.numpy as jnp
