@@ -165,6 +165,34 @@ def test_nested_swaps_the_innermost_decides_and_dropmask_layers_are_untouched():
         np.testing.assert_array_equal(ours.apply(params, x, False, rngs=RNGS), fast)
 
 
+def test_one_swap_object_entered_again_nested_or_in_turn_restores_each_time():
+    x = jnp.ones((16, 64))
+    params = Block().init(jax.random.key(0), x, True)
+    apply = functools.partial(Block().apply, params, x, False, rngs=RNGS)
+    flax = apply()
+    fast_swap, flax_swap = dl.swap_dropout(), dl.swap_dropout(impl="flax")
+
+    @flax_swap
+    def recurse(n):
+        return apply() if n == 0 else recurse(n - 1)
+
+    with fast_swap:
+        fast = apply()
+        with flax_swap, fast_swap:  # entered again inside another: it decides again
+            with fast_swap:
+                np.testing.assert_array_equal(apply(), fast)
+            np.testing.assert_array_equal(apply(), fast)
+            np.testing.assert_array_equal(recurse(2), flax)
+            np.testing.assert_array_equal(apply(), fast)
+        np.testing.assert_array_equal(apply(), fast)
+    assert not np.array_equal(fast, flax)
+    np.testing.assert_array_equal(apply(), flax)  # nothing left active
+    assert dl.swapped(nn.Dropout(0.1)) is False
+    with fast_swap:  # in turn, once left
+        np.testing.assert_array_equal(apply(), fast)
+    np.testing.assert_array_equal(apply(), flax)
+
+
 def test_works_as_a_decorator_and_checks_its_arguments_when_made():
     x = jnp.ones((4, 8))
     layer = nn.Dropout(0.5, deterministic=False)

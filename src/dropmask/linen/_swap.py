@@ -39,15 +39,14 @@ class _Swap:
     attention: bool
 
 
-class _Active(threading.local):
-    """The swaps active in this thread, innermost last (Flax's interceptors are per
-    thread too)."""
+class _PerThread(threading.local):
+    """A stack of this thread's own (Flax's interceptors are per thread too)."""
 
     def __init__(self) -> None:
-        self.stack: list[_Swap] = []
+        self.stack: list[Any] = []
 
 
-_active = _Active()
+_active = _PerThread()  # the swaps active in this thread, innermost last
 
 
 def _is_flax_dropout_call(context: Any) -> bool:
@@ -124,6 +123,25 @@ def _swapping(swap: _Swap) -> Iterator[None]:
         _active.stack.remove(swap)
 
 
+class _Switch(contextlib.ContextDecorator, contextlib.AbstractContextManager[None]):
+    """What :func:`swap_dropout` returns. Each entry is a swap of its own, left by the
+    matching exit, so one object may be entered again: nested, in turn, or by a
+    decorated function that calls itself."""
+
+    def __init__(self, impl: Impl, attention: bool) -> None:
+        self._impl: Impl = impl
+        self._attention = attention
+        self._entries = _PerThread()  # this object's entries not yet left, innermost last
+
+    def __enter__(self) -> None:
+        entry = _swapping(_Swap(self._impl, self._attention))
+        entry.__enter__()
+        self._entries.stack.append(entry)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._entries.stack.pop().__exit__(*exc)
+
+
 def swap_dropout(
     impl: Impl = DEFAULT_IMPL, *, attention: bool = False
 ) -> contextlib.AbstractContextManager[None]:
@@ -141,6 +159,8 @@ def swap_dropout(
     function.
 
     Nested swaps: the innermost one decides. dropmask's own layers are not affected.
+    One object may be entered again, nested or in turn (or by a decorated function
+    that calls itself); each exit restores what its entry found.
 
     Args:
       impl: the mask generator of the routed layers, as in :class:`Dropout`.
@@ -166,4 +186,4 @@ def swap_dropout(
     check_instance(
         attention, bool, caller=_CALLER, name="attention", what="a bool", fix="Pass True or False."
     )
-    return _swapping(_Swap(impl, attention))
+    return _Switch(impl, attention)
