@@ -67,6 +67,15 @@ def swapped(module: nn.Module) -> bool:
     with ``attention=True``, for a ``MultiHeadDotProductAttention`` with Flax's default
     ``attention_fn``. An interceptor of one's own (the audit's) asks this to observe
     the dropmask call that runs in its place, at the same path, rather than both.
+
+    Example:
+      >>> import flax.linen as nn
+      >>> from dropmask import linen as dl
+      >>> with dl.swap_dropout():
+      ...     print(dl.swapped(nn.Dropout(0.1)), dl.swapped(nn.Dense(3)))
+      True False
+      >>> dl.swapped(nn.Dropout(0.1))  # no swap active
+      False
     """
     if not _active.stack:
         return False

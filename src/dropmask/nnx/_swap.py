@@ -40,6 +40,12 @@ class Replaced:
         ``'attention'`` (its ``attention_fn`` became :func:`dropmask.dot_product_attention`;
         with ``impl="flax"``, a new object calling Flax's own).
       module: the original module's class name.
+
+    Example:
+      >>> from flax import nnx
+      >>> from dropmask import nnx as dnnx
+      >>> dnnx.swap_dropout(nnx.Sequential(nnx.Dropout(0.1, rngs=nnx.Rngs(0))))
+      (Replaced(path='layers/0', kind='dropout', module='Dropout'),)
     """
 
     path: str
