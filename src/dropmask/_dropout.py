@@ -502,6 +502,12 @@ def gaussian_dropout(
 
     Returns:
       An array like ``x``; NaN for a traced ``rate`` outside ``[0, 1)``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> y = dropmask.gaussian_dropout(jnp.ones(10_000), 0.5, jax.random.key(0))
+      >>> bool(abs(y.mean() - 1) < 0.05 and abs(y.var() - 1) < 0.1)  # N(1, 0.5 / 0.5)
+      True
     """
     call = _validate(
         x,
@@ -579,6 +585,13 @@ def alpha_dropout(
 
     Raises:
       DropmaskError: the errors of :func:`dropout`; ``DtypeError`` also for complex ``x``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> x = jax.random.normal(jax.random.key(0), (10_000,))  # standardised
+      >>> y = dropmask.alpha_dropout(x, 0.2, jax.random.key(1))
+      >>> bool(abs(y.mean()) < 0.05 and abs(y.std() - 1) < 0.05)  # still standardised
+      True
     """
     call = _validate(
         x,

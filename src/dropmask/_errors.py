@@ -85,35 +85,107 @@ class DropmaskError(Exception):
 
     Each concrete error also subclasses the built-in type users already catch
     (``ValueError`` or ``TypeError``), so ``except ValueError`` keeps working.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> try:
+      ...     dropmask.dropout(jnp.ones(3), 1.5, jax.random.key(0))
+      ... except dropmask.DropmaskError as err:  # every user error
+      ...     print(str(err).split(". ")[0])
+      dropout: rate must be in [0, 1] (the probability of dropping), got 1.5
     """
 
 
 class DropmaskValueError(DropmaskError, ValueError):
-    """An argument of the right type with a value dropmask cannot use."""
+    """An argument of the right type with a value dropmask cannot use.
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> q, k = jnp.ones((1, 2, 1, 4)), jnp.ones((1, 2, 1, 5))
+      >>> try:
+      ...     dropmask.dot_product_attention(q, k, k)
+      ... except dropmask.DropmaskValueError as err:  # a ValueError too
+      ...     print(err)
+      dot_product_attention: q and k depths must match, got 4 and 5.
+    """
 
 
 class DropmaskTypeError(DropmaskError, TypeError):
-    """An argument of a type dropmask cannot use."""
+    """An argument of a type dropmask cannot use.
+
+    Example:
+      >>> import jax.numpy as jnp, dropmask
+      >>> try:
+      ...     dropmask.dropout(jnp.ones(3), 0.5, 123)
+      ... except dropmask.DropmaskTypeError as err:  # a TypeError too
+      ...     print(str(err).split(", got")[0])
+      dropout: key must be one PRNG key (jax.random.key(seed), or a raw uint32[2] key)
+    """
 
 
 class RateError(DropmaskValueError):
-    """A dropout rate outside ``[0, 1]`` (or NaN)."""
+    """A dropout rate outside ``[0, 1]`` (or NaN).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> try:
+      ...     dropmask.dropout(jnp.ones(3), 1.5, jax.random.key(0))
+      ... except dropmask.RateError as err:  # a ValueError too
+      ...     print(str(err).split(". ")[0])
+      dropout: rate must be in [0, 1] (the probability of dropping), got 1.5
+    """
 
 
 class AxisError(DropmaskValueError):
-    """An axis out of range for the array it refers to, or repeated."""
+    """An axis out of range for the array it refers to, or repeated.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> try:
+      ...     dropmask.dropout(jnp.ones(3), 0.5, jax.random.key(0), broadcast_dims=2)
+      ... except dropmask.AxisError as err:  # a ValueError too
+      ...     print(str(err).split(", but")[0])
+      dropout: broadcast_dims contains axis 2
+    """
 
 
 class DtypeError(DropmaskTypeError):
-    """An array of the wrong dtype kind (e.g. integers where floats are needed)."""
+    """An array of the wrong dtype kind (e.g. integers where floats are needed).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> try:
+      ...     dropmask.dropout(jnp.arange(3), 0.5, jax.random.key(0))
+      ... except dropmask.DtypeError as err:  # a TypeError too
+      ...     print(str(err).split(". ")[0])
+      dropout expects a floating-point or complex array, got dtype int32
+    """
 
 
 class MissingKeyError(DropmaskValueError):
-    """Randomness was needed (training mode) but no PRNG key or stream was given."""
+    """Randomness was needed (training mode) but no PRNG key or stream was given.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> try:
+      ...     dropmask.dropout(jnp.ones(3), 0.5)
+      ... except dropmask.MissingKeyError as err:  # a ValueError too
+      ...     print(str(err).split(". ")[0])
+      dropout is in training mode (deterministic=False) and needs a PRNG key, got key=None
+    """
 
 
 class MaskShapeError(DropmaskValueError):
-    """A mask whose shape cannot be broadcast against the data it masks."""
+    """A mask whose shape cannot be broadcast against the data it masks.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> try:
+      ...     dropmask.masked_mean(jnp.ones((2, 3)), jnp.ones(4, bool))
+      ... except dropmask.MaskShapeError as err:  # a ValueError too
+      ...     print(str(err).split(" (NumPy")[0])
+      masked_mean: mask of shape (4,) does not broadcast to shape (2, 3)
+    """
 
 
 def user_error(kind: type[_E], message: str, fix: str = "", *, caller: str | None) -> _E:

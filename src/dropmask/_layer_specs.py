@@ -4,19 +4,23 @@ A spec names the public function a layer calls and the layer fields it passes by
 :func:`apply` adds what every layer passes (``rate``, the key, ``deterministic``, and,
 for a layer that can run inside ``shard_map``, its block of the global array) and names
 the layer in the errors. A new layer argument is one edit in the core and one here, whatever the
-front end.
+front end. :func:`swapped_attention_fn` is the one ``attention_fn`` both front ends'
+``swap_dropout`` give Flax's attention modules.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from . import _dropout
+from ._attention import dot_product_attention
 from ._errors import naming
+from ._random import Impl
 from ._structured import drop_block, drop_head
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "WORD_DROPOUT",
     "Spec",
     "apply",
+    "swapped_attention_fn",
 ]
 
 
@@ -71,3 +76,18 @@ def apply(
         )
     with naming(caller):
         return spec.core(inputs, layer.rate, key, deterministic=det, **options)
+
+
+def swapped_attention_fn(impl: Impl, flax_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The ``attention_fn`` that ``swap_dropout(attention=True)`` gives a Flax attention
+    module whose own is ``flax_fn`` (Flax's default).
+
+    :func:`dropmask.dot_product_attention` with ``impl``; with ``impl="flax"``,
+    ``flax_fn`` itself, so that the swapped module computes what Flax computes, bit for
+    bit (its rows with no valid key and its dropout draw included), and only the routing
+    is proven. Either is a new object: the module no longer holds Flax's default, so a
+    swap reaches it once, and the audit reads it by its function.
+    """
+    if impl == "flax":
+        return functools.partial(flax_fn)
+    return functools.partial(dot_product_attention, impl=impl)

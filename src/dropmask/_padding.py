@@ -414,6 +414,12 @@ class BucketBatch(NamedTuple):
       lengths: ``int32[batch_size]``; 0 for filler rows.
       indices: ``int64[batch_size]``: each row's position in the input; -1 for
         filler rows that complete a final, partial batch.
+
+    Example:
+      >>> import dropmask
+      >>> batch = next(dropmask.bucket_by_length([[1], [2, 3, 4], [5]], (2, 4), batch_size=2))
+      >>> batch.padded.tolist(), batch.lengths.tolist(), batch.indices.tolist()
+      ([[1, 0], [5, 0]], [1, 1], [0, 2])
     """
 
     padded: np.ndarray
@@ -563,6 +569,12 @@ class Packed(NamedTuple):
       row: ``int32[n]``: the row of input sequence ``i`` (-1 for an empty sequence).
       start: ``int32[n]``: its offset within the row.
       lengths: ``int32[n]``: its (possibly truncated) length.
+
+    Example:
+      >>> import dropmask
+      >>> p = dropmask.pack_sequences([[1, 2, 3], [4, 5], [6, 7]], max_len=5)
+      >>> p.row.tolist(), p.start.tolist(), p.lengths.tolist()
+      ([0, 0, 1], [0, 3, 0], [3, 2, 2])
     """
 
     values: np.ndarray

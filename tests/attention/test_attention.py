@@ -509,6 +509,40 @@ def test_user_errors_are_dropmask_errors_with_the_fix():
         dm.dot_product_attention(q, q, q, bias=jnp.ones((3, 3), bool))
 
 
+def test_forward_mode_through_a_custom_vjp_path_says_what_to_pass_in_one_line():
+    short, long = jnp.ones((1, 4, 2, 8)), jnp.ones((1, 512, 1, 8), jnp.bfloat16)
+    drop = {"dropout_rate": 0.1, "key": jax.random.key(0), "deterministic": False}
+
+    def message(transform, q, **kw):
+        with pytest.raises(dm.DropmaskTypeError) as err:
+            transform(lambda q: dm.dot_product_attention(q, q, q, **kw), q)
+        assert len(str(err.value).splitlines()) == 1
+        return str(err.value)
+
+    def jvp(f, q):
+        return jax.jvp(f, (q,), (q,))
+
+    def jit_jacfwd(f, q):  # jacfwd's batching raises while tracing, inside the call
+        return jax.jit(jax.jacfwd(f))(q)
+
+    dense = message(jvp, short, **drop)
+    assert dense == (
+        "dot_product_attention: impl must be 'flax' for forward-mode autodiff (jax.jvp, "
+        "jax.jacfwd) through dropout on the attention weights, got 'fast'. Pass "
+        "impl='flax', or differentiate in reverse mode (jax.grad, jax.vjp)."
+    )
+    assert message(jit_jacfwd, short, **drop) == dense
+    blockwise = message(jvp, short, algorithm="blockwise")
+    assert "algorithm must be 'dense' for forward-mode" in blockwise
+    assert "got 'blockwise'. Pass algorithm='dense', or differentiate" in blockwise
+    auto = message(jvp, long, **drop)  # 512 bf16 tokens: "auto" takes the blockwise path
+    chose = "got 'auto', which chose 'blockwise' for these lengths. Pass algorithm='dense' and "
+    assert chose + "impl='flax', or differentiate" in auto
+    # What is no custom_vjp differentiates forward: no dropout, or Flax's generator.
+    jvp(lambda q: dm.dot_product_attention(q, q, q), short)
+    jvp(lambda q: dm.dot_product_attention(q, q, q, **drop, impl="flax"), short)
+
+
 def test_padding_junk_passes_no_nan_through_any_op_eagerly():
     # Eager `jax_debug_nans` checks every op: garbage held behind the mask must not be
     # passed along by any of them, in the forward or the backward pass.

@@ -124,7 +124,7 @@ def test_forward_mode_with_dropout_on_the_weights_takes_the_flax_generator():
             q, k, v, dropout_rate=0.2, key=key, deterministic=False, impl=impl
         )
 
-    with pytest.raises(TypeError, match="forward-mode"):
+    with pytest.raises(dm.DropmaskTypeError, match="impl must be 'flax' for forward-mode"):
         jax.jvp(attention("fast"), (q,), (tq,))
 
     def reference(q):

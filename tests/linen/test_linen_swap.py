@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dropmask
 from dropmask import linen as dl
@@ -163,6 +165,34 @@ def test_nested_swaps_the_innermost_decides_and_dropmask_layers_are_untouched():
         np.testing.assert_array_equal(ours.apply(params, x, False, rngs=RNGS), fast)
 
 
+def test_one_swap_object_entered_again_nested_or_in_turn_restores_each_time():
+    x = jnp.ones((16, 64))
+    params = Block().init(jax.random.key(0), x, True)
+    apply = functools.partial(Block().apply, params, x, False, rngs=RNGS)
+    flax = apply()
+    fast_swap, flax_swap = dl.swap_dropout(), dl.swap_dropout(impl="flax")
+
+    @flax_swap
+    def recurse(n):
+        return apply() if n == 0 else recurse(n - 1)
+
+    with fast_swap:
+        fast = apply()
+        with flax_swap, fast_swap:  # entered again inside another: it decides again
+            with fast_swap:
+                np.testing.assert_array_equal(apply(), fast)
+            np.testing.assert_array_equal(apply(), fast)
+            np.testing.assert_array_equal(recurse(2), flax)
+            np.testing.assert_array_equal(apply(), fast)
+        np.testing.assert_array_equal(apply(), fast)
+    assert not np.array_equal(fast, flax)
+    np.testing.assert_array_equal(apply(), flax)  # nothing left active
+    assert dl.swapped(nn.Dropout(0.1)) is False
+    with fast_swap:  # in turn, once left
+        np.testing.assert_array_equal(apply(), fast)
+    np.testing.assert_array_equal(apply(), flax)
+
+
 def test_works_as_a_decorator_and_checks_its_arguments_when_made():
     x = jnp.ones((4, 8))
     layer = nn.Dropout(0.5, deterministic=False)
@@ -210,10 +240,10 @@ def test_attention_uses_dropmask_attention_only_when_asked_and_only_for_flax_def
     assert _equal(grads, want_grads)
 
 
-def _audit_sites(model, params, x, *, swap_inside: bool):
+def _audit_sites(model, params, x, *, swap_inside: bool, impl: str = "fast"):
     def call(module, x, train):
         if swap_inside:
-            with dl.swap_dropout(attention=True):
+            with dl.swap_dropout(impl, attention=True):
                 return module(x, train)
         return module(x, train)
 
@@ -235,14 +265,15 @@ class Net(nn.Module):
         return Attend()(x[None], not train)[0]
 
 
+@pytest.mark.parametrize("impl", ["fast", "flax"])
 @pytest.mark.parametrize("swap_inside", [False, True])
-def test_audit_sees_each_swapped_site_once_as_dropmask(swap_inside):
+def test_audit_sees_each_swapped_site_once_as_dropmask(swap_inside, impl):
     x = jnp.ones((16, 8))
     params = Net().init(jax.random.key(0), x, False)
     if swap_inside:
-        sites, codes = _audit_sites(Net(), params, x, swap_inside=True)
+        sites, codes = _audit_sites(Net(), params, x, swap_inside=True, impl=impl)
     else:
-        with dl.swap_dropout(attention=True):
+        with dl.swap_dropout(impl, attention=True):  # pyright: ignore[reportArgumentType]
             sites, codes = _audit_sites(Net(), params, x, swap_inside=False)
     assert sites == [
         ("Dropout_0", "dropout", "Dropout"),
@@ -365,3 +396,97 @@ def test_swapped_step_traces_to_the_program_of_dropmask_layers():
     unswapped = jax.make_jaxpr(grad_of(flax_style))(params, jax.random.key(3))
     assert str(swapped) == str(want)
     assert str(unswapped) != str(want)  # Flax's own dropout traces to another program
+
+
+# --- every attention module the swap reaches, against Flax's own ----------------------
+
+# The attention modules docs/swap.md names: Flax's and its subclasses.
+ATTENTION = {
+    "MultiHeadDotProductAttention": nn.MultiHeadDotProductAttention,
+    "MultiHeadAttention": nn.MultiHeadAttention,
+    "SelfAttention": nn.SelfAttention,
+}
+B, LQ, LK, F = 3, 5, 4, 8
+# (dropout_rate, deterministic, padded): each mode with and without a padding mask.
+MODES = [(rate, det, padded) for rate in (0.0, 0.1) for det in (True, False) for padded in (0, 1)]
+
+
+def _attention_case(name, seed, q_lengths, kv_lengths, padded):
+    """``(module, inputs, mask, cotangent)``; the mask pads queries and keys to their
+    lengths, so a query past its length, and every query of a length-0 member, sees no
+    key."""
+    module = ATTENTION[name](num_heads=2, qkv_features=8, broadcast_dropout=False)
+    kx, ky, kc = jax.random.split(jax.random.key(seed), 3)
+    kv_len = LQ if name == "SelfAttention" else LK
+    x = jax.random.normal(kx, (B, LQ, F))
+    inputs = (x,) if name == "SelfAttention" else (x, jax.random.normal(ky, (B, LK, F)))
+    mask = None
+    if padded:
+        q_valid = jnp.arange(LQ)[None] < jnp.asarray(q_lengths)[:, None]
+        kv_valid = jnp.arange(kv_len)[None] < jnp.asarray(kv_lengths)[:, None]
+        mask = nn.make_attention_mask(q_valid, kv_valid)
+    return module, inputs, mask, jax.random.normal(kc, (B, LQ, F))
+
+
+def _attention_value_and_grad(module, params, inputs, mask, cotangent, rate, det):
+    module = module.clone(dropout_rate=rate)
+
+    def loss(params, inputs):
+        out = module.apply(params, *inputs, mask=mask, deterministic=det, rngs=RNGS)
+        return jnp.sum(out * cotangent), out
+
+    return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, inputs)
+
+
+# Flax warns that SelfAttention will be deprecated; the swap reaches it while it exists.
+@pytest.mark.filterwarnings("ignore:SelfAttention will be deprecated:DeprecationWarning")
+@pytest.mark.parametrize("name", list(ATTENTION))
+@settings(max_examples=3)
+@given(
+    seed=st.integers(0, 2**16),
+    q_lengths=st.lists(st.integers(0, LQ), min_size=B, max_size=B),
+    kv_lengths=st.lists(st.integers(0, LQ), min_size=B, max_size=B),  # beyond LK: all valid
+)
+def test_impl_flax_attention_is_flax_attention_bit_for_bit(name, seed, q_lengths, kv_lengths):
+    # Padding masks (queries with no valid key included), dropout 0 and 0.1,
+    # deterministic or not: outputs and gradients are Flax's own, every bit.
+    for rate, det, padded in MODES:
+        module, inputs, mask, cotangent = _attention_case(name, seed, q_lengths, kv_lengths, padded)
+        params = module.init(jax.random.key(2), *inputs, mask=mask, deterministic=True)
+        run = functools.partial(
+            _attention_value_and_grad, module, params, inputs, mask, cotangent, rate, det
+        )
+        want = run()
+        with dl.swap_dropout(impl="flax", attention=True):
+            assert dl.swapped(module)
+            got = run()
+        assert _equal(got, want), (rate, det, padded)
+
+
+def test_default_impl_attention_differs_from_flax_only_where_docs_swap_md_says():
+    # Without dropout: a query with no valid key attends to nothing (the module returns
+    # its output projection's bias there; Flax, the projected mean of the values), and
+    # every other output and gradient is Flax's within float32 round-off.
+    x = jax.random.normal(jax.random.key(0), (B, LQ, F))
+    valid = jnp.arange(LQ)[None] < jnp.array([LQ, 2, 0])[:, None]
+    mask = nn.make_attention_mask(valid, valid)
+    module = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8, dropout_rate=0.1)
+    params = module.init(jax.random.key(1), x, mask=mask, deterministic=True)
+    noise = jax.random.key(2)  # a bias that is not zero
+    params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(noise, p.shape), params)
+
+    def loss(params, x):
+        out = module.apply(params, x, mask=mask, deterministic=True)
+        return jnp.sum(jnp.where(valid[..., None], jnp.sin(out), 0.0)), out
+
+    run = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+    (_, want), want_grads = run(params, x)
+    with dl.swap_dropout(attention=True):
+        (_, got), grads = run(params, x)
+    bias = params["params"]["out"]["bias"]
+    empty = ~np.asarray(valid)
+    np.testing.assert_array_equal(got[empty], np.broadcast_to(bias, got[empty].shape))
+    assert np.abs(want[empty] - bias[None]).min() > 1e-3  # Flax's mean of the values
+    np.testing.assert_allclose(got[~empty], want[~empty], rtol=1e-5, atol=1e-5)
+    for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

@@ -9,6 +9,8 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dropmask
 from dropmask import nnx as dnnx
@@ -174,6 +176,17 @@ def test_attention_only_when_asked_and_only_for_flax_default():
     assert not np.allclose(got, flax(x), atol=1e-3)
 
 
+@pytest.mark.parametrize("impl", ["fast", "flax"])
+def test_audit_sees_a_swapped_attention_as_an_attention_site(impl):
+    x = jnp.ones((2, 16, 8))
+    flax, model = Attention(nnx.Rngs(0, dropout=1)), Attention(nnx.Rngs(0, dropout=1))
+    dnnx.swap_dropout(model, impl, attention=True)
+    want, got = audit_nnx_model(flax, x), audit_nnx_model(model, x)
+    assert [(s.path, s.kind, s.rate) for s in got.sites] == [("mha", "attention", 0.3)]
+    assert [(s.path, s.kind, s.rate) for s in want.sites] == [("mha", "attention", 0.3)]
+    assert got.codes == want.codes
+
+
 def test_refuses_what_it_cannot_swap_safely_and_changes_nothing():
     class OwnCall(nnx.Dropout):
         def __call__(self, inputs, **kwargs):
@@ -290,3 +303,87 @@ def test_gemma_transformer_trains_bit_identically_with_impl_flax():
     state, losses = _train(functools.partial(dnnx.swap_dropout, attention=True))
     assert losses[-1] < losses[0]
     assert not _equal(state, want[0])
+
+
+# --- Flax's attention under impl="flax", against Flax's own -------------------------
+
+B, LQ, LK, F = 3, 5, 4, 8
+# (dropout_rate, deterministic, padded): each mode with and without a padding mask.
+MODES = [(rate, det, padded) for rate in (0.0, 0.1) for det in (True, False) for padded in (0, 1)]
+
+
+def _attention_value_and_grad(model, inputs, mask, cotangent, det):
+    def loss(model, x, y):
+        out = model(x, y, mask=mask, deterministic=det)
+        return jnp.sum(out * cotangent), out
+
+    return nnx.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(model, *inputs)
+
+
+@settings(max_examples=3)
+@given(
+    seed=st.integers(0, 2**16),
+    q_lengths=st.lists(st.integers(0, LQ), min_size=B, max_size=B),
+    kv_lengths=st.lists(st.integers(0, LK), min_size=B, max_size=B),
+)
+def test_impl_flax_attention_is_flax_attention_bit_for_bit(seed, q_lengths, kv_lengths):
+    # Padding masks (queries with no valid key included), dropout 0 and 0.1,
+    # deterministic or not: outputs and gradients are Flax's own, every bit.
+    kx, ky, kc = jax.random.split(jax.random.key(seed), 3)
+    inputs = jax.random.normal(kx, (B, LQ, F)), jax.random.normal(ky, (B, LK, F))
+    cotangent = jax.random.normal(kc, (B, LQ, F))
+    q_valid = jnp.arange(LQ)[None] < jnp.asarray(q_lengths)[:, None]
+    kv_valid = jnp.arange(LK)[None] < jnp.asarray(kv_lengths)[:, None]
+    for rate, det, padded in MODES:
+        flax, model = (
+            nnx.MultiHeadAttention(
+                2,
+                F,
+                qkv_features=8,
+                dropout_rate=rate,
+                broadcast_dropout=False,
+                decode=False,
+                rngs=nnx.Rngs(0, dropout=1),
+            )  # fmt: skip
+            for _ in range(2)
+        )
+        replaced = dnnx.swap_dropout(model, impl="flax", attention=True)
+        assert replaced == (dnnx.Replaced("", "attention", "MultiHeadAttention"),)
+        mask = nnx.make_attention_mask(q_valid, kv_valid) if padded else None
+        want = _attention_value_and_grad(flax, inputs, mask, cotangent, det)
+        got = _attention_value_and_grad(model, inputs, mask, cotangent, det)
+        assert _equal(got, want), (rate, det, padded)
+
+
+def test_default_impl_attention_differs_from_flax_only_where_docs_swap_md_says():
+    # Without dropout: a query with no valid key attends to nothing (the module returns
+    # its output projection's bias there; Flax, the projected mean of the values), and
+    # every other output and gradient is Flax's within float32 round-off.
+    x = jax.random.normal(jax.random.key(0), (B, LQ, F))
+    valid = jnp.arange(LQ)[None] < jnp.array([LQ, 2, 0])[:, None]
+    mask = nnx.make_attention_mask(valid, valid)
+    flax, model = (
+        nnx.MultiHeadAttention(
+            2, F, qkv_features=8, dropout_rate=0.1, decode=False, rngs=nnx.Rngs(0, dropout=1)
+        )
+        for _ in range(2)
+    )
+    bias = jax.random.normal(jax.random.key(2), (F,))  # an output bias that is not zero
+    for m in (flax, model):
+        assert m.out.bias is not None
+        m.out.bias[...] = bias
+    dnnx.swap_dropout(model, attention=True)
+
+    def loss(model, x):
+        out = model(x, mask=mask, deterministic=True)
+        return jnp.sum(jnp.where(valid[..., None], jnp.sin(out), 0.0)), out
+
+    run = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+    (_, want), want_grads = run(flax, x)
+    (_, got), grads = run(model, x)
+    empty = ~np.asarray(valid)
+    np.testing.assert_array_equal(got[empty], np.broadcast_to(bias, got[empty].shape))
+    assert np.abs(want[empty] - bias[None]).min() > 1e-3  # Flax's mean of the values
+    np.testing.assert_allclose(got[~empty], want[~empty], rtol=1e-5, atol=1e-5)
+    for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

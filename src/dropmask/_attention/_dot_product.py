@@ -32,7 +32,7 @@ from .._checks import (
     check_rate,
     check_window,
 )
-from .._errors import DropmaskValueError, DtypeError, user_error
+from .._errors import DropmaskTypeError, DropmaskValueError, DtypeError, user_error
 from .._masks import as_array, sequence_mask
 from .._random import DEFAULT_IMPL, Impl, probability
 from .._reductions import compute_dtype
@@ -222,6 +222,11 @@ def dot_product_attention(
       MaskShapeError: ``mask``, ``bias``, ``kv_lengths``, ``kv_mask`` or segment ids
         do not broadcast to their shapes.
       RateError, MissingKeyError: as for :func:`dropmask.dropout`.
+      DropmaskTypeError: forward mode (``jax.jvp``, ``jax.jacfwd``) reaches a path
+        that is a ``custom_vjp`` (see ``algorithm``); the message names what to pass.
+        A ``jax.jvp`` traced inside ``jax.jit``, or of a jitted function, fails only
+        when the program compiles, outside this call: JAX's own ``TypeError``
+        (``can't apply forward-mode autodiff (jvp) to a custom_vjp function``) then.
 
     Example:
       >>> import jax.numpy as jnp, dropmask
@@ -266,10 +271,16 @@ def dot_product_attention(
         sizes = _pallas_block_sizes(block_q, block_k, c.q_len, c.kv_len)
     else:
         sizes = _block_sizes(block_q, block_k, c.q_len, c.kv_len)
-    if path == "dense":
-        einsums = (qk_attn_weights_einsum, attn_weights_value_einsum)
-        return _run_dense(c, dropout_rate, broadcast_dropout, precision, impl, module, einsums)
-    return _run_tiled(c, path, sizes, dropout_rate, broadcast_dropout, precision)
+    try:
+        if path == "dense":
+            einsums = (qk_attn_weights_einsum, attn_weights_value_einsum)
+            return _run_dense(c, dropout_rate, broadcast_dropout, precision, impl, module, einsums)
+        return _run_tiled(c, path, sizes, dropout_rate, broadcast_dropout, precision)
+    except TypeError as err:
+        forward = _forward_mode_error(err, path, algorithm, impl, c.drops)
+        if forward is None:
+            raise
+        raise forward from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -585,6 +596,38 @@ def _segments(
         check_integer_dtype(ids, caller=_CALLER, name=name)
         check_broadcastable(ids.shape, (*batch, length), caller=_CALLER, name=name, hint=_PAD_HINT)
     return q_ids, kv_ids
+
+
+# JAX's message when forward mode evaluates a custom_vjp's derivative.
+_JVP_OF_CUSTOM_VJP = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
+
+
+def _forward_mode_error(
+    err: TypeError, path: str, algorithm: Any, impl: Any, drops: bool
+) -> Exception | None:
+    """dropmask's one line for JAX's error when forward mode (``jax.jvp``,
+    ``jax.jacfwd``) meets a path that is a ``custom_vjp``: the blockwise and Pallas
+    paths, and the dense path's dropout with ``impl="fast"``; None for any other error."""
+    dense_vjp = drops and impl == "fast"
+    if _JVP_OF_CUSTOM_VJP not in str(err) or (path == "dense" and not dense_vjp):
+        return None
+    reverse = "or differentiate in reverse mode (jax.grad, jax.vjp)."
+    if path == "dense":
+        return user_error(
+            DropmaskTypeError,
+            "impl must be 'flax' for forward-mode autodiff (jax.jvp, jax.jacfwd) through "
+            f"dropout on the attention weights, got {impl!r}",
+            f"Pass impl='flax', {reverse}",
+            caller=_CALLER,
+        )
+    chose = "" if algorithm == path else f", which chose {path!r} for these lengths"
+    return user_error(
+        DropmaskTypeError,
+        f"algorithm must be 'dense' for forward-mode autodiff (jax.jvp, jax.jacfwd), got "
+        f"{algorithm!r}{chose}",
+        f"Pass algorithm='dense'{' and impl=' + repr('flax') if dense_vjp else ''}, {reverse}",
+        caller=_CALLER,
+    )
 
 
 def _choose_path(

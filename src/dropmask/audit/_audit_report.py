@@ -35,6 +35,17 @@ class Finding:
       path: the module path of the site, e.g. ``'Dense_0/Dropout_1'`` (``''`` for the
         model as a whole).
       message: what is wrong and how to fix it.
+
+    Example:
+      >>> import jax.numpy as jnp, flax.linen as nn
+      >>> from dropmask.audit import audit_model
+      >>> class Leaky(nn.Module):  # drops in evaluation too
+      ...     @nn.compact
+      ...     def __call__(self, x, training: bool):
+      ...         return nn.Dropout(0.5, deterministic=False)(x)
+      >>> finding = audit_model(Leaky(), {}, jnp.ones((8, 16))).findings[0]
+      >>> finding.code, finding.path
+      ('eval-not-deterministic', 'Dropout_0')
     """
 
     code: str
@@ -72,6 +83,13 @@ class Site(SiteFields):
       broadcast_dims: axes sharing one mask value.
       drop_fraction: realised fraction of nonzero inputs dropped (None if unmeasured).
       decisions: independent keep/drop decisions behind ``drop_fraction``.
+
+    Example:
+      >>> import jax.numpy as jnp, flax.linen as nn
+      >>> from dropmask.audit import audit_model
+      >>> site = audit_model(nn.Dropout(0.5), {}, jnp.ones((8, 16))).sites[0]
+      >>> site.kind, site.rate, site.input_shape
+      ('dropout', 0.5, (8, 16))
     """
 
     drop_fraction: float | None
@@ -85,6 +103,13 @@ class AuditReport:
     Attributes:
       sites: every dropout site seen, in call order.
       findings: problems, each with a stable code, a path and a fix.
+
+    Example:
+      >>> import jax.numpy as jnp, flax.linen as nn
+      >>> from dropmask.audit import audit_model
+      >>> report = audit_model(nn.Dropout(0.5), {}, jnp.ones((8, 16)))
+      >>> report.ok, [site.path for site in report.sites], report.codes
+      (True, ['Dropout'], set())
     """
 
     sites: tuple[Site, ...] = ()

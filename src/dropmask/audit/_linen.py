@@ -293,6 +293,15 @@ def audit_step(train_step: Callable[..., Any], state: Any, batches: Iterable[Any
     Raises:
       DropmaskValueError: fewer than two batches.
       DropmaskTypeError: ``train_step`` is not callable.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn
+      >>> from dropmask.audit import audit_step
+      >>> layer = nn.Dropout(0.5, deterministic=False)
+      >>> def step(key, x):  # the state is a key, which this step forgets to advance
+      ...     return key, layer.apply({}, x, rngs={"dropout": key})
+      >>> audit_step(step, jax.random.key(0), [jnp.ones((8, 16))] * 2).codes
+      {'same-mask-across-steps'}
     """
     batches = checked_step(train_step, batches, caller="audit_step")
     rec = Recorder()

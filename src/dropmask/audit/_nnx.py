@@ -198,6 +198,20 @@ def audit_nnx_step(
       DropmaskTypeError: ``state`` is not an ``NnxTrainState``, or ``train_step`` is
         not callable.
       DropmaskValueError: fewer than two batches.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, optax
+      >>> from flax import nnx
+      >>> from dropmask.audit import audit_nnx_step
+      >>> from dropmask.training import NnxTrainState
+      >>> rngs = nnx.Rngs(0, dropout=1)
+      >>> model = nnx.Sequential(nnx.Linear(4, 8, rngs=rngs), nnx.Dropout(0.5, rngs=rngs))
+      >>> state = NnxTrainState.create(model=model, tx=optax.sgd(0.1), key=jax.random.key(2))
+      >>> def step(state, x):
+      ...     grads = jax.grad(lambda p: jnp.mean(state.model(p)(x) ** 2))(state.params)
+      ...     return state.apply_gradients(grads=grads)
+      >>> audit_nnx_step(step, state, [jnp.ones((8, 4))] * 2).ok
+      True
     """
     from ..training import NnxTrainState
 

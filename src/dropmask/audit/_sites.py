@@ -167,18 +167,21 @@ def _dropped_weights_of(attend: Callable[..., Any]) -> Callable[..., Any]:
 def _attention_weights(attention_fn: Any) -> tuple[Callable[..., Any], Any] | None:
     """``(weights function, the arguments it takes)`` of a known attention function.
 
-    Flax's attention functions apply dropout in their weights function; dropmask's
-    :func:`~dropmask.dot_product_attention` (or a ``functools.partial`` of it, e.g.
-    with ``algorithm=``) is read through :func:`_dropped_weights_of`.
+    Flax's attention functions (or a bare ``functools.partial`` of one, which
+    ``swap_dropout(impl="flax", attention=True)`` gives) apply dropout in their weights
+    function; dropmask's :func:`~dropmask.dot_product_attention` (or a
+    ``functools.partial`` of it, e.g. with ``algorithm=``) is read through
+    :func:`_dropped_weights_of`.
     """
     flax_weights = {
         nn.dot_product_attention: nn.dot_product_attention_weights,
         nnx_attention.dot_product_attention: nnx_attention.dot_product_attention_weights,
     }
-    for fn, weights in flax_weights.items():
-        if attention_fn is fn:
-            return weights, inspect.signature(weights).parameters
     base = attention_fn.func if isinstance(attention_fn, functools.partial) else attention_fn
+    bare = base is attention_fn or not (attention_fn.args or attention_fn.keywords)
+    for fn, weights in flax_weights.items():
+        if bare and base is fn:
+            return weights, inspect.signature(weights).parameters
     if base is _dropmask_attention:
         return _dropped_weights_of(attention_fn), inspect.signature(base).parameters
     return None

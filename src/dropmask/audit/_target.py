@@ -41,6 +41,13 @@ class AuditTarget:
       eval_model: the module applied in evaluation when a config field, not a call
         argument, selects the mode (e.g. ``config.replace(deterministic=True)``);
         None: ``model`` with ``eval_kwargs``.
+
+    Example:
+      >>> import jax.numpy as jnp, flax.linen as nn
+      >>> from dropmask.audit import AuditTarget
+      >>> target = AuditTarget(model=nn.Dropout(0.5), variables={}, args=(jnp.ones((8, 16)),))
+      >>> target.train_step is None  # the model alone is audited
+      True
     """
 
     model: Any
@@ -62,6 +69,13 @@ def audit_target(target: AuditTarget) -> AuditReport:
     Raises:
       DropmaskTypeError: ``target`` is not an :class:`AuditTarget`.
       DropmaskValueError: it has neither a model nor a train step.
+
+    Example:
+      >>> import jax.numpy as jnp, flax.linen as nn
+      >>> from dropmask.audit import AuditTarget, audit_target
+      >>> target = AuditTarget(model=nn.Dropout(0.5), variables={}, args=(jnp.ones((8, 16)),))
+      >>> audit_target(target).ok
+      True
     """
     if not isinstance(target, AuditTarget):
         raise user_error(
@@ -138,6 +152,13 @@ def target_from_example(
       DropmaskValueError: ``steps < 2``.
       DropmaskTypeError: ``example`` is not an ``Example``, or, with
         ``model_inputs``, its state's ``apply_fn`` is not a bound Linen ``apply``.
+
+    Example:
+      >>> from dropmask.audit import audit_target, target_from_example
+      >>> from dropmask.examples.digits_nnx import train  # the bundled NNX example
+      >>> target = target_from_example(train.example, steps=2)
+      >>> len(target.batches), audit_target(target).ok
+      (2, True)
     """
     from ..training import NnxTrainState
 

@@ -114,6 +114,14 @@ class WordDropout(_Stochastic):
       impl: ``"flax"`` matches the SST-2 example's ``WordDropout`` bit for bit.
       shard_spec: inside ``shard_map``, the ``PartitionSpec`` of ``tokens`` (or pass
         call-time ``global_shape=`` / ``offset=``), as in :class:`Dropout`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from dropmask import linen as dl
+      >>> layer, tokens = dl.WordDropout(0.5, unk_id=1, deterministic=False), jnp.arange(2, 8)
+      >>> t = layer.apply({}, tokens, rngs={"dropout": jax.random.key(0)})
+      >>> bool(((t == 1) | (t == tokens)).all())  # each token kept or replaced by unk_id
+      True
     """
 
     rate: float | jax.Array
@@ -147,6 +155,14 @@ class DropPath(_Sharded):
     ``shard_spec`` (or call-time ``global_shape=`` / ``offset=``): inside
     ``shard_map``, as in :class:`Dropout`; devices that split a non-batch axis make
     the same decision for an example.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from dropmask import linen as dl
+      >>> layer = dl.DropPath(0.5, deterministic=False)
+      >>> y = layer.apply({}, jnp.ones((4, 3)), rngs={"dropout": jax.random.key(0)})
+      >>> bool((y == y[:, :1]).all())  # one decision per example
+      True
     """
 
     rate: float | jax.Array
@@ -161,7 +177,16 @@ class DropPath(_Sharded):
 
 
 class GaussianDropout(_Stochastic):
-    """Multiplicative ``N(1, rate/(1-rate))`` noise in training mode."""
+    """Multiplicative ``N(1, rate/(1-rate))`` noise in training mode.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from dropmask import linen as dl
+      >>> layer = dl.GaussianDropout(0.5, deterministic=False)
+      >>> y = layer.apply({}, jnp.ones(10_000), rngs={"dropout": jax.random.key(0)})
+      >>> bool(abs(y.mean() - 1) < 0.05 and abs(y.var() - 1) < 0.1)  # N(1, 0.5 / 0.5)
+      True
+    """
 
     rate: float | jax.Array
     broadcast_dims: int | Sequence[int] = ()
@@ -182,6 +207,15 @@ class AlphaDropout(_Sharded):
     ``residual``: what the backward pass keeps, as in :class:`Dropout`.
     ``shard_spec`` (or call-time ``global_shape=`` / ``offset=``): inside
     ``shard_map``, as in :class:`Dropout`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from dropmask import linen as dl
+      >>> x = jax.random.normal(jax.random.key(0), (10_000,))  # standardised
+      >>> layer = dl.AlphaDropout(0.2, deterministic=False)
+      >>> y = layer.apply({}, x, rngs={"dropout": jax.random.key(1)})
+      >>> bool(abs(y.mean()) < 0.05 and abs(y.std() - 1) < 0.05)  # still standardised
+      True
     """
 
     rate: float | jax.Array

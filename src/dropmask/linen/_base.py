@@ -26,6 +26,15 @@ class MissingStreamError(MissingKeyError, flax.errors.InvalidRngError):
     Also Flax's ``InvalidRngError``, with Flax's wording (``needs PRNG for "dropout"``)
     leading the message, so code written against ``flax.linen.Dropout`` still catches
     and matches it.
+
+    Example:
+      >>> import flax, jax.numpy as jnp
+      >>> from dropmask import linen as dl
+      >>> try:
+      ...     dl.Dropout(0.5, deterministic=False).apply({}, jnp.ones(3))  # no rngs
+      ... except flax.errors.InvalidRngError as err:  # a dropmask.MissingKeyError too
+      ...     print(type(err).__name__)
+      MissingStreamError
     """
 
     def __init__(self, message: str):

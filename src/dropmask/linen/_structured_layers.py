@@ -61,6 +61,14 @@ class DropHead(Sharded):
       rng_collection: the PRNG stream.
       shard_spec: inside ``shard_map``, the input's ``PartitionSpec``.
       residual: what the backward pass keeps, as in :class:`Dropout`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from dropmask import linen as dl
+      >>> layer = dl.DropHead(0.5, deterministic=False)
+      >>> y = layer.apply({}, jnp.ones((2, 5, 4, 8)), rngs={"dropout": jax.random.key(0)})
+      >>> bool((y == y[:, :1, :, :1]).all())  # one decision per example and head
+      True
     """
 
     rate: float | jax.Array

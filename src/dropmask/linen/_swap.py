@@ -7,22 +7,22 @@ Built on Flax's public ``nn.intercept_methods``. While a swap is active, each ca
 scope: its ``make_rng`` draws the key Flax's would draw, at the same place, from the
 same counter. With ``attention=True``, a ``MultiHeadDotProductAttention`` whose
 ``attention_fn`` is Flax's default runs as a clone of itself, bound to the same
-scope, whose ``attention_fn`` is :func:`dropmask.dot_product_attention`.
+scope, whose ``attention_fn`` is :func:`dropmask.dot_product_attention` (with
+``impl="flax"``: Flax's own function, as a new object).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import flax.linen as nn
 
-from .._attention import dot_product_attention
 from .._checks import check_impl, check_instance
+from .._layer_specs import swapped_attention_fn
 from .._random import DEFAULT_IMPL, Impl
 
 __all__ = ["swap_dropout", "swapped"]
@@ -39,15 +39,14 @@ class _Swap:
     attention: bool
 
 
-class _Active(threading.local):
-    """The swaps active in this thread, innermost last (Flax's interceptors are per
-    thread too)."""
+class _PerThread(threading.local):
+    """A stack of this thread's own (Flax's interceptors are per thread too)."""
 
     def __init__(self) -> None:
-        self.stack: list[_Swap] = []
+        self.stack: list[Any] = []
 
 
-_active = _Active()
+_active = _PerThread()  # the swaps active in this thread, innermost last
 
 
 def _is_flax_dropout_call(context: Any) -> bool:
@@ -68,6 +67,15 @@ def swapped(module: nn.Module) -> bool:
     with ``attention=True``, for a ``MultiHeadDotProductAttention`` with Flax's default
     ``attention_fn``. An interceptor of one's own (the audit's) asks this to observe
     the dropmask call that runs in its place, at the same path, rather than both.
+
+    Example:
+      >>> import flax.linen as nn
+      >>> from dropmask import linen as dl
+      >>> with dl.swap_dropout():
+      ...     print(dl.swapped(nn.Dropout(0.1)), dl.swapped(nn.Dense(3)))
+      True False
+      >>> dl.swapped(nn.Dropout(0.1))  # no swap active
+      False
     """
     if not _active.stack:
         return False
@@ -92,10 +100,10 @@ def _dropout(module: nn.Dropout, swap: _Swap, args: Any, kwargs: Any) -> Any:
 
 
 def _attention(module: nn.MultiHeadDotProductAttention, swap: _Swap, args: Any, kwargs: Any) -> Any:
-    attention_fn = functools.partial(dot_product_attention, impl=swap.impl)
+    fn = swapped_attention_fn(swap.impl, nn.dot_product_attention)
     # Fields are frozen, so the module runs as a clone of itself that differs only in
     # attention_fn, bound to the module's scope: same parameters, same dropout key.
-    clone = module.clone(parent=module.scope, attention_fn=attention_fn)
+    clone = module.clone(parent=module.scope, attention_fn=fn)
     return clone(*args, **kwargs)
 
 
@@ -124,6 +132,25 @@ def _swapping(swap: _Swap) -> Iterator[None]:
         _active.stack.remove(swap)
 
 
+class _Switch(contextlib.ContextDecorator, contextlib.AbstractContextManager[None]):
+    """What :func:`swap_dropout` returns. Each entry is a swap of its own, left by the
+    matching exit, so one object may be entered again: nested, in turn, or by a
+    decorated function that calls itself."""
+
+    def __init__(self, impl: Impl, attention: bool) -> None:
+        self._impl: Impl = impl
+        self._attention = attention
+        self._entries = _PerThread()  # this object's entries not yet left, innermost last
+
+    def __enter__(self) -> None:
+        entry = _swapping(_Swap(self._impl, self._attention))
+        entry.__enter__()
+        self._entries.stack.append(entry)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._entries.stack.pop().__exit__(*exc)
+
+
 def swap_dropout(
     impl: Impl = DEFAULT_IMPL, *, attention: bool = False
 ) -> contextlib.AbstractContextManager[None]:
@@ -134,18 +161,26 @@ def swap_dropout(
     :class:`dropmask.linen.Dropout` with the module's ``rate``, ``broadcast_dims``,
     ``deterministic`` (merged with the call's as Flax does), ``rng_collection`` and the
     call's ``rng``; the key is drawn by the module's own ``make_rng`` where Flax draws
-    it. With ``impl="flax"`` outputs and gradients are bit-identical to not swapping.
-    Routing happens when a model is traced: wrap the ``apply`` (or the jitted step's
-    first call), not only a later call of a compiled function.
+    it. With ``impl="flax"`` outputs and gradients are bit-identical to not swapping
+    (a routed attention module then calls Flax's own ``dot_product_attention``: only
+    the routing is proven). Routing happens when a model is traced: wrap the
+    ``apply`` (or the jitted step's first call), not only a later call of a compiled
+    function.
 
     Nested swaps: the innermost one decides. dropmask's own layers are not affected.
+    One object may be entered again, nested or in turn (or by a decorated function
+    that calls itself); each exit restores what its entry found.
 
     Args:
       impl: the mask generator of the routed layers, as in :class:`Dropout`.
       attention: also route ``flax.linen.MultiHeadDotProductAttention`` (and
         subclasses) whose ``attention_fn`` is Flax's default through
         :func:`dropmask.dot_product_attention`, with the module's ``dropout_rate``,
-        ``broadcast_dropout`` and dropout key.
+        ``broadcast_dropout`` and dropout key. With ``impl="fast"`` it differs from
+        Flax's in one place: a query with no valid key (a fully padded row) attends
+        to nothing, so the module outputs its output projection's bias there (Flax:
+        the projected mean of the values); every other output and gradient, without
+        dropout, is Flax's within float rounding. With dropout the masks differ.
 
     Example:
       >>> import flax.linen as nn, jax, jax.numpy as jnp
@@ -160,4 +195,4 @@ def swap_dropout(
     check_instance(
         attention, bool, caller=_CALLER, name="attention", what="a bool", fix="Pass True or False."
     )
-    return _swapping(_Swap(impl, attention))
+    return _Switch(impl, attention)

@@ -98,6 +98,15 @@ class WordDropout(_Stochastic):
 
     ``shard_spec`` (or call-time ``global_shape=`` / ``offset=``): inside
     ``shard_map``, as in :class:`Dropout`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from dropmask import nnx as dnnx
+      >>> layer, tokens = dnnx.WordDropout(0.5, unk_id=1, rngs=nnx.Rngs(0)), jnp.arange(2, 8)
+      >>> t = layer(tokens)
+      >>> bool(((t == 1) | (t == tokens)).all())  # each token kept or replaced by unk_id
+      True
     """
 
     def __init__(
@@ -141,6 +150,14 @@ class DropPath(_Sharded):
     ``shard_spec`` (or call-time ``global_shape=`` / ``offset=``): inside
     ``shard_map``, as in :class:`Dropout`; devices that split a non-batch axis make
     the same decision for an example.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from dropmask import nnx as dnnx
+      >>> y = dnnx.DropPath(0.5, rngs=nnx.Rngs(0))(jnp.ones((4, 3)))
+      >>> bool((y == y[:, :1]).all())  # one decision per example
+      True
     """
 
     def __init__(
@@ -167,7 +184,16 @@ class DropPath(_Sharded):
 
 
 class GaussianDropout(_Stochastic):
-    """Multiplicative ``N(1, rate/(1-rate))`` noise in training mode."""
+    """Multiplicative ``N(1, rate/(1-rate))`` noise in training mode.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from dropmask import nnx as dnnx
+      >>> y = dnnx.GaussianDropout(0.5, rngs=nnx.Rngs(0))(jnp.ones(10_000))
+      >>> bool(abs(y.mean() - 1) < 0.05 and abs(y.var() - 1) < 0.1)  # N(1, 0.5 / 0.5)
+      True
+    """
 
     def __init__(
         self,
@@ -196,6 +222,15 @@ class AlphaDropout(_DropoutLike):
     ``residual``: what the backward pass keeps, as in :class:`Dropout`.
     ``shard_spec`` (or call-time ``global_shape=`` / ``offset=``): inside
     ``shard_map``, as in :class:`Dropout`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from dropmask import nnx as dnnx
+      >>> x = jax.random.normal(jax.random.key(0), (10_000,))  # standardised
+      >>> y = dnnx.AlphaDropout(0.2, rngs=nnx.Rngs(1))(x)
+      >>> bool(abs(y.mean()) < 0.05 and abs(y.std() - 1) < 0.05)  # still standardised
+      True
     """
 
     _spec = _layer_specs.ALPHA_DROPOUT

@@ -68,6 +68,14 @@ class DropHead(Sharded):
     (see :func:`dropmask.drop_head`); put it between attention and the output projection.
 
     ``shard_spec`` and ``residual`` as in :class:`Dropout`.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from dropmask import nnx as dnnx
+      >>> y = dnnx.DropHead(0.5, rngs=nnx.Rngs(0))(jnp.ones((2, 5, 4, 8)))
+      >>> bool((y == y[:, :1, :, :1]).all())  # one decision per example and head
+      True
     """
 
     def __init__(

@@ -11,16 +11,15 @@ graph's static part changes. Shared references stay shared.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Iterator
 from typing import Any
 
 import jax
 from flax import nnx
 
-from .._attention import dot_product_attention
 from .._checks import check_impl, check_instance, is_concrete
 from .._errors import DropmaskTypeError, DropmaskValueError, user_error
+from .._layer_specs import swapped_attention_fn
 from .._random import DEFAULT_IMPL, Impl
 
 __all__ = ["Replaced", "swap_dropout"]
@@ -38,8 +37,15 @@ class Replaced:
       path: where it sits in the model, e.g. ``'blocks/0/dropout'`` (a shared module:
         its first path).
       kind: ``'dropout'`` (the module became :class:`dropmask.nnx.Dropout`) or
-        ``'attention'`` (its ``attention_fn`` became :func:`dropmask.dot_product_attention`).
+        ``'attention'`` (its ``attention_fn`` became :func:`dropmask.dot_product_attention`;
+        with ``impl="flax"``, a new object calling Flax's own).
       module: the original module's class name.
+
+    Example:
+      >>> from flax import nnx
+      >>> from dropmask import nnx as dnnx
+      >>> dnnx.swap_dropout(nnx.Sequential(nnx.Dropout(0.1, rngs=nnx.Rngs(0))))
+      (Replaced(path='layers/0', kind='dropout', module='Dropout'),)
     """
 
     path: str
@@ -131,15 +137,21 @@ def swap_dropout(
     same random stream: ``nnx.state(model)`` keeps its paths, shapes and values, so
     ``split_rngs``, ``StateAxes``, ``train()`` / ``eval()``, ``nnx.view``, stacked
     layers and checkpoints of the state work as before. With ``impl="flax"`` every
-    output and gradient is bit-identical to the unswapped model's. Run it once,
-    eagerly, after building (or restoring) the model and before the train step.
+    output and gradient is bit-identical to the unswapped model's (a swapped attention
+    module then calls Flax's own ``dot_product_attention``: only the routing is
+    proven). Run it once, eagerly, after building (or restoring) the model and before
+    the train step.
 
     Args:
       model: the model, changed in place.
       impl: the mask generator of the new layers, as in :class:`Dropout`.
       attention: also give every ``flax.nnx.MultiHeadAttention`` whose
         ``attention_fn`` is Flax's default :func:`dropmask.dot_product_attention`
-        (with the same ``impl``).
+        (with the same ``impl``). With ``impl="fast"`` it differs from Flax's in one
+        place: a query with no valid key (a fully padded row) attends to nothing, so
+        the module outputs its output projection's bias there (Flax: the projected
+        mean of the values); every other output and gradient, without dropout, is
+        Flax's within float rounding. With dropout the masks differ.
 
     Returns:
       What was replaced, in the order ``nnx.iter_graph`` visits it; empty when
@@ -203,7 +215,7 @@ def swap_dropout(
         if id(node) in dropouts:  # iter_graph visits a shared node once
             done.append(Replaced(_path(parts), "dropout", type(node).__name__))
         if attention and _default_attention(node):
-            node.attention_fn = functools.partial(dot_product_attention, impl=impl)
+            node.attention_fn = swapped_attention_fn(impl, nnx.dot_product_attention)
             done.append(Replaced(_path(parts), "attention", type(node).__name__))
         for key, child in list(_children(node)):
             if id(child) in new and isinstance(child, nnx.Dropout):

@@ -177,6 +177,14 @@ class Reliability(NamedTuple):
       confidence: ``float32[num_bins]`` mean confidence of the bin's examples (0 if empty).
       accuracy: ``float32[num_bins]`` their accuracy (0 if empty).
       counts: ``float32[num_bins]`` how many valid examples fell in the bin.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from dropmask import uncertainty
+      >>> logits = jnp.log(jnp.array([[0.9, 0.1], [0.6, 0.4]]))
+      >>> r = uncertainty.reliability(logits, jnp.array([0, 1]), num_bins=2)
+      >>> r.edges.tolist(), r.confidence.tolist(), r.counts.tolist()
+      ([0.0, 0.5, 1.0], [0.0, 0.75], [0.0, 2.0])
     """
 
     edges: jax.Array
@@ -294,6 +302,14 @@ def reliability_diagram(
 
     Raises:
       DropmaskError: matplotlib is not installed (``pip install 'dropmask[train]'``).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from dropmask import uncertainty
+      >>> logits = jnp.log(jnp.array([[0.9, 0.1], [0.6, 0.4]]))
+      >>> ax = uncertainty.reliability_diagram(logits, jnp.array([0, 1]), num_bins=5)
+      >>> ax.get_legend_handles_labels()[1]  # ax.figure.savefig(path) writes it
+      ['ECE 0.350']
     """
     Figure = require("matplotlib.figure", caller="reliability_diagram").Figure
 

@@ -117,6 +117,13 @@ def predictive_mean(logits: jax.typing.ArrayLike) -> jax.Array:
     Returns:
       Probabilities ``[..., classes]`` in ``logits``' dtype; for NLL and calibration
       pass :func:`predictive_log_probs` instead (exact in log space).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from dropmask import uncertainty
+      >>> logits = jnp.log(jnp.array([[[1.0, 0.0]], [[0.0, 1.0]]]))  # two samples
+      >>> uncertainty.predictive_mean(logits).tolist()
+      [[0.5, 0.5]]
     """
     return _predictive_mean(_samples(logits, "uncertainty.predictive_mean"))
 
