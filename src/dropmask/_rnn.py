@@ -43,7 +43,7 @@ from ._errors import (
     user_error,
 )
 from ._masks import as_array, sequence_mask
-from ._random import keep_mask
+from ._random import keep_mask, sharded_as
 from ._scan import flip_sequences, masked_scan
 
 __all__ = [
@@ -329,7 +329,7 @@ def zoneout(
                 r = jnp.asarray(r, dtype)
                 mixed = (r * a.astype(dtype) + (1 - r) * b.astype(dtype)).astype(b.dtype)
             else:
-                update = keep_mask(jax.random.fold_in(key, i), b.shape, r)
+                update = sharded_as(keep_mask(jax.random.fold_in(key, i), b.shape, r), b)
                 mixed = jnp.where(update, b, a.astype(b.dtype))
             # A traced rate outside [0, 1] gives NaN, as a traced dropout rate does,
             # never an extrapolated mix.

@@ -194,12 +194,15 @@ def drop_block(
     gamma = seed_probability(rate if isinstance(rate, jax.Array) else value, spatial, sizes)
     seeds = draw(key, seed_shape, gamma, "fast", flags_only, block=block, caller=caller)
     # A seed is the block's first corner; only corners whose block fits are seeds. Each
-    # axis's test is built on its own length and broadcast, tied to x: in a
-    # differentiated scan nothing of the seeds' size is computed before the loop.
-    tie = loop_zero(x) != 0
+    # axis's test is built on its own length, tied to the seeds (which vary with the
+    # key), and broadcast: in a differentiated scan nothing of the seeds' size is
+    # computed before the loop. Not to x: under a mesh of explicit axes x's 0 keeps x's
+    # sharded axes (loop_zero), its channels among them, which shared seeds lack.
+    tie = loop_zero(seeds)
     for axis, (s, b) in enumerate(zip(spatial, sizes, strict=True), start=1):
-        fits = (lax.iota(jnp.int32, s) <= s - b) | tie
-        seeds = seeds & lax.broadcast_in_dim(fits, seed_shape, (axis,))
+        along = tuple(s if a == axis else 1 for a in range(x.ndim))
+        fits = lax.broadcast_in_dim(lax.iota(jnp.int32, s) <= s - b, along, (axis,))
+        seeds = seeds & (fits | tie)
     seeds = seeds.astype(jnp.uint8)
     window = (1, *sizes, 1)
     padding = ((0, 0), *((b - 1, 0) for b in sizes), (0, 0))
