@@ -9,8 +9,8 @@ Here too is how a message learns whom to name: :func:`named` (a decorator on a p
 function) and :func:`naming` (a layer's call) set the name that :func:`call_name` gives
 the checks, so that no signature carries it. The outermost name wins: a layer that calls
 :func:`dropmask.dropout`, or a public function that calls another, reports under the name
-the user called. A named call runs no user code (a callback would inherit the name), so
-a function that calls back names only the part of its work that does not.
+the user called. A named call that runs the user's code runs it :func:`unnamed`: a
+callback's own calls name themselves.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "call_name",
     "named",
     "naming",
+    "unnamed",
     "user_error",
 ]
 
@@ -78,6 +79,21 @@ def named(name: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
         return call
 
     return decorate
+
+
+def unnamed(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``fn``, a callback of the user's, run outside any name: the dropmask calls it
+    makes name themselves, not the call that runs it."""
+
+    @functools.wraps(fn)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        token = _CALL_NAME.set(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _CALL_NAME.reset(token)
+
+    return call
 
 
 class DropmaskError(Exception):

@@ -17,7 +17,7 @@ import jax
 from .._attention import dot_product_attention
 from .._checks import check_array, check_ndim, check_one_key, check_rate, concrete_value
 from .._dropout import dropout
-from .._errors import call_name, named, naming
+from .._errors import call_name, named
 from .._random import DEFAULT_RESIDUAL, Residual
 
 __all__ = ["drop_head", "drop_head_attention"]
@@ -82,6 +82,7 @@ def drop_head(
     )
 
 
+@named("drop_head_attention")
 def drop_head_attention(
     q: jax.typing.ArrayLike,
     k: jax.typing.ArrayLike,
@@ -151,13 +152,15 @@ def drop_head_attention(
       >>> y.shape
       (2, 3, 4, 8)
     """
-    caller = "drop_head_attention"
+    caller = call_name()
     rng = check_one_key(key, dropout_rng, caller=caller)
     check_rate(weights_rate, caller=caller, name="weights_rate")
     drops_weights = not deterministic and concrete_value(weights_rate) != 0.0
     heads_key, weights_key = rng, None
     if drops_weights and rng is not None:
         heads_key, weights_key = jax.random.split(rng)
+    # The attention's errors name this call too; it runs the einsum callbacks unnamed
+    # (they are the user's code).
     out = dot_product_attention(
         q,
         k,
@@ -177,6 +180,4 @@ def drop_head_attention(
         attn_weights_value_einsum=attn_weights_value_einsum,
         **kwargs,
     )
-    # Named here, not for the whole call: the einsum callbacks above are the user's code.
-    with naming(caller):
-        return drop_head(out, dropout_rate, heads_key, deterministic=deterministic)
+    return drop_head(out, dropout_rate, heads_key, deterministic=deterministic)
