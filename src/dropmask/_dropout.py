@@ -454,7 +454,7 @@ def word_dropout(
         return tokens
     if call.value == 1.0:
         return jnp.full_like(tokens, unk_id)
-    p = probability(rate, call.value, keep=False, caller=caller)
+    p = probability(rate, call.value, keep=False, caller=caller, impl=impl)
     unk = jnp.asarray(unk_id, tokens.dtype)
     bshape = mask_shape(tokens.shape, call.axes)
     return draw(key, bshape, p, impl, _replace_dropped, (tokens, unk), call.block, caller=caller)
@@ -497,7 +497,7 @@ def gaussian_dropout(
     x = call.x
     if deterministic or call.value == 0.0:
         return x
-    p = probability(rate, call.value, keep=False, caller=call_name())
+    p = probability(rate, call.value, keep=False, caller=call_name(), impl=None)
     rate_arr = jnp.asarray(p, jnp.float32)
     std = jnp.sqrt(rate_arr / jnp.where(rate_arr < 1, 1.0 - rate_arr, 1.0))
     noise = 1.0 + std * jax.random.normal(key, mask_shape(x.shape, call.axes), dtype=jnp.float32)

@@ -485,7 +485,7 @@ def test_a_static_rate_and_a_jax_scalar_give_the_same_result(name, rate):
 
 def test_drop_head_attention_errors_name_it_and_a_callback_names_its_own_calls():
     x = jnp.ones((2, 3, 4, 8))
-    with pytest.raises(dropmask.RateError, match=r"^drop_head_attention: rate must be in"):
+    with pytest.raises(dropmask.RateError, match=r"^drop_head_attention: dropout_rate must be in"):
         dropmask.drop_head_attention(
             x, x, x, dropout_rate=1.5, dropout_rng=KEY, deterministic=False
         )

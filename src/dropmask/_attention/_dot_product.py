@@ -109,7 +109,7 @@ def _as_mask(mask: Any, logits_shape: tuple[int, ...]) -> jax.Array:
     return mask.reshape((1,) * (len(logits_shape) - mask.ndim) + mask.shape)
 
 
-@named("dot_product_attention")
+@named("dot_product_attention", rate="dropout_rate")
 def dot_product_attention(
     q: jax.typing.ArrayLike,
     k: jax.typing.ArrayLike,
@@ -390,7 +390,7 @@ def _check_options(
             caller=call_name(),
         )
     rng = check_one_key(key, dropout_rng, caller=call_name())
-    rate = check_rate(dropout_rate, caller=call_name(), name="dropout_rate")
+    rate = check_rate(dropout_rate, caller=call_name())
     check_impl(impl, caller=call_name())
     drops = not deterministic and rate != 0.0
     if drops:

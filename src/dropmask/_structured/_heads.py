@@ -17,7 +17,7 @@ import jax
 from .._attention import dot_product_attention
 from .._checks import check_array, check_ndim, check_one_key, check_rate, concrete_value
 from .._dropout import dropout
-from .._errors import call_name, named
+from .._errors import call_name, named, naming
 from .._random import DEFAULT_RESIDUAL, Residual
 
 __all__ = ["drop_head", "drop_head_attention"]
@@ -154,30 +154,33 @@ def drop_head_attention(
     """
     caller = call_name()
     rng = check_one_key(key, dropout_rng, caller=caller)
+    check_rate(dropout_rate, caller=caller, name="dropout_rate")
     check_rate(weights_rate, caller=caller, name="weights_rate")
     drops_weights = not deterministic and concrete_value(weights_rate) != 0.0
     heads_key, weights_key = rng, None
     if drops_weights and rng is not None:
         heads_key, weights_key = jax.random.split(rng)
-    # The attention's errors name this call too; it runs the einsum callbacks unnamed
-    # (they are the user's code).
-    out = dot_product_attention(
-        q,
-        k,
-        v,
-        dropout_rate=weights_rate,
-        key=weights_key,
-        deterministic=not drops_weights,
-        mask=mask,
-        bias=bias,
-        broadcast_dropout=broadcast_dropout,
-        is_causal=is_causal,
-        dtype=dtype,
-        precision=precision,
-        module=module,
-        force_fp32_for_softmax=force_fp32_for_softmax,
-        qk_attn_weights_einsum=qk_attn_weights_einsum,
-        attn_weights_value_einsum=attn_weights_value_einsum,
-        **kwargs,
-    )
-    return drop_head(out, dropout_rate, heads_key, deterministic=deterministic)
+    # Attention's errors name this call and its weights_rate; it runs the einsum
+    # callbacks unnamed (they are the user's code).
+    with naming(caller, rate="weights_rate"):
+        out = dot_product_attention(
+            q,
+            k,
+            v,
+            dropout_rate=weights_rate,
+            key=weights_key,
+            deterministic=not drops_weights,
+            mask=mask,
+            bias=bias,
+            broadcast_dropout=broadcast_dropout,
+            is_causal=is_causal,
+            dtype=dtype,
+            precision=precision,
+            module=module,
+            force_fp32_for_softmax=force_fp32_for_softmax,
+            qk_attn_weights_einsum=qk_attn_weights_einsum,
+            attn_weights_value_einsum=attn_weights_value_einsum,
+            **kwargs,
+        )
+    with naming(caller, rate="dropout_rate"):
+        return drop_head(out, dropout_rate, heads_key, deterministic=deterministic)
