@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tests.mask_sites import SITES, site_input
 
 import dropmask
 from dropmask import _checks
@@ -141,6 +142,26 @@ def test_errors_name_the_function_called_not_an_internal_one():
         dropmask.DtypeError, match=r"^dropmask.linen.AlphaDropout expects a floating"
     ):
         dl.AlphaDropout(0.5, deterministic=False).apply({}, X * 1j, rngs={"dropout": key})
+
+
+@pytest.mark.parametrize("rate", [1e-6, 1 - 1e-6])
+@pytest.mark.parametrize("site", SITES, ids=[site.id for site in SITES])
+def test_a_rate_that_would_round_to_0_or_1_names_the_caller_and_its_argument(site, rate):
+    """The "fast" generator draws probabilities to 2**-16, so a rate within 2**-17 of 0
+    or 1 is refused; the error names the function or layer called and the rate as its
+    user passed it, and speaks of nothing else (no other function, no "dropout" where
+    the caller is not dropout). The other rates are drawn."""
+    x = site_input(site)
+    if rate not in site.refuses:
+        jax.block_until_ready(site.call(x, rate, KEY))
+        return
+    with pytest.raises(dropmask.RateError) as info:
+        site.call(x, rate, KEY)
+    message = str(info.value)
+    assert message.startswith(f"{site.name}: {site.arg}"), message
+    said = message.removeprefix(f"{site.name}: ").replace(site.arg, "")
+    assert "dropout" not in said, message
+    assert "keep_mask" not in said, message
 
 
 def test_every_error_is_a_dropmask_error_and_the_builtin_type():

@@ -53,6 +53,7 @@ from ._errors import (
     MaskShapeError,
     MissingKeyError,
     RateError,
+    rate_name,
     user_error,
 )
 
@@ -116,9 +117,12 @@ def check_optimizer(tx: Any, *, caller: str) -> None:
 
 
 def check_rate(
-    rate: Any, *, caller: str | None = None, name: str = "rate", allow_one: bool = True
+    rate: Any, *, caller: str | None = None, name: str | None = None, allow_one: bool = True
 ) -> float | None:
     """Validates a dropout rate; returns it as a float when known now, None when traced.
+
+    ``name`` is the argument's name in messages; by default the one the call was named
+    with (:func:`~dropmask._errors.rate_name`: ``"rate"`` unless a caller names it).
 
     A rate is a real scalar: a Python or NumPy number, a 0-d array, or a JAX scalar
     (concrete or traced). Only a JAX tracer is left unchecked here (its value exists
@@ -130,6 +134,7 @@ def check_rate(
       RateError: a known rate outside ``[0, 1]`` (``[0, 1)`` when ``allow_one`` is
         False) or NaN.
     """
+    name = rate_name() if name is None else name
     dtype = getattr(rate, "dtype", None)
     shape = tuple(getattr(rate, "shape", ()))
     is_real_number = isinstance(rate, int | float | np.integer | np.floating) and not isinstance(

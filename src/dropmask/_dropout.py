@@ -47,6 +47,7 @@ from ._random import (
     local_block,
     mask_shape,
     probability,
+    sharded_as,
 )
 
 __all__ = ["alpha_dropout", "drop_path", "dropout", "gaussian_dropout", "word_dropout"]
@@ -170,22 +171,9 @@ def scale_and_fill(realised: Any, dtype: Any) -> tuple[jax.Array, jax.Array]:
     return jnp.where(invalid, jnp.nan, scale), jnp.where(invalid, jnp.nan, 0.0)
 
 
-def _sharded_as(y: jax.Array, x: jax.Array) -> jax.Array:
-    """``y`` (shaped as ``x``) with ``x``'s sharding under a mesh of explicit axes.
-
-    There ``lax.select`` needs its operands sharded alike (Flax draws its mask with
-    ``out_sharding=jax.typeof(inputs).sharding``); the mask's values do not change.
-    Outside such a mesh ``x``'s type carries no partition and ``y`` is returned as is.
-    """
-    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
-    if spec is None or all(part is None for part in spec):
-        return y
-    return jax.sharding.reshard(y, spec)
-
-
 def _select_and_scale(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
     """``x / realised`` where kept, 0 elsewhere; finite (zero) when ``realised == 0``."""
-    keep = _sharded_as(jnp.broadcast_to(keep, x.shape), x)
+    keep = sharded_as(jnp.broadcast_to(keep, x.shape), x)
 
     def apply(part: jax.Array) -> jax.Array:
         dtype = _compute_dtype(part.dtype)
@@ -225,7 +213,7 @@ def flags_and_realised(x: Any, flags: jax.Array, realised: Any) -> tuple[jax.Arr
 
 def _flax_select(x: jax.Array, keep: jax.Array, keep_prob: Any) -> jax.Array:
     """Flax's own arithmetic (a Python-float divide in the input dtype), for bit-identity."""
-    keep = _sharded_as(jnp.broadcast_to(keep, x.shape), x)
+    keep = sharded_as(jnp.broadcast_to(keep, x.shape), x)
     # Flax's zeros_like(x) too, though a differentiated scan hoists it (dropped_value):
     # the fusions downstream, and so how XLA rounds a tanh after them, stay Flax's.
     return lax.select(keep, x / keep_prob, jnp.zeros_like(x))
@@ -472,7 +460,7 @@ def word_dropout(
         return tokens
     if call.value == 1.0:
         return jnp.full_like(tokens, unk_id)
-    p = probability(rate, call.value, keep=False, caller=caller)
+    p = probability(rate, call.value, keep=False, caller=caller, impl=impl)
     unk = jnp.asarray(unk_id, tokens.dtype)
     bshape = mask_shape(tokens.shape, call.axes)
     return draw(key, bshape, p, impl, _replace_dropped, (tokens, unk), call.block, caller=caller)
@@ -521,7 +509,7 @@ def gaussian_dropout(
     x = call.x
     if deterministic or call.value == 0.0:
         return x
-    p = probability(rate, call.value, keep=False, caller=call_name())
+    p = probability(rate, call.value, keep=False, caller=call_name(), impl=None)
     rate_arr = jnp.asarray(p, jnp.float32)
     std = jnp.sqrt(rate_arr / jnp.where(rate_arr < 1, 1.0 - rate_arr, 1.0))
     noise = 1.0 + std * jax.random.normal(key, mask_shape(x.shape, call.axes), dtype=jnp.float32)
@@ -534,7 +522,7 @@ def gaussian_dropout(
 
 def _alpha_affine(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
     """``a * where(keep, x, alpha') + b`` with the (a, b) that preserve mean 0, variance 1."""
-    keep = jnp.broadcast_to(keep, x.shape)
+    keep = sharded_as(jnp.broadcast_to(keep, x.shape), x)
     dtype = _compute_dtype(x.dtype)
     realised = jnp.asarray(realised, dtype)
     drop = 1.0 - realised

@@ -7,10 +7,12 @@ form, ``"caller: name must be X, got Y. Fix."``; the checks that raise them live
 
 Here too is how a message learns whom to name: :func:`named` (a decorator on a public
 function) and :func:`naming` (a layer's call) set the name that :func:`call_name` gives
-the checks, so that no signature carries it. The outermost name wins: a layer that calls
-:func:`dropmask.dropout`, or a public function that calls another, reports under the name
-the user called. A named call runs no user code (a callback would inherit the name), so
-a function that calls back names only the part of its work that does not.
+the checks, so that no signature carries it, and may name the rate the call draws with
+as the user passed it (``zoneout=`` of ``MaskedRNN``, ``dropout_rate=`` of attention),
+which :func:`rate_name` gives the rate's checks. The outermost name wins: a layer that
+calls :func:`dropmask.dropout`, or a public function that calls another, reports under
+the name the user called, and its argument's name. A named call that runs the user's
+code runs it :func:`unnamed`: a callback's own calls name themselves.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ __all__ = [
     "call_name",
     "named",
     "naming",
+    "rate_name",
+    "unnamed",
     "user_error",
 ]
 
@@ -43,6 +47,8 @@ _E = TypeVar("_E", bound=Exception)
 # The name of the public function or layer the user called; None outside any. Read at
 # trace time only, so it adds nothing to a traced program.
 _CALL_NAME: ContextVar[str | None] = ContextVar("dropmask_call_name", default=None)
+# The name of the rate argument that call draws with, as the user passed it; None: "rate".
+_RATE_NAME: ContextVar[str | None] = ContextVar("dropmask_rate_name", default=None)
 
 
 def call_name() -> str:
@@ -51,33 +57,59 @@ def call_name() -> str:
     return _CALL_NAME.get() or "dropmask"
 
 
+def rate_name() -> str:
+    """The name errors give the rate the current call draws with: the outermost
+    :func:`named` or :func:`naming` around it that names one (``"rate"`` where none
+    does)."""
+    return _RATE_NAME.get() or "rate"
+
+
 @contextlib.contextmanager
-def naming(name: str) -> Iterator[None]:
-    """Within: errors name ``name``, unless an enclosing call has named itself."""
-    if _CALL_NAME.get() is not None:
-        yield
-        return
-    token = _CALL_NAME.set(name)
+def naming(name: str, *, rate: str | None = None) -> Iterator[None]:
+    """Within: errors name ``name``, and the rate ``rate`` when given, unless an
+    enclosing call has named itself, or a rate."""
+    tokens = []
+    if _CALL_NAME.get() is None:
+        tokens.append((_CALL_NAME, _CALL_NAME.set(name)))
+    if rate is not None and _RATE_NAME.get() is None:
+        tokens.append((_RATE_NAME, _RATE_NAME.set(rate)))
     try:
         yield
     finally:
-        _CALL_NAME.reset(token)
+        for var, token in reversed(tokens):
+            var.reset(token)
 
 
-def named(name: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
-    """Decorates a public function so that errors raised in its call name ``name``
-    (unless an enclosing call has named itself); its signature, docstring and
+def named(name: str, *, rate: str | None = None) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Decorates a public function so that errors raised in its call name ``name`` (and
+    its rate ``rate``), as :func:`naming` does; its signature, docstring and
     ``__module__`` stay those of the function."""
 
     def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(fn)
         def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-            with naming(name):
+            with naming(name, rate=rate):
                 return fn(*args, **kwargs)
 
         return call
 
     return decorate
+
+
+def unnamed(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``fn``, a callback of the user's, run outside any name: the dropmask calls it
+    makes name themselves, not the call that runs it."""
+
+    @functools.wraps(fn)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        name, rate = _CALL_NAME.set(None), _RATE_NAME.set(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _RATE_NAME.reset(rate)
+            _CALL_NAME.reset(name)
+
+    return call
 
 
 class DropmaskError(Exception):

@@ -34,7 +34,7 @@ from ._checks import (
 )
 from ._errors import AxisError, DropmaskValueError, DtypeError, MaskShapeError, user_error
 from ._masks import as_array, broadcast_mask
-from ._random import loop_zero
+from ._random import loop_zero, sharded_as
 
 __all__ = [
     "masked_cross_entropy",
@@ -135,6 +135,7 @@ def fill_where(m: jax.Array, x: jax.Array, value: Any) -> jax.Array:
 
 
 def _filled(m: jax.Array, x: jax.Array, value: jax.Array) -> jax.Array:
+    m = sharded_as(m, x)
     return jnp.where(m, x, m.astype(x.dtype) + value)
 
 
@@ -664,8 +665,8 @@ def masked_cross_entropy(
         check_label_range(
             labels, None if mask is None else tok, classes, caller=caller, what="valid tokens"
         )
-    tied = tok | (loop_zero(logits) != 0)  # as _prepare ties a mask
-    row = jnp.broadcast_to(tied[..., None], logits.shape)
+    # Tied to the logits before the broadcast, as _prepare ties a mask.
+    row = jnp.broadcast_to(tok[..., None] | (loop_zero(logits) != 0), logits.shape)
     shifted, _, s, _ = shifted_exp(logits, row, (logits.ndim - 1,))
     log_z = jnp.log(safe_denominator(s))
     if sparse:

@@ -43,7 +43,7 @@ from ._errors import (
     user_error,
 )
 from ._masks import as_array, sequence_mask
-from ._random import keep_mask
+from ._random import keep_mask, sharded_as
 from ._scan import flip_sequences, masked_scan
 
 __all__ = [
@@ -329,7 +329,7 @@ def zoneout(
                 r = jnp.asarray(r, dtype)
                 mixed = (r * a.astype(dtype) + (1 - r) * b.astype(dtype)).astype(b.dtype)
             else:
-                update = keep_mask(jax.random.fold_in(key, i), b.shape, r)
+                update = sharded_as(keep_mask(jax.random.fold_in(key, i), b.shape, r), b)
                 mixed = jnp.where(update, b, a.astype(b.dtype))
             # A traced rate outside [0, 1] gives NaN, as a traced dropout rate does,
             # never an extrapolated mix.
@@ -447,7 +447,7 @@ def drop_recurrent_kernels(
     def drop(path: tuple, leaf: Any) -> Any:
         if path not in index:
             return leaf
-        with naming(caller):
+        with naming(caller, rate="weight_dropout"):
             return dropout(leaf, rate, jax.random.fold_in(key, index[path]))
 
     return jax.tree_util.tree_map_with_path(drop, params)
@@ -477,7 +477,7 @@ def regularized_step(
     def wrapped(carry: Any, x_t: Any, t: jax.Array) -> tuple[Any, Any]:
         new_carry, y = step(carry, x_t, t)
         step_key = None if key is None else jax.random.fold_in(key, t)
-        with naming(caller):
+        with naming(caller, rate="zoneout"):
             zoned = zoneout(carry, new_carry, zoneout_rates, step_key, deterministic=deterministic)
         pairs = list(zip(jax.tree.leaves(new_carry), jax.tree.leaves(zoned), strict=True))
 

@@ -485,7 +485,7 @@ def test_a_static_rate_and_a_jax_scalar_give_the_same_result(name, rate):
 
 def test_drop_head_attention_errors_name_it_and_a_callback_names_its_own_calls():
     x = jnp.ones((2, 3, 4, 8))
-    with pytest.raises(dropmask.RateError, match=r"^drop_head_attention: rate must be in"):
+    with pytest.raises(dropmask.RateError, match=r"^drop_head_attention: dropout_rate must be in"):
         dropmask.drop_head_attention(
             x, x, x, dropout_rate=1.5, dropout_rng=KEY, deterministic=False
         )
@@ -499,3 +499,38 @@ def test_drop_head_attention_errors_name_it_and_a_callback_names_its_own_calls()
         dropmask.drop_head_attention(
             x, x, x, qk_attn_weights_einsum=einsum, attn_weights_value_einsum=jnp.einsum
         )
+
+
+_Q = jnp.ones((1, 3, 2, 4))
+# Bad calls of the attention drop_head_attention runs: (q, k, v, keywords).
+_BAD_ATTENTION = {
+    "q and k depths": (_Q, jnp.ones((1, 3, 2, 5)), jnp.ones((1, 3, 2, 5)), {}),
+    "ranks": (_Q, _Q[0], _Q[0], {}),
+    "heads": (_Q, jnp.ones((1, 3, 3, 4)), jnp.ones((1, 3, 3, 4)), {}),
+    "mask shape": (_Q, _Q, _Q, {"mask": jnp.ones((3, 3, 3), bool)}),
+    "mask dtype": (_Q, _Q, _Q, {"mask": jax.random.split(KEY, 3)}),
+    "bias shape": (_Q, _Q, _Q, {"bias": jnp.ones((3, 4))}),
+    "boolean bias": (_Q, _Q, _Q, {"bias": jnp.ones((3, 3), bool)}),
+    "integer inputs": (*(jnp.ones((1, 3, 2, 4), jnp.int32),) * 3, {}),
+    "kv_lengths": (_Q, _Q, _Q, {"kv_lengths": jnp.array([5])}),
+    "window": (_Q, _Q, _Q, {"window": (-1, 0)}),
+    "algorithm": (_Q, _Q, _Q, {"algorithm": "fastest"}),
+    "one einsum": (_Q, _Q, _Q, {"qk_attn_weights_einsum": jnp.einsum}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_ATTENTION))
+def test_drop_head_attention_reports_attentions_errors_under_its_own_name(case):
+    """Every error of the attention it runs names drop_head_attention, the function
+    called, with dot_product_attention's message otherwise."""
+    q, k, v, kwargs = _BAD_ATTENTION[case]
+    with pytest.raises(dropmask.DropmaskError) as direct:
+        dropmask.dot_product_attention(q, k, v, **kwargs)
+    with pytest.raises(dropmask.DropmaskError) as wrapped:
+        dropmask.drop_head_attention(q, k, v, **kwargs)
+    message = str(direct.value)
+    assert message.startswith("dot_product_attention"), message
+    assert type(wrapped.value) is type(direct.value)
+    assert str(wrapped.value) == "drop_head_attention" + message.removeprefix(
+        "dot_product_attention"
+    )

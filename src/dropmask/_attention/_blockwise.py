@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._dropout import flags_and_realised, scale_and_fill
+from .._errors import call_name
 from .._random import Block, draw, loop_zero, mask_shape
 
 __all__ = [
@@ -225,7 +226,7 @@ def _kept_scale(plan: Plan, dropout: Dropout, i: Any, j: Any) -> Any:
         flags_and_realised,
         block=Block(whole, offset),
         residual="none",
-        caller="dot_product_attention",
+        caller=call_name(),
     )
     lead = (1, 1, 1) if plan.broadcast_dropout else (-1, plan.kv_heads, plan.groups)
     flags = flags.reshape(*lead, plan.block_q, plan.block_k)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from .._dropout import dropout, scale_and_fill
+from .._errors import call_name, unnamed
 from .._masks import segment_mask, sliding_window_mask
 from .._random import Impl, draw, kept, mask_shape, probability
 from .._reductions import compute_dtype
@@ -18,8 +19,6 @@ from ._dense_weights import attention_weights
 from ._nonfinite import poison, prepared, taint
 
 __all__ = ["Dense", "dense", "dense_jit", "rank"]
-
-_CALLER = "dot_product_attention"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +64,8 @@ def dense(
     m = _dense_structure(m, logits_shape, spec.span, kv_valid, q_seg, kv_seg)
     custom = qk_attn_weights_einsum is not None
     if custom:
-        score = functools.partial(qk_attn_weights_einsum, "...qhd,...khd->...hqk")
+        # The user's einsums: their own dropmask calls name themselves.
+        score = functools.partial(unnamed(qk_attn_weights_einsum), "...qhd,...khd->...hqk")
     else:
         score = functools.partial(
             _heads_major_scores, kv_heads, groups, precision, compute_dtype(dtype)
@@ -84,12 +84,12 @@ def dense(
     if attn_weights_value_einsum is None:
         product = functools.partial(_heads_major_values, kv_heads, groups, precision)
     else:
-        product = functools.partial(attn_weights_value_einsum, "...hqk,...khd->...qhd")
+        product = functools.partial(unnamed(attn_weights_value_einsum), "...hqk,...khd->...qhd")
     if drops and impl == "fast":
         if module is not None:
             _sow(module, attention_weights(score, q, k, bias_arr, *structure, dtype)[0])
-        p = probability(dropout_rate, spec.rate, keep=True, caller=_CALLER)
-        mask = draw(rng, mask_shape(logits_shape, dims), p, "fast", kept, caller=_CALLER)
+        p = probability(dropout_rate, spec.rate, keep=True, caller=call_name())
+        mask = draw(rng, mask_shape(logits_shape, dims), p, "fast", kept, caller=call_name())
         # The kept weights' 1/keep goes onto v, [*b, kv_len, kv_heads, depth], not onto
         # the weights: the gradient's matching multiply then also lands on a small array.
         # An invalid run-time rate's NaN scale reaches every output through v.

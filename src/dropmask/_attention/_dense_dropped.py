@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._random import Kept
+from .._random import Kept, sharded_as
 from .._reductions import compute_dtype
 from ._dense_weights import Score, attention_weights, scores
 from ._nonfinite import poison, poisoned_cotangent, poisoned_gradient
@@ -84,7 +84,7 @@ def dropped_attention(
 def _dropped(weights: jax.Array, mask: Kept) -> tuple[jax.Array, jax.Array]:
     """The flags and the dropped weights. A dropped weight is the flags' own
     ``convert(False)``, not a constant a differentiated scan would hold whole."""
-    flags = jnp.broadcast_to(mask.flags(), weights.shape)
+    flags = sharded_as(jnp.broadcast_to(mask.flags(), weights.shape), weights)
     return flags, lax.select(flags, weights, flags.astype(weights.dtype))
 
 

@@ -32,7 +32,14 @@ from .._checks import (
     check_rate,
     check_window,
 )
-from .._errors import DropmaskTypeError, DropmaskValueError, DtypeError, user_error
+from .._errors import (
+    DropmaskTypeError,
+    DropmaskValueError,
+    DtypeError,
+    call_name,
+    named,
+    user_error,
+)
 from .._masks import as_array, sequence_mask
 from .._random import DEFAULT_IMPL, Impl, probability
 from .._reductions import compute_dtype
@@ -52,7 +59,6 @@ _ALGORITHMS = ("auto", "dense", "blockwise", "pallas")
 # blockwise one from 512 on; in f32 the dense path is faster through 2048 tokens.
 AUTO_BLOCKWISE_SCORES = {2: 512 * 512, 4: 4096 * 4096}
 
-_CALLER = "dot_product_attention"
 _HINT = (
     "Attention masks and biases are [batch..., heads, q_len, kv_len] (heads may be 1); "
     "build masks with dropmask.attention_mask, causal_mask or segment_mask."
@@ -66,32 +72,32 @@ def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
             DropmaskValueError,
             "q, k, v must have the same rank >= 3 ([batch..., length, heads, depth]), got "
             f"shapes {q.shape}, {k.shape}, {v.shape}",
-            caller=_CALLER,
+            caller=call_name(),
         )
     if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3]:
         raise user_error(
             DropmaskValueError,
             f"q, k, v batch dims must match, got shapes {q.shape}, {k.shape}, {v.shape}",
-            caller=_CALLER,
+            caller=call_name(),
         )
     if k.shape[-3] != v.shape[-3] or k.shape[-2] != v.shape[-2]:
         raise user_error(
             DropmaskValueError,
             f"k and v must have the same length and heads, got {k.shape} and {v.shape}",
-            caller=_CALLER,
+            caller=call_name(),
         )
     if q.shape[-1] != k.shape[-1]:
         raise user_error(
             DropmaskValueError,
             f"q and k depths must match, got {q.shape[-1]} and {k.shape[-1]}",
-            caller=_CALLER,
+            caller=call_name(),
         )
     if q.shape[-2] % k.shape[-2]:
         raise user_error(
             DropmaskValueError,
             f"query heads ({q.shape[-2]}) must be a multiple of key/value heads ({k.shape[-2]}) "
             "(grouped-query attention)",
-            caller=_CALLER,
+            caller=call_name(),
         )
 
 
@@ -103,13 +109,14 @@ def _as_mask(mask: Any, logits_shape: tuple[int, ...]) -> jax.Array:
             raise user_error(
                 DtypeError,
                 f"mask must be boolean or numeric, got {mask.dtype}",
-                caller=_CALLER,
+                caller=call_name(),
             )
         mask = mask != 0
-    check_broadcastable(mask.shape, logits_shape, caller=_CALLER, name="mask", hint=_HINT)
+    check_broadcastable(mask.shape, logits_shape, caller=call_name(), name="mask", hint=_HINT)
     return mask.reshape((1,) * (len(logits_shape) - mask.ndim) + mask.shape)
 
 
+@named("dot_product_attention", rate="dropout_rate")
 def dot_product_attention(
     q: jax.typing.ArrayLike,
     k: jax.typing.ArrayLike,
@@ -343,7 +350,7 @@ def _validate(
         raise user_error(
             DropmaskValueError,
             "custom einsums do not support grouped-query attention",
-            caller=_CALLER,
+            caller=call_name(),
         )
     batch = q.shape[:-3]
     q_len, kv_len = q.shape[-3], k.shape[-3]
@@ -392,20 +399,20 @@ def _check_options(
         raise user_error(
             DropmaskValueError,
             "qk_attn_weights_einsum and attn_weights_value_einsum must be given together",
-            caller=_CALLER,
+            caller=call_name(),
         )
     if qk_attn_weights_einsum is not None and precision is not None:
         raise user_error(
             DropmaskValueError,
             "precision and custom einsums are mutually exclusive",
-            caller=_CALLER,
+            caller=call_name(),
         )
-    rng = check_one_key(key, dropout_rng, caller=_CALLER)
-    rate = check_rate(dropout_rate, caller=_CALLER, name="dropout_rate")
-    check_impl(impl, caller=_CALLER)
+    rng = check_one_key(key, dropout_rng, caller=call_name())
+    rate = check_rate(dropout_rate, caller=call_name())
+    check_impl(impl, caller=call_name())
     drops = not deterministic and rate != 0.0
     if drops:
-        check_key(rng, caller=_CALLER)
+        check_key(rng, caller=call_name())
     return rng, rate, drops
 
 
@@ -417,21 +424,21 @@ def _check_dtype(q: jax.Array, k: jax.Array, v: jax.Array, dtype: Any) -> Any:
             DtypeError,
             f"q, k and v must be real, got dtype {dtype} (the softmax over scores needs an order)",
             "Attend over real features, e.g. concatenate x.real and x.imag on the depth axis.",
-            caller=_CALLER,
+            caller=call_name(),
         )
-    check_floating(jnp.zeros((), dtype), caller=f"{_CALLER} (q, k, v)")
+    check_floating(jnp.zeros((), dtype), caller=f"{call_name()} (q, k, v)")
     return dtype
 
 
 def _check_bias(bias: Any, logits_shape: tuple[int, ...]) -> None:
     """Raises unless ``bias`` broadcasts to the scores and is not boolean."""
-    check_broadcastable(jnp.shape(bias), logits_shape, caller=_CALLER, name="bias", hint=_HINT)
+    check_broadcastable(jnp.shape(bias), logits_shape, caller=call_name(), name="bias", hint=_HINT)
     if jnp.result_type(bias) == jnp.bool_:
         raise user_error(
             DtypeError,
             "bias is added to the scores, so a boolean bias would add 1 where True; got dtype bool",
             "Pass a boolean array as mask= (True = attend).",
-            caller=_CALLER,
+            caller=call_name(),
         )
 
 
@@ -481,7 +488,7 @@ def _run_tiled(
     q, k, v, bad_q, bad_k, bad_v = prepared(c.q, c.k, c.v, c.dtype)
     # As in dropout: a Python number is a compile-time rate, a JAX scalar (even a
     # concrete one) a run-time value, so every path draws with the same threshold.
-    keep = probability(dropout_rate, c.rate, keep=True, caller=_CALLER) if c.drops else None
+    keep = probability(dropout_rate, c.rate, keep=True, caller=call_name()) if c.drops else None
     static_keep = keep if isinstance(keep, float) else None
     plan = bw.Plan(
         batch=c.batch,
@@ -546,7 +553,7 @@ def _window(window: Any, is_causal: bool) -> tuple[int | None, int | None]:
     left = right = None
     if window is not None:
         left, right = check_window(
-            window, caller=_CALLER, fix=" Pass e.g. window=(128, 0) for causal local attention."
+            window, caller=call_name(), fix=" Pass e.g. window=(128, 0) for causal local attention."
         )
     if is_causal:
         right = 0 if right is None else min(right, 0)
@@ -557,13 +564,13 @@ def _kv_valid(lengths: Any, kv_mask: Any, batch: tuple[int, ...], kv_len: int) -
     """``bool`` broadcastable to ``[*batch, kv_len]`` from ``kv_lengths`` and ``kv_mask``."""
     valid = None
     if lengths is not None:
-        arr = check_lengths(lengths, kv_len, caller=_CALLER, name="kv_lengths")
-        check_broadcastable(arr.shape, batch, caller=_CALLER, name="kv_lengths", hint=_PAD_HINT)
+        arr = check_lengths(lengths, kv_len, caller=call_name(), name="kv_lengths")
+        check_broadcastable(arr.shape, batch, caller=call_name(), name="kv_lengths", hint=_PAD_HINT)
         valid = sequence_mask(arr, kv_len)
     if kv_mask is not None:
-        km = check_bool_mask(kv_mask, caller=_CALLER, name="kv_mask")
+        km = check_bool_mask(kv_mask, caller=call_name(), name="kv_mask")
         check_broadcastable(
-            km.shape, (*batch, kv_len), caller=_CALLER, name="kv_mask", hint=_PAD_HINT
+            km.shape, (*batch, kv_len), caller=call_name(), name="kv_mask", hint=_PAD_HINT
         )
         valid = km if valid is None else valid & km
     return valid
@@ -579,7 +586,7 @@ def _segments(
             DropmaskValueError,
             "kv_segment_ids needs q_segment_ids (the queries' segments)",
             "Pass both.",
-            caller=_CALLER,
+            caller=call_name(),
         )
     if kv_ids is None:
         if q_len != kv_len:
@@ -588,13 +595,15 @@ def _segments(
                 f"q_segment_ids alone serves keys only when q_len == kv_len, got {q_len} and "
                 f"{kv_len}",
                 "Pass kv_segment_ids too.",
-                caller=_CALLER,
+                caller=call_name(),
             )
         kv_ids = q_ids
     q_ids, kv_ids = jnp.asarray(q_ids), jnp.asarray(kv_ids)
     for ids, name, length in ((q_ids, "q_segment_ids", q_len), (kv_ids, "kv_segment_ids", kv_len)):
-        check_integer_dtype(ids, caller=_CALLER, name=name)
-        check_broadcastable(ids.shape, (*batch, length), caller=_CALLER, name=name, hint=_PAD_HINT)
+        check_integer_dtype(ids, caller=call_name(), name=name)
+        check_broadcastable(
+            ids.shape, (*batch, length), caller=call_name(), name=name, hint=_PAD_HINT
+        )
     return q_ids, kv_ids
 
 
@@ -618,7 +627,7 @@ def _forward_mode_error(
             "impl must be 'flax' for forward-mode autodiff (jax.jvp, jax.jacfwd) through "
             f"dropout on the attention weights, got {impl!r}",
             f"Pass impl='flax', {reverse}",
-            caller=_CALLER,
+            caller=call_name(),
         )
     chose = "" if algorithm == path else f", which chose {path!r} for these lengths"
     return user_error(
@@ -626,7 +635,7 @@ def _forward_mode_error(
         f"algorithm must be 'dense' for forward-mode autodiff (jax.jvp, jax.jacfwd), got "
         f"{algorithm!r}{chose}",
         f"Pass algorithm='dense'{' and impl=' + repr('flax') if dense_vjp else ''}, {reverse}",
-        caller=_CALLER,
+        caller=call_name(),
     )
 
 
@@ -640,7 +649,7 @@ def _choose_path(
     bias: bool,
 ) -> str:
     """``"dense"``, ``"blockwise"`` or ``"pallas"``; raises if ``algorithm`` cannot serve."""
-    check_choice(algorithm, _ALGORITHMS, caller=_CALLER, name="algorithm")
+    check_choice(algorithm, _ALGORITHMS, caller=call_name(), name="algorithm")
     dense_only = []
     if impl == "flax":
         dense_only.append(
@@ -655,7 +664,7 @@ def _choose_path(
             DropmaskValueError,
             f"algorithm={algorithm!r} cannot take {dense_only[0]}",
             "Use algorithm='dense' (or 'auto'), or drop that argument.",
-            caller=_CALLER,
+            caller=call_name(),
         )
     if algorithm == "pallas" and bias:
         raise user_error(
@@ -663,7 +672,7 @@ def _choose_path(
             "algorithm='pallas' does not take bias= yet (its gradient would be a [q_len, "
             "kv_len] array per batch and head)",
             "Use algorithm='blockwise', which computes the same function with it.",
-            caller=_CALLER,
+            caller=call_name(),
         )
     if algorithm == "auto":
         return "blockwise" if not dense_only and long else "dense"
@@ -681,14 +690,14 @@ def _pallas_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> 
     ):
         if size is None:
             size = default
-        size = check_int(size, name=name, caller=_CALLER, minimum=1, shape=True)
+        size = check_int(size, name=name, caller=call_name(), minimum=1, shape=True)
         if size < 16 or size & (size - 1):
             raise user_error(
                 DropmaskValueError,
                 f"{name} must be a power of two >= 16 for algorithm='pallas' (Triton's tile "
                 f"sizes), got {size}",
                 f"Pass e.g. {name}={default}.",
-                caller=_CALLER,
+                caller=call_name(),
             )
         sizes.append(min(size, max(16, _next_power_of_two(length))))
     return sizes[0], sizes[1]
@@ -704,7 +713,7 @@ def _block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[i
         size = (
             bw.default_block(length)
             if size is None
-            else check_int(size, name=name, caller=_CALLER, minimum=1, shape=True)
+            else check_int(size, name=name, caller=call_name(), minimum=1, shape=True)
         )
         sizes.append(max(min(size, length), 1))
     return sizes[0], sizes[1]

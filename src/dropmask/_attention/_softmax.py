@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._random import loop_zero
+from .._random import explicitly_sharded_axes, loop_zero, sharded_as
 from .._reductions import compute_dtype, softmax_tangent
 
 __all__ = ["narrow_softmax_tangent", "select", "softmax_flagging_nonfinite"]
@@ -96,7 +96,13 @@ def select(m: Any, a: Any, b: Any) -> jax.Array:
     (about 0.7 ms on 2 CPU cores); a dense attention call traced about 30 of them.
     """
     shape = jnp.broadcast_shapes(jnp.shape(m), jnp.shape(a), jnp.shape(b))
-    return lax.select(_to(m, shape), _to(a, shape), _to(b, shape))
+    operands = [_to(v, shape) for v in (m, a, b)]
+    # Under a mesh of explicit axes lax.select needs its operands sharded alike: a
+    # broadcast scalar or mask takes the sharding of the first operand that has one.
+    like = next((v for v in operands if explicitly_sharded_axes(v)), None)
+    if like is not None:
+        operands = [sharded_as(v, like) for v in operands]
+    return lax.select(*operands)
 
 
 def _broadcasting(op: Any, a: jax.Array, b: jax.Array) -> jax.Array:

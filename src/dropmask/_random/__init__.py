@@ -32,7 +32,9 @@ from ._fast_mask import random_bits as random_bits
 from ._fast_mask import threshold as threshold
 from ._sharding import Block as Block
 from ._sharding import block_from_spec as block_from_spec
+from ._sharding import explicitly_sharded_axes as explicitly_sharded_axes
 from ._sharding import local_block as local_block
+from ._sharding import sharded_as as sharded_as
 from ._threefry import threefry4x32 as threefry4x32
 from ._tile_mask import TileGeometry as TileGeometry
 from ._tile_mask import tile_keep_flags as tile_keep_flags
@@ -57,6 +59,7 @@ __all__ = [
     "TileGeometry",
     "block_from_spec",
     "draw",
+    "explicitly_sharded_axes",
     "flags_only",
     "keep_from_words",
     "keep_mask",
@@ -68,6 +71,7 @@ __all__ = [
     "packed_keep_words",
     "probability",
     "random_bits",
+    "sharded_as",
     "threefry4x32",
     "threshold",
     "tile_keep_flags",

@@ -57,7 +57,7 @@ from .._checks import (
     check_shape,
     normalize_broadcast_dims,
 )
-from .._errors import DropmaskValueError, RateError, user_error
+from .._errors import DropmaskValueError, RateError, call_name, named, rate_name, user_error
 from ._fast_mask import (
     MASK_NAME,
     Threshold,
@@ -93,7 +93,7 @@ def mask_shape(shape: Sequence[int], axes: Sequence[int]) -> tuple[int, ...]:
 
 
 def probability(
-    rate: Any, value: float | None, *, keep: bool, caller: str, impl: str = DEFAULT_IMPL
+    rate: Any, value: float | None, *, keep: bool, caller: str, impl: str | None = DEFAULT_IMPL
 ) -> Any:
     """The probability that a drawn flag is True: ``1 - rate`` if ``keep``, else ``rate``.
 
@@ -102,21 +102,49 @@ def probability(
     eager and jitted calls take the same threshold. A traced rate is checked at run time
     only under ``checkify``. For ``"fast"`` a static ``1 - rate`` is computed in float32,
     as it is for a JAX scalar, so that both give one threshold; ``"flax"`` keeps
-    Flax's float64 ``1.0 - rate``.
+    Flax's float64 ``1.0 - rate``. ``impl`` is the generator that draws with it (None:
+    none does, e.g. Gaussian noise's variance).
+
+    Raises:
+      RateError: a static rate that ``"fast"`` would draw as 0 or 1 (within ``2**-17``
+        of either), named as the caller named it (:func:`~dropmask._errors.rate_name`).
     """
     if not isinstance(rate, jax.Array):
         static = float(rate) if value is None else value
         if not keep:
-            return static
-        if impl == "flax":
+            p = static
+        elif impl == "flax":
             return 1.0 - static
-        return float(np.float32(1.0) - np.float32(static))
+        else:
+            p = float(np.float32(1.0) - np.float32(static))
+        if impl == "fast":
+            _check_resolution(static, p, keep, caller)
+        return p
     rate = jnp.asarray(rate, jnp.float32)
     if value is None:
         checkify.debug_check(
-            (rate >= 0) & (rate <= 1), f"{caller}: rate must be in [0, 1], got {{rate}}.", rate=rate
+            (rate >= 0) & (rate <= 1),
+            f"{caller}: {rate_name()} must be in [0, 1], got {{rate}}.",
+            rate=rate,
         )
     return 1.0 - rate if keep else rate
+
+
+def _check_resolution(rate: float, p: float, keep: bool, caller: str) -> None:
+    """Refuses a static rate whose flag probability ``p`` the ``"fast"`` threshold would
+    round to 0 or 1."""
+    realised = threshold(p).realised
+    if realised in (0.0, 1.0) and p not in (0.0, 1.0):
+        name = rate_name()
+        rounded = 1.0 - realised if keep else realised
+        raise user_error(
+            RateError,
+            f"{name} must be 0, 1, or more than 2**-17 from both (masks are drawn to "
+            f"2**-16), got {name}={rate:.6g}, which rounds to {rounded:g}",
+            f"Pass {name}={rounded:g} exactly, or a value further from it (or impl='flax', "
+            "where the function takes one).",
+            caller=caller,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,24 +386,10 @@ def draw(
         return _entry(MaskSpec(shape, impl), combine, x, key, (p, realised), None)
     thr = threshold(p)
     if isinstance(thr.value, int):  # a static rate: the threshold is a compile-time constant
-        _check_resolution(p, thr, caller)
         spec = MaskSpec(shape, impl, thr.value, thr.realised, global_shape, save)
         return _entry(spec, combine, x, key_source(key), None, offset)
     spec = MaskSpec(shape, impl, global_shape=global_shape, save_words=save)
     return _entry(spec, combine, x, key_source(key), (thr.value, thr.realised), offset)
-
-
-def _check_resolution(p: float, thr: Threshold, caller: str) -> None:
-    """Refuses a static probability that the ``"fast"`` threshold would round to 0 or 1."""
-    if thr.realised in (0.0, 1.0) and p not in (0.0, 1.0):
-        raise user_error(
-            RateError,
-            "rate must be 0, 1, or more than 2**-17 from both with impl='fast' (it draws "
-            f"probabilities to 2**-16), got a flag probability of {p:.6g} (1 - rate for "
-            f"dropout), which rounds to {thr.realised:g}",
-            "Pass rate=0 or 1 itself, or impl='flax' where the function takes it.",
-            caller=caller,
-        )
 
 
 def _flags(x: Any, flags: jax.Array, realised: Any) -> jax.Array:
@@ -391,6 +405,7 @@ def flags_only(x: Any, flags: jax.Array, realised: Any) -> jax.Array:
     return flags & ~jnp.isnan(realised)
 
 
+@named("keep_mask")
 def keep_mask(
     key: Any,
     shape: Sequence[int],
@@ -435,7 +450,7 @@ def keep_mask(
       >>> bool((m[0] == m[1]).all())
       True
     """
-    caller = "keep_mask"
+    caller = call_name()
     shape = check_shape(shape, caller=caller)
     value = check_rate(rate, caller=caller)
     check_impl(impl, caller=caller)

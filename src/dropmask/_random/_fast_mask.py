@@ -47,7 +47,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from .._errors import DropmaskValueError, user_error
-from ._sharding import Block
+from ._sharding import Block, explicitly_sharded_axes
 from ._threefry import threefry4x32
 
 __all__ = [
@@ -286,7 +286,8 @@ def _packed_flags(
 
 
 def loop_zero(x: jax.Array) -> jax.Array:
-    """A 0 of ``x``'s dtype computed from ``x``'s first element, which XLA folds away.
+    """A 0 of ``x``'s dtype computed from ``x``'s first element, which XLA folds away;
+    it broadcasts against ``x``.
 
     Differentiating a scan (``nn.scan``, ``lax.scan``), JAX computes whatever in the
     scanned body depends on no carried or scanned value once, before the loop, and
@@ -295,13 +296,28 @@ def loop_zero(x: jax.Array) -> jax.Array:
     whole loop and read back at every iteration. A fill of ``loop_zero(x) + c``, and a
     mask ``m | (loop_zero(x) != 0)``, depend on ``x`` instead; XLA folds them back to
     the constant and the mask inside the fusion that uses them.
+
+    A scalar, except for an ``x`` sharded under a mesh of explicit axes: one element
+    of a sharded axis lives on one device, so a scalar from it would need the others
+    to receive it (JAX refuses the slice). There the 0 keeps ``x``'s sharded axes
+    whole and its other axes 1 (``x``'s rank), and each device computes its part.
     """
     if x.size == 0:
         return jnp.zeros((), x.dtype)
-    first = lax.reshape(lax.slice(x, (0,) * x.ndim, (1,) * x.ndim), ())
+    sharded = explicitly_sharded_axes(x)
+    first = lax.slice(x, (0,) * x.ndim, _with_size_1(x.shape, keep=sharded))
+    if not sharded:
+        first = lax.reshape(first, ())
     unsigned = np.dtype(f"uint{np.dtype(x.dtype).itemsize * 8}")
-    bits = lax.bitcast_convert_type(first, unsigned)
+    if x.dtype == np.bool_:  # flags: no bit cast from bool
+        bits = lax.convert_element_type(first, unsigned)
+    else:
+        bits = lax.bitcast_convert_type(first, unsigned)
     return lax.convert_element_type(lax.bitwise_and(bits, unsigned.type(0)), x.dtype)
+
+
+def _with_size_1(shape: tuple[int, ...], keep: Sequence[int]) -> tuple[int, ...]:
+    return tuple(n if axis in keep else 1 for axis, n in enumerate(shape))
 
 
 def _tie(source: jax.Array) -> jax.Array:

@@ -4,6 +4,10 @@ Inside ``shard_map`` each device holds a block of the global array; the fast
 generator draws each element from its global position, so it needs the block's
 place. ``local_block`` checks ``global_shape`` / ``offset`` given by the caller;
 ``block_from_spec`` derives them from the input's ``PartitionSpec``.
+
+Under a mesh of explicit axes an array's type carries its sharding instead, and a
+mask is drawn whole (its values do not depend on the sharding): ``sharded_as`` gives it
+the sharding of the array it is applied to, which ``lax.select`` needs.
 """
 
 from __future__ import annotations
@@ -14,13 +18,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from .._checks import concrete_value
 from .._errors import DropmaskTypeError, DropmaskValueError, user_error
 
-__all__ = ["Block", "block_from_spec", "local_block"]
+__all__ = ["Block", "block_from_spec", "explicitly_sharded_axes", "local_block", "sharded_as"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,3 +183,24 @@ def block_from_spec(shape: tuple[int, ...], spec: Any, *, caller: str) -> Block:
         global_shape.append(d * size)
         offset.append(lax.axis_index(names) * d)
     return Block(tuple(global_shape), tuple(offset))
+
+
+def explicitly_sharded_axes(x: Any) -> tuple[int, ...]:
+    """The axes of ``x`` that its type splits over the axes of an explicit mesh; ``()``
+    outside such a mesh (where a type carries no partition)."""
+    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+    if spec is None:
+        return ()
+    return tuple(axis for axis, part in enumerate(spec) if part is not None)
+
+
+def sharded_as(y: jax.Array, x: jax.Array) -> jax.Array:
+    """``y`` (broadcastable to ``x``) broadcast to ``x``'s shape and sharded as ``x``, when
+    ``x`` is sharded over a mesh of explicit axes; ``y`` as is otherwise.
+
+    There ``lax.select`` needs its operands sharded alike (Flax draws its mask with
+    ``out_sharding=jax.typeof(inputs).sharding``); the values do not change.
+    """
+    if not explicitly_sharded_axes(x):
+        return y
+    return jax.sharding.reshard(jnp.broadcast_to(y, x.shape), jax.typeof(x).sharding.spec)

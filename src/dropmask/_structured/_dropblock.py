@@ -34,8 +34,16 @@ from .._checks import (
     check_ndim,
     check_rate,
 )
-from .._errors import DropmaskTypeError, DropmaskValueError, call_name, named, user_error
-from .._random import draw, flags_only, local_block, loop_zero
+from .._errors import (
+    DropmaskTypeError,
+    DropmaskValueError,
+    RateError,
+    call_name,
+    named,
+    rate_name,
+    user_error,
+)
+from .._random import draw, flags_only, local_block, loop_zero, threshold
 from .._reductions import fill_where
 
 __all__ = ["drop_block"]
@@ -113,6 +121,27 @@ def seed_probability(rate: Any, spatial: Sequence[int], sizes: Sequence[int]) ->
     return jnp.where((r >= 0) & (r <= 1), 0.5 * (lo + hi), jnp.nan)
 
 
+def _check_seed_resolution(gamma: float, rate: float, sizes: tuple[int, ...], caller: str) -> None:
+    """Refuses a static rate whose seed probability the generator would draw as 0 or 1."""
+    realised = threshold(gamma).realised
+    if realised not in (0.0, 1.0):
+        return
+    name = rate_name()
+    fix = (
+        f"Pass {name}=0 to drop nothing, or a larger {name} or a smaller block_size."
+        if realised == 0.0
+        else f"Pass {name}=1 to drop everything, or a smaller {name} or a larger block_size."
+    )
+    raise user_error(
+        RateError,
+        f"{name}={rate:.6g} with block_size {sizes} needs a seed probability (the chance that a "
+        f"unit starts a block) of {gamma:.3g}, which rounds to {realised:g} (masks are drawn to "
+        "2**-16)",
+        fix,
+        caller=caller,
+    )
+
+
 @named("drop_block")
 def drop_block(
     x: jax.typing.ArrayLike,
@@ -152,6 +181,9 @@ def drop_block(
       DtypeError: ``x`` is not floating point.
       DropmaskValueError: ``x`` is not 3-d to 5-d, or ``block_size`` is larger than
         the map or not one per spatial axis, or ``global_shape`` splits a spatial axis.
+      RateError: a static ``rate`` so small for ``block_size`` that the seed
+        probability rounds to 0 at the generator's resolution (``2**-16``), or so
+        close to 1 that it rounds to 1.
       DropmaskError: the rate and key errors of :func:`dropmask.dropout`.
 
     Example:
@@ -192,14 +224,19 @@ def drop_block(
     if value == 1.0:
         return jnp.zeros_like(x)
     gamma = seed_probability(rate if isinstance(rate, jax.Array) else value, spatial, sizes)
+    if value is not None:
+        _check_seed_resolution(gamma, value, sizes, caller)
     seeds = draw(key, seed_shape, gamma, "fast", flags_only, block=block, caller=caller)
     # A seed is the block's first corner; only corners whose block fits are seeds. Each
-    # axis's test is built on its own length and broadcast, tied to x: in a
-    # differentiated scan nothing of the seeds' size is computed before the loop.
-    tie = loop_zero(x) != 0
+    # axis's test is built on its own length, tied to the seeds (which vary with the
+    # key), and broadcast: in a differentiated scan nothing of the seeds' size is
+    # computed before the loop. Not to x: under a mesh of explicit axes x's 0 keeps x's
+    # sharded axes (loop_zero), its channels among them, which shared seeds lack.
+    tie = loop_zero(seeds)
     for axis, (s, b) in enumerate(zip(spatial, sizes, strict=True), start=1):
-        fits = (lax.iota(jnp.int32, s) <= s - b) | tie
-        seeds = seeds & lax.broadcast_in_dim(fits, seed_shape, (axis,))
+        along = tuple(s if a == axis else 1 for a in range(x.ndim))
+        fits = lax.broadcast_in_dim(lax.iota(jnp.int32, s) <= s - b, along, (axis,))
+        seeds = seeds & (fits | tie)
     seeds = seeds.astype(jnp.uint8)
     window = (1, *sizes, 1)
     padding = ((0, 0), *((b - 1, 0) for b in sizes), (0, 0))

@@ -82,6 +82,7 @@ def drop_head(
     )
 
 
+@named("drop_head_attention")
 def drop_head_attention(
     q: jax.typing.ArrayLike,
     k: jax.typing.ArrayLike,
@@ -151,32 +152,35 @@ def drop_head_attention(
       >>> y.shape
       (2, 3, 4, 8)
     """
-    caller = "drop_head_attention"
+    caller = call_name()
     rng = check_one_key(key, dropout_rng, caller=caller)
+    check_rate(dropout_rate, caller=caller, name="dropout_rate")
     check_rate(weights_rate, caller=caller, name="weights_rate")
     drops_weights = not deterministic and concrete_value(weights_rate) != 0.0
     heads_key, weights_key = rng, None
     if drops_weights and rng is not None:
         heads_key, weights_key = jax.random.split(rng)
-    out = dot_product_attention(
-        q,
-        k,
-        v,
-        dropout_rate=weights_rate,
-        key=weights_key,
-        deterministic=not drops_weights,
-        mask=mask,
-        bias=bias,
-        broadcast_dropout=broadcast_dropout,
-        is_causal=is_causal,
-        dtype=dtype,
-        precision=precision,
-        module=module,
-        force_fp32_for_softmax=force_fp32_for_softmax,
-        qk_attn_weights_einsum=qk_attn_weights_einsum,
-        attn_weights_value_einsum=attn_weights_value_einsum,
-        **kwargs,
-    )
-    # Named here, not for the whole call: the einsum callbacks above are the user's code.
-    with naming(caller):
+    # Attention's errors name this call and its weights_rate; it runs the einsum
+    # callbacks unnamed (they are the user's code).
+    with naming(caller, rate="weights_rate"):
+        out = dot_product_attention(
+            q,
+            k,
+            v,
+            dropout_rate=weights_rate,
+            key=weights_key,
+            deterministic=not drops_weights,
+            mask=mask,
+            bias=bias,
+            broadcast_dropout=broadcast_dropout,
+            is_causal=is_causal,
+            dtype=dtype,
+            precision=precision,
+            module=module,
+            force_fp32_for_softmax=force_fp32_for_softmax,
+            qk_attn_weights_einsum=qk_attn_weights_einsum,
+            attn_weights_value_einsum=attn_weights_value_einsum,
+            **kwargs,
+        )
+    with naming(caller, rate="dropout_rate"):
         return drop_head(out, dropout_rate, heads_key, deterministic=deterministic)
