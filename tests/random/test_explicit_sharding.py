@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src.core import ShardingTypeError
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tests.mask_sites import SITES, Site, public_mask_drawers, site_input
@@ -60,21 +59,6 @@ def _run(site: Site, mode: str) -> Any:
     return jax.jit(jax.grad(_loss(site, RATE)))
 
 
-# Dense attention with dropout on its weights: its backward rule orders its work by a
-# one-element slice of an activation (_attention/_dense_dropped.py, _after), which JAX
-# refuses on a sharded axis.
-_DENSE_DROPOUT = {
-    "dot_product_attention",
-    "dot_product_attention, broadcast_dropout=False",
-    "drop_head_attention, weights_rate",
-}
-_DENSE_BACKWARD = pytest.mark.xfail(
-    raises=ShardingTypeError,
-    strict=True,
-    reason="the dense attention backward rule slices one element of a sharded array",
-)
-
-
 def _cases() -> list[Any]:
     cases = []
     for site in SITES:
@@ -83,7 +67,7 @@ def _cases() -> list[Any]:
         modes += ["grad"] if site.differentiable else []
         meshes = ["8"] if site.spec_2d is None else ["8", "4x2"]
         for mode in modes:
-            marks = [_DENSE_BACKWARD] if mode == "grad" and site.id in _DENSE_DROPOUT else []
+            marks = []
             if site.slow and mode != "jit":
                 marks.append(pytest.mark.slow)
             for mesh in meshes:
