@@ -82,12 +82,14 @@ EXAMPLED = (
     "dropmask.uncertainty",
     "dropmask.training",
     "dropmask.audit",
+    "dropmask.testing",
+    "dropmask.why",
 )
 
 
 @pytest.mark.parametrize("namespace", EXAMPLED)
 def test_every_public_function_and_class_has_an_example(namespace):
-    # Constants (DROPOUT_MASK_NAME, audit.CODES) have no docstring of their own.
+    # Constants (DROPOUT_MASK_NAME, audit.CODES, why.HOLDS) have no docstring of their own.
     module = importlib.import_module(namespace)
     objects = {name: getattr(module, name) for name in module.__all__}
     documented = {
