@@ -84,6 +84,12 @@ def key_words(key: Any) -> jax.Array:
 
     Returns:
       ``uint32[4]``.
+
+    Example:
+      >>> import jax
+      >>> from dropmask import testing
+      >>> [hex(int(w)) for w in testing.key_words(jax.random.key(1))]  # (k0, k1) = (0, 1)
+      ['0x0', '0x1', '0x9e3779b9', '0xbb67ae84']
     """
     return _random.key_words(key)
 
@@ -172,6 +178,14 @@ def path_keep_mask(key: Any, shape: Sequence[int], rate: float, *, path: str) ->
     Raises:
       DropmaskValueError: ``path`` is not one of :data:`PATHS`, or ``rate`` is 0.
       RateError: ``rate`` outside ``[0, 1)``.
+
+    Example:
+      >>> import jax, dropmask
+      >>> from dropmask import testing
+      >>> key = jax.random.key(0)
+      >>> masks = [testing.path_keep_mask(key, (4, 64), 0.1, path=p) for p in testing.PATHS]
+      >>> [bool((m == dropmask.keep_mask(key, (4, 64), 0.1)).all()) for m in masks]
+      [True, True, True]
     """
     caller = "path_keep_mask"
     shape = check_shape(shape, caller=caller)
@@ -203,6 +217,14 @@ def path_dropout(
       DropmaskValueError: ``path`` is not one of :data:`PATHS`, ``residual`` is not a
         choice, or ``rate`` is 0.
       RateError: ``rate`` outside ``[0, 1)``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> from dropmask import testing
+      >>> x, key = jnp.ones((4, 64)), jax.random.key(0)
+      >>> y = testing.path_dropout(x, 0.1, key, path="per_element", residual="none")
+      >>> bool((y == dropmask.dropout(x, 0.1, key)).all())
+      True
     """
     caller = "path_dropout"
     thr = _static_threshold(rate, caller)

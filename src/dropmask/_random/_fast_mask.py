@@ -132,6 +132,14 @@ class Threshold:
     """``keep = field < value`` for a ``FIELD_BITS``-bit random field.
 
     True with probability ``realised = value / 2**FIELD_BITS``.
+
+    Example:
+      >>> import numpy as np
+      >>> from dropmask import testing
+      >>> t = testing.threshold(0.25)
+      >>> fields = np.arange(2**16)  # every 16-bit field once
+      >>> t.value, float(np.mean(fields < t.value)) == t.realised
+      (16384, True)
     """
 
     value: Any  # int in [0, 2**16], or a traced uint32 scalar

@@ -82,6 +82,11 @@ def threefry4x32(
 
     Returns:
       Four uint32 arrays, the 128 output bits.
+
+    Example:
+      >>> from dropmask import testing
+      >>> [hex(int(w)) for w in testing.threefry4x32([0] * 4, [0] * 4)]  # Random123's answer
+      ['0x531c7e4f', '0x39491ee5', '0x2c855a92', '0x3d6abf9a']
     """
     counter, schedule = _common_shape([_u32(c) for c in counter], [_u32(k) for k in key])
     parity = _xor(_PARITY, schedule[0])

@@ -42,6 +42,13 @@ class TokenSubset(NamedTuple):
         axis (for position embeddings, or ``jnp.take_along_axis`` on other per-token
         arrays such as segment ids); 0 in the padding slots.
       mask: ``bool[batch, kept]``: True for a kept token, False for padding.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, dropmask
+      >>> x = jnp.array([[10, 11, 12, 13, 14, 15]])
+      >>> tokens, positions, mask = dropmask.drop_tokens(x, 0.5, jax.random.key(0))
+      >>> bool((tokens == x[0, positions]).all()), mask.tolist()  # each token from its position
+      (True, [[True, True, True]])
     """
 
     tokens: jax.Array

@@ -142,6 +142,15 @@ class Example:
         temperature)`` over the ``top_k`` most likely tokens (0: all), the same text
         for the same ``key``. ``dropmask sample`` calls it on a restored run;
         ``None``: the example does not generate.
+
+    Example:
+      >>> from dropmask.examples.digits.train import example  # the bundled digits
+      >>> example.name, example.eval_splits, example.best_metric, example.best_mode
+      ('digits', ('train_eval', 'eval'), 'accuracy', 'max')
+      >>> config = example.get_tiny_config()
+      >>> batch = example.train_batch(config, example.load_data(config), run_keys(0)[0], 0)
+      >>> {name: array.shape for name, array in batch.items()}  # step 0's global batch
+      {'image': (24, 64), 'label': (24,)}
     """
 
     name: str

@@ -211,6 +211,19 @@ def train(
         ``config.allow_nonfinite_loss``); nothing after the last checkpoint is saved.
       DropmaskValueError: a bad config entry or device count, or a workdir that is
         a file or not writable.
+
+    Example:
+      >>> import os, tempfile
+      >>> from dropmask.examples.digits.train import example  # the bundled digits
+      >>> config = example.get_tiny_config()
+      >>> config.steps = 2
+      >>> with tempfile.TemporaryDirectory() as workdir:
+      ...     result = train(example, config, workdir, devices=1, progress=False)
+      ...     written = sorted(os.listdir(workdir))
+      >>> len(result.losses), sorted(result.final)  # a loss per step, the last evaluation
+      (2, ['eval', 'train_eval'])
+      >>> written
+      ['checkpoints', 'curves.png', 'metrics.jsonl', 'summary.json', 'tensorboard']
     """
     started = time.perf_counter()
     workdir = pathlib.Path(workdir)
@@ -586,6 +599,17 @@ def compare_rates(
       CheckpointError: a run directory already holds checkpoints and ``resume`` is
         False (checked for every run before any training).
       DropmaskValueError: no rates or seeds, or a rate outside ``[0, 1)``.
+
+    Example:
+      >>> import tempfile
+      >>> from dropmask.examples.digits.train import example  # the bundled digits
+      >>> config = example.get_tiny_config()
+      >>> config.steps = 2
+      >>> with tempfile.TemporaryDirectory() as workdir:
+      ...     summary = compare_rates(example, config, workdir, rates=(0.0, 0.5), seeds=(0,),
+      ...                             devices=1, progress=False)
+      >>> sorted(summary["rates"]), sorted(summary["rates"]["0.5"]["eval"]["accuracy"])
+      (['0', '0.5'], ['max', 'mean', 'min', 'std'])
     """
     started = time.perf_counter()
     workdir = pathlib.Path(workdir)

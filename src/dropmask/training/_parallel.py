@@ -64,6 +64,15 @@ def initialize_distributed(
     Raises:
       DropmaskValueError: an address that is not ``HOST:PORT``, or given without
         both counts, or a count that is not an integer in range.
+
+    Example:
+      >>> initialize_distributed()  # no coordinator address, here or in the environment
+      False
+      >>> try:
+      ...     initialize_distributed("10.0.0.1", num_processes=2, process_id=0)
+      ... except DropmaskValueError as err:
+      ...     print(str(err).split(", got")[0])
+      initialize_distributed: coordinator_address must be HOST:PORT of process 0
     """
     address = coordinator_address or os.environ.get(ENV_COORDINATOR)
     if not address:
@@ -153,6 +162,12 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     """Places every leaf of ``tree`` (keys included) whole on every device of ``mesh``.
 
     Every process must pass the same values (e.g. a state built from the same seed).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> placed = replicate({"w": jnp.ones(3), "key": jax.random.key(0)}, make_mesh())
+      >>> placed["w"].sharding.is_fully_replicated, placed["key"].dtype
+      (True, key<fry>)
     """
     sharding = NamedSharding(mesh, PartitionSpec())
     data, impls = keys_to_data(tree)
@@ -192,6 +207,12 @@ def shard_batch(batch: Mapping[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
 
     Raises:
       DropmaskValueError: the batch size is not a multiple of the mesh size.
+
+    Example:
+      >>> mesh = make_mesh()
+      >>> x = shard_batch({"x": np.zeros((2 * mesh.devices.size, 3))}, mesh)["x"]
+      >>> x.sharding.spec == PartitionSpec("data"), x.addressable_shards[0].data.shape
+      (True, (2, 3))
     """
     check_batch_splits(batch, mesh)
     sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))

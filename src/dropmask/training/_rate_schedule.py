@@ -35,6 +35,11 @@ class RateSchedule:
         falling linearly to 0 at ``step``).
       step: the step where the schedule switches.
       rate: ``config.rate``.
+
+    Example:
+      >>> schedule = RateSchedule("early", step=2, rate=0.5)  # early dropout
+      >>> [float(schedule(step)) for step in range(4)]
+      [0.5, 0.5, 0.0, 0.0]
     """
 
     kind: str

@@ -53,11 +53,18 @@ def restore_run(
       DataError: ``example.load_data`` cannot read the run's data (e.g. its
         ``data_path`` moved).
 
-    Example::
-
-        from dropmask.examples.digits.train import example
-        state, config, data = restore_run("runs/digits", example)
-        held_out = example.evaluate(state, config, data, "eval")
+    Example:
+      >>> import tempfile
+      >>> from dropmask.training import train
+      >>> from dropmask.examples.digits.train import example  # the bundled digits
+      >>> config = example.get_tiny_config()
+      >>> config.steps = 2
+      >>> with tempfile.TemporaryDirectory() as workdir:
+      ...     result = train(example, config, workdir, devices=1, progress=False)
+      ...     state, run_config, data = restore_run(workdir, example)
+      >>> held_out = example.evaluate(state, run_config, data, "eval")
+      >>> int(state.step), held_out == result.final["eval"]  # the run's last evaluation
+      (2, True)
     """
     check_instance(
         example,

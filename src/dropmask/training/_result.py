@@ -21,6 +21,19 @@ class RunResult:
       final: ``{split: {metric: value}}`` of the last evaluation.
       wall_seconds: wall time of this call, compilation included.
       config: the config as a plain dict.
+
+    Example:
+      >>> import tempfile
+      >>> from dropmask.training import train
+      >>> from dropmask.examples.digits.train import example  # the bundled digits
+      >>> config = example.get_tiny_config()
+      >>> config.steps = 2
+      >>> with tempfile.TemporaryDirectory() as workdir:
+      ...     first = train(example, config, workdir, devices=1, progress=False)
+      ...     config.steps = 3  # resume the same run for one more step
+      ...     more = train(example, config, workdir, resume=True, devices=1, progress=False)
+      >>> (first.start_step, len(first.losses)), (more.start_step, len(more.losses))
+      ((0, 2), (2, 1))
     """
 
     workdir: pathlib.Path

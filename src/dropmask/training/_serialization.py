@@ -135,6 +135,14 @@ def from_bytes(target: Any, encoded: bytes) -> Any:
       DropmaskTypeError: ``encoded`` is not bytes.
       DropmaskValueError: ``encoded`` is not :func:`to_bytes` output, or holds
         another structure, shape or dtype than ``target`` (the message names the leaf).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> saved = to_bytes({"key": jax.random.key(7), "w": jnp.arange(3.0)})
+      >>> fresh = {"key": jax.random.key(0), "w": jnp.zeros(3)}  # the structure to fill
+      >>> back = from_bytes(fresh, saved)
+      >>> back["w"].tolist(), jax.random.key_data(back["key"]).tolist()
+      ([0.0, 1.0, 2.0], [0, 7])
     """
     check_instance(
         encoded,

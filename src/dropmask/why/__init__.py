@@ -5,12 +5,6 @@ explanations of that choice, set against ``jnp.where(mask, x / keep_prob, 0)`` a
 ``mask * x / keep_prob``, make claims about dtype promotion, numerical stability,
 autodiff cost and speed. :func:`check_claims` measures each claim with the installed
 JAX on the default backend and returns a verdict with the number behind it.
-
-Example:
-  >>> from dropmask import why
-  >>> report = why.check_claims(timing=False)
-  >>> report.verdicts()["where-is-select"]
-  'holds'
 """
 
 from ._check import WhyReport as WhyReport

@@ -28,6 +28,13 @@ class WhyReport:
       machine: ``platform.machine()`` and processor.
       claims: one :class:`Claim` each.
       seconds: wall time of the measurements.
+
+    Example:
+      >>> from dropmask import why
+      >>> claim = why.Claim("f16-overflow", "x / keep overflows float16", why.NOT, "no inf", [])
+      >>> report = why.WhyReport("0.0", "cpu", "cpu", "x86_64", (claim,), seconds=0.1)
+      >>> report.differences()  # docs/select_vs_where.md says it holds: (documented, measured)
+      {'f16-overflow': ('holds', 'does not hold')}
     """
 
     jax_version: str
@@ -92,6 +99,12 @@ def check_claims(*, timing: bool = True, size: int = 1 << 20, repeats: int = 15)
 
     Raises:
       DropmaskValueError: ``size`` or ``repeats`` below 1.
+
+    Example:
+      >>> from dropmask import why
+      >>> report = why.check_claims(timing=False)  # the facts, without the speed claims
+      >>> report.verdicts()["where-is-select"]
+      'holds'
     """
     if size < 1 or repeats < 1:
         raise user_error(

@@ -60,6 +60,13 @@ class Claim:
       verdict: ``'holds'``, ``'does not hold'`` or ``'depends'``.
       evidence: the measured number or fact behind the verdict, in words.
       data: the raw measurement (JSON-ready).
+
+    Example:
+      >>> from dropmask import why
+      >>> claim = why.Claim("where-is-select", "where is select", why.HOLDS, "same HLO", [])
+      >>> report = why.WhyReport("0.0", "cpu", "cpu", "x86_64", (claim,), seconds=0.1)
+      >>> str(report).splitlines()[2:]  # its two lines in the table `dropmask why` prints
+      ['holds  where is select  [where-is-select]', '       -> same HLO']
     """
 
     id: str

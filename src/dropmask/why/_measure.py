@@ -47,7 +47,14 @@ Form = Callable[[jax.Array, jax.Array], jax.Array]
 
 
 def forms(keep: float = KEEP) -> dict[str, Form]:
-    """``{'select', 'where', 'multiply'}``: the three spellings, ``(x, mask) -> y``."""
+    """``{'select', 'where', 'multiply'}``: the three spellings, ``(x, mask) -> y``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> x, mask = jnp.array([1.0, 2.0, 3.0]), jnp.array([True, False, True])
+      >>> {name: form(x, mask).tolist() for name, form in forms(keep=0.5).items()}
+      {'select': [2.0, 0.0, 6.0], 'where': [2.0, 0.0, 6.0], 'multiply': [2.0, 0.0, 6.0]}
+    """
     return {
         "select": lambda x, mask: lax.select(mask, x / keep, jnp.zeros_like(x)),
         "where": lambda x, mask: jnp.where(mask, x / keep, 0),
