@@ -15,17 +15,18 @@ packs their flags into one byte, then spreads each byte to its 8 lanes, where ea
 tests its own bit. The spread is a product on the matrix unit, ``bytes [rows, 128] @
 spread [128, 1024]`` with ``spread[m, c] = (c // 8 == m)``, exact in bfloat16 (a byte
 is an integer below 256) with a float32 result, so the vector unit is left to the
-rounds; the ``"gather"`` delivery (one lane gather per output register) is kept for
-measuring against it. The select and scale run in the same kernel, so neither the flags
-nor a residual reaches memory, and the generator's work hides under the copy.
+rounds (lane rotations and lane gathers measured slower). The select and scale run in
+the same kernel, so neither the flags nor a residual reaches memory, and the
+generator's work hides under the copy.
 
 Not the default yet. The kernel draws the CPU's mask on a TPU and hides the rounds
 under its copy, but on a v5e a Pallas kernel that only scales its input ran at half the
-speed of XLA's ``x * c`` (an extra copy of the operand in XLA's program), and a
-Transformer train step with the kernel took longer than Flax's, where its compile time
-was a fraction of Flax's (``docs/dropout_speed.md``, "The TPU"). So the library draws
-by the XLA path unless :func:`enabled` (``dropmask.testing.tpu_kernels``) asks for the
-kernel, which ``benchmarks/bench_tpu.py`` times beside it.
+speed of XLA's ``x * c`` in a timing loop (XLA's program copies the operand first), and
+a Transformer train step with the kernel, though faster than with Flax's dropout and
+compiled in a fraction of Flax's time, took longer than the XLA path had in an earlier
+measurement (``docs/dropout_speed.md``, "The TPU"). So the library draws by the XLA
+path unless :func:`enabled` (``dropmask.testing.tpu_kernels``) asks for the kernel,
+which ``benchmarks/bench_tpu.py`` times beside it.
 
 Differentiation. Dropout's combine is linear in ``x`` and diagonal, so it is its own
 transpose: the kernel is bound as a linear primitive, whose tangent (``jax.jvp``) and
@@ -69,7 +70,9 @@ __all__ = [
 
 _SPAN = 1024  # columns per delivery: 128 calls, one per lane
 _CALLS = _SPAN // FIELDS.per_call  # 128
-_BLOCK_BYTES = 2 * 2**20  # bytes of input per grid step: ~2 MiB measured best on a v5e
+# Input bytes per grid step: 1 MiB measured as fast on a v5e; 4 MiB overflowed the
+# kernel's 16 MiB of scoped VMEM.
+_BLOCK_BYTES = 2 * 2**20
 _U32 = np.uint32
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
@@ -115,8 +118,7 @@ class TpuKernel:
       value: the threshold when static (None: a run-time one in scalar memory).
       realised: the keep probability when static.
       block: ``(rows, cols)`` of a grid step.
-      chunk: rows the kernel computes at a time (a multiple of 8, 16 for bfloat16).
-      delivery: ``"mxu"`` or ``"gather"`` (see the module's docstring).
+      chunk: rows the kernel computes at a time (16 or 32).
       interpret: run in Pallas's TPU interpreter (tests on a CPU).
     """
 
@@ -126,7 +128,6 @@ class TpuKernel:
     realised: float | None
     block: tuple[int, int]
     chunk: int
-    delivery: str = "mxu"
     interpret: bool = False
 
     @property
@@ -141,7 +142,6 @@ def kernel_for(
     dtype: Any,
     thr: Threshold,
     *,
-    delivery: str = "mxu",
     interpret: bool = False,
 ) -> TpuKernel | None:
     """The kernel for a mask of ``shape`` over an array of ``dtype``, or None where it
@@ -153,7 +153,7 @@ def kernel_for(
         return None
     cols = shape[-1]
     rows = shape[-2] if len(shape) > 1 else 1
-    if cols % 128 or cols % LANES or math.prod(shape) == 0:
+    if cols % 128 or math.prod(shape) == 0:
         return None
     check_word_count((math.prod(shape) // LANES,))
     chunk = 32 if rows % 32 == 0 else 16 if rows % 16 == 0 else 0
@@ -171,7 +171,6 @@ def kernel_for(
         thr.realised if static else None,
         (block_rows, block_cols),
         chunk,
-        delivery,
         interpret,
     )
 
@@ -219,7 +218,7 @@ def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, x_ref: Any, o_r
     first_row = pl.program_id(0) * rows + pl.program_id(1) * block_rows
     first_word = pl.program_id(2) * (block_cols // LANES)
     ch = spec.chunk
-    spread_matrix = _spread_matrix() if spec.delivery == "mxu" else None
+    spread_matrix = _spread_matrix()
 
     def step(c: Any, carry: Any) -> Any:
         r0 = pl.multiple_of(c * ch, ch)
@@ -228,26 +227,15 @@ def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, x_ref: Any, o_r
             width = min(_SPAN, block_cols - s0)
             word0 = row.astype(_U32) * _U32(words_per_row) + (first_word + s0 // LANES).astype(_U32)
             packed = _call_bytes(word0, key, thr, ch)
-            if spread_matrix is not None:
-                values = jnp.dot(
-                    packed.astype(jnp.float32).astype(jnp.bfloat16),
-                    spread_matrix,
-                    preferred_element_type=jnp.float32,
-                ).astype(jnp.int32)
-                keep = _test_bits(values[:, :width])
-                cols_ = pl.ds(s0, width)
-                o_ref[0, pl.ds(r0, ch), cols_] = combine(
-                    x_ref[0, pl.ds(r0, ch), cols_], keep, realised
-                ).astype(o_ref.dtype)
-                continue
-            lane = lax.broadcasted_iota(jnp.int32, (ch, _CALLS), 1)
-            for k in range(width // _CALLS):
-                index = 16 * k + (lane >> 3)
-                spread = jnp.take_along_axis(packed, index, axis=1, mode="promise_in_bounds")
-                cols_ = pl.ds(s0 + k * _CALLS, _CALLS)
-                o_ref[0, pl.ds(r0, ch), cols_] = combine(
-                    x_ref[0, pl.ds(r0, ch), cols_], _test_bits(spread), realised
-                ).astype(o_ref.dtype)
+            values = jnp.dot(
+                packed.astype(jnp.float32).astype(jnp.bfloat16),
+                spread_matrix,
+                preferred_element_type=jnp.float32,
+            ).astype(jnp.int32)
+            cols_ = pl.ds(s0, width)
+            o_ref[0, pl.ds(r0, ch), cols_] = combine(
+                x_ref[0, pl.ds(r0, ch), cols_], _test_bits(values[:, :width]), realised
+            ).astype(o_ref.dtype)
         return carry
 
     lax.fori_loop(0, block_rows // ch, step, 0)
