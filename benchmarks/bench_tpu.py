@@ -46,6 +46,7 @@ from jax import lax
 import dropmask
 from benchmarks._harness import environment, environment_markdown, markdown_table, write_section
 from dropmask import testing
+from dropmask.cli import OneLineParser
 
 SECTION = "tpu"
 REPEATS = 15
@@ -281,7 +282,7 @@ def step_rows(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the suite")
     parser.add_argument("--reference", help=argparse.SUPPRESS)
@@ -291,9 +292,17 @@ def main(argv: list[str] | None = None) -> int:
         reference(args.reference)
         return 0
     if args.render:
-        body = render(json.loads(args.render.read_text()))
-        write_section(Path(__file__).with_name("RESULTS.md"), SECTION, body)
+        try:
+            result = json.loads(args.render.read_text())
+        except (OSError, ValueError) as err:
+            parser.error(f"--render must name a tpu_results.json this script wrote: {err}")
+        write_section(Path(__file__).with_name("RESULTS.md"), SECTION, render(result))
         return 0
+    if jax.default_backend() != "tpu" and not args.quick:
+        parser.error(
+            f"bench_tpu needs a TPU; jax's default backend is {jax.default_backend()!r} "
+            "(--quick runs small sizes anywhere)"
+        )
     start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "tpu_results.json"
