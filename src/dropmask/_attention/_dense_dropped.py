@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._random import Kept, explicitly_sharded_axes, sharded_as
+from .._random import Kept, first_element, sharded_as
 from .._reductions import compute_dtype
 from ._dense_weights import Score, attention_weights, scores
 from ._nonfinite import poison, poisoned_cotangent, poisoned_gradient
@@ -133,14 +133,9 @@ def _after(x: jax.Array, dependency: jax.Array) -> jax.Array:
     """``x`` unchanged (every bit), as a value XLA can compute only once ``dependency``
     exists: multiplied by 1 from a predicate that is always True but that XLA cannot
     fold (fewer than 64 of one element's 32 bits set)."""
-    # Under a mesh of explicit axes one element of a sharded axis lives on one device:
-    # the predicate keeps ``dependency``'s sharded axes whole (each device tests its own
-    # first element) and broadcasts against ``x``, which has the same rank.
-    sharded = explicitly_sharded_axes(dependency)
-    size = tuple(n if a in sharded else 1 for a, n in enumerate(dependency.shape))
-    first = lax.convert_element_type(
-        lax.slice(dependency, (0,) * dependency.ndim, size), jnp.float32
-    )
+    # Under a mesh of explicit axes each device tests its own first element: the
+    # predicate keeps ``dependency``'s sharded axes and broadcasts against ``x`` (same rank).
+    first = lax.convert_element_type(first_element(dependency), jnp.float32)
     bits = lax.population_count(lax.bitcast_convert_type(first, jnp.uint32))
     one = lax.convert_element_type(lax.lt(bits, jnp.uint32(64)), x.dtype)
-    return x * (one if sharded else one.reshape((1,) * x.ndim))
+    return x * (one.reshape((1,) * x.ndim) if one.ndim == 0 else one)

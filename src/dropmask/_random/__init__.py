@@ -24,6 +24,7 @@ from ._fast_mask import LANES as LANES
 from ._fast_mask import MASK_NAME as MASK_NAME
 from ._fast_mask import PATHS as PATHS
 from ._fast_mask import Threshold as Threshold
+from ._fast_mask import first_element as first_element
 from ._fast_mask import keep_from_words as keep_from_words
 from ._fast_mask import key_words as key_words
 from ._fast_mask import loop_zero as loop_zero
@@ -60,6 +61,7 @@ __all__ = [
     "block_from_spec",
     "draw",
     "explicitly_sharded_axes",
+    "first_element",
     "flags_only",
     "keep_from_words",
     "keep_mask",

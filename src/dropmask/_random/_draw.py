@@ -40,14 +40,12 @@ it is an error instead.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.experimental import checkify
 
 from .._checks import (
@@ -176,8 +174,8 @@ Combine = Callable[[Any, jax.Array, Any], Any]
 @dataclasses.dataclass(frozen=True)
 class Linear:
     """A ``combine`` that is linear in ``x`` and diagonal, as dropout's select and scale:
-    its own transpose. On a TPU, :func:`draw` runs it inside the kernel that draws the
-    mask (``_tpu_mask``), forward and backward; elsewhere it is ``fn`` itself."""
+    its own transpose. Inside ``tpu_kernels()``, :func:`draw` runs it in the kernel that
+    draws the mask (``_tpu_mask``), forward and backward; elsewhere it is ``fn`` itself."""
 
     fn: Combine
 
@@ -195,18 +193,6 @@ def _on_tpu(spec: MaskSpec, combine: Combine, x: Any, thr: Threshold) -> TpuKern
     return kernel_for(spec.shape, x.dtype, thr, interpret=tpu_interpret())
 
 
-def _xla_linear(x: Any, scalars: Any, kernel: TpuKernel, combine: Combine) -> Any:
-    """What the kernel computes, by the XLA path (the same bits): for ``vmap``."""
-    words = lax.bitcast_convert_type(scalars[:4], jnp.uint32)
-    if kernel.value is None:
-        realised = lax.bitcast_convert_type(scalars[5], jnp.float32)
-        thr = Threshold(scalars[4].astype(jnp.uint32), realised)
-    else:
-        thr = Threshold(kernel.value, kernel.realised)
-    flags = keep_from_words(words, kernel.shape, thr, path="per_element")
-    return combine(x, flags, thr.realised)
-
-
 def _draw_and_combine(
     spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, offset: Any
 ) -> Any:
@@ -218,8 +204,7 @@ def _draw_and_combine(
         kernel = _on_tpu(spec, combine, x, thr)
         if kernel is not None:
             scalars = scalars_of(words_of(source), thr)
-            fallback = functools.partial(_xla_linear, combine=combine)
-            return masked_linear(x, scalars, spec=kernel, combine=combine, fallback=fallback)
+            return masked_linear(x, scalars, spec=kernel, combine=combine)
     if spec.impl == "flax":
         p: Any = realised if dynamic is None else value  # unclipped, as Flax draws it
         flags = jax.random.bernoulli(source, p=p, shape=spec.shape)

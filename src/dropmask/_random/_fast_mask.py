@@ -55,6 +55,7 @@ __all__ = [
     "MASK_NAME",
     "Threshold",
     "default_path",
+    "first_element",
     "keep_from_words",
     "key_source",
     "key_words",
@@ -312,10 +313,7 @@ def loop_zero(x: jax.Array) -> jax.Array:
     """
     if x.size == 0:
         return jnp.zeros((), x.dtype)
-    sharded = explicitly_sharded_axes(x)
-    first = lax.slice(x, (0,) * x.ndim, _with_size_1(x.shape, keep=sharded))
-    if not sharded:
-        first = lax.reshape(first, ())
+    first = first_element(x)
     unsigned = np.dtype(f"uint{np.dtype(x.dtype).itemsize * 8}")
     if x.dtype == np.bool_:  # flags: no bit cast from bool
         bits = lax.convert_element_type(first, unsigned)
@@ -324,8 +322,15 @@ def loop_zero(x: jax.Array) -> jax.Array:
     return lax.convert_element_type(lax.bitwise_and(bits, unsigned.type(0)), x.dtype)
 
 
-def _with_size_1(shape: tuple[int, ...], keep: Sequence[int]) -> tuple[int, ...]:
-    return tuple(n if axis in keep else 1 for axis, n in enumerate(shape))
+def first_element(x: jax.Array) -> jax.Array:
+    """``x``'s first element, computed where ``x`` lives: a scalar, except for an ``x``
+    sharded under a mesh of explicit axes, where one element of a sharded axis lives on
+    one device (JAX refuses that slice). There it keeps ``x``'s sharded axes whole and
+    its other axes 1 (``x``'s rank): each device's first element."""
+    sharded = explicitly_sharded_axes(x)
+    size = tuple(n if axis in sharded else 1 for axis, n in enumerate(x.shape))
+    first = lax.slice(x, (0,) * x.ndim, size)
+    return first if sharded else lax.reshape(first, ())
 
 
 def _tie(source: jax.Array) -> jax.Array:

@@ -31,8 +31,8 @@ which ``benchmarks/bench_tpu.py`` times beside it.
 Differentiation. Dropout's combine is linear in ``x`` and diagonal, so it is its own
 transpose: the kernel is bound as a linear primitive, whose tangent (``jax.jvp``) and
 cotangent (``jax.grad``) are the same kernel applied to ``t`` or ``g`` with the same key
-(the backward pass draws the mask again rather than reading a residual). Under ``vmap``
-the primitive computes the same values by the XLA path.
+(the backward pass draws the mask again rather than reading a residual). Under ``vmap``,
+and where the kernel fails to lower, the primitive computes the same values by XLA.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 
-from ._fast_mask import FIELDS, LANES, Threshold, check_word_count
+from ._fast_mask import FIELDS, LANES, Threshold, check_word_count, keep_from_words
 from ._threefry import threefry4x32
 
 __all__ = [
@@ -271,21 +271,33 @@ def scalars_of(words: jax.Array, thr: Threshold) -> jax.Array:
     return jnp.concatenate(parts)
 
 
+def _xla_path(x: jax.Array, scalars: jax.Array, spec: TpuKernel, combine: Combine) -> jax.Array:
+    """What the kernel computes, by XLA (the same bits): under ``vmap``, and where the
+    kernel fails to lower. ``scalars`` as :func:`scalars_of` made them."""
+    words = lax.bitcast_convert_type(scalars[:4], _U32)
+    if spec.value is None:
+        realised = lax.bitcast_convert_type(scalars[5], jnp.float32)
+        thr = Threshold(scalars[4].astype(_U32), realised)
+    else:
+        thr = Threshold(spec.value, spec.realised)
+    flags = keep_from_words(words, spec.shape, thr, path="per_element")
+    return combine(x, flags, thr.realised)
+
+
 # The kernel as a primitive, linear in ``x``: ``jax.jvp`` and ``jax.grad`` apply the same
 # kernel to the tangent or cotangent (a pallas_call has neither rule of its own).
 masked_linear_p = jex_core.Primitive("dropmask_tpu_masked_linear")
 
 
 def masked_linear(
-    x: jax.Array, scalars: jax.Array, *, spec: TpuKernel, combine: Combine, fallback: Combine
+    x: jax.Array, scalars: jax.Array, *, spec: TpuKernel, combine: Combine
 ) -> jax.Array:
     """``combine(x, keep, realised)`` with the keep-flags drawn inside the kernel.
 
     ``combine`` must be linear in ``x`` and diagonal (dropout's select and scale), so
-    that it is its own transpose. ``fallback(x, scalars, spec)`` computes the same by
-    XLA, for ``vmap``.
+    that it is its own transpose.
     """
-    return masked_linear_p.bind(x, scalars, spec=spec, combine=combine, fallback=fallback)
+    return masked_linear_p.bind(x, scalars, spec=spec, combine=combine)
 
 
 def _abstract(x: Any, scalars: Any, **params: Any) -> Any:
@@ -293,20 +305,15 @@ def _abstract(x: Any, scalars: Any, **params: Any) -> Any:
     return jax.core.ShapedArray(x.shape, x.dtype)
 
 
-def _lowering(spec: TpuKernel, combine: Combine, fallback: Combine) -> Callable[..., Any]:
-    del fallback
-    return lambda x, scalars: _pallas(spec, combine, x, scalars)
-
-
-def _lower(ctx: Any, x: Any, scalars: Any, *, spec: Any, combine: Any, fallback: Any) -> Any:
+def _lower(ctx: Any, x: Any, scalars: Any, *, spec: Any, combine: Any) -> Any:
     """The kernel, or where it fails to lower (a Mosaic that lacks an op it uses), the XLA
     path, which draws the same mask."""
     try:
-        fun = mlir.lower_fun(_lowering(spec, combine, fallback), multiple_results=False)
-        return fun(ctx, x, scalars)
+        kernel = lambda x, s: _pallas(spec, combine, x, s)  # noqa: E731
+        return mlir.lower_fun(kernel, multiple_results=False)(ctx, x, scalars)
     except Exception:  # noqa: BLE001 - any lowering failure falls back, never crashes
-        fun = mlir.lower_fun(lambda x, s: fallback(x, s, spec), multiple_results=False)
-        return fun(ctx, x, scalars)
+        xla = lambda x, s: _xla_path(x, s, spec, combine)  # noqa: E731
+        return mlir.lower_fun(xla, multiple_results=False)(ctx, x, scalars)
 
 
 def _jvp(primals: Any, tangents: Any, **params: Any) -> Any:
@@ -325,8 +332,8 @@ def _transpose(ct: Any, x: Any, scalars: Any, **params: Any) -> Any:
     return [masked_linear_p.bind(ct, scalars, **params), None]
 
 
-def _batch(args: Any, dims: Any, *, spec: Any, combine: Any, fallback: Any) -> Any:
-    out = jax.vmap(lambda x, s: fallback(x, s, spec), in_axes=dims)(*args)
+def _batch(args: Any, dims: Any, *, spec: Any, combine: Any) -> Any:
+    out = jax.vmap(lambda x, s: _xla_path(x, s, spec, combine), in_axes=dims)(*args)
     return out, 0
 
 
