@@ -9,10 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import dropmask
+from dropmask import _random, testing
 from dropmask import linen as dl
-from dropmask import testing
 from dropmask._random import _tpu_mask, threshold
 
 KEY = jax.random.key(5)
@@ -120,3 +121,21 @@ def test_kernel_for_serves_whole_registers_of_float32_and_bfloat16(shape, dtype,
     if kernel is not None:
         rows, cols = kernel.block
         assert rows % kernel.chunk == 0 and cols % 128 == 0
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("cols", [128, 256, 1024])
+def test_keep_tile_is_the_fast_masks_tile_either_way_round(transposed, cols):
+    """The delivery the attention kernels share: a tile of rows at any word offset."""
+    key, shape = jax.random.key(11), (3, 40, 2 * cols)
+    want = np.asarray(dropmask.keep_mask(key, shape, 0.5)).reshape(120, 2 * cols)[8:40, cols:]
+    words = [w for w in _random.key_words(key)]
+    rows = lax.broadcasted_iota(
+        np.uint32, (1, 32) if transposed else (32, 1), 1 if transposed else 0
+    )
+    row_word = (rows + np.uint32(8)) * np.uint32(2 * cols // 32)
+    thr = np.int32(_random.threshold(0.5).value)  # keep_mask takes the rate
+    got = _random.keep_tile(
+        words, thr, row_word, np.uint32(cols // 32), (32, cols), transposed=transposed
+    )
+    np.testing.assert_array_equal(np.asarray(got).T if transposed else got, want)

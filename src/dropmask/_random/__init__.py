@@ -24,6 +24,7 @@ from ._fast_mask import LANES as LANES
 from ._fast_mask import MASK_NAME as MASK_NAME
 from ._fast_mask import PATHS as PATHS
 from ._fast_mask import Threshold as Threshold
+from ._fast_mask import check_word_count as check_word_count
 from ._fast_mask import first_element as first_element
 from ._fast_mask import keep_from_words as keep_from_words
 from ._fast_mask import key_words as key_words
@@ -40,6 +41,9 @@ from ._threefry import threefry4x32 as threefry4x32
 from ._tile_mask import TileGeometry as TileGeometry
 from ._tile_mask import tile_keep_flags as tile_keep_flags
 from ._tpu_mask import enabled as tpu_kernels
+from ._tpu_mask import keep_tile as keep_tile
+from ._tpu_mask import tpu_interpret as tpu_interpret
+from ._tpu_mask import tpu_kernels_run as tpu_kernels_run
 
 __all__ = [
     "DEFAULT_IMPL",
@@ -61,6 +65,7 @@ __all__ = [
     "block_from_spec",
     "draw",
     "explicitly_sharded_axes",
+    "check_word_count",
     "first_element",
     "flags_only",
     "keep_from_words",
@@ -78,4 +83,7 @@ __all__ = [
     "threshold",
     "tile_keep_flags",
     "tpu_kernels",
+    "keep_tile",
+    "tpu_interpret",
+    "tpu_kernels_run",
 ]

@@ -175,12 +175,10 @@ def kernel_for(
     )
 
 
-def _call_bytes(word0: Any, key: list[jax.Array], thr: Any, rows: int) -> jax.Array:
-    """``int32[rows, 128]``: the keep-flags of 128 consecutive calls of each row, bit
-    ``f`` for field ``f``; ``word0`` (``uint32[rows, 1]``) is each row's first word."""
-    lane = lax.broadcasted_iota(_U32, (rows, _CALLS), 1)
-    word = word0 + (lane >> _U32(2))
-    outs = threefry4x32((word, lane & _U32(FIELDS.calls - 1), _U32(0), _U32(0)), key)
+def call_bytes(word: jax.Array, call: jax.Array, key: list[jax.Array], thr: Any) -> jax.Array:
+    """``int32``, one per Threefry call at counter ``(word, call, 0, 0)`` (``uint32``
+    arrays of one shape): the keep-flags of its 8 fields, bit ``f`` for field ``f``."""
+    outs = threefry4x32((word, call, _U32(0), _U32(0)), key)
     packed = None
     for f in range(FIELDS.per_call):
         _, o, bit = FIELDS.locate(f)
@@ -191,17 +189,60 @@ def _call_bytes(word0: Any, key: list[jax.Array], thr: Any, rows: int) -> jax.Ar
     return packed
 
 
-def _spread_matrix() -> jax.Array:
-    """``bf16[128, 1024]``: 1 where column ``c`` reads call ``m`` (``c // 8 == m``)."""
-    m = lax.broadcasted_iota(jnp.int32, (_CALLS, _SPAN), 0)
-    c = lax.broadcasted_iota(jnp.int32, (_CALLS, _SPAN), 1)
+def _call_bytes(word0: Any, key: list[jax.Array], thr: Any, rows: int) -> jax.Array:
+    """``int32[rows, 128]``: the flag bytes of 128 consecutive calls of each row;
+    ``word0`` (``uint32[rows, 1]``) is each row's first word."""
+    lane = lax.broadcasted_iota(_U32, (rows, _CALLS), 1)
+    return call_bytes(word0 + (lane >> _U32(2)), lane & _U32(FIELDS.calls - 1), key, thr)
+
+
+def spread_matrix(calls: int = _CALLS, *, transposed: bool = False) -> jax.Array:
+    """``bf16[calls, 8 * calls]``: 1 where column ``c`` reads call ``m`` (``c // 8 == m``);
+    its transpose when ``transposed``."""
+    shape = (8 * calls, calls) if transposed else (calls, 8 * calls)
+    m = lax.broadcasted_iota(jnp.int32, shape, 1 if transposed else 0)
+    c = lax.broadcasted_iota(jnp.int32, shape, 0 if transposed else 1)
     return jnp.where((c >> 3) == m, 1.0, 0.0).astype(jnp.bfloat16)
 
 
-def _test_bits(spread: jax.Array) -> jax.Array:
-    """Each lane's own bit (``c % 8``) of the byte spread to it, moved to the sign."""
-    lane = lax.broadcasted_iota(jnp.int32, spread.shape, 1)
-    return (spread << (31 - (lane & 7))) < 0
+def own_bits(spread: jax.Array, axis: int = 1) -> jax.Array:
+    """Each element's own bit (``c % 8``, ``c`` its index along ``axis``) of the byte
+    spread to it, moved to the sign."""
+    c = lax.broadcasted_iota(jnp.int32, spread.shape, axis)
+    return (spread << (31 - (c & 7))) < 0
+
+
+def keep_tile(
+    key: list[jax.Array],
+    thr: Any,
+    row_word: Any,
+    first_word: Any,
+    shape: tuple[int, int],
+    *,
+    transposed: bool = False,
+) -> jax.Array:
+    """``bool``: the keep-flags of a tile of rows whose packing axis is the last axis, as
+    ``[rows, cols]``, or as ``[cols, rows]`` when ``transposed`` (the rows along lanes).
+
+    Row ``r`` of the tile starts at word ``row_word[r] + first_word`` (``uint32``; ``row_word``
+    ``[rows, 1]``, or ``[1, rows]`` when transposed); ``cols`` is a multiple of 32. Each call
+    is computed once, its 8 flags packed into a byte, and the byte spread to its 8
+    elements by a product on the matrix unit (exact: a byte is an integer below 256).
+    """
+    rows, cols = shape
+    calls = cols // FIELDS.per_call
+    along = 0 if transposed else 1
+    grid = (calls, rows) if transposed else (rows, calls)
+    m = lax.broadcasted_iota(_U32, grid, along)
+    word = row_word + (jnp.asarray(first_word).astype(_U32) + (m >> _U32(2)))
+    packed = call_bytes(word, m & _U32(FIELDS.calls - 1), key, thr)
+    packed = packed.astype(jnp.float32).astype(jnp.bfloat16)
+    spread = spread_matrix(calls, transposed=transposed)
+    if transposed:
+        values = jnp.dot(spread, packed, preferred_element_type=jnp.float32)
+    else:
+        values = jnp.dot(packed, spread, preferred_element_type=jnp.float32)
+    return own_bits(values.astype(jnp.int32), along)
 
 
 def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, x_ref: Any, o_ref: Any) -> None:
@@ -218,7 +259,7 @@ def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, x_ref: Any, o_r
     first_row = pl.program_id(0) * rows + pl.program_id(1) * block_rows
     first_word = pl.program_id(2) * (block_cols // LANES)
     ch = spec.chunk
-    spread_matrix = _spread_matrix()
+    spread = spread_matrix()
 
     def step(c: Any, carry: Any) -> Any:
         r0 = pl.multiple_of(c * ch, ch)
@@ -229,12 +270,12 @@ def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, x_ref: Any, o_r
             packed = _call_bytes(word0, key, thr, ch)
             values = jnp.dot(
                 packed.astype(jnp.float32).astype(jnp.bfloat16),
-                spread_matrix,
+                spread,
                 preferred_element_type=jnp.float32,
             ).astype(jnp.int32)
             cols_ = pl.ds(s0, width)
             o_ref[0, pl.ds(r0, ch), cols_] = combine(
-                x_ref[0, pl.ds(r0, ch), cols_], _test_bits(values[:, :width]), realised
+                x_ref[0, pl.ds(r0, ch), cols_], own_bits(values[:, :width]), realised
             ).astype(o_ref.dtype)
         return carry
 
