@@ -41,7 +41,7 @@ from .._errors import (
     user_error,
 )
 from .._masks import as_array, sequence_mask
-from .._random import DEFAULT_IMPL, Impl, probability
+from .._random import DEFAULT_IMPL, Impl, probability, tpu_interpret, tpu_kernels_run
 from .._reductions import compute_dtype
 from . import _blockwise as bw
 from ._dense import Dense, dense, dense_jit, rank
@@ -58,6 +58,10 @@ _ALGORITHMS = ("auto", "dense", "blockwise", "pallas")
 # benchmarks/RESULTS.md). In bf16 the dense path is faster at 256 tokens and the
 # blockwise one from 512 on; in f32 the dense path is faster through 2048 tokens.
 AUTO_BLOCKWISE_SCORES = {2: 512 * 512, 4: 4096 * 4096}
+# Where the Pallas TPU kernels run (a TPU, see ``_random.tpu_kernels_run``), "auto" takes
+# them from this many scores on, in either dtype: on a v5e they took 0.64x JAX's
+# Pallas flash attention without dropout at 4096 tokens (bf16, causal, 8 heads).
+AUTO_FLASH_SCORES = 512 * 512
 
 _HINT = (
     "Attention masks and biases are [batch..., heads, q_len, kv_len] (heads may be 1); "
@@ -266,15 +270,21 @@ def dot_product_attention(
         einsums=(qk_attn_weights_einsum, attn_weights_value_einsum),
         impl=impl,
     )
+    scores = c.q_len * c.kv_len
     path = _choose_path(
         algorithm,
         impl,
         module,
         qk_attn_weights_einsum is not None,
-        c.q_len * c.kv_len >= AUTO_BLOCKWISE_SCORES[min(max(c.dtype.itemsize, 2), 4)],
+        scores >= AUTO_BLOCKWISE_SCORES[min(max(c.dtype.itemsize, 2), 4)],
         bias=bias is not None,
+        flash=_flash_serves(c, bias is not None)
+        and (algorithm != "auto" or scores >= AUTO_FLASH_SCORES),
+        on_tpu=tpu_kernels_run(),
     )
-    if path == "pallas":
+    if path == "flash":
+        sizes = _flash_block_sizes(block_q, block_k, c.q_len, c.kv_len)
+    elif path == "pallas":
         sizes = _pallas_block_sizes(block_q, block_k, c.q_len, c.kv_len)
     else:
         sizes = _block_sizes(block_q, block_k, c.q_len, c.kv_len)
@@ -507,6 +517,24 @@ def _run_tiled(
         accumulate=compute_dtype(c.dtype),
     )
     run_keep = None if static_keep is not None else keep
+    if path == "flash":
+        from . import _flash_tpu as ft
+
+        flash = ft.Flash(plan, segments=c.q_seg is not None, interpret=tpu_interpret())
+        out, tainted = ft.flash_attention(
+            flash,
+            q,
+            k,
+            v,
+            kv_valid=c.kv_valid,
+            q_segments=c.q_seg,
+            kv_segments=c.kv_seg,
+            bad_q=bad_q,
+            bad_kv=bad_k | bad_v,
+            key=c.rng,
+            run_time_keep=run_keep,
+        )
+        return poison(out, q, tainted)
     if path == "pallas":
         # Imported here: jax.experimental.pallas loads only for the path that runs it.
         from . import _pallas as pa
@@ -647,8 +675,13 @@ def _choose_path(
     long: bool,
     *,
     bias: bool,
+    flash: bool = False,
+    on_tpu: bool = False,
 ) -> str:
-    """``"dense"``, ``"blockwise"`` or ``"pallas"``; raises if ``algorithm`` cannot serve."""
+    """``"dense"``, ``"blockwise"``, ``"pallas"`` or ``"flash"`` (the Pallas TPU kernels);
+    raises if ``algorithm`` cannot serve. ``flash``: whether the TPU kernels run here
+    and serve the call (and for ``"auto"``, its length); ``on_tpu``: whether they run
+    here at all."""
     check_choice(algorithm, _ALGORITHMS, caller=call_name(), name="algorithm")
     dense_only = []
     if impl == "flax":
@@ -675,8 +708,48 @@ def _choose_path(
             caller=call_name(),
         )
     if algorithm == "auto":
+        if not dense_only and flash:
+            return "flash"
         return "blockwise" if not dense_only and long else "dense"
+    if algorithm == "pallas" and on_tpu:
+        # What the TPU kernels do not take (a dense mask, float16), the blockwise path
+        # does, with the same dropout mask.
+        return "flash" if flash else "blockwise"
     return algorithm
+
+
+def _flash_serves(c: _Checked, bias: bool) -> bool:
+    """Whether the Pallas TPU kernels run here and serve the call's inputs."""
+    if not tpu_kernels_run():
+        return False
+    from . import _flash_tpu as ft
+
+    return ft.serves(c.dtype, c.kv_len, c.drops, mask=c.mask is not None, bias=bias)
+
+
+def _flash_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:
+    """The TPU kernels' tiles: ``block_q`` a multiple of 16 (a bfloat16 tile's rows),
+    ``block_k`` of 128 (a vector register's lanes), at most the padded lengths."""
+    from . import _flash_tpu as ft
+
+    sizes = []
+    for size, name, length, default, unit in (
+        (block_q, "block_q", q_len, ft.DEFAULT_BLOCKS[0], 16),
+        (block_k, "block_k", kv_len, ft.DEFAULT_BLOCKS[1], 128),
+    ):
+        if size is None:
+            size = default
+        size = check_int(size, name=name, caller=call_name(), minimum=1, shape=True)
+        if size % unit:
+            raise user_error(
+                DropmaskValueError,
+                f"{name} must be a multiple of {unit} for algorithm='pallas' on a TPU "
+                f"(its kernels' tiles), got {size}",
+                f"Pass e.g. {name}={default}, or leave it unset.",
+                caller=call_name(),
+            )
+        sizes.append(min(size, -(-length // unit) * unit))
+    return sizes[0], sizes[1]
 
 
 def _pallas_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:

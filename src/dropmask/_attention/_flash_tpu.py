@@ -1,0 +1,640 @@
+"""FlashAttention-2 as Pallas TPU (Mosaic) kernels, with the dense path's dropout mask drawn inside.
+
+The TPU form of ``_pallas`` (whose kernels are written for Triton's programs): three
+kernels over a grid whose last axis walks the tiles a program reduces over, with the
+running state in scratch memory, as TPUs run Pallas kernels.
+
+* forward, grid ``(batch * heads, query tiles, key tiles)``: a running maximum, sum
+  and unnormalised output per query row; writes the output and one log-sum-exp per
+  row (``+inf`` for a tainted row, which saw a non-finite input or score);
+* ``dk``/``dv``, grid ``(batch * kv_heads, key tiles, groups * query tiles)``: works on
+  the transposed scores ``k q^T`` ``[block_k, block_q]``, so the log-sum-exps and
+  ``rowsum(dO * O)`` arrive as lane vectors and every product is a plain one;
+* ``dq``, grid ``(batch * heads, query tiles, key tiles)``.
+
+Tiles the window structure (causal, local) or the key padding leaves out are skipped,
+and their index maps repeat the previous tile, so they cost no copy either.
+
+Dropout. Each kernel draws its tile's keep-flags from the key words and the tile's
+position by ``_tpu_mask.keep_tile``, the dropout kernel's own delivery (each Threefry
+call once, its 8 flags packed in a byte and spread by the matrix unit): the dense
+path's flags element by element, for any tile size, drawn again in the backward
+kernels, never stored. The ``dk``/``dv`` kernel draws them transposed.
+
+Served (:func:`serves`): float32 and bfloat16, no dense ``mask`` and no ``bias``, and
+with dropout more than one key (the key axis packs the mask); the caller takes the
+blockwise path otherwise, which draws the same mask. Tiles: ``block_k`` a multiple of
+128 (each row of a key tile holds whole calls, ``block_k / 8`` of them) and ``block_q``
+of 16. Off a TPU the kernels run in Pallas's TPU interpreter (the tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from .._random import LANES, check_word_count, keep_tile, key_words, threshold
+from . import _blockwise as bw
+
+__all__ = ["DEFAULT_BLOCKS", "Flash", "flash_attention", "serves"]
+
+DEFAULT_BLOCKS = (512, 1024)  # (block_q, block_k): 128 calls a row of a key tile
+_VALID, _NONFINITE = 1, 2  # key states; 0 is a padding (invalid) key
+_U32 = np.uint32
+_ROW = 128  # lanes of a per-row scratch value (a row's scalar, repeated)
+_NT = (((1,), (1,)), ((), ()))  # a @ b^T
+_NN = (((1,), (0,)), ((), ()))  # a @ b
+_VMEM_BYTES = 64 * 2**20  # of a v5e's 128 MiB; a [512, 1024] tile's scores and weights
+
+
+@dataclasses.dataclass(frozen=True)
+class Flash:
+    """Everything static about one call: the tiles (a blockwise ``Plan``), whether
+    segment ids are given, and whether the kernels run in the interpreter."""
+
+    tiles: bw.Plan
+    segments: bool
+    interpret: bool
+
+    @property
+    def dropout(self) -> bool:
+        return self.tiles.dropout
+
+    @property
+    def run_time_rate(self) -> bool:
+        return self.tiles.dropout and self.tiles.keep is None
+
+
+def serves(dtype: Any, kv_len: int, dropout: bool, *, mask: bool, bias: bool) -> bool:
+    """Whether the kernels serve a call: float32 or bfloat16, no dense ``mask`` or
+    ``bias``, and with dropout the key axis packing the mask (more than one key)."""
+    return (
+        jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+        and (kv_len > 1 or not dropout)
+        and not (mask or bias)
+    )
+
+
+# --- inside the kernels ---------------------------------------------------------------
+
+
+def _dot(a: jax.Array, b: jax.Array, dims: Any) -> jax.Array:
+    return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
+def _nonfinite(s: jax.Array) -> jax.Array:
+    # -inf too: an allowed score is -inf only by overflow (as on the blockwise path).
+    return jnp.isnan(s) | (jnp.abs(s) == jnp.inf)
+
+
+def _column(row_ref: Any) -> jax.Array:
+    """A ``[1, n]`` block as an ``[n, 1]`` column."""
+    return jnp.expand_dims(row_ref[0], -1)
+
+
+class _Scalars:
+    """The scalar-prefetch operands: key tiles per batch row, key words, run-time rate."""
+
+    def __init__(self, flash: Flash, refs: list[Any]):
+        self.key_tiles = refs.pop(0)
+        self.words = refs.pop(0) if flash.dropout else None
+        self.rate = refs.pop(0) if flash.run_time_rate else None
+        self.flash = flash
+
+    def threshold(self) -> tuple[Any, Any]:
+        """``(threshold, realised)`` for ``keep_tile``, static or read from memory."""
+        plan = self.flash.tiles
+        if self.rate is None:
+            assert plan.keep is not None
+            thr = threshold(plan.keep)
+            return np.int32(thr.value), thr.realised
+        bits = jnp.full((1, 1), self.rate[1], jnp.int32)
+        return self.rate[0], lax.bitcast_convert_type(bits, jnp.float32)
+
+    def key(self) -> list[jax.Array]:
+        assert self.words is not None
+        return [self.words[t].astype(_U32) for t in range(4)]
+
+
+def _scale(sc: _Scalars, bh: Any, row0: Any, col0: Any, shape: tuple[int, int], transposed: bool):
+    """``1/realised`` where a weight is kept, 0 where dropped, as ``[bq, bk]`` (or
+    ``[bk, bq]`` when ``transposed``); None without dropout. A run-time rate outside
+    [0, 1] realises NaN, which reaches every weight, as on the dense path."""
+    flash = sc.flash
+    if not flash.dropout:
+        return None
+    plan = flash.tiles
+    bq, bk = shape
+    words_per_row = -(-plan.kv_len // LANES)
+    head_row = _U32(0) if plan.broadcast_dropout else bh.astype(_U32) * _U32(plan.q_len)
+    rows = lax.broadcasted_iota(_U32, (1, bq) if transposed else (bq, 1), 1 if transposed else 0)
+    row_word = (head_row + row0.astype(_U32) + rows) * _U32(words_per_row)
+    first_word = (col0 // LANES).astype(_U32)
+    thr, realised = sc.threshold()
+    flags = keep_tile(sc.key(), thr, row_word, first_word, (bq, bk), transposed=transposed)
+    if isinstance(realised, float):
+        scale = 1.0 / realised if realised > 0 else 0.0
+        return jnp.where(flags, np.float32(scale), np.float32(0.0))
+    nan_or_zero = realised * 0  # NaN for a rate outside [0, 1]
+    positive = realised > 0
+    scale = jnp.where(positive, 1 / jnp.where(positive, realised, 1), 0) + nan_or_zero
+    return jnp.where(flags, scale, nan_or_zero)
+
+
+def _allowed(plan: bw.Plan, rows: Any, cols: Any, state: Any, q_seg: Any, kv_seg: Any) -> Any:
+    """Where queries ``rows`` may attend to keys ``cols`` (broadcasting shapes)."""
+    ok = state != 0
+    if plan.left is not None:
+        ok = ok & (cols >= rows - plan.left)
+    if plan.right is not None:
+        ok = ok & (cols <= rows + plan.right)
+    if q_seg is not None:
+        ok = ok & (q_seg == kv_seg) & (q_seg != 0)
+    return ok
+
+
+def _key_range(plan: bw.Plan, i: Any, key_tiles: Any) -> tuple[Any, Any]:
+    lo, hi = bw.key_block_bounds(plan, i)
+    return lo, jnp.minimum(hi, key_tiles)
+
+
+def _query_range(plan: bw.Plan, j: Any, key_tiles: Any) -> tuple[Any, Any]:
+    lo, hi = bw.query_block_bounds(plan, j)
+    return lo, jnp.where(j < key_tiles, hi, lo)
+
+
+def _visited(lo: Any, hi: Any, t: Any, count: int) -> Any:
+    """The tile to fetch at step ``t`` of a loop over ``[lo, hi)``: ``t`` clamped into it
+    (and into ``[0, count)``), so a skipped step fetches the tile already there."""
+    last = jnp.maximum(hi - 1, lo)
+    return jnp.clip(jnp.clip(t, lo, last), 0, count - 1)
+
+
+def _forward_kernel(flash: Flash, *refs: Any) -> None:
+    plan = flash.tiles
+    refs_ = list(refs)
+    sc = _Scalars(flash, refs_)
+    q_ref, k_ref, v_ref, q_state_ref, kv_state_ref, *rest = refs_
+    q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
+    o_ref, lse_ref, m_sc, l_sc, acc_sc, taint_sc = rest
+    bh, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bq, bk = plan.block_q, plan.block_k
+
+    @pl.when(j == 0)
+    def _init() -> None:
+        m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, jnp.float32)
+        l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+        taint_sc[...] = jnp.zeros(taint_sc.shape, jnp.int32)
+
+    lo, hi = _key_range(plan, i, sc.key_tiles[bh // plan.heads])
+
+    @pl.when((j >= lo) & (j < hi))
+    def _step() -> None:
+        s = _dot(q_ref[...], k_ref[...], _NT)  # [bq, bk]
+        rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
+        cols = j * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+        state = kv_state_ref[...]  # [1, bk]
+        q_seg = None if q_seg_ref is None else _column(q_seg_ref)
+        kv_seg = None if kv_seg_ref is None else kv_seg_ref[...]
+        ok = _allowed(plan, rows, cols, state, q_seg, kv_seg)
+        bad = _nonfinite(s) | (state == _NONFINITE)
+        bad_q = _column(q_state_ref) != 0
+        seen = jnp.max(jnp.where(ok & (bad | bad_q), 1, 0), axis=1, keepdims=True)
+        taint_sc[...] = jnp.maximum(taint_sc[...], seen)
+        s = jnp.where(ok & ~bad, s, -jnp.inf)
+        m = m_sc[...][:, :1]
+        m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+        shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        alpha = jnp.exp(jnp.where(m == -jnp.inf, -jnp.inf, m - shift))
+        p = jnp.exp(s - shift)
+        total = alpha * l_sc[...][:, :1] + jnp.sum(p, axis=1, keepdims=True)
+        m_sc[...] = jnp.broadcast_to(m_new, m_sc.shape)
+        l_sc[...] = jnp.broadcast_to(total, l_sc.shape)
+        scale = _scale(sc, bh, i * bq, j * bk, (bq, bk), False)
+        if scale is not None:
+            p = p * scale
+        v = v_ref[...]
+        acc_sc[...] = alpha * acc_sc[...] + _dot(p.astype(v.dtype), v, _NN)
+
+    @pl.when(j == pl.num_programs(2) - 1)
+    def _finish() -> None:
+        total = l_sc[...][:, :1]
+        tainted = taint_sc[...][:, :1] != 0
+        empty = (total == 0) | tainted
+        safe = jnp.where(empty, 1.0, total)
+        o_ref[...] = jnp.where(empty, 0.0, acc_sc[...] / safe).astype(o_ref.dtype)
+        lse = jnp.where(tainted, jnp.inf, jnp.where(empty, 0.0, m_sc[...][:, :1] + jnp.log(safe)))
+        lse_ref[...] = jnp.broadcast_to(lse, lse_ref.shape)
+
+
+def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
+    plan = flash.tiles
+    refs_ = list(refs)
+    sc = _Scalars(flash, refs_)
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref, *rest = refs_
+    q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
+    dk_ref, dv_ref, dk_sc, dv_sc = rest
+    bkv, j, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bq, bk, g = plan.block_q, plan.block_k, plan.groups
+    n_q = plan.n_q
+    group, i = t // n_q, t % n_q
+    b = bkv // plan.kv_heads
+    bh = bkv * g + group  # b * heads + (bkv % kv_heads) * groups + group
+
+    @pl.when(t == 0)
+    def _init() -> None:
+        dk_sc[...] = jnp.zeros(dk_sc.shape, jnp.float32)
+        dv_sc[...] = jnp.zeros(dv_sc.shape, jnp.float32)
+
+    lo, hi = _query_range(plan, j, sc.key_tiles[b])
+
+    @pl.when((i >= lo) & (i < hi))
+    def _step() -> None:
+        q, k, v, d_out = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        s = _dot(k, q, _NT)  # [bk, bq]
+        cols = j * bk + lax.broadcasted_iota(jnp.int32, (bk, 1), 0)  # keys, down
+        rows = i * bq + lax.broadcasted_iota(jnp.int32, (1, bq), 1)  # queries, across
+        state = _column(kv_state_ref)
+        q_seg = None if q_seg_ref is None else q_seg_ref[...]
+        kv_seg = None if kv_seg_ref is None else _column(kv_seg_ref)
+        live = _allowed(plan, rows, cols, state, q_seg, kv_seg) & ~_nonfinite(s)
+        # A tainted row's log-sum-exp is +inf: its weights are 0.
+        p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - lse_ref[...]), 0.0)
+        scale = _scale(sc, bh, i * bq, j * bk, (bq, bk), True)
+        kept = p if scale is None else p * scale
+        dv_sc[...] += _dot(kept.astype(d_out.dtype), d_out, _NN)
+        d_p = _dot(v, d_out, _NT)  # [bk, bq]
+        if scale is not None:
+            d_p = d_p * scale
+        d_s = p * (d_p - delta_ref[...])
+        dk_sc[...] += _dot(d_s.astype(q.dtype), q, _NN)
+
+    @pl.when(t == pl.num_programs(2) - 1)
+    def _finish() -> None:
+        dk_ref[...] = dk_sc[...].astype(dk_ref.dtype)
+        dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
+
+
+def _dq_kernel(flash: Flash, *refs: Any) -> None:
+    plan = flash.tiles
+    refs_ = list(refs)
+    sc = _Scalars(flash, refs_)
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref, *rest = refs_
+    q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
+    dq_ref, dq_sc = rest
+    bh, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bq, bk = plan.block_q, plan.block_k
+
+    @pl.when(j == 0)
+    def _init() -> None:
+        dq_sc[...] = jnp.zeros(dq_sc.shape, jnp.float32)
+
+    lo, hi = _key_range(plan, i, sc.key_tiles[bh // plan.heads])
+
+    @pl.when((j >= lo) & (j < hi))
+    def _step() -> None:
+        q, k, v, d_out = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        s = _dot(q, k, _NT)  # [bq, bk]
+        rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
+        cols = j * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+        q_seg = None if q_seg_ref is None else _column(q_seg_ref)
+        kv_seg = None if kv_seg_ref is None else kv_seg_ref[...]
+        live = _allowed(plan, rows, cols, kv_state_ref[...], q_seg, kv_seg) & ~_nonfinite(s)
+        p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - _column(lse_ref)), 0.0)
+        d_p = _dot(d_out, v, _NT)
+        scale = _scale(sc, bh, i * bq, j * bk, (bq, bk), False)
+        if scale is not None:
+            d_p = d_p * scale
+        d_s = p * (d_p - _column(delta_ref))
+        dq_sc[...] += _dot(d_s.astype(k.dtype), k, _NN)
+
+    @pl.when(j == pl.num_programs(2) - 1)
+    def _finish() -> None:
+        dq_ref[...] = dq_sc[...].astype(dq_ref.dtype)
+
+
+# --- pallas_call plumbing -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """The kernels' side inputs in their layouts (padded to whole tiles).
+
+    ``q_state: int32[B*H, 1, Lq]`` (1 for a query holding a non-finite entry),
+    ``kv_state: int32[B*Hk, 1, Lk]`` (0 padding, ``_VALID``, ``_NONFINITE``), segment ids
+    ``int32[B, 1, L]`` or None, and the scalar-prefetch operands: ``key_tiles: int32[B]``
+    (the key tiles up to each row's last valid key), the key words ``int32[4]`` and a
+    run-time threshold ``int32[2]`` (value, bits of the realised probability).
+    """
+
+    q_state: jax.Array
+    kv_state: jax.Array
+    q_segments: jax.Array | None
+    kv_segments: jax.Array | None
+    scalars: tuple[jax.Array, ...]
+
+
+jax.tree_util.register_dataclass(
+    _Inputs,
+    data_fields=["q_state", "kv_state", "q_segments", "kv_segments", "scalars"],
+    meta_fields=[],
+)
+
+
+def _call(flash: Flash, body: Any, grid, in_specs, out_specs, out_shape, scratch, name: str):
+    semantics = ("parallel", "parallel", "arbitrary")
+    return pl.pallas_call(
+        functools.partial(body, flash),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1 + flash.dropout + flash.run_time_rate,
+            grid=grid,
+            in_specs=in_specs,
+            out_specs=out_specs,
+            scratch_shapes=scratch,
+        ),
+        out_shape=out_shape,
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=semantics, vmem_limit_bytes=_VMEM_BYTES
+        ),
+        interpret=flash.interpret,
+        name=name,
+    )
+
+
+def _forward(flash: Flash, q, k, v, side: _Inputs):
+    """``q: [B*H, Lq, D]``, ``k, v: [B*Hk, Lk, D|Dv]`` -> output and log-sum-exps."""
+    plan = flash.tiles
+    bq, bk, heads, g = plan.block_q, plan.block_k, plan.heads, plan.groups
+    depth, dv = q.shape[-1], v.shape[-1]
+
+    def kv_index(bh, i, j, tiles, *_):
+        lo, hi = _key_range(plan, i, tiles[bh // heads])
+        return (bh // g, _visited(lo, hi, j, plan.n_k), 0)
+
+    def kv_row(bh, i, j, tiles, *_):
+        lo, hi = _key_range(plan, i, tiles[bh // heads])
+        return (bh // g, 0, _visited(lo, hi, j, plan.n_k))
+
+    in_specs = [
+        pl.BlockSpec((None, bq, depth), lambda bh, i, j, *_: (bh, i, 0)),
+        pl.BlockSpec((None, bk, depth), kv_index),
+        pl.BlockSpec((None, bk, dv), kv_index),
+        pl.BlockSpec((None, 1, bq), lambda bh, i, j, *_: (bh, 0, i)),
+        pl.BlockSpec((None, 1, bk), kv_row),
+    ]
+    args = [q, k, v, side.q_state, side.kv_state]
+    if flash.segments:
+
+        def kv_seg(bh, i, j, tiles, *_):
+            lo, hi = _key_range(plan, i, tiles[bh // heads])
+            return (bh // heads, 0, _visited(lo, hi, j, plan.n_k))
+
+        in_specs += [
+            pl.BlockSpec((None, 1, bq), lambda bh, i, j, *_: (bh // heads, 0, i)),
+            pl.BlockSpec((None, 1, bk), kv_seg),
+        ]
+        args += [side.q_segments, side.kv_segments]
+    out_specs = [
+        pl.BlockSpec((None, bq, dv), lambda bh, i, j, *_: (bh, i, 0)),
+        pl.BlockSpec((None, bq, _ROW), lambda bh, i, j, *_: (bh, i, 0)),
+    ]
+    rows = q.shape[0]
+    out_shape = [
+        jax.ShapeDtypeStruct((rows, q.shape[1], dv), q.dtype),
+        jax.ShapeDtypeStruct((rows, q.shape[1], _ROW), jnp.float32),
+    ]
+    scratch = [
+        pltpu.VMEM((bq, _ROW), jnp.float32),
+        pltpu.VMEM((bq, _ROW), jnp.float32),
+        pltpu.VMEM((bq, dv), jnp.float32),
+        pltpu.VMEM((bq, _ROW), jnp.int32),
+    ]
+    grid = (rows, plan.n_q, plan.n_k)
+    call = _call(
+        flash, _forward_kernel, grid, in_specs, out_specs, out_shape, scratch, "dropmask_flash_fwd"
+    )
+    out, lse = call(*side.scalars, *args)
+    return out, lse[:, :, 0].reshape(rows, 1, -1)
+
+
+def _backward(flash: Flash, q, k, v, side: _Inputs, out, lse, d_out):
+    plan = flash.tiles
+    bq, bk, heads, g, n_q = plan.block_q, plan.block_k, plan.heads, plan.groups, plan.n_q
+    depth, dv = q.shape[-1], v.shape[-1]
+    tainted = (lse == jnp.inf).reshape(lse.shape[0], -1, 1)
+    d_out = jnp.where(tainted, 0, d_out).astype(q.dtype)
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+    delta = delta.reshape(lse.shape)  # rowsum(dO * O) = rowsum(P * dP), [B*H, 1, Lq]
+
+    # dk, dv: grid (B*Hk, key tiles, groups * query tiles).
+    def q_tile(bkv, j, t, tiles, *_):
+        lo, hi = _query_range(plan, j, tiles[bkv // plan.kv_heads])
+        return bkv * g + t // n_q, _visited(lo, hi, t % n_q, n_q)
+
+    def q_index(bkv, j, t, *rest):
+        bh, i = q_tile(bkv, j, t, *rest)
+        return (bh, i, 0)
+
+    def q_row(bkv, j, t, *rest):
+        bh, i = q_tile(bkv, j, t, *rest)
+        return (bh, 0, i)
+
+    in_specs = [
+        pl.BlockSpec((None, bq, depth), q_index),
+        pl.BlockSpec((None, bk, depth), lambda bkv, j, t, *_: (bkv, j, 0)),
+        pl.BlockSpec((None, bk, dv), lambda bkv, j, t, *_: (bkv, j, 0)),
+        pl.BlockSpec((None, bq, dv), q_index),
+        pl.BlockSpec((None, 1, bq), q_row),
+        pl.BlockSpec((None, 1, bq), q_row),
+        pl.BlockSpec((None, 1, bk), lambda bkv, j, t, *_: (bkv, 0, j)),
+    ]
+    args = [q, k, v, d_out, lse, delta, side.kv_state]
+    if flash.segments:
+
+        def q_seg(bkv, j, t, *rest):
+            bh, i = q_tile(bkv, j, t, *rest)
+            return (bh // heads, 0, i)
+
+        in_specs += [
+            pl.BlockSpec((None, 1, bq), q_seg),
+            pl.BlockSpec((None, 1, bk), lambda bkv, j, t, *_: (bkv // plan.kv_heads, 0, j)),
+        ]
+        args += [side.q_segments, side.kv_segments]
+    out_specs = [
+        pl.BlockSpec((None, bk, depth), lambda bkv, j, t, *_: (bkv, j, 0)),
+        pl.BlockSpec((None, bk, dv), lambda bkv, j, t, *_: (bkv, j, 0)),
+    ]
+    out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    scratch = [pltpu.VMEM((bk, depth), jnp.float32), pltpu.VMEM((bk, dv), jnp.float32)]
+    grid = (k.shape[0], plan.n_k, g * n_q)
+    d_k, d_v = _call(
+        flash, _dkdv_kernel, grid, in_specs, out_specs, out_shape, scratch, "dropmask_flash_dkdv"
+    )(*side.scalars, *args)
+
+    # dq: grid (B*H, query tiles, key tiles), as the forward.
+    def kv_index(bh, i, j, tiles, *_):
+        lo, hi = _key_range(plan, i, tiles[bh // heads])
+        return (bh // g, _visited(lo, hi, j, plan.n_k), 0)
+
+    def kv_row(bh, i, j, tiles, *_):
+        lo, hi = _key_range(plan, i, tiles[bh // heads])
+        return (bh // g, 0, _visited(lo, hi, j, plan.n_k))
+
+    in_specs = [
+        pl.BlockSpec((None, bq, depth), lambda bh, i, j, *_: (bh, i, 0)),
+        pl.BlockSpec((None, bk, depth), kv_index),
+        pl.BlockSpec((None, bk, dv), kv_index),
+        pl.BlockSpec((None, bq, dv), lambda bh, i, j, *_: (bh, i, 0)),
+        pl.BlockSpec((None, 1, bq), lambda bh, i, j, *_: (bh, 0, i)),
+        pl.BlockSpec((None, 1, bq), lambda bh, i, j, *_: (bh, 0, i)),
+        pl.BlockSpec((None, 1, bk), kv_row),
+    ]
+    if flash.segments:
+
+        def kv_seg(bh, i, j, tiles, *_):
+            lo, hi = _key_range(plan, i, tiles[bh // heads])
+            return (bh // heads, 0, _visited(lo, hi, j, plan.n_k))
+
+        in_specs += [
+            pl.BlockSpec((None, 1, bq), lambda bh, i, j, *_: (bh // heads, 0, i)),
+            pl.BlockSpec((None, 1, bk), kv_seg),
+        ]
+    out_specs = [pl.BlockSpec((None, bq, depth), lambda bh, i, j, *_: (bh, i, 0))]
+    scratch = [pltpu.VMEM((bq, depth), jnp.float32)]
+    grid = (q.shape[0], plan.n_q, plan.n_k)
+    (d_q,) = _call(
+        flash,
+        _dq_kernel,
+        grid,
+        in_specs,
+        out_specs,
+        [jax.ShapeDtypeStruct(q.shape, q.dtype)],
+        scratch,
+        "dropmask_flash_dq",
+    )(*side.scalars, *args)
+    return d_q, d_k, d_v
+
+
+def _attend_impl(flash: Flash, q, k, v, side: _Inputs):
+    out, lse = _forward(flash, q, k, v, side)
+    return out, lse
+
+
+def _attend_fwd(flash: Flash, q, k, v, side: _Inputs):
+    out, lse = _forward(flash, q, k, v, side)
+    return (out, lse), (q, k, v, side, out, lse)
+
+
+def _attend_bwd(flash: Flash, residuals, cotangents):
+    q, k, v, side, out, lse = residuals
+    d_out, _ = cotangents
+    d_q, d_k, d_v = _backward(flash, q, k, v, side, out, lse, d_out)
+    return d_q, d_k, d_v, jax.tree.map(lambda _: None, side)
+
+
+_attend = jax.custom_vjp(_attend_impl, nondiff_argnums=(0,))
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+# --- the entry point ------------------------------------------------------------------
+
+
+def _pad_to(x: jax.Array, axis: int, size: int) -> jax.Array:
+    if x.shape[axis] == size:
+        return x
+    widths = [(0, size - d if a == axis else 0) for a, d in enumerate(x.shape)]
+    return jnp.pad(x, widths)
+
+
+def flash_attention(
+    flash: Flash,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    kv_valid: jax.Array | None,
+    q_segments: jax.Array | None,
+    kv_segments: jax.Array | None,
+    bad_q: jax.Array,
+    bad_kv: jax.Array,
+    key: Any,
+    run_time_keep: Any = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Attention of ``q: [*batch, Lq, H, D]`` over ``k``, ``v``: ``[*batch, Lk, Hk, D]``,
+    as ``_pallas.pallas_attention`` (which see) without a dense ``mask``.
+
+    Returns:
+      The output ``[*batch, Lq, H, Dv]`` with tainted rows 0, and the taint
+      ``bool[*batch, H, Lq, 1]``.
+    """
+    plan = flash.tiles
+    bsz = math.prod(plan.batch)
+    heads, hk = plan.heads, plan.kv_heads
+    lq, lk = plan.n_q * plan.block_q, plan.n_k * plan.block_k
+    depth, v_depth = q.shape[-1], v.shape[-1]
+
+    def rows_first(x: jax.Array, length: int, h: int, padded: int) -> jax.Array:
+        x = x.reshape(bsz, length, h, x.shape[-1]).transpose(0, 2, 1, 3)
+        return _pad_to(x.reshape(bsz * h, length, x.shape[-1]), 1, padded)
+
+    q3 = rows_first(q, plan.q_len, heads, lq)
+    k3 = rows_first(k, plan.kv_len, hk, lk)
+    v3 = rows_first(v, plan.kv_len, hk, lk)
+
+    valid = jnp.ones((), bool) if kv_valid is None else kv_valid
+    valid = jnp.broadcast_to(valid, (*plan.batch, plan.kv_len)).reshape(bsz, 1, plan.kv_len)
+    bad_kv3 = bad_kv.reshape(bsz, plan.kv_len, hk).transpose(0, 2, 1)
+    kv_state = jnp.where(valid, jnp.where(bad_kv3, _NONFINITE, _VALID), 0).astype(jnp.int32)
+    valid_any = jnp.any(kv_state != 0, axis=1)  # [B, Lk]
+    position = lax.broadcasted_iota(jnp.int32, valid_any.shape, 1) + 1
+    end = jnp.max(jnp.where(valid_any, position, 0), axis=1)
+    key_tiles = (end + plan.block_k - 1) // plan.block_k
+    kv_state = _pad_to(kv_state.reshape(bsz * hk, 1, plan.kv_len), 2, lk)
+    q_state = bad_q.reshape(bsz, plan.q_len, heads).transpose(0, 2, 1).astype(jnp.int32)
+    q_state = _pad_to(q_state.reshape(bsz * heads, 1, plan.q_len), 2, lq)
+
+    def segments(ids: jax.Array | None, length: int, padded: int) -> jax.Array | None:
+        if ids is None:
+            return None
+        ids = jnp.broadcast_to(ids, (*plan.batch, length)).reshape(bsz, 1, length)
+        return _pad_to(ids.astype(jnp.int32), 2, padded)
+
+    scalars: list[jax.Array] = [key_tiles.astype(jnp.int32)]
+    if flash.dropout:
+        rows = 1 if plan.broadcast_dropout else bsz * heads
+        check_word_count((rows, plan.q_len, -(-plan.kv_len // LANES)))
+        scalars.append(lax.bitcast_convert_type(key_words(key), jnp.int32))
+    if flash.run_time_rate:
+        thr = threshold(run_time_keep)
+        realised = jnp.asarray(thr.realised, jnp.float32)
+        scalars.append(
+            jnp.stack(
+                [
+                    jnp.asarray(thr.value).astype(jnp.int32),
+                    lax.bitcast_convert_type(realised, jnp.int32),
+                ]
+            )
+        )
+    side = _Inputs(
+        q_state=q_state,
+        kv_state=kv_state,
+        q_segments=segments(q_segments, plan.q_len, lq),
+        kv_segments=segments(kv_segments, plan.kv_len, lk),
+        scalars=tuple(scalars),
+    )
+    out, lse = _attend(flash, q3, k3, v3, side)
+    out = out[:, : plan.q_len].reshape(bsz, heads, plan.q_len, v_depth).transpose(0, 2, 1, 3)
+    out = out.reshape(*plan.batch, plan.q_len, heads, v_depth)
+    taint = lse[:, 0, : plan.q_len] == jnp.inf
+    del depth
+    return out, taint.reshape(*plan.batch, heads, plan.q_len, 1)

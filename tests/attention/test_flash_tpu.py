@@ -1,0 +1,178 @@
+"""The Pallas TPU attention kernels (``_flash_tpu``) in Pallas's TPU interpreter, against
+the dense path: the same dropout flags element by element for any tile, the same values,
+gradients and NaN places; what they serve and what falls back; the dispatch."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dropmask as dm
+from dropmask import testing
+from dropmask._attention import _flash_tpu as ft
+
+B, LQ, LK, H, D = 2, 40, 200, 2, 8  # lengths that are not a multiple of any tile
+TOL = {"rtol": 2e-5, "atol": 1e-5}  # gradients are O(1): a zero is exact here, 2e-6 there
+
+
+def _qkv(seed, lq=LQ, lk=LK, h=H, kv_heads=H, d=D, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(B, lq, h, d)).astype(dtype)
+    k = rng.normal(size=(B, lk, kv_heads, d)).astype(dtype)
+    v = rng.normal(size=(B, lk, kv_heads, d)).astype(dtype)
+    return q, k, v
+
+
+def _run(algorithm, q, k, v, kw):
+    def loss(q, k, v):
+        out = dm.dot_product_attention(q, k, v, algorithm=algorithm, **kw)
+        weights = jax.lax.broadcasted_iota(jnp.float32, out.shape, out.ndim - 1) + 1
+        return jnp.sum(jnp.sin(out.astype(jnp.float32)) * weights), out
+
+    (_, out), grads = jax.value_and_grad(loss, (0, 1, 2), has_aux=True)(q, k, v)
+    return out, grads
+
+
+def _on_tpu_kernels(algorithm, q, k, v, kw):
+    with testing.tpu_kernels():
+        return jax.jit(functools.partial(_run, algorithm, kw=kw))(q, k, v)
+
+
+def _uses_kernels(algorithm, q, k, v, kw) -> bool:
+    with testing.tpu_kernels():
+        text = str(jax.make_jaxpr(functools.partial(_run, algorithm, kw=kw))(q, k, v))
+    return "dropmask_flash_fwd" in text
+
+
+def _assert_same(got, want, tol):
+    (out, grads), (want_out, want_grads) = got, want
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want_out))
+    np.testing.assert_allclose(out, want_out, **tol)
+    for name, g, w in zip("qkv", grads, want_grads, strict=True):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"d{name}: NaN places")
+        np.testing.assert_allclose(g, w, **tol, err_msg=f"d{name}")
+
+
+KEY = jax.random.key(7)
+CASES = {
+    "causal, dropout": {"is_causal": True, "dropout_rate": 0.3},
+    "full, per-head dropout": {"dropout_rate": 0.3, "broadcast_dropout": False},
+    "window, kv_lengths": {"window": (17, 5), "kv_lengths": jnp.array([200, 61])},
+    "segments, dropout": {
+        "q_segment_ids": jnp.array([[1] * 25 + [2] * 15, [1] * 40]),
+        "kv_segment_ids": jnp.array([[1] * 100 + [2] * 90 + [0] * 10, [1] * 200]),
+        "dropout_rate": 0.2,
+        "broadcast_dropout": False,
+    },
+    "run-time rate": {"is_causal": True, "dropout_rate": jnp.float32(0.25)},
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_values_and_gradients_equal_the_dense_paths(name):
+    kw = dict(CASES[name])
+    if "dropout_rate" in kw:
+        kw.update(key=KEY, deterministic=False)
+    q, k, v = _qkv(0)
+    # Tiles of 16 queries and 128 keys: several of each, the last ones partly padding.
+    tiles = {"block_q": 16, "block_k": 128}
+    assert _uses_kernels("pallas", q, k, v, {**kw, **tiles})
+    _assert_same(
+        _on_tpu_kernels("pallas", q, k, v, {**kw, **tiles}), _run("dense", q, k, v, kw), TOL
+    )
+
+
+def test_grouped_query_heads_and_wider_value_depth():
+    q, k, v = _qkv(1, h=4, kv_heads=2)
+    v = np.concatenate([v, v], axis=-1)  # v_depth 16 != depth 8
+    kw = {"is_causal": True, "dropout_rate": 0.3, "key": KEY, "deterministic": False}
+    _assert_same(_on_tpu_kernels("pallas", q, k, v, kw), _run("dense", q, k, v, kw), TOL)
+
+
+@pytest.mark.parametrize("block_k", [128, 256])
+def test_drops_the_dense_paths_weights_for_any_tile(block_k):
+    """With ``v`` the identity over keys, the output is each query's dropped weights."""
+    lk = 256
+    q, k, _ = _qkv(2, lk=lk)
+    v = np.broadcast_to(np.eye(lk, dtype=np.float32)[None, :, None], (B, lk, H, lk))
+    kw = {"dropout_rate": 0.5, "key": KEY, "deterministic": False, "broadcast_dropout": False}
+    keep = dm.keep_mask(KEY, (B, H, LQ, lk), 0.5)
+    with testing.tpu_kernels():
+        out = dm.dot_product_attention(
+            q, k, v, algorithm="pallas", block_q=16, block_k=block_k, **kw
+        )
+    np.testing.assert_array_equal(np.moveaxis(np.asarray(out), -2, -3) != 0, keep)
+
+
+def test_bfloat16_agrees_with_the_dense_path_to_its_round_off():
+    q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(3))
+    kw = {"is_causal": True, "dropout_rate": 0.3, "key": KEY, "deterministic": False}
+    got, want = _on_tpu_kernels("pallas", q, k, v, kw), _run("dense", q, k, v, kw)
+    f32 = lambda t: jax.tree.map(lambda x: np.asarray(x, np.float32), t)  # noqa: E731
+    _assert_same(f32(got), f32(want), {"rtol": 3e-2, "atol": 3e-2})
+
+
+def test_non_finite_inputs_give_nan_in_the_dense_paths_places():
+    q, k, v = _qkv(4)
+    q[0, 3, 1, 2] = np.nan  # a query: its row
+    k[1, 150, 0, 0] = np.inf  # a key: the rows that may see it (causal: from 150 on)
+    v[0, 7, 1, 5] = -np.inf
+    kw = {"is_causal": True, "dropout_rate": 0.3, "key": KEY, "deterministic": False}
+    got, want = _on_tpu_kernels("pallas", q, k, v, kw), _run("dense", q, k, v, kw)
+    assert np.isnan(got[0]).any()
+    _assert_same(got, want, TOL)
+
+
+def test_a_row_with_no_valid_key_is_zero():
+    q, k, v = _qkv(5)
+    kw = {"kv_lengths": jnp.array([0, 3]), "window": (0, 0)}
+    got, want = _on_tpu_kernels("pallas", q, k, v, kw), _run("dense", q, k, v, kw)
+    assert not np.asarray(got[0][0]).any()
+    _assert_same(got, want, TOL)
+
+
+def test_auto_takes_the_kernels_from_512_by_512_scores_where_they_serve():
+    short, long_ = _qkv(6, lq=16, lk=128), _qkv(6, lq=512, lk=512)
+    assert not _uses_kernels("auto", *short, {})
+    assert _uses_kernels("auto", *long_, {})
+    assert not _uses_kernels("auto", *(x.astype(np.float16) for x in long_), {})
+    mask = jnp.ones((1, 1, 512, 512), bool)
+    assert not _uses_kernels("auto", *long_, {"mask": mask})
+    assert not _uses_kernels("auto", *long_, {"impl": "flax"})
+    # Outside tpu_kernels() on a CPU: the paths of before.
+    text = str(jax.make_jaxpr(functools.partial(_run, "auto", kw={}))(*long_))
+    assert "dropmask_flash_fwd" not in text
+
+
+def test_what_the_kernels_do_not_take_falls_back_with_the_same_values():
+    q, k, v = _qkv(7)
+    mask = np.random.default_rng(0).random((B, 1, LQ, LK)) < 0.6
+    kw = {"mask": jnp.asarray(mask), "dropout_rate": 0.3, "key": KEY, "deterministic": False}
+    assert not _uses_kernels("pallas", q, k, v, kw)
+    _assert_same(_on_tpu_kernels("pallas", q, k, v, kw), _run("dense", q, k, v, kw), TOL)
+
+
+@pytest.mark.parametrize(
+    ("tiles", "match"),
+    [
+        ({"block_k": 64}, "block_k must be a multiple of 128 for algorithm='pallas' on a TPU"),
+        ({"block_q": 24}, "block_q must be a multiple of 16 for algorithm='pallas' on a TPU"),
+    ],
+)
+def test_tiles_the_kernels_cannot_take_are_named(tiles, match):
+    q, k, v = _qkv(8)
+    with testing.tpu_kernels(), pytest.raises(ValueError, match=match) as info:
+        dm.dot_product_attention(q, k, v, algorithm="pallas", **tiles)
+    assert "\n" not in str(info.value)
+
+
+def test_serves():
+    assert ft.serves(jnp.bfloat16, 2, True, mask=False, bias=False)
+    assert not ft.serves(jnp.float16, 2, True, mask=False, bias=False)
+    assert not ft.serves(jnp.float32, 1, True, mask=False, bias=False)  # the mask packs queries
+    assert ft.serves(jnp.float32, 1, False, mask=False, bias=False)
+    assert not ft.serves(jnp.float32, 2, False, mask=True, bias=False)
