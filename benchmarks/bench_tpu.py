@@ -2,26 +2,37 @@
 
 Run on a machine with a TPU (the device tool's v5e), flax installed::
 
-    python -m benchmarks.bench_tpu --out DIR [--quick]
+    python -m benchmarks.bench_tpu --out DIR [--quick] [--step-dtypes bfloat16,float32]
 
-It writes ``DIR/tpu_results.json`` as it goes, so a run cut short still reports what it
-finished; ``python -m benchmarks.bench_tpu --render DIR/tpu_results.json`` turns it into
-the ``tpu`` section of ``benchmarks/RESULTS.md``. What it measures, in order:
+It writes ``DIR/tpu_results.json`` after each row, so a run cut short still reports what
+it finished; ``python -m benchmarks.bench_tpu --render DIR/tpu_results.json`` turns it
+into the ``tpu`` section of ``benchmarks/RESULTS.md``, where a row the run did not reach
+reads "not run". What it measures, in order:
 
 1. Checks: outputs of ``dropmask.dropout`` (and its gradient, ``keep_mask``, a traced
    rate, ``broadcast_dims``, ``vmap`` over keys, bf16/f16/complex, shapes the kernel
    serves and shapes that fall back) equal a CPU process's outputs for the same keys
-   bit for bit; the CPU process is this module with ``--reference`` under
-   ``JAX_PLATFORMS=cpu``.
-2. Per call at [8192, 8192], f32 and bf16, forward and forward + backward in one
-   program: ``x * c``, Flax's ``nn.Dropout`` under the threefry, rbg and unsafe_rbg
-   key impls, dropmask's default (the TPU kernel) and dropmask's XLA per-element path.
-   A call's time is the slope between loops of 2 and 12 calls (a run-time trip count,
-   so one compilation serves both), medians of ``REPEATS``.
+   bit for bit, by the default path, the TPU kernel (``testing.tpu_kernels()``) and
+   XLA's path (``testing.tpu_kernels(False)``); the CPU process is this module with
+   ``--reference`` under ``JAX_PLATFORMS=cpu``.
+2. Per call at [8192, 8192], f32 and bf16, forward and forward + backward (``jax.vjp``
+   with a fixed cotangent) in one program: ``x * c``, dropmask's default (on a TPU with
+   one device, the kernel; rows say what ran), dropmask's XLA path and Flax's
+   ``nn.Dropout`` under the threefry, rbg and unsafe_rbg key impls. Each is timed in a
+   compiled loop whose every call reads the same input with its own key
+   (``fold_in(key, i)``; ``x * c`` its own scale ``c[i % 2]``) and whose carry is the
+   output: no call's operand is the carry, so XLA copies nothing a call would not. A
+   call's time is the slope between loops of 2 and 12 calls (a run-time trip count, so
+   one compilation serves both), medians of ``REPEATS``; beside it, for information,
+   the median of ``DISPATCHES`` calls of ``jit(f)(x)`` after a warm-up.
 3. A 4-layer Flax Transformer train step ([16, 1024, 1024], 16 heads, MLP 4096;
-   ``bench_transformer_step``'s layer), f32 and bf16: without dropout, with Flax's
-   dropout, and Flax's model unchanged under ``swap_dropout(attention=False)``: step
-   time (paired per repeat), XLA's temporaries and compile time of the looped step.
+   ``bench_transformer_step``'s layer), bf16 (``--step-dtypes`` adds float32): without
+   dropout, Flax's model with dropout on the residual and MLP branches only, on the
+   attention weights only, and on both, and the first and last under
+   ``swap_dropout(attention=False)`` (dropmask's default path; Flax's attention-weight
+   dropout stays). Step time (each row paired with the step without dropout, in turn
+   first and second per repeat), XLA's temporaries and compile time of the looped step;
+   the rows cheapest to compile first.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +61,25 @@ from dropmask.cli import OneLineParser
 
 SECTION = "tpu"
 REPEATS = 15
-SHAPE = (8192, 8192)
+DISPATCHES = 25
+SHAPE, QUICK_SHAPE = (8192, 8192), (256, 1024)
 RATE = 0.1
 STEP = {"batch": 16, "length": 1024, "width": 1024, "heads": 16, "mlp_dim": 4096, "layers": 4}
 QUICK_STEP = {"batch": 2, "length": 64, "width": 128, "heads": 2, "mlp_dim": 256, "layers": 2}
+DTYPES = ("float32", "bfloat16")
+STEP_DTYPES = ("bfloat16",)
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+KERNEL, XLA = "TPU kernel", "XLA path"
+# The kernel's primitive as a jaxpr names it: how a row tells what drew its mask.
+KERNEL_PRIMITIVE = "dropmask_tpu_masked_linear"
+
+
+def drawn_by() -> str:
+    """What draws ``dropmask.dropout``'s mask here by default: ``KERNEL`` or ``XLA``, read
+    from the traced program."""
+    key, x = jax.random.key(0), jnp.ones((32, 1024))
+    jaxpr = jax.make_jaxpr(lambda x: dropmask.dropout(x, RATE, key))(x)
+    return KERNEL if KERNEL_PRIMITIVE in str(jaxpr) else XLA
 
 
 # --- 1. checks ------------------------------------------------------------------------
@@ -113,9 +138,16 @@ def reference(path: str) -> None:
     np.savez(path, **{str(i): v for i, v in enumerate(out.values())}, names=np.array(list(out)))
 
 
+CHECK_WAYS = {  # how the checks draw: the context each way's cases are traced in
+    "default": contextlib.nullcontext,
+    "kernel": lambda: testing.tpu_kernels(True),
+    "XLA": lambda: testing.tpu_kernels(False),
+}
+
+
 def checks(out_dir: Path) -> dict[str, Any]:
-    """Each case's output on the TPU, by the default path and by the TPU kernel, against
-    a CPU process's: ``{case: {"default": same bits, "kernel": same bits}}``."""
+    """Each case's output on this backend, by each of ``CHECK_WAYS``, against a CPU
+    process's: ``{case: {way: same bits}}``."""
     ref_path = out_dir / "cpu_reference.npz"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-m", "benchmarks.bench_tpu", "--reference", str(ref_path)]
@@ -123,8 +155,8 @@ def checks(out_dir: Path) -> dict[str, Any]:
     ref = np.load(ref_path)
     want = {name: ref[str(i)] for i, name in enumerate(ref["names"])}
     results: dict[str, Any] = {name: {} for name in want}
-    for way in ("default", "kernel"):
-        with testing.tpu_kernels() if way == "kernel" else contextlib.nullcontext():
+    for way, context in CHECK_WAYS.items():
+        with context():
             for name, fn in _check_cases().items():
                 got = _bits(fn())
                 same = got.shape == want[name].shape and np.array_equal(got, want[name])
@@ -134,9 +166,48 @@ def checks(out_dir: Path) -> dict[str, Any]:
 
 # --- 2. per call ----------------------------------------------------------------------
 
+Contestant = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+"""``(x, i, c) -> y``: call ``i`` on ``x``. ``c`` holds ``x * c``'s two equal scales as
+an argument, so that XLA can neither fold ``c[i % 2]`` nor hoist it out of the loop."""
+
+X_C, DEFAULT, XLA_ROW = "x * c", "dropmask default", "dropmask XLA path, tpu_kernels(False)"
+FLAX_ROWS = tuple(f"flax {impl}" for impl in IMPLS)
+PER_CALL_ROWS = (X_C, DEFAULT, XLA_ROW, *FLAX_ROWS)
+
+
+def _flax_dropout(impl: str) -> Contestant:
+    import flax.linen as nn
+
+    key = jax.random.key(3, impl=impl)
+    layer = nn.Dropout(RATE, deterministic=False)
+    return lambda x, i, c: layer.apply({}, x, rngs={"dropout": jax.random.fold_in(key, i)})
+
+
+def per_call_contestants() -> dict[str, Contestant]:
+    """The contestants, by row name; ``XLA_ROW`` is ``DEFAULT`` traced inside
+    ``testing.tpu_kernels(False)``."""
+    key = jax.random.key(3)
+
+    def dropout(x: jax.Array, i: jax.Array, c: jax.Array) -> jax.Array:
+        del c
+        return dropmask.dropout(x, RATE, jax.random.fold_in(key, i))
+
+    out: dict[str, Contestant] = {X_C: lambda x, i, c: x * c[i % 2], DEFAULT: dropout}
+    out[XLA_ROW] = dropout
+    for impl, name in zip(IMPLS, FLAX_ROWS, strict=True):
+        out[name] = _flax_dropout(impl)
+    return out
+
+
+def _way(name: str) -> contextlib.AbstractContextManager[None]:
+    """The context a contestant is traced in."""
+    return testing.tpu_kernels(False) if name == XLA_ROW else contextlib.nullcontext()
+
 
 def _slope(run: Callable[[int], Any], reps: int) -> float:
-    """Milliseconds per call: the slope between 2 and 12 calls, median of ``reps``."""
+    """Milliseconds per call: the slope between 2 and 12 calls, median of ``reps``, after
+    a call that compiles."""
+    jax.block_until_ready(run(2))
 
     def timed(n: int) -> float:
         t = time.perf_counter()
@@ -149,69 +220,97 @@ def _slope(run: Callable[[int], Any], reps: int) -> float:
 
 
 def _looped(f: Callable[..., Any], *args: Any) -> Callable[[int], Any]:
-    """``n -> f`` applied ``n`` times to its own output, one compiled loop."""
-    loop = jax.jit(lambda n, *a: lax.fori_loop(0, n, lambda i, c: f(*c), a))
+    """``n ->`` the last of ``f(i, *args)`` for ``i < n``, one compiled loop: every call
+    reads the same ``args``, and its output, the loop's carry, is no call's operand."""
+
+    def run(n: jax.Array, *args: Any) -> Any:
+        out = jax.eval_shape(f, jnp.int32(0), *args)
+        init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out)
+        return lax.fori_loop(0, n, lambda i, _: f(i, *args), init)
+
+    loop = jax.jit(run)
     return lambda n: loop(jnp.int32(n), *args)
 
 
-def _flax_dropout(impl: str) -> Callable[[jax.Array], jax.Array]:
-    import flax.linen as nn
-
-    key = jax.random.key(3, impl=impl)
-    layer = nn.Dropout(RATE, deterministic=False)
-    return lambda x: layer.apply({}, x, rngs={"dropout": key})
-
-
-DEFAULT, KERNEL = "dropmask (default: XLA per-element path)", "dropmask, TPU kernel"
-
-
-def per_call_contestants() -> dict[str, Callable[[jax.Array], jax.Array]]:
-    """The contestants; ``KERNEL`` is ``DEFAULT`` traced inside ``testing.tpu_kernels()``."""
-    key = jax.random.key(3)
-    dropout = lambda x: dropmask.dropout(x, RATE, key)  # noqa: E731
-    out: dict[str, Callable[[jax.Array], jax.Array]] = {
-        "x * c": lambda x: x * jnp.asarray(1.0 / (1 - RATE), x.dtype),
-        DEFAULT: dropout,
-        KERNEL: dropout,
-    }
-    for impl in IMPLS:
-        out[f"flax {impl}"] = _flax_dropout(impl)
-    return out
+def _dispatch_ms(f: Callable[..., Any], *args: Any) -> float:
+    """Milliseconds of one call of ``jit(f)(0, *args)``: the median of ``DISPATCHES``
+    after a warm-up."""
+    call = jax.jit(f)
+    jax.block_until_ready(call(jnp.int32(0), *args))
+    times = []
+    for _ in range(DISPATCHES):
+        t = time.perf_counter()
+        jax.block_until_ready(call(jnp.int32(0), *args))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e3
 
 
-def _way(name: str) -> Any:
-    """The context a contestant is traced in."""
-    return testing.tpu_kernels() if KERNEL in name else contextlib.nullcontext()
-
-
-def per_call_rows(shape: tuple[int, ...], reps: int) -> list[dict[str, Any]]:
-    rows = []
-    for dtype in ("float32", "bfloat16"):
+def per_call_rows(shape: tuple[int, ...], reps: int) -> Iterator[dict[str, Any]]:
+    """One row per dtype and contestant: loop slopes and one-call medians, in ms."""
+    for dtype in DTYPES:
         x = jax.random.normal(jax.random.key(0), shape, dtype)
         g = jax.random.normal(jax.random.key(1), shape, dtype)
+        c = jnp.full((2,), 1 / (1 - RATE), dtype)
         for name, f in per_call_contestants().items():
 
-            def both(x: jax.Array, g: jax.Array, f: Callable[..., Any] = f) -> Any:
-                y, vjp = jax.vjp(f, x)
+            def forward(i: jax.Array, x: jax.Array, c: jax.Array, f: Contestant = f) -> Any:
+                return f(x, i, c)
+
+            def both(
+                i: jax.Array, x: jax.Array, g: jax.Array, c: jax.Array, f: Contestant = f
+            ) -> Any:
+                y, vjp = jax.vjp(lambda x: f(x, i, c), x)
                 return y, vjp(g)[0]
 
+            row: dict[str, Any] = {"dtype": dtype, "name": name}
             with _way(name):
-                fwd = _slope(_looped(lambda x, f=f: (f(x),), x), reps)
-                fwd_bwd = _slope(_looped(both, x, g), reps)
-            rows.append({"dtype": dtype, "name": name, "forward_ms": fwd, "fwd_bwd_ms": fwd_bwd})
-            print(rows[-1], flush=True)
-    return rows
+                if name == DEFAULT:
+                    row["path"] = drawn_by()
+                row["forward_ms"] = _slope(_looped(forward, x, c), reps)
+                row["fwd_bwd_ms"] = _slope(_looped(both, x, g, c), reps)
+                row["dispatch_forward_ms"] = _dispatch_ms(forward, x, c)
+                row["dispatch_fwd_bwd_ms"] = _dispatch_ms(both, x, g, c)
+            print(row, flush=True)
+            yield row
 
 
 # --- 3. train step --------------------------------------------------------------------
 
+NO_DROPOUT, FLAX_RESIDUAL, SWAPPED_RESIDUAL = (
+    "no dropout",
+    "flax residual-only",
+    "swapped residual-only",
+)
+FLAX_FULL, SWAPPED_FULL, FLAX_ATTENTION = "flax full", "swapped full", "flax attention-only"
+# name: (rate of the residual and MLP dropouts, rate of the attention weights' dropout,
+# whether Flax's model is traced under swap_dropout(attention=False)); cheapest to
+# compile first, so that a run cut short has the rows the targets need.
+STEP_ROWS = {
+    NO_DROPOUT: (0.0, 0.0, False),
+    SWAPPED_RESIDUAL: (RATE, 0.0, True),
+    SWAPPED_FULL: (RATE, RATE, True),
+    FLAX_ATTENTION: (0.0, RATE, False),
+    FLAX_RESIDUAL: (RATE, 0.0, False),
+    FLAX_FULL: (RATE, RATE, False),
+}
+
+
+def _step_ms(exe: Any, params: Any, x: jax.Array) -> float:
+    """Milliseconds per step of a compiled loop of steps: the slope between 2 and 6."""
+    times = {}
+    for n in (2, 6):
+        t = time.perf_counter()
+        jax.block_until_ready(exe(jnp.int32(n), params, x, jax.random.key(2)))
+        times[n] = time.perf_counter() - t
+    return (times[6] - times[2]) / 4 * 1e3
+
 
 def step_rows(
-    size: dict[str, int],
-    reps: int,
-    dtypes: tuple[str, ...] = ("float32", "bfloat16"),
-    skip: tuple[str, ...] = (),
-) -> list[dict[str, Any]]:
+    size: dict[str, int], reps: int, dtypes: tuple[str, ...] = STEP_DTYPES
+) -> Iterator[dict[str, Any]]:
+    """One row per dtype and ``STEP_ROWS`` entry, in that order: step ms (each row's
+    repeats paired with the step without dropout, which runs first in even repeats and
+    second in odd ones), XLA's temporaries and the looped step's compile time."""
     import flax.linen as nn
 
     from benchmarks import bench_transformer_step as ts
@@ -219,72 +318,86 @@ def step_rows(
 
     class Encoder(nn.Module):
         rate: float
+        attention_rate: float
         dtype: Any
 
         @nn.compact
         def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
             for _ in range(size["layers"]):
-                x = ts.EncoderLayer(ts.FLAX, self.rate, size["heads"], size["mlp_dim"], self.dtype)(
-                    x, deterministic
-                )
+                x = ts.EncoderLayer(
+                    ts.FLAX,
+                    self.rate,
+                    size["heads"],
+                    size["mlp_dim"],
+                    self.dtype,
+                    attention_rate=self.attention_rate,
+                )(x, deterministic)
             return x
 
-    rows = []
+    path = drawn_by()
     for dtype in dtypes:
         shape = (size["batch"], size["length"], size["width"])
         x = jax.random.normal(jax.random.key(0), shape, dtype)
-        params = Encoder(0.0, dtype).init(jax.random.key(1), x, True)["params"]
-        flax_step = ts.step_fn(Encoder(RATE, dtype))  # pyright: ignore[reportArgumentType]
-        steps = {
-            "no dropout": ts.step_fn(Encoder(0.0, dtype)),  # pyright: ignore[reportArgumentType]
-            "flax dropout": flax_step,
-            "swap_dropout(attention=False)": swapped(flax_step, attention=False),
-            f"swap_dropout(attention=False), {KERNEL}": swapped(flax_step, attention=False),
-        }
-        steps = {name: step for name, step in steps.items() if name not in skip}
-        compiled, stats = {}, {}
-        for name, step in steps.items():
+        params = Encoder(0.0, 0.0, dtype).init(jax.random.key(1), x, True)["params"]
+        base = None
+        for name, (rate, attention_rate, swap) in STEP_ROWS.items():
+            step = ts.step_fn(Encoder(rate, attention_rate, dtype))  # pyright: ignore[reportArgumentType]
+            if swap:
+                step = swapped(step, attention=False)
             run = lambda n, p, x, k, step=step: lax.fori_loop(  # noqa: E731
                 0, n, lambda i, p: step(p, x, jax.random.fold_in(k, i)), p
             )
-            with _way(name):
-                t = time.perf_counter()
-                exe = jax.jit(run).lower(jnp.int32(2), params, x, jax.random.key(2)).compile()
-                compile_s = time.perf_counter() - t
-            temp = int(getattr(exe.memory_analysis(), "temp_size_in_bytes", 0))
-            compiled[name] = exe
-            stats[name] = {"compile_s": compile_s, "temp_bytes": temp, "ms": []}
-            print(dtype, name, stats[name], flush=True)
-        for r in range(reps):
-            for name in list(steps)[:: 1 if r % 2 == 0 else -1]:
-                exe = compiled[name]
-                times = {}
-                for n in (2, 6):
-                    t = time.perf_counter()
-                    jax.block_until_ready(exe(jnp.int32(n), params, x, jax.random.key(2)))
-                    times[n] = time.perf_counter() - t
-                stats[name]["ms"].append((times[6] - times[2]) / 4 * 1e3)
-        for name, s in stats.items():
-            rows.append(
-                {
-                    "dtype": dtype,
-                    "name": name,
-                    "step_ms": float(np.median(s["ms"])),
-                    "compile_s": s["compile_s"],
-                    "temp_mib": s["temp_bytes"] / 2**20,
-                }
-            )
-            print(rows[-1], flush=True)
-    return rows
+            t = time.perf_counter()
+            exe = jax.jit(run).lower(jnp.int32(2), params, x, jax.random.key(2)).compile()
+            row: dict[str, Any] = {
+                "dtype": dtype,
+                "name": name,
+                "compile_s": time.perf_counter() - t,
+                "temp_mib": int(getattr(exe.memory_analysis(), "temp_size_in_bytes", 0)) / 2**20,
+            }
+            if swap:
+                row["path"] = path
+            if base is None:
+                base = exe
+                row["step_ms"] = float(np.median([_step_ms(exe, params, x) for _ in range(reps)]))
+            else:
+                mine, theirs = [], []
+                for r in range(reps):
+                    if r % 2 == 0:
+                        theirs.append(_step_ms(base, params, x))
+                    mine.append(_step_ms(exe, params, x))
+                    if r % 2 == 1:
+                        theirs.append(_step_ms(base, params, x))
+                row["step_ms"] = float(np.median(mine))
+                row["baseline_ms"] = float(np.median(theirs))
+                row["ratio"] = float(np.median(np.array(mine) / np.array(theirs)))
+            print(row, flush=True)
+            yield row
 
 
 # --- driver ---------------------------------------------------------------------------
+
+
+def _dtypes(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",")))
+    if not names or any(n not in DTYPES for n in names):
+        raise argparse.ArgumentTypeError(
+            f"expected {' and/or '.join(DTYPES)} separated by commas, e.g. "
+            f"bfloat16,float32; got {text!r}"
+        )
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the suite")
+    parser.add_argument(
+        "--step-dtypes",
+        type=_dtypes,
+        default=STEP_DTYPES,
+        help="the train step's dtypes, comma-separated (default: bfloat16)",
+    )
     parser.add_argument("--reference", help=argparse.SUPPRESS)
     parser.add_argument("--render", type=Path, help="write RESULTS.md's tpu section from this")
     args = parser.parse_args(argv)
@@ -306,7 +419,14 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "tpu_results.json"
-    result: dict[str, Any] = {"environment": environment("python -m benchmarks.bench_tpu")}
+    shape, size = (QUICK_SHAPE, QUICK_STEP) if args.quick else (SHAPE, STEP)
+    result: dict[str, Any] = {
+        "environment": environment("python -m benchmarks.bench_tpu"),
+        "default_path": drawn_by(),
+        "per_call_shape": list(shape),
+        "step_size": size,
+        "step_dtypes": list(args.step_dtypes),
+    }
 
     def save() -> None:
         result["environment"]["wall_seconds"] = time.perf_counter() - start
@@ -315,12 +435,19 @@ def main(argv: list[str] | None = None) -> int:
     reps = 3 if args.quick else REPEATS
     parts: list[tuple[str, Callable[[], Any]]] = [
         ("checks", lambda: checks(args.out)),
-        ("per_call", lambda: per_call_rows((256, 1024) if args.quick else SHAPE, reps)),
-        ("step", lambda: step_rows(QUICK_STEP if args.quick else STEP, 3 if args.quick else 5)),
+        ("per_call", lambda: per_call_rows(shape, reps)),
+        ("step", lambda: step_rows(size, 3 if args.quick else 5, args.step_dtypes)),
     ]
     for name, part in parts:
         try:
-            result[name] = part()
+            value = part()
+            if isinstance(value, Iterator):
+                result[name] = []
+                for row in value:
+                    result[name].append(row)
+                    save()
+            else:
+                result[name] = value
         except Exception:  # noqa: BLE001 - a part that fails is reported, the rest still runs
             result[name + "_error"] = traceback.format_exc()[-3000:]
             print(result[name + "_error"], flush=True)
@@ -330,105 +457,205 @@ def main(argv: list[str] | None = None) -> int:
 
 # --- RESULTS.md -----------------------------------------------------------------------
 
-TARGETS = {  # (dtype, pass): most a dropmask row may take of x * c's time
+TARGETS = {  # (dtype, pass): most dropmask's default may take of x * c's time, per call
     ("float32", "forward_ms"): 1.25,
     ("float32", "fwd_bwd_ms"): 1.3,
     ("bfloat16", "forward_ms"): 1.5,
     ("bfloat16", "fwd_bwd_ms"): 1.5,
 }
+FLAX_TARGET = 0.9  # most dropmask's default forward may take of Flax's fastest generator's
+STEP_TARGET = 1.10  # most the swapped residual-only step may take of the step without dropout
+COMPILE_TARGET = 0.25  # most compile time swapped residual-only adds / Flax residual-only adds
+NOT_RUN = "not run"
+PASSES = {"forward_ms": "forward", "fwd_bwd_ms": "fwd+bwd"}
+CHECK_LABELS = {
+    "default": "default path",
+    "kernel": "TPU kernel, tpu_kernels()",
+    "XLA": "XLA path, tpu_kernels(False)",
+}
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _target(text: str, value: float | None, most: float) -> dict[str, str]:
+    """A row of the targets' table: met or missed by ``value``, not run without it."""
+    if value is None:
+        return {"target": text, "measured": NOT_RUN, "verdict": NOT_RUN}
+    verdict = "met" if value <= most else "missed"  # NaN: missed
+    return {"target": text, "measured": f"{value:.3f}", "verdict": verdict}
+
+
+def _label(row: dict[str, Any]) -> str:
+    return row["name"] + (f" ({row['path']})" if row.get("path") else "")
+
+
+def _checks_lines(result: dict[str, Any]) -> list[str]:
+    checks_ = {k: v for k, v in result.get("checks", {}).items() if isinstance(v, dict)}
+    lines = []
+    for way, label in CHECK_LABELS.items():
+        same = {k: v[way] for k, v in checks_.items() if way in v}
+        if not same:
+            lines.append(f"Checks ({label}): {NOT_RUN}.\n")
+            continue
+        bad = [k for k, ok in same.items() if not ok]
+        lines.append(
+            f"Checks ({label}): {len(same) - len(bad)} of {len(same)} outputs equal a "
+            "CPU process's bit for bit" + (f"; differ: {', '.join(bad)}" if bad else "") + ".\n"
+        )
+    return lines
+
+
+def _per_call(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
+    """The per-call table and its targets."""
+    table, targets = [], []
+    for dtype in DTYPES:
+        rows = {r["name"]: r for r in result.get("per_call", []) if r["dtype"] == dtype}
+        ref = rows.get(X_C)
+        flax = [rows[n] for n in FLAX_ROWS if n in rows]
+        fastest = (
+            {k: min(r[k] for r in flax) for k in PASSES} if len(flax) == len(FLAX_ROWS) else None
+        )
+        for name in PER_CALL_ROWS:
+            r = rows.get(name)
+            if r is None:
+                table.append({"dtype": dtype, "name": name, "forward_ms": NOT_RUN})
+                continue
+            cells = {"dtype": dtype, "name": _label(r)}
+            for k in PASSES:
+                cells[k] = _num(r[k], ".3f")
+                cells[k + "_x"] = _num(r[k] / ref[k] if ref else None, ".2f")
+                cells[k + "_flax"] = _num(r[k] / fastest[k] if fastest else None, ".2f")
+                cells["dispatch_" + k] = _num(r.get("dispatch_" + k), ".3f")
+            table.append(cells)
+        r = rows.get(DEFAULT)
+        what = f"{dtype} per call, {_label(r) if r else DEFAULT}"
+        for k in PASSES:
+            most = TARGETS[(dtype, k)]
+            value = r[k] / ref[k] if r and ref else None
+            targets.append(_target(f"{what}: {PASSES[k]} / x * c <= {most}x", value, most))
+        value = r["forward_ms"] / fastest["forward_ms"] if r and fastest else None
+        targets.append(
+            _target(f"{what}: forward / Flax's fastest <= {FLAX_TARGET}x", value, FLAX_TARGET)
+        )
+    shape = result.get("per_call_shape", list(SHAPE))
+    text = (
+        f"Per call at {shape}, rate {RATE}, ms: the slope of a compiled loop whose every "
+        "call reads the same input with its own key, its output the loop's carry (no "
+        "call's operand is the carry, so XLA copies nothing a call would not); one call: "
+        f"the median of {DISPATCHES} calls of `jit(f)(x)`, dispatch included, for "
+        "information. Flax's fastest: the least of its three key impls' times.\n\n"
+        + markdown_table(
+            table,
+            [
+                ("dtype", "dtype"),
+                ("contestant", "name"),
+                ("forward ms", "forward_ms"),
+                ("/ x * c", "forward_ms_x"),
+                ("/ Flax's fastest", "forward_ms_flax"),
+                ("fwd+bwd ms", "fwd_bwd_ms"),
+                ("/ x * c", "fwd_bwd_ms_x"),
+                ("/ Flax's fastest", "fwd_bwd_ms_flax"),
+                ("one call: forward ms", "dispatch_forward_ms"),
+                ("fwd+bwd ms", "dispatch_fwd_bwd_ms"),
+            ],
+        )
+    )
+    return text, targets
+
+
+def _steps(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
+    """The train step's table, its targets and the note on attention-weight dropout."""
+    table, targets, shares = [], [], []
+    for dtype in result.get("step_dtypes", list(STEP_DTYPES)):
+        rows = {r["name"]: r for r in result.get("step", []) if r["dtype"] == dtype}
+        zero = rows.get(NO_DROPOUT)
+        for name in STEP_ROWS:
+            r = rows.get(name)
+            if r is None:
+                table.append({"dtype": dtype, "name": name, "step_ms": NOT_RUN})
+                continue
+            added = r["compile_s"] - zero["compile_s"] if zero and name != NO_DROPOUT else None
+            table.append(
+                {
+                    "dtype": dtype,
+                    "name": _label(r),
+                    "step_ms": _num(r.get("step_ms"), ".1f"),
+                    "ratio": _num(r.get("ratio"), ".3f"),
+                    "temp_mib": _num(r["temp_mib"], ".0f"),
+                    "compile_s": _num(r["compile_s"], ".1f"),
+                    "added": _num(added, ".1f"),
+                }
+            )
+        swapped_, flax_ = rows.get(SWAPPED_RESIDUAL), rows.get(FLAX_RESIDUAL)
+        value = swapped_.get("ratio") if swapped_ else None
+        targets.append(
+            _target(
+                f"{dtype} step: {SWAPPED_RESIDUAL} / {NO_DROPOUT} <= {STEP_TARGET}x",
+                value,
+                STEP_TARGET,
+            )
+        )
+        value = None
+        if zero and swapped_ and flax_:
+            added = flax_["compile_s"] - zero["compile_s"]
+            value = (swapped_["compile_s"] - zero["compile_s"]) / added
+        targets.append(
+            _target(
+                f"{dtype} step: compile time added, {SWAPPED_RESIDUAL} / {FLAX_RESIDUAL} "
+                f"<= {COMPILE_TARGET}",
+                value,
+                COMPILE_TARGET,
+            )
+        )
+        share = rows.get(FLAX_ATTENTION, {}).get("ratio")
+        shares.append(f"{NOT_RUN if share is None else f'{share:.2f}x'} ({dtype})")
+    s = result.get("step_size", STEP)
+    text = (
+        f"{s['layers']}-layer Flax Transformer train step [{s['batch']}, {s['length']}, "
+        f"{s['width']}], {s['heads']} heads, MLP {s['mlp_dim']}, rate {RATE}; ms per step, "
+        f"and each row's step over the step without dropout timed beside it:\n\n"
+        + markdown_table(
+            table,
+            [
+                ("dtype", "dtype"),
+                ("step", "name"),
+                ("ms", "step_ms"),
+                ("/ no dropout", "ratio"),
+                ("temporaries MiB", "temp_mib"),
+                ("compile s", "compile_s"),
+                ("compile s added", "added"),
+            ],
+        )
+        + "\nflax residual-only: Flax's model with dropout on the residual and MLP branches "
+        f"(rate {RATE}) and none on the attention weights; flax attention-only: on the "
+        "attention weights only; flax full: both. swapped X: Flax's model X traced under "
+        "`swap_dropout(attention=False)`, by dropmask's default path (in brackets).\n\n"
+        "Under `swap_dropout(attention=False)` Flax's attention-weight dropout stays in the "
+        f"model: {SWAPPED_FULL} still draws Flax's mask on the attention weights, and that "
+        f"mask alone ({FLAX_ATTENTION}) takes {', '.join(shares)} the step without dropout. "
+        f"{SWAPPED_RESIDUAL} against {FLAX_RESIDUAL} compares the dropout that "
+        "`swap_dropout(attention=False)` replaces.\n"
+    )
+    return text, targets
 
 
 def render(result: dict[str, Any]) -> str:
-    """RESULTS.md's TPU section from ``tpu_results.json``'s contents."""
-    env = result["environment"]
-    lines = ["## TPU", "", environment_markdown(env)]
-    checks_ = result.get("checks", {})
-    for way in ("default", "kernel"):
-        same = {k: v[way] for k, v in checks_.items() if isinstance(v, dict) and way in v}
-        if same:
-            bad = [k for k, ok in same.items() if not ok]
-            lines.append(
-                f"Checks ({way} path): {len(same) - len(bad)} of {len(same)} outputs equal a "
-                "CPU process's bit for bit" + (f"; differ: {', '.join(bad)}" if bad else "") + ".\n"
-            )
-    rows = result.get("per_call", [])
-    if rows:
-        table = []
-        for dtype in ("float32", "bfloat16"):
-            base = {r["name"]: r for r in rows if r["dtype"] == dtype}
-            if "x * c" not in base:
-                continue
-            ref = base["x * c"]
-            flax_best = {
-                k: min(base[f"flax {i}"][k] for i in IMPLS) for k in ("forward_ms", "fwd_bwd_ms")
-            }
-            for name, r in base.items():
-                row = {"dtype": dtype, "name": name}
-                for k in ("forward_ms", "fwd_bwd_ms"):
-                    row[k] = r[k]
-                    row[k + "_x"] = r[k] / ref[k]
-                    row[k + "_flax"] = r[k] / flax_best[k]
-                if name in (DEFAULT, KERNEL):
-                    row["target"] = ", ".join(
-                        f"{'fwd' if k == 'forward_ms' else 'fwd+bwd'} <= {TARGETS[(dtype, k)]}x: "
-                        + ("met" if r[k] / ref[k] <= TARGETS[(dtype, k)] else "missed")
-                        for k in ("forward_ms", "fwd_bwd_ms")
-                    )
-                table.append(row)
-        lines.append(f"Per call at {list(SHAPE)}, rate {RATE}:\n")
-        lines.append(
-            markdown_table(
-                table,
-                [
-                    ("dtype", "dtype"),
-                    ("contestant", "name"),
-                    ("forward ms", "forward_ms:.3f"),
-                    ("/ x * c", "forward_ms_x:.2f"),
-                    ("/ Flax's fastest", "forward_ms_flax:.2f"),
-                    ("fwd+bwd ms", "fwd_bwd_ms:.3f"),
-                    ("/ x * c", "fwd_bwd_ms_x:.2f"),
-                    ("/ Flax's fastest", "fwd_bwd_ms_flax:.2f"),
-                    ("target", "target"),
-                ],
-            )
+    """RESULTS.md's TPU section from ``tpu_results.json``'s contents; a row the run did
+    not reach, and a target that needs it, read "not run"."""
+    lines = ["## TPU", "", environment_markdown(result["environment"])]
+    lines.extend(_checks_lines(result))
+    per_call, per_call_targets = _per_call(result)
+    steps, step_targets = _steps(result)
+    lines.append(
+        "Targets:\n\n"
+        + markdown_table(
+            per_call_targets + step_targets,
+            [("target", "target"), ("measured", "measured"), ("verdict", "verdict")],
         )
-    steps = result.get("step", [])
-    if steps:
-        table = []
-        for dtype in ("float32", "bfloat16"):
-            base = {r["name"]: r for r in steps if r["dtype"] == dtype}
-            if "no dropout" not in base:
-                continue
-            zero = base["no dropout"]
-            for name, r in base.items():
-                added = r["compile_s"] - zero["compile_s"]
-                timed = r.get("step_ms") is not None
-                table.append(
-                    {
-                        **r,
-                        "ratio": r["step_ms"] / zero["step_ms"] if timed else None,
-                        "added_compile_s": added if name != "no dropout" else None,
-                    }
-                )
-        s = STEP
-        lines.append(
-            f"\n{s['layers']}-layer Flax Transformer train step [{s['batch']}, {s['length']}, "
-            f"{s['width']}], {s['heads']} heads, MLP {s['mlp_dim']}, rate {RATE}:\n"
-        )
-        lines.append(
-            markdown_table(
-                table,
-                [
-                    ("dtype", "dtype"),
-                    ("step", "name"),
-                    ("ms", "step_ms:.1f"),
-                    ("/ no dropout", "ratio:.3f"),
-                    ("temporaries MiB", "temp_mib:.0f"),
-                    ("compile s", "compile_s:.1f"),
-                    ("compile s added", "added_compile_s:.1f"),
-                ],
-            )
-        )
+    )
+    lines.extend([per_call, steps])
     lines.extend(f"\n{note}" for note in result.get("notes", []))
     for key in ("checks_error", "per_call_error", "step_error"):
         if key in result:

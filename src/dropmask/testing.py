@@ -22,19 +22,19 @@ What the ``"fast"`` mask is made of (see docs/design.md, "The generator"):
   (an alias of :data:`dropmask.DROPOUT_MASK_NAME`);
 * :func:`random_bits`: the generator's raw bit stream;
 * :func:`tpu_kernels`: dropout's masks drawn by the TPU kernel (Pallas), compiled on a
-  TPU and interpreted elsewhere.
+  TPU and interpreted elsewhere, or by XLA's path even where the kernel is the default.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 
 from . import _dropout, _random
-from ._checks import check_choice, check_rate, check_residual, check_shape
+from ._checks import check_choice, check_instance, check_rate, check_residual, check_shape
 from ._errors import DropmaskValueError, user_error
 from ._random import DEFAULT_RESIDUAL, Residual
 from ._random import Threshold as Threshold
@@ -262,16 +262,29 @@ def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
     return _random.random_bits(key, tuple(check_shape(shape, caller="random_bits")))
 
 
-@contextlib.contextmanager
-def tpu_kernels() -> Iterator[None]:
+def tpu_kernels(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
     """Inside it, ``dropmask.dropout`` (and the layers over it) draw their masks by the TPU
-    kernel where it serves the shape: compiled on a TPU, in Pallas's TPU interpreter
-    elsewhere; the same bits as the default path (``docs/dropout_speed.md``, "The TPU").
+    kernel where it serves the shape (``enabled=True``), or by XLA's path
+    (``enabled=False``), whatever the backend and devices: the kernel compiled on a TPU,
+    in Pallas's TPU interpreter elsewhere. Both draw the same bits.
 
-    JAX's caches are cleared on entry and exit, since a traced draw does not record
-    which way it was drawn: trace (or ``jit``) the function inside it. The kernel has
-    no sharding rule yet: under ``jit`` with a sharded input XLA gathers the array to
-    one device first, so use it unsharded (or inside ``shard_map``).
+    Outside it the kernel is the default on a TPU with one device, and XLA's path
+    everywhere else: with more devices, because the kernel has no sharding rule yet
+    (under ``jit`` XLA would gather a sharded input to one device first; inside it, use
+    the kernel unsharded or inside ``shard_map``). See ``docs/dropout_speed.md``, "The TPU".
+
+    The choice is made when a mask is traced, and a traced draw does not record it, so
+    JAX's caches are cleared on entry and on exit where the choice changes there: trace
+    (or ``jit``) the function inside it.
+
+    Args:
+      enabled: True for the kernel, False for XLA's path.
+
+    Returns:
+      A context manager that holds the choice while it is entered.
+
+    Raises:
+      DropmaskTypeError: ``enabled`` is not a bool.
 
     Example:
       >>> import jax, jax.numpy as jnp, dropmask
@@ -279,8 +292,17 @@ def tpu_kernels() -> Iterator[None]:
       >>> x, key = jnp.ones((32, 128)), jax.random.key(0)
       >>> with testing.tpu_kernels():
       ...     y = dropmask.dropout(x, 0.1, key)
-      >>> bool((y == dropmask.dropout(x, 0.1, key)).all())
+      >>> with testing.tpu_kernels(False):
+      ...     z = dropmask.dropout(x, 0.1, key)
+      >>> bool((y == z).all())
       True
     """
-    with _random.tpu_kernels():
-        yield
+    check_instance(
+        enabled,
+        bool,
+        caller="tpu_kernels",
+        name="enabled",
+        what="a bool",
+        fix="Pass True to draw by the TPU kernel, False to draw by XLA's path.",
+    )
+    return _random.tpu_kernels(enabled)

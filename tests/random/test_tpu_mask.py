@@ -1,9 +1,12 @@
 """The TPU kernel (``_random/_tpu_mask.py``) run in Pallas's TPU interpreter on a CPU.
 
-Inside ``dropmask.testing.tpu_kernels()`` dropout draws its mask in the kernel; every
-output, gradient, tangent and batched result must equal the default path's bit for bit,
-on the shapes the kernel serves and on those it hands back to the XLA path.
+Inside ``dropmask.testing.tpu_kernels()`` (and by default on a TPU with one device)
+dropout draws its mask in the kernel; every output, gradient, tangent and batched result
+must equal the default path's bit for bit, on the shapes the kernel serves and on those
+it hands back to the XLA path.
 """
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -99,9 +102,65 @@ def test_layers_draw_through_the_kernel():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def test_the_kernel_is_off_by_default():
+def test_the_kernel_is_off_by_default_off_a_tpu():
     x = _x((32, 256), "float32")
     assert not _uses_kernel(_dropout, x)
+
+
+@pytest.fixture
+def pretend_tpu(monkeypatch):
+    """JAX's default backend reported as a TPU with ``devices`` devices (the kernel still
+    runs in the interpreter), JAX's caches cleared around it: the choice is made when a
+    mask is traced."""
+
+    def pretend(devices):
+        monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+        monkeypatch.setattr(jax, "device_count", lambda: devices)
+        jax.clear_caches()
+
+    yield pretend
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize(
+    ("devices", "enabled", "served"),
+    [
+        (1, None, True),  # the default on one TPU
+        (8, None, False),  # no sharding rule yet: XLA's path
+        (1, False, False),
+        (8, True, True),
+    ],
+)
+def test_the_default_draws_by_the_kernel_on_one_tpu_only(pretend_tpu, devices, enabled, served):
+    x = _x((32, 256), "float32")
+    want, want_grad = _dropout(x), jax.grad(_loss)(x)
+    pretend_tpu(devices)
+    with contextlib.nullcontext() if enabled is None else testing.tpu_kernels(enabled):
+        assert _tpu_mask.tpu_kernels_run() == served
+        assert _uses_kernel(_dropout, x) == served
+        got, got_grad = jax.jit(_dropout)(x), jax.grad(_loss)(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(got_grad), np.asarray(want_grad))
+
+
+def test_leaving_tpu_kernels_restores_the_choice_for_the_next_trace(pretend_tpu):
+    x = _x((32, 256), "float32")
+    pretend_tpu(1)
+    with testing.tpu_kernels(False):
+        assert not _uses_kernel(_dropout, x)
+        with testing.tpu_kernels():
+            assert _uses_kernel(_dropout, x)
+        assert not _uses_kernel(_dropout, x)
+    assert _uses_kernel(_dropout, x)
+
+
+@pytest.mark.parametrize("enabled", ["yes", 1, None])
+def test_tpu_kernels_refuses_an_enabled_that_is_not_a_bool(enabled):
+    with pytest.raises(dropmask.DropmaskTypeError) as err:
+        testing.tpu_kernels(enabled)
+    msg = str(err.value)
+    assert msg.startswith("tpu_kernels: enabled must be a bool, got ")
+    assert "Pass True to draw by the TPU kernel, False to draw by XLA's path." in msg
 
 
 @pytest.mark.parametrize(

@@ -174,8 +174,10 @@ Combine = Callable[[Any, jax.Array, Any], Any]
 @dataclasses.dataclass(frozen=True)
 class Linear:
     """A ``combine`` that is linear in ``x`` and diagonal, as dropout's select and scale:
-    its own transpose. Inside ``tpu_kernels()``, :func:`draw` runs it in the kernel that
-    draws the mask (``_tpu_mask``), forward and backward; elsewhere it is ``fn`` itself."""
+    its own transpose. Where the kernel runs (by default on a TPU with one device; inside
+    ``tpu_kernels()`` on any backend, not inside ``tpu_kernels(False)``), :func:`draw`
+    runs it in the kernel that draws the mask (``_tpu_mask``), forward and backward, on
+    the shapes the kernel serves; elsewhere it is ``fn`` itself."""
 
     fn: Combine
 
@@ -325,9 +327,10 @@ def _entry(spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, 
 
 
 def _packs_words() -> bool:
-    """Whether the default backend may take a packed path (CPU, CUDA). Elsewhere the words
-    never exist, and a saving policy would only add a zero-filled residual (ROCm also
-    reports ``"gpu"``, so there it does)."""
+    """Whether the default backend may take a packed path (CPU, CUDA), unless the kernel
+    runs (``tpu_kernels()`` there). Elsewhere, a TPU included whichever way it draws, the
+    words never exist, and a saving policy would only add a zero-filled residual (ROCm
+    also reports ``"gpu"``, so there it does)."""
     return jax.default_backend() in ("cpu", "gpu") and not tpu_kernels_run()
 
 

@@ -1,0 +1,232 @@
+"""``bench_tpu`` on the CPU: ``--quick`` writes every part, a row at a time, and the
+renderer reports what was measured against its targets, a row not measured as "not run"."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from benchmarks import bench_tpu as bt
+
+from dropmask import testing
+
+ENVIRONMENT = {
+    "date_utc": "2026-01-01T00:00:00Z",
+    "cpu_model": "test",
+    "cpu_count": 1,
+    "cpus_usable": 1,
+    "load_average_at_start": [0.0, 0.0, 0.0],
+    "device": "tpu: test",
+    "jax": "0",
+    "jaxlib": "0",
+    "flax": "0",
+    "equinox": "0",
+    "haiku": "0",
+    "optax": "0",
+    "dropmask": "0",
+    "git_commit": "abc",
+    "python": "3",
+    "xla_flags": "",
+    "command": "python -m benchmarks.bench_tpu",
+}
+
+
+def _per_call(default_ms: float) -> list[dict[str, Any]]:
+    rows = []
+    for dtype in bt.DTYPES:
+        times = {bt.X_C: 1.0, bt.DEFAULT: default_ms, bt.XLA_ROW: 3.0}
+        times.update(dict.fromkeys(bt.FLAX_ROWS, 2.0))
+        for name, ms in times.items():
+            row = {"dtype": dtype, "name": name, "forward_ms": ms, "fwd_bwd_ms": ms}
+            row.update(dispatch_forward_ms=ms + 0.5, dispatch_fwd_bwd_ms=ms + 1.0)
+            if name == bt.DEFAULT:
+                row["path"] = bt.KERNEL
+            rows.append(row)
+    return rows
+
+
+def _step(swapped_ratio: float, swapped_compile_s: float) -> list[dict[str, Any]]:
+    def row(name: str, compile_s: float, ratio: float | None) -> dict[str, Any]:
+        out = {"dtype": "bfloat16", "name": name, "compile_s": compile_s, "temp_mib": 100.0}
+        out["step_ms"] = 50.0 if ratio is None else 50.0 * ratio
+        if ratio is not None:
+            out.update(baseline_ms=50.0, ratio=ratio)
+        return out
+
+    return [
+        row(bt.NO_DROPOUT, 10.0, None),
+        {**row(bt.SWAPPED_RESIDUAL, swapped_compile_s, swapped_ratio), "path": bt.KERNEL},
+        {**row(bt.SWAPPED_FULL, 20.0, 2.1), "path": bt.KERNEL},
+        row(bt.FLAX_ATTENTION, 25.0, 1.99),
+        row(bt.FLAX_RESIDUAL, 90.0, 1.57),
+        row(bt.FLAX_FULL, 95.0, 2.3),
+    ]
+
+
+def _payload(default_ms: float = 1.2, swapped_ratio: float = 1.05, swapped_compile_s: float = 12.0):
+    return {
+        "environment": ENVIRONMENT,
+        "default_path": bt.KERNEL,
+        "per_call_shape": [8192, 8192],
+        "step_size": bt.STEP,
+        "step_dtypes": ["bfloat16"],
+        "checks": {"case a": {"default": True, "kernel": False, "XLA": True}},
+        "per_call": _per_call(default_ms),
+        "step": _step(swapped_ratio, swapped_compile_s),
+        "notes": ["a note"],
+    }
+
+
+def _targets(md: str) -> dict[str, str]:
+    """The targets' table: target -> verdict."""
+    table = md.split("Targets:")[1].split("Per call at")[0]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]
+    return {cells[0][2:]: cells[-1].rstrip(" |") for cells in rows[1:]}
+
+
+def test_targets_are_met_or_missed_by_the_measured_ratio():
+    met = bt.render(_payload())
+    assert "| float32 | dropmask default (TPU kernel) | 1.200 | 1.20 | 0.60 |" in met
+    assert "| float32 | dropmask XLA path, tpu_kernels(False) | 3.000 | 3.00 | 1.50 |" in met
+    targets = _targets(met)
+    assert len(targets) == 8
+    assert set(targets.values()) == {"met"}
+    missed = _targets(bt.render(_payload(default_ms=1.4, swapped_ratio=1.2, swapped_compile_s=40)))
+    assert missed["float32 per call, dropmask default (TPU kernel): forward / x * c <= 1.25x"] == (
+        "missed"
+    )
+    assert missed["bfloat16 per call, dropmask default (TPU kernel): fwd+bwd / x * c <= 1.5x"] == (
+        "met"
+    )
+    step = "bfloat16 step: swapped residual-only / no dropout <= 1.1x"
+    compile_ = (
+        "bfloat16 step: compile time added, swapped residual-only / flax residual-only <= 0.25"
+    )
+    assert (missed[step], missed[compile_]) == ("missed", "missed")
+    assert "| bfloat16 step: compile time added, swapped residual-only / flax residual-only " in met
+    assert "| 0.025 | met |" in met  # (12 - 10) / (90 - 10)
+
+
+def test_checks_steps_the_attention_share_and_notes_are_reported():
+    md = bt.render(_payload())
+    assert "Checks (default path): 1 of 1 outputs equal" in md
+    assert (
+        "Checks (TPU kernel, tpu_kernels()): 0 of 1 outputs equal a CPU process's bit for bit; "
+        "differ: case a" in md
+    )
+    assert "Checks (XLA path, tpu_kernels(False)): 1 of 1 outputs equal" in md
+    assert (
+        "| bfloat16 | swapped residual-only (TPU kernel) | 52.5 | 1.050 | 100 | 12.0 | 2.0 |" in md
+    )
+    assert "Flax's attention-weight dropout stays in the model" in md
+    assert "(flax attention-only) takes 1.99x (bfloat16) the step without dropout" in md
+    assert "a note" in md
+
+
+def test_a_run_without_its_step_part_renders_the_step_as_not_run():
+    payload = _payload()
+    del payload["step"]
+    payload["step_error"] = "Traceback ...\nRuntimeError: out of time"
+    del payload["per_call"][1]  # float32's dropmask default
+    md = bt.render(payload)
+    targets = _targets(md)
+    assert [v for k, v in targets.items() if "step" in k] == ["not run", "not run"]
+    assert [v for k, v in targets.items() if k.startswith("float32")] == ["not run"] * 3
+    assert [v for k, v in targets.items() if k.startswith("bfloat16 per")] == ["met"] * 3
+    assert "| float32 | dropmask default | not run |" in md
+    for name in bt.STEP_ROWS:
+        assert f"| bfloat16 | {name} | not run |" in md
+    assert "takes not run (bfloat16) the step" in md
+    assert "step_error: `RuntimeError: out of time`" in md
+
+
+def test_render_writes_the_tpu_section_and_refuses_an_unreadable_file(
+    tmp_path, monkeypatch, capsys
+):
+    written = []
+    monkeypatch.setattr(bt, "write_section", lambda *args: written.append(args))
+    payload = _payload()
+    del payload["step"]
+    path = tmp_path / "tpu_results.json"
+    path.write_text(json.dumps(payload))
+    assert bt.main(["--render", str(path)]) == 0
+    ((results, section, body),) = written
+    assert (results.name, section) == ("RESULTS.md", "tpu")
+    assert "| bfloat16 | no dropout | not run |" in body
+    with pytest.raises(SystemExit) as err:
+        bt.main(["--render", str(tmp_path / "missing.json")])
+    assert err.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["float64", "", "bfloat16,f32"])
+def test_step_dtypes_refuses_a_dtype_it_does_not_time_in_one_line(value, capsys):
+    with pytest.raises(SystemExit) as err:
+        bt.main(["--quick", "--step-dtypes", value])
+    assert err.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert "--step-dtypes: expected float32 and/or bfloat16 separated by commas" in lines[0]
+
+
+def test_step_dtypes_takes_a_comma_list_once_each():
+    assert bt._dtypes("bfloat16,float32,bfloat16") == ("bfloat16", "float32")
+
+
+def test_rows_say_what_drew_the_mask():
+    assert bt.drawn_by() == bt.XLA  # the CPU's default
+    with testing.tpu_kernels():
+        assert bt.drawn_by() == bt.KERNEL
+    with testing.tpu_kernels(False):
+        assert bt.drawn_by() == bt.XLA
+
+
+def test_quick_saves_each_row_and_reports_a_part_that_fails(tmp_path, monkeypatch):
+    saved: list[list[str]] = []
+
+    def step_rows(*args: Any) -> Any:
+        yield {"dtype": "bfloat16", "name": bt.NO_DROPOUT, "compile_s": 1.0, "temp_mib": 1.0}
+        saved.append(json.loads((tmp_path / "tpu_results.json").read_text())["step"])
+        raise RuntimeError("out of time")
+
+    monkeypatch.setattr(bt, "checks", lambda out: {"case a": {"default": True}})
+    monkeypatch.setattr(bt, "QUICK_SHAPE", (32, 256))
+    monkeypatch.setattr(bt, "DISPATCHES", 1)
+    monkeypatch.setattr(bt, "step_rows", step_rows)
+    assert bt.main(["--quick", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "tpu_results.json").read_text())
+    assert saved == [
+        [{"dtype": "bfloat16", "name": "no dropout", "compile_s": 1.0, "temp_mib": 1.0}]
+    ]
+    assert result["step"] == saved[0]
+    assert result["step_error"].strip().endswith("RuntimeError: out of time")
+    assert (result["default_path"], result["step_dtypes"]) == (bt.XLA, ["bfloat16"])
+    names = [(r["dtype"], r["name"], r.get("path")) for r in result["per_call"]]
+    assert names == [
+        (dtype, name, bt.XLA if name == bt.DEFAULT else None)
+        for dtype in bt.DTYPES
+        for name in bt.PER_CALL_ROWS
+    ]
+    timed = ("forward_ms", "fwd_bwd_ms", "dispatch_forward_ms", "dispatch_fwd_bwd_ms")
+    assert all(isinstance(r[k], float) for r in result["per_call"] for k in timed)
+
+
+@pytest.mark.slow  # about a minute: every part at --quick size, the checks' CPU process too
+def test_quick_runs_every_part_and_renders_it(tmp_path: Path, monkeypatch):
+    assert bt.main(["--quick", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "tpu_results.json").read_text())
+    assert not [k for k in result if k.endswith("_error")]
+    assert all(
+        v == {"default": True, "kernel": True, "XLA": True} for v in result["checks"].values()
+    )
+    assert len(result["checks"]) == len(bt._check_cases())
+    assert [r["name"] for r in result["step"]] == list(bt.STEP_ROWS)
+    assert all("ratio" in r for r in result["step"][1:])
+    written = []
+    monkeypatch.setattr(bt, "write_section", lambda *args: written.append(args))
+    assert bt.main(["--render", str(tmp_path / "tpu_results.json")]) == 0
+    body = written[0][2]
+    assert "not run" not in body
+    assert "| bfloat16 | swapped residual-only (XLA path) |" in body
