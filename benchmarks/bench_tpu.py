@@ -1,4 +1,4 @@
-"""Dropout on a TPU: TPU = CPU masks, per-call times against ``x * c`` and Flax, a train step.
+"""Dropout and attention on a TPU: TPU = CPU masks, per-call times, a train step, attention.
 
 Run on a machine with a TPU (the device tool's v5e), flax installed::
 
@@ -32,7 +32,13 @@ reads "not run". What it measures, in order:
    ``swap_dropout(attention=False)`` (dropmask's default path; Flax's attention-weight
    dropout stays). Step time (each row paired with the step without dropout, in turn
    first and second per repeat), XLA's temporaries and compile time of the looped step;
-   the rows cheapest to compile first.
+   the rows cheapest to compile first. And Flax's full model under
+   ``swap_dropout(attention=True)``: dropmask's attention too (on a TPU, its Pallas
+   kernels).
+4. Attention, bf16 [1, L, 8, 128] for L = 4096, 8192 and 32768, causal, dropout on the
+   weights, forward + backward in one program: dropmask's ``"auto"`` (on a TPU, its
+   Pallas kernels), JAX's Pallas TPU flash attention without dropout and Flax's dense
+   ``dot_product_attention`` with dropout (up to 8192 tokens): time and temporaries.
 """
 
 from __future__ import annotations
@@ -282,16 +288,18 @@ NO_DROPOUT, FLAX_RESIDUAL, SWAPPED_RESIDUAL = (
     "swapped residual-only",
 )
 FLAX_FULL, SWAPPED_FULL, FLAX_ATTENTION = "flax full", "swapped full", "flax attention-only"
+SWAPPED_ALL = "swapped full, attention too"
 # name: (rate of the residual and MLP dropouts, rate of the attention weights' dropout,
-# whether Flax's model is traced under swap_dropout(attention=False)); cheapest to
-# compile first, so that a run cut short has the rows the targets need.
+# None, or the ``attention`` argument of the swap_dropout Flax's model is traced under);
+# cheapest to compile first, so that a run cut short has the rows the targets need.
 STEP_ROWS = {
-    NO_DROPOUT: (0.0, 0.0, False),
-    SWAPPED_RESIDUAL: (RATE, 0.0, True),
-    SWAPPED_FULL: (RATE, RATE, True),
-    FLAX_ATTENTION: (0.0, RATE, False),
-    FLAX_RESIDUAL: (RATE, 0.0, False),
-    FLAX_FULL: (RATE, RATE, False),
+    NO_DROPOUT: (0.0, 0.0, None),
+    SWAPPED_RESIDUAL: (RATE, 0.0, False),
+    SWAPPED_ALL: (RATE, RATE, True),
+    SWAPPED_FULL: (RATE, RATE, False),
+    FLAX_ATTENTION: (0.0, RATE, None),
+    FLAX_RESIDUAL: (RATE, 0.0, None),
+    FLAX_FULL: (RATE, RATE, None),
 }
 
 
@@ -342,8 +350,8 @@ def step_rows(
         base = None
         for name, (rate, attention_rate, swap) in STEP_ROWS.items():
             step = ts.step_fn(Encoder(rate, attention_rate, dtype))  # pyright: ignore[reportArgumentType]
-            if swap:
-                step = swapped(step, attention=False)
+            if swap is not None:
+                step = swapped(step, attention=swap)
             run = lambda n, p, x, k, step=step: lax.fori_loop(  # noqa: E731
                 0, n, lambda i, p: step(p, x, jax.random.fold_in(k, i)), p
             )
@@ -355,8 +363,10 @@ def step_rows(
                 "compile_s": time.perf_counter() - t,
                 "temp_mib": int(getattr(exe.memory_analysis(), "temp_size_in_bytes", 0)) / 2**20,
             }
-            if swap:
+            if swap is not None:
                 row["path"] = path
+            if swap:
+                row["attention_path"] = attention_path(step, params, x, jax.random.key(2))
             if base is None:
                 base = exe
                 row["step_ms"] = float(np.median([_step_ms(exe, params, x) for _ in range(reps)]))
@@ -371,6 +381,86 @@ def step_rows(
                 row["step_ms"] = float(np.median(mine))
                 row["baseline_ms"] = float(np.median(theirs))
                 row["ratio"] = float(np.median(np.array(mine) / np.array(theirs)))
+            print(row, flush=True)
+            yield row
+
+
+# --- 4. attention ----------------------------------------------------------------------
+
+FLASH_NAME = "dropmask_flash_fwd"  # the forward kernel's name in a jaxpr
+ATTENTION_LENGTHS = (4096, 8192, 32768)
+QUICK_ATTENTION_LENGTHS = (256,)
+DENSE_MAX = 8192  # Flax's dense weights at 32768 tokens alone exceed the chip's memory
+ATTENTION_SHAPE = {"batch": 1, "heads": 8, "depth": 128}
+AUTO, JAX_FLASH, FLAX_DENSE = (
+    "dropmask (auto)",
+    "JAX's Pallas TPU flash attention, no dropout",
+    "Flax dot_product_attention (dense)",
+)
+
+
+def attention_path(f: Callable[..., Any], *args: Any) -> str:
+    """What computed dropmask's attention in ``f``: the Pallas TPU kernels or XLA."""
+    return "TPU kernels" if FLASH_NAME in str(jax.make_jaxpr(f)(*args)) else "XLA"
+
+
+def attention_contestants(length: int) -> dict[str, Callable[..., Any]]:
+    """``(q, k, v) -> out`` for ``[batch, length, heads, depth]`` inputs, causal, with
+    attention dropout at ``RATE`` (JAX's kernel: none)."""
+    key = jax.random.key(4)
+    out: dict[str, Callable[..., Any]] = {
+        AUTO: lambda q, k, v: dropmask.dot_product_attention(
+            q, k, v, is_causal=True, dropout_rate=RATE, key=key, deterministic=False
+        )
+    }
+    if jax.default_backend() == "tpu":
+        from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
+
+        def heads_first(x: jax.Array) -> jax.Array:
+            return x.transpose(0, 2, 1, 3)
+
+        def jax_flash(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+            scale = q.shape[-1] ** -0.5
+            o = flash_attention(*map(heads_first, (q, k, v)), causal=True, sm_scale=scale)
+            return heads_first(o)
+
+        out[JAX_FLASH] = jax_flash
+    if length <= DENSE_MAX:
+        import flax.linen as nn
+
+        mask = nn.make_causal_mask(jnp.ones((1, length)))
+        out[FLAX_DENSE] = lambda q, k, v: nn.dot_product_attention(
+            q, k, v, mask=mask, dropout_rng=key, dropout_rate=RATE, deterministic=False
+        )
+    return out
+
+
+def attention_rows(lengths: tuple[int, ...], reps: int) -> Iterator[dict[str, Any]]:
+    """Forward + backward of each contestant in one program, bf16: the median of
+    ``reps`` calls of the compiled program after a warm-up, and XLA's temporaries."""
+    s = ATTENTION_SHAPE
+    for length in lengths:
+        shape = (s["batch"], length, s["heads"], s["depth"])
+        keys = jax.random.split(jax.random.key(length), 4)
+        q, k, v, g = (jax.random.normal(kk, shape, jnp.bfloat16) for kk in keys)
+        for name, f in attention_contestants(length).items():
+
+            def loss(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, f=f) -> jax.Array:
+                return jnp.sum((f(q, k, v) * g).astype(jnp.float32))
+
+            grads = jax.grad(loss, argnums=(0, 1, 2))
+            row: dict[str, Any] = {"length": length, "name": name}
+            if name == AUTO:
+                row["path"] = attention_path(f, q, k, v)
+            exe = jax.jit(grads).lower(q, k, v, g).compile()
+            row["temp_mib"] = int(getattr(exe.memory_analysis(), "temp_size_in_bytes", 0)) / 2**20
+            jax.block_until_ready(exe(q, k, v, g))
+            times = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                jax.block_until_ready(exe(q, k, v, g))
+                times.append(time.perf_counter() - t)
+            row["fwd_bwd_ms"] = float(np.median(times)) * 1e3
             print(row, flush=True)
             yield row
 
@@ -436,6 +526,13 @@ def main(argv: list[str] | None = None) -> int:
     parts: list[tuple[str, Callable[[], Any]]] = [
         ("checks", lambda: checks(args.out)),
         ("per_call", lambda: per_call_rows(shape, reps)),
+        (
+            "attention",
+            lambda: attention_rows(
+                QUICK_ATTENTION_LENGTHS if args.quick else ATTENTION_LENGTHS,
+                3 if args.quick else 10,
+            ),
+        ),
         ("step", lambda: step_rows(size, 3 if args.quick else 5, args.step_dtypes)),
     ]
     for name, part in parts:
@@ -488,7 +585,9 @@ def _target(text: str, value: float | None, most: float) -> dict[str, str]:
 
 
 def _label(row: dict[str, Any]) -> str:
-    return row["name"] + (f" ({row['path']})" if row.get("path") else "")
+    ways = [row.get("path"), row.get("attention_path") and f"attention: {row['attention_path']}"]
+    ways = [w for w in ways if w]
+    return row["name"] + (f" ({'; '.join(ways)})" if ways else "")
 
 
 def _checks_lines(result: dict[str, Any]) -> list[str]:
@@ -609,6 +708,14 @@ def _steps(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
                 COMPILE_TARGET,
             )
         )
+        all_ = rows.get(SWAPPED_ALL)
+        targets.append(
+            _target(
+                f"{dtype} step: {SWAPPED_ALL} / {NO_DROPOUT} <= {STEP_TARGET}x",
+                all_.get("ratio") if all_ else None,
+                STEP_TARGET,
+            )
+        )
         share = rows.get(FLAX_ATTENTION, {}).get("ratio")
         shares.append(f"{NOT_RUN if share is None else f'{share:.2f}x'} ({dtype})")
     s = result.get("step_size", STEP)
@@ -631,12 +738,81 @@ def _steps(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
         + "\nflax residual-only: Flax's model with dropout on the residual and MLP branches "
         f"(rate {RATE}) and none on the attention weights; flax attention-only: on the "
         "attention weights only; flax full: both. swapped X: Flax's model X traced under "
-        "`swap_dropout(attention=False)`, by dropmask's default path (in brackets).\n\n"
+        "`swap_dropout(attention=False)`, by dropmask's default path (in brackets); "
+        f"{SWAPPED_ALL}: under `swap_dropout(attention=True)`, its attention's path in "
+        "brackets too.\n\n"
         "Under `swap_dropout(attention=False)` Flax's attention-weight dropout stays in the "
         f"model: {SWAPPED_FULL} still draws Flax's mask on the attention weights, and that "
         f"mask alone ({FLAX_ATTENTION}) takes {', '.join(shares)} the step without dropout. "
         f"{SWAPPED_RESIDUAL} against {FLAX_RESIDUAL} compares the dropout that "
         "`swap_dropout(attention=False)` replaces.\n"
+    )
+    return text, targets
+
+
+ATTENTION_TARGETS = {  # (length, against): most dropmask's auto may take of it
+    (4096, JAX_FLASH): 1.3,
+    (4096, FLAX_DENSE): 1.0,
+    (8192, JAX_FLASH): 1.3,
+    (8192, FLAX_DENSE): 1.0,
+    (32768, JAX_FLASH): 1.3,
+}
+TEMP_TARGET = 0.05  # most dropmask's temporaries may be of Flax's dense path's
+
+
+def _attention(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
+    """The attention table and its targets."""
+    rows = result.get("attention", [])
+    table, targets = [], []
+    for length in sorted({r["length"] for r in rows}):
+        at = {r["name"]: r for r in rows if r["length"] == length}
+        ours = at.get(AUTO)
+        for r in at.values():
+            table.append(
+                {
+                    "length": str(length),
+                    "name": _label(r),
+                    "ms": _num(r["fwd_bwd_ms"], ".2f"),
+                    "x": _num(ours["fwd_bwd_ms"] / r["fwd_bwd_ms"] if ours else None, ".2f"),
+                    "temp": _num(r["temp_mib"], ".1f"),
+                }
+            )
+    for (length, against), most in ATTENTION_TARGETS.items():
+        at = {r["name"]: r for r in rows if r["length"] == length}
+        ours, theirs = at.get(AUTO), at.get(against)
+        value = ours["fwd_bwd_ms"] / theirs["fwd_bwd_ms"] if ours and theirs else None
+        targets.append(
+            _target(f"attention, {length} tokens: time / {against} <= {most}x", value, most)
+        )
+        if against == FLAX_DENSE:
+            value = ours["temp_mib"] / theirs["temp_mib"] if ours and theirs else None
+            targets.append(
+                _target(
+                    f"attention, {length} tokens: temporaries / {against}'s <= {TEMP_TARGET}x",
+                    value,
+                    TEMP_TARGET,
+                )
+            )
+    s = ATTENTION_SHAPE
+    text = (
+        f"Attention, bf16 [{s['batch']}, L, {s['heads']}, {s['depth']}], causal, dropout "
+        f"{RATE} on the weights (JAX's kernel: none), forward + backward in one program: "
+        "the median of 10 calls of the compiled program, ms; its temporaries by XLA's "
+        "memory analysis; dropmask's time over each row's.\n\n"
+        + (
+            markdown_table(
+                table,
+                [
+                    ("L", "length"),
+                    ("contestant", "name"),
+                    ("ms", "ms"),
+                    ("dropmask / this", "x"),
+                    ("temporaries MiB", "temp"),
+                ],
+            )
+            if table
+            else f"{NOT_RUN}.\n"
+        )
     )
     return text, targets
 
@@ -648,16 +824,17 @@ def render(result: dict[str, Any]) -> str:
     lines.extend(_checks_lines(result))
     per_call, per_call_targets = _per_call(result)
     steps, step_targets = _steps(result)
+    attention, attention_targets = _attention(result)
     lines.append(
         "Targets:\n\n"
         + markdown_table(
-            per_call_targets + step_targets,
+            per_call_targets + step_targets + attention_targets,
             [("target", "target"), ("measured", "measured"), ("verdict", "verdict")],
         )
     )
-    lines.extend([per_call, steps])
+    lines.extend([per_call, steps, attention])
     lines.extend(f"\n{note}" for note in result.get("notes", []))
-    for key in ("checks_error", "per_call_error", "step_error"):
+    for key in ("checks_error", "per_call_error", "attention_error", "step_error"):
         if key in result:
             lines.append(f"\n{key}: `{result[key].strip().splitlines()[-1]}`\n")
     return "\n".join(lines)
