@@ -10,6 +10,7 @@ output and in the gradients, and agree elsewhere to the dtype's round-off (see
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -20,10 +21,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dropmask as dm
+from dropmask import testing
 
 B, LQ, LK, H, KV_HEADS, D = 2, 5, 7, 2, 1, 4  # grouped-query: two query heads per key head
 # Blockwise tiles that do not divide the lengths; Pallas's smallest tiles.
-TILES = {"dense": {}, "blockwise": {"block_q": 2, "block_k": 3}, "pallas": {}}
+# "tpu": algorithm="pallas" inside testing.tpu_kernels(), the Pallas TPU kernels in
+# Pallas's TPU interpreter, at their smallest tiles.
+TILES = {
+    "dense": {},
+    "blockwise": {"block_q": 2, "block_k": 3},
+    "pallas": {},
+    "tpu": {"block_q": 16, "block_k": 128},
+}
 # Per dtype, the relative round-off the paths may differ by (16-bit outputs and
 # weights are rounded once on one path and not on another).
 TOL = {"float32": 2e-5, "bfloat16": 3e-2, "float16": 4e-3}
@@ -37,8 +46,17 @@ def _loss(algorithm, options, q, k, v, bias, mask, key):
     kw = dict(options)
     if key is not None:  # every path draws the same mask from one key
         kw.update(key=key, deterministic=False)
+    # The TPU kernels take no dense mask: with key_padding, ``mask`` is a kv_mask.
+    masks = {"kv_mask": mask} if kw.pop("key_padding", False) else {"mask": mask}
     out = dm.dot_product_attention(
-        q, k, v, bias=bias, mask=mask, algorithm=algorithm, **TILES[algorithm], **kw
+        q,
+        k,
+        v,
+        bias=bias,
+        algorithm="pallas" if algorithm == "tpu" else algorithm,
+        **TILES[algorithm],
+        **masks,
+        **kw,
     )
     weights = jax.lax.broadcasted_iota(jnp.float32, out.shape, out.ndim - 1) + 1.0
     return jnp.sum(jnp.sin(out.astype(jnp.float32)) * weights), out
@@ -121,15 +139,24 @@ def _check(case: dict, paths: tuple[str, ...]) -> None:
     tol = TOL[str(case["q"].dtype)]
     want_out, want_grads = _run("dense", case["options"], *args)
     for path in paths:
-        out, grads = _run(path, case["options"], *args)
+        with testing.tpu_kernels() if path == "tpu" else contextlib.nullcontext():
+            out, grads = _run(path, case["options"], *args)
+        if path == "tpu":
+            # Its dk/dv kernel computes the scores transposed (k q^T): the same products
+            # summed in another order, so a weight may differ by the scores' round-off,
+            # float32's epsilon times their bound, relative (at scale 300, about 1%).
+            score_bound = _largest(case["q"]) * _largest(case["k"]) * D**0.5
+            path_tol = max(tol, float(np.finfo(np.float32).eps) * score_bound)
+        else:
+            path_tol = tol
         assert out.dtype == want_out.dtype
-        _same(out, want_out, tol, f"{path} output")
+        _same(out, want_out, path_tol, f"{path} output")
         # A gradient's round-off is the weights' times the other inputs (dq = ds @ k):
         # relative to the largest of them, and one more rounding step.
         size = _largest(case["q"], case["k"], case["v"])
         for name, g, w in zip("qkvb", grads, want_grads, strict=False):
             assert g.dtype == w.dtype
-            _same(g, w, 4 * tol, f"{path} d{name}", size)
+            _same(g, w, 4 * path_tol, f"{path} d{name}", size)
 
 
 _FAST = settings(max_examples=20, suppress_health_check=[HealthCheck.too_slow])
@@ -146,6 +173,26 @@ def test_dense_blockwise_and_pallas_agree_on_adversarial_inputs(case):
 @given(_cases(bias=True))
 def test_dense_and_blockwise_agree_with_an_adversarial_bias(case):
     _check(case, ("blockwise",))
+
+
+def _key_padding(case: dict) -> dict:
+    """The case with its dense mask's first query row as each batch row's key padding."""
+    options = (*case["options"], ("key_padding", True))
+    return {**case, "mask": case["mask"][:, 0, 0, :], "options": options}
+
+
+@_FAST
+@given(_cases(bias=False))
+def test_dense_and_the_tpu_kernels_agree_on_adversarial_inputs(case):
+    # float16 takes the blockwise path there: it is checked all the same.
+    _check(_key_padding(case), ("blockwise", "tpu"))
+
+
+@pytest.mark.slow
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(_cases(bias=False))
+def test_dense_and_the_tpu_kernels_agree_on_adversarial_inputs_many(case):
+    _check(_key_padding(case), ("tpu",))
 
 
 @pytest.mark.slow

@@ -240,7 +240,7 @@ def test_what_it_rejects_it_names_in_one_line(kw, match):
     assert any(fix in str(info.value) for fix in ("algorithm=", "Pass e.g."))
 
 
-def test_auto_never_picks_pallas():
+def test_auto_never_picks_pallas_where_tpu_kernels_do_not_run():
     q = k = v = jnp.zeros((1, 1024, 1, 8))
     for algorithm, expected in (("auto", False), ("pallas", True)):
         jaxpr = jax.make_jaxpr(functools.partial(_attend, algorithm, **DROP))(q, k, v)

@@ -162,8 +162,9 @@ def dot_product_attention(
     tiles in the backward pass, so memory grows linearly with the lengths; tiles that
     ``is_causal``, ``window``, key padding or segments mask entirely are skipped.
     Both drop exactly the same weights for the same key (``impl="fast"``).
-    ``"pallas"`` runs the blockwise algorithm as Pallas kernels (Triton on a GPU,
-    Pallas's interpreter elsewhere) that draw the same dropout flags inside.
+    ``"pallas"`` runs the blockwise algorithm as Pallas kernels that draw the same
+    dropout flags inside: Triton's on a GPU, Mosaic's on a TPU with one device (or
+    inside ``dropmask.testing.tpu_kernels()``), Pallas's interpreter elsewhere.
 
     Args:
       q: ``[batch..., q_len, heads, depth]``.
@@ -197,12 +198,15 @@ def dot_product_attention(
         ``is_causal`` or ``window``, need ``"dense"``. The dense path's dropout
         with ``impl="fast"`` is one too (its backward pass holds no dropped copy of
         the weights): ``jvp`` through dropout on the weights needs
-        ``impl="flax"``. ``"pallas"`` (never chosen by
-        ``"auto"``) takes no ``bias``; see ``docs/attention.md``.
+        ``impl="flax"``. ``"pallas"`` takes no ``bias``; ``"auto"`` chooses it only
+        where the TPU kernels run, from ``512 * 512`` scores on, when they serve the
+        call (no dense ``mask``, float32 or bfloat16); on a TPU, ``"pallas"`` with what
+        they do not serve takes the blockwise path. See ``docs/attention.md``.
       block_q, block_k: blockwise tile sizes (default 64 for a length up to 512, 128
         above; at most the length); any size gives the same result, sizes that do not
         divide the lengths included.
-        For ``"pallas"``: powers of two >= 16 (default 64 and 32).
+        For ``"pallas"``: powers of two >= 16 (default 64 and 32); on a TPU,
+        ``block_q`` a multiple of 16 and ``block_k`` of 128 (default 512 and 1024).
       dropout_rng: alias of ``key``; pass one or the other.
       dtype: computation dtype; default: promote ``q``, ``k``, ``v``.
       precision: passed to the einsums.
@@ -229,7 +233,7 @@ def dot_product_attention(
         ``algorithm``, ``algorithm="blockwise"`` or ``"pallas"`` with what only the
         dense path does (``impl="flax"``, custom einsums, ``module``), or
         ``algorithm="pallas"`` with what it does not take, or tiles that are not
-        powers of two >= 16.
+        powers of two >= 16 (on a TPU: multiples of 16 and 128).
       MaskShapeError: ``mask``, ``bias``, ``kv_lengths``, ``kv_mask`` or segment ids
         do not broadcast to their shapes.
       RateError, MissingKeyError: as for :func:`dropmask.dropout`.
