@@ -189,7 +189,7 @@ def test_dense_and_the_tpu_kernels_agree_on_adversarial_inputs(case):
 
 
 @pytest.mark.slow
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, suppress_health_check=[HealthCheck.too_slow])
 @given(_cases(bias=False))
 def test_dense_and_the_tpu_kernels_agree_on_adversarial_inputs_many(case):
     _check(_key_padding(case), ("tpu",))
