@@ -264,14 +264,18 @@ def random_bits(key: Any, shape: Sequence[int]) -> jax.Array:
 
 def tpu_kernels(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
     """Inside it, ``dropmask.dropout`` (and the layers over it) draw their masks by the TPU
-    kernel where it serves the shape (``enabled=True``), or by XLA's path
-    (``enabled=False``), whatever the backend and devices: the kernel compiled on a TPU,
-    in Pallas's TPU interpreter elsewhere. Both draw the same bits.
+    kernel where it serves the shape, and ``dot_product_attention`` runs its Pallas TPU
+    kernels for ``algorithm="pallas"`` (and ``"auto"`` from 512 x 512 scores) where they
+    serve the call (``enabled=True``); or both take XLA's paths (``enabled=False``),
+    whatever the backend and devices. The kernels compile on a TPU and run in Pallas's
+    TPU interpreter elsewhere. Every way draws the same bits.
 
-    Outside it the kernel is the default on a TPU with one device, and XLA's path
-    everywhere else: with more devices, because the kernel has no sharding rule yet
+    Outside it the kernels are the default on a TPU with one device, and XLA's paths
+    everywhere else: with more devices, because the kernels have no sharding rule yet
     (under ``jit`` XLA would gather a sharded input to one device first; inside it, use
-    the kernel unsharded or inside ``shard_map``). See ``docs/dropout_speed.md``, "The TPU".
+    the kernels unsharded or inside ``shard_map``). ``tpu_kernels(False)`` is also the
+    way around a kernel that Mosaic fails to compile. See ``docs/dropout_speed.md``, "The
+    TPU", and ``docs/attention.md``, "On a TPU".
 
     The choice is made when a mask is traced, and a traced draw does not record it, so
     JAX's caches are cleared on entry and on exit where the choice changes there: trace

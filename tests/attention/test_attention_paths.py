@@ -181,7 +181,7 @@ def _key_padding(case: dict) -> dict:
     return {**case, "mask": case["mask"][:, 0, 0, :], "options": options}
 
 
-@_FAST
+@settings(max_examples=10, suppress_health_check=[HealthCheck.too_slow])  # interpreted
 @given(_cases(bias=False))
 def test_dense_and_the_tpu_kernels_agree_on_adversarial_inputs(case):
     # float16 takes the blockwise path there: it is checked all the same.
