@@ -521,23 +521,21 @@ def _run_tiled(
         accumulate=compute_dtype(c.dtype),
     )
     run_keep = None if static_keep is not None else keep
+    # What the kernels take beside q, k, v (the blockwise path takes them as a Side).
+    kernel_inputs = {
+        "kv_valid": c.kv_valid,
+        "q_segments": c.q_seg,
+        "kv_segments": c.kv_seg,
+        "bad_q": bad_q,
+        "bad_kv": bad_k | bad_v,
+        "key": c.rng,
+        "run_time_keep": run_keep,
+    }
     if path == "flash":
         from . import _flash_tpu as ft
 
         flash = ft.Flash(plan, segments=c.q_seg is not None, interpret=tpu_interpret())
-        out, tainted = ft.flash_attention(
-            flash,
-            q,
-            k,
-            v,
-            kv_valid=c.kv_valid,
-            q_segments=c.q_seg,
-            kv_segments=c.kv_seg,
-            bad_q=bad_q,
-            bad_kv=bad_k | bad_v,
-            key=c.rng,
-            run_time_keep=run_keep,
-        )
+        out, tainted = ft.flash_attention(flash, q, k, v, **kernel_inputs)
         return poison(out, q, tainted)
     if path == "pallas":
         # Imported here: jax.experimental.pallas loads only for the path that runs it.
@@ -549,20 +547,7 @@ def _run_tiled(
             interpret=jax.default_backend() != "gpu",
             mask_dims=None if c.mask is None else pa.mask_dims(c.mask, c.batch),
         )
-        out, tainted = pa.pallas_attention(
-            kernel,
-            q,
-            k,
-            v,
-            kv_valid=c.kv_valid,
-            q_segments=c.q_seg,
-            kv_segments=c.kv_seg,
-            bad_q=bad_q,
-            bad_kv=bad_k | bad_v,
-            key=c.rng,
-            run_time_keep=run_keep,
-            mask=c.mask,
-        )
+        out, tainted = pa.pallas_attention(kernel, q, k, v, mask=c.mask, **kernel_inputs)
         return poison(out, q, tainted)
 
     bias = c.bias

@@ -371,43 +371,63 @@ def _call(flash: Flash, body: Any, grid, in_specs, out_specs, out_shape, scratch
     )
 
 
+class _ByQueryTile:
+    """Index maps for a grid ``(batch * heads, query tiles, key tiles)`` (the forward and
+    ``dq`` kernels): a query tile's blocks, and the key tile visited at each step."""
+
+    def __init__(self, plan: bw.Plan):
+        self.plan = plan
+
+    def _key_tile(self, bh: Any, i: Any, j: Any, tiles: Any) -> Any:
+        lo, hi = _key_range(self.plan, i, tiles[bh // self.plan.heads])
+        return _visited(lo, hi, j, self.plan.n_k)
+
+    def rows(self, bh: Any, i: Any, j: Any, *_: Any) -> tuple[Any, ...]:
+        return (bh, i, 0)
+
+    def row_vector(self, bh: Any, i: Any, j: Any, *_: Any) -> tuple[Any, ...]:
+        return (bh, 0, i)
+
+    def keys(self, bh: Any, i: Any, j: Any, tiles: Any, *_: Any) -> tuple[Any, ...]:
+        return (bh // self.plan.groups, self._key_tile(bh, i, j, tiles), 0)
+
+    def key_vector(self, bh: Any, i: Any, j: Any, tiles: Any, *_: Any) -> tuple[Any, ...]:
+        return (bh // self.plan.groups, 0, self._key_tile(bh, i, j, tiles))
+
+    def segment_specs(self) -> list[Any]:
+        """Query and key segment ids ``int32[B, 1, L]`` (a batch row's, every head)."""
+        plan, heads = self.plan, self.plan.heads
+
+        def q_seg(bh: Any, i: Any, j: Any, *_: Any) -> tuple[Any, ...]:
+            return (bh // heads, 0, i)
+
+        def kv_seg(bh: Any, i: Any, j: Any, tiles: Any, *_: Any) -> tuple[Any, ...]:
+            return (bh // heads, 0, self._key_tile(bh, i, j, tiles))
+
+        return [
+            pl.BlockSpec((None, 1, plan.block_q), q_seg),
+            pl.BlockSpec((None, 1, plan.block_k), kv_seg),
+        ]
+
+
 def _forward(flash: Flash, q, k, v, side: _Inputs):
     """``q: [B*H, Lq, D]``, ``k, v: [B*Hk, Lk, D|Dv]`` -> output and log-sum-exps."""
     plan = flash.tiles
-    bq, bk, heads, g = plan.block_q, plan.block_k, plan.heads, plan.groups
+    bq, bk = plan.block_q, plan.block_k
     depth, dv = q.shape[-1], v.shape[-1]
-
-    def kv_index(bh, i, j, tiles, *_):
-        lo, hi = _key_range(plan, i, tiles[bh // heads])
-        return (bh // g, _visited(lo, hi, j, plan.n_k), 0)
-
-    def kv_row(bh, i, j, tiles, *_):
-        lo, hi = _key_range(plan, i, tiles[bh // heads])
-        return (bh // g, 0, _visited(lo, hi, j, plan.n_k))
-
+    ix = _ByQueryTile(plan)
     in_specs = [
-        pl.BlockSpec((None, bq, depth), lambda bh, i, j, *_: (bh, i, 0)),
-        pl.BlockSpec((None, bk, depth), kv_index),
-        pl.BlockSpec((None, bk, dv), kv_index),
-        pl.BlockSpec((None, 1, bq), lambda bh, i, j, *_: (bh, 0, i)),
-        pl.BlockSpec((None, 1, bk), kv_row),
+        pl.BlockSpec((None, bq, depth), ix.rows),
+        pl.BlockSpec((None, bk, depth), ix.keys),
+        pl.BlockSpec((None, bk, dv), ix.keys),
+        pl.BlockSpec((None, 1, bq), ix.row_vector),
+        pl.BlockSpec((None, 1, bk), ix.key_vector),
     ]
     args = [q, k, v, side.q_state, side.kv_state]
     if flash.segments:
-
-        def kv_seg(bh, i, j, tiles, *_):
-            lo, hi = _key_range(plan, i, tiles[bh // heads])
-            return (bh // heads, 0, _visited(lo, hi, j, plan.n_k))
-
-        in_specs += [
-            pl.BlockSpec((None, 1, bq), lambda bh, i, j, *_: (bh // heads, 0, i)),
-            pl.BlockSpec((None, 1, bk), kv_seg),
-        ]
+        in_specs += ix.segment_specs()
         args += [side.q_segments, side.kv_segments]
-    out_specs = [
-        pl.BlockSpec((None, bq, dv), lambda bh, i, j, *_: (bh, i, 0)),
-        pl.BlockSpec((None, bq, _ROW), lambda bh, i, j, *_: (bh, i, 0)),
-    ]
+    out_specs = [pl.BlockSpec((None, bq, dv), ix.rows), pl.BlockSpec((None, bq, _ROW), ix.rows)]
     rows = q.shape[0]
     out_shape = [
         jax.ShapeDtypeStruct((rows, q.shape[1], dv), q.dtype),
@@ -482,34 +502,19 @@ def _backward(flash: Flash, q, k, v, side: _Inputs, out, lse, d_out):
     )(*side.scalars, *args)
 
     # dq: grid (B*H, query tiles, key tiles), as the forward.
-    def kv_index(bh, i, j, tiles, *_):
-        lo, hi = _key_range(plan, i, tiles[bh // heads])
-        return (bh // g, _visited(lo, hi, j, plan.n_k), 0)
-
-    def kv_row(bh, i, j, tiles, *_):
-        lo, hi = _key_range(plan, i, tiles[bh // heads])
-        return (bh // g, 0, _visited(lo, hi, j, plan.n_k))
-
+    ix = _ByQueryTile(plan)
     in_specs = [
-        pl.BlockSpec((None, bq, depth), lambda bh, i, j, *_: (bh, i, 0)),
-        pl.BlockSpec((None, bk, depth), kv_index),
-        pl.BlockSpec((None, bk, dv), kv_index),
-        pl.BlockSpec((None, bq, dv), lambda bh, i, j, *_: (bh, i, 0)),
-        pl.BlockSpec((None, 1, bq), lambda bh, i, j, *_: (bh, 0, i)),
-        pl.BlockSpec((None, 1, bq), lambda bh, i, j, *_: (bh, 0, i)),
-        pl.BlockSpec((None, 1, bk), kv_row),
+        pl.BlockSpec((None, bq, depth), ix.rows),
+        pl.BlockSpec((None, bk, depth), ix.keys),
+        pl.BlockSpec((None, bk, dv), ix.keys),
+        pl.BlockSpec((None, bq, dv), ix.rows),
+        pl.BlockSpec((None, 1, bq), ix.row_vector),
+        pl.BlockSpec((None, 1, bq), ix.row_vector),
+        pl.BlockSpec((None, 1, bk), ix.key_vector),
     ]
     if flash.segments:
-
-        def kv_seg(bh, i, j, tiles, *_):
-            lo, hi = _key_range(plan, i, tiles[bh // heads])
-            return (bh // heads, 0, _visited(lo, hi, j, plan.n_k))
-
-        in_specs += [
-            pl.BlockSpec((None, 1, bq), lambda bh, i, j, *_: (bh // heads, 0, i)),
-            pl.BlockSpec((None, 1, bk), kv_seg),
-        ]
-    out_specs = [pl.BlockSpec((None, bq, depth), lambda bh, i, j, *_: (bh, i, 0))]
+        in_specs += ix.segment_specs()
+    out_specs = [pl.BlockSpec((None, bq, depth), ix.rows)]
     scratch = [pltpu.VMEM((bq, depth), jnp.float32)]
     grid = (q.shape[0], plan.n_q, plan.n_k)
     (d_q,) = _call(
