@@ -20,9 +20,9 @@ the same kernel, so neither the flags nor a residual reaches memory, and the
 generator's work hides under the copy.
 
 The default on a TPU with one device. On a v5e at [8192, 8192], rate 0.1, a call of
-the kernel takes about as long as XLA's ``x * c`` when each is its own program (f32
-forward 1.42 ms against 1.40, bf16 1.04 against 0.99), where XLA's per-element path
-takes 2.37 / 2.35 ms; in a 4-layer Transformer train step the dropout that
+the kernel takes 1.01x / 1.09x the time of XLA's ``x * c`` (f32 / bf16, forward;
+``benchmarks/bench_tpu.py``), where XLA's per-element path takes 2.10x / 4.05x; in a
+4-layer Transformer train step the dropout that
 ``swap_dropout(attention=False)`` replaces costs 1.09x the step without dropout with
 the kernel (1.35x by the XLA path, 1.57x Flax's), and adds 0.16 s to its compilation
 where Flax's adds 80.8 s (``docs/dropout_speed.md``, "The TPU"). With more than one
@@ -92,9 +92,9 @@ _CHOSEN: list[bool] = []  # inside ``enabled(...)``: each entry's choice, innerm
 
 
 def tpu_kernels_run() -> bool:
-    """Whether dropout's masks are drawn by the kernel: the innermost :func:`enabled`'s
-    choice, else on a TPU with one device (see the module's docstring). Decided when
-    the mask is traced."""
+    """Whether the TPU kernels run (this one for dropout's masks, and the attention
+    kernels of ``_attention._flash_tpu``): the innermost :func:`enabled`'s choice, else
+    on a TPU with one device (see the module's docstring). Decided when traced."""
     return _CHOSEN[-1] if _CHOSEN else _one_tpu()
 
 
