@@ -171,8 +171,25 @@ def test_tiles_the_kernels_cannot_take_are_named(tiles, match):
 
 
 def test_serves():
-    assert ft.serves(jnp.bfloat16, 2, True, mask=False, bias=False)
-    assert not ft.serves(jnp.float16, 2, True, mask=False, bias=False)
-    assert not ft.serves(jnp.float32, 1, True, mask=False, bias=False)  # the mask packs queries
-    assert ft.serves(jnp.float32, 1, False, mask=False, bias=False)
-    assert not ft.serves(jnp.float32, 2, False, mask=True, bias=False)
+    served = {"mask": False, "bias": False, "interpret": False}
+    assert ft.serves(jnp.bfloat16, 2, True, (64, 128), **served)
+    assert not ft.serves(jnp.float16, 2, True, (64, 64), **served)
+    assert not ft.serves(jnp.float32, 1, True, (64, 64), **served)  # the mask packs queries
+    assert ft.serves(jnp.float32, 1, False, (64, 64), **served)
+    assert not ft.serves(jnp.float32, 2, False, (64, 64), **{**served, "mask": True})
+    # Depths Mosaic has not compiled on a TPU take the blockwise path there; the
+    # interpreter takes any.
+    assert not ft.serves(jnp.float32, 2, True, (32, 64), **served)
+    assert not ft.serves(jnp.float32, 2, True, (64, 96), **served)
+    assert ft.serves(jnp.float32, 2, True, (32, 96), **{**served, "interpret": True})
+
+
+def test_compiled_for_a_tpu_the_kernels_take_depths_of_64_and_its_multiples(monkeypatch):
+    """Traced (not run) as for a TPU: other depths take the blockwise path there."""
+    from dropmask._attention import _dot_product
+
+    monkeypatch.setattr(_dot_product, "tpu_interpret", lambda: False)
+    assert not _uses_kernels("pallas", *_qkv(9, d=8), {})
+    assert _uses_kernels("pallas", *_qkv(9, d=64), {})
+    q, k, v = _qkv(9, d=64)
+    assert not _uses_kernels("pallas", q, k, np.concatenate([v, v[..., :32]], -1), {})

@@ -713,7 +713,15 @@ def _flash_serves(c: _Checked, bias: bool) -> bool:
         return False
     from . import _flash_tpu as ft
 
-    return ft.serves(c.dtype, c.kv_len, c.drops, mask=c.mask is not None, bias=bias)
+    return ft.serves(
+        c.dtype,
+        c.kv_len,
+        c.drops,
+        (c.q.shape[-1], c.v.shape[-1]),
+        mask=c.mask is not None,
+        bias=bias,
+        interpret=tpu_interpret(),
+    )
 
 
 def _flash_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:

@@ -21,8 +21,9 @@ call once, its 8 flags packed in a byte and spread by the matrix unit): the dens
 path's flags element by element, for any tile size, drawn again in the backward
 kernels, never stored. The ``dk``/``dv`` kernel draws them transposed.
 
-Served (:func:`serves`): float32 and bfloat16, no dense ``mask`` and no ``bias``, and
-with dropout more than one key (the key axis packs the mask); the caller takes the
+Served (:func:`serves`): float32 and bfloat16, no dense ``mask`` and no ``bias``, with
+dropout more than one key (the key axis packs the mask), and head depths that are
+multiples of 64 (those compiled on a TPU so far); the caller takes the
 blockwise path otherwise, which draws the same mask. Tiles: ``block_k`` a multiple of
 128 (each row of a key tile holds whole calls, ``block_k / 8`` of them) and ``block_q``
 of 16. Off a TPU the kernels run in Pallas's TPU interpreter (the tests).
@@ -74,13 +75,30 @@ class Flash:
         return self.tiles.dropout and self.tiles.keep is None
 
 
-def serves(dtype: Any, kv_len: int, dropout: bool, *, mask: bool, bias: bool) -> bool:
+# Head depths the kernels serve when compiled: the multiples of this, the depths Mosaic
+# compiled and ran on a v5e (64 and 128). Others take the blockwise path, since a
+# kernel that fails to compile has no fallback yet; the interpreter takes any depth.
+COMPILED_DEPTH = 64
+
+
+def serves(
+    dtype: Any,
+    kv_len: int,
+    dropout: bool,
+    depths: tuple[int, int],
+    *,
+    mask: bool,
+    bias: bool,
+    interpret: bool,
+) -> bool:
     """Whether the kernels serve a call: float32 or bfloat16, no dense ``mask`` or
-    ``bias``, and with dropout the key axis packing the mask (more than one key)."""
+    ``bias``, with dropout the key axis packing the mask (more than one key), and
+    compiled, ``depths`` (of ``q``/``k`` and of ``v``) multiples of ``COMPILED_DEPTH``."""
     return (
         jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
         and (kv_len > 1 or not dropout)
         and not (mask or bias)
+        and (interpret or all(d % COMPILED_DEPTH == 0 for d in depths))
     )
 
 
