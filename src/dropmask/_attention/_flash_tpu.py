@@ -15,10 +15,8 @@ running state in scratch memory, as TPUs run Pallas kernels.
 Tiles the window structure (causal, local) or the key padding leaves out are skipped,
 and their index maps repeat the previous tile, so they cost no copy either.
 
-Dropout. Each kernel draws its tile's keep-flags from the key words and the tile's
-position by ``_tpu_mask.keep_tile``, the dropout kernel's own delivery (each Threefry
-call once, its 8 flags packed in a byte and spread by the matrix unit): the dense
-path's flags element by element, for any tile size, drawn again in the backward
+Dropout. Each kernel draws its tile's keep-flags inside (``_flash_dropout``): the
+dense path's flags element by element, for any tile size, drawn again in the backward
 kernels, never stored. The ``dk``/``dv`` kernel draws them transposed.
 
 Served (:func:`serves`): float32 and bfloat16, no dense ``mask`` and no ``bias``, with
@@ -43,8 +41,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .._random import LANES, check_word_count, keep_tile, key_words, threshold
+from .._random import LANES, check_word_count, key_words, threshold
 from . import _blockwise as bw
+from . import _flash_dropout as fd
 
 __all__ = ["DEFAULT_BLOCKS", "Flash", "flash_attention", "serves"]
 
@@ -119,55 +118,6 @@ def _column(row_ref: Any) -> jax.Array:
     return jnp.expand_dims(row_ref[0], -1)
 
 
-class _Scalars:
-    """The scalar-prefetch operands: key tiles per batch row, key words, run-time rate."""
-
-    def __init__(self, flash: Flash, refs: list[Any]):
-        self.key_tiles = refs.pop(0)
-        self.words = refs.pop(0) if flash.dropout else None
-        self.rate = refs.pop(0) if flash.run_time_rate else None
-        self.flash = flash
-
-    def threshold(self) -> tuple[Any, Any]:
-        """``(threshold, realised)`` for ``keep_tile``, static or read from memory."""
-        plan = self.flash.tiles
-        if self.rate is None:
-            assert plan.keep is not None
-            thr = threshold(plan.keep)
-            return np.int32(thr.value), thr.realised
-        bits = jnp.full((1, 1), self.rate[1], jnp.int32)
-        return self.rate[0], lax.bitcast_convert_type(bits, jnp.float32)
-
-    def key(self) -> list[jax.Array]:
-        assert self.words is not None
-        return [self.words[t].astype(_U32) for t in range(4)]
-
-
-def _scale(sc: _Scalars, bh: Any, row0: Any, col0: Any, shape: tuple[int, int], transposed: bool):
-    """``1/realised`` where a weight is kept, 0 where dropped, as ``[bq, bk]`` (or
-    ``[bk, bq]`` when ``transposed``); None without dropout. A run-time rate outside
-    [0, 1] realises NaN, which reaches every weight, as on the dense path."""
-    flash = sc.flash
-    if not flash.dropout:
-        return None
-    plan = flash.tiles
-    bq, bk = shape
-    words_per_row = -(-plan.kv_len // LANES)
-    head_row = _U32(0) if plan.broadcast_dropout else bh.astype(_U32) * _U32(plan.q_len)
-    rows = lax.broadcasted_iota(_U32, (1, bq) if transposed else (bq, 1), 1 if transposed else 0)
-    row_word = (head_row + row0.astype(_U32) + rows) * _U32(words_per_row)
-    first_word = (col0 // LANES).astype(_U32)
-    thr, realised = sc.threshold()
-    flags = keep_tile(sc.key(), thr, row_word, first_word, (bq, bk), transposed=transposed)
-    if isinstance(realised, float):
-        scale = 1.0 / realised if realised > 0 else 0.0
-        return jnp.where(flags, np.float32(scale), np.float32(0.0))
-    nan_or_zero = realised * 0  # NaN for a rate outside [0, 1]
-    positive = realised > 0
-    scale = jnp.where(positive, 1 / jnp.where(positive, realised, 1), 0) + nan_or_zero
-    return jnp.where(flags, scale, nan_or_zero)
-
-
 def _allowed(plan: bw.Plan, rows: Any, cols: Any, state: Any, q_seg: Any, kv_seg: Any) -> Any:
     """Where queries ``rows`` may attend to keys ``cols`` (broadcasting shapes)."""
     ok = state != 0
@@ -200,7 +150,7 @@ def _visited(lo: Any, hi: Any, t: Any, count: int) -> Any:
 def _forward_kernel(flash: Flash, *refs: Any) -> None:
     plan = flash.tiles
     refs_ = list(refs)
-    sc = _Scalars(flash, refs_)
+    sc = fd.Scalars(flash.tiles, refs_)
     q_ref, k_ref, v_ref, q_state_ref, kv_state_ref, *rest = refs_
     q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
     o_ref, lse_ref, m_sc, l_sc, acc_sc, taint_sc = rest
@@ -238,7 +188,7 @@ def _forward_kernel(flash: Flash, *refs: Any) -> None:
         total = alpha * l_sc[...][:, :1] + jnp.sum(p, axis=1, keepdims=True)
         m_sc[...] = jnp.broadcast_to(m_new, m_sc.shape)
         l_sc[...] = jnp.broadcast_to(total, l_sc.shape)
-        scale = _scale(sc, bh, i * bq, j * bk, (bq, bk), False)
+        scale = fd.drawn_scale(sc, bh, i * bq, j * bk, (bq, bk), False)
         if scale is not None:
             p = p * scale
         v = v_ref[...]
@@ -258,7 +208,7 @@ def _forward_kernel(flash: Flash, *refs: Any) -> None:
 def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
     plan = flash.tiles
     refs_ = list(refs)
-    sc = _Scalars(flash, refs_)
+    sc = fd.Scalars(flash.tiles, refs_)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref, *rest = refs_
     q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
     dk_ref, dv_ref, dk_sc, dv_sc = rest
@@ -288,7 +238,7 @@ def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
         live = _allowed(plan, rows, cols, state, q_seg, kv_seg) & ~_nonfinite(s)
         # A tainted row's log-sum-exp is +inf: its weights are 0.
         p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - lse_ref[...]), 0.0)
-        scale = _scale(sc, bh, i * bq, j * bk, (bq, bk), True)
+        scale = fd.drawn_scale(sc, bh, i * bq, j * bk, (bq, bk), True)
         kept = p if scale is None else p * scale
         dv_sc[...] += _dot(kept.astype(d_out.dtype), d_out, _NN)
         d_p = _dot(v, d_out, _NT)  # [bk, bq]
@@ -306,7 +256,7 @@ def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
 def _dq_kernel(flash: Flash, *refs: Any) -> None:
     plan = flash.tiles
     refs_ = list(refs)
-    sc = _Scalars(flash, refs_)
+    sc = fd.Scalars(flash.tiles, refs_)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref, *rest = refs_
     q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
     dq_ref, dq_sc = rest
@@ -330,7 +280,7 @@ def _dq_kernel(flash: Flash, *refs: Any) -> None:
         live = _allowed(plan, rows, cols, kv_state_ref[...], q_seg, kv_seg) & ~_nonfinite(s)
         p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - _column(lse_ref)), 0.0)
         d_p = _dot(d_out, v, _NT)
-        scale = _scale(sc, bh, i * bq, j * bk, (bq, bk), False)
+        scale = fd.drawn_scale(sc, bh, i * bq, j * bk, (bq, bk), False)
         if scale is not None:
             d_p = d_p * scale
         d_s = p * (d_p - _column(delta_ref))
