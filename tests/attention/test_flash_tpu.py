@@ -13,6 +13,7 @@ import pytest
 
 import dropmask as dm
 from dropmask import testing
+from dropmask._attention import _flash_dropout as fd
 from dropmask._attention import _flash_tpu as ft
 
 B, LQ, LK, H, D = 2, 40, 200, 2, 8  # lengths that are not a multiple of any tile
@@ -193,3 +194,85 @@ def test_compiled_for_a_tpu_the_kernels_take_depths_of_64_and_its_multiples(monk
     assert _uses_kernels("pallas", *_qkv(9, d=64), {})
     q, k, v = _qkv(9, d=64)
     assert not _uses_kernels("pallas", q, k, np.concatenate([v, v[..., :32]], -1), {})
+
+
+# --- the flags stored as bits ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("block_q", "block_k"), [(512, 1024), (112, 640), (48, 256), (16, 128), (128, 384)]
+)
+def test_bits_pack_and_unpack_the_flags_in_either_orientation(block_q, block_k):
+    bits = fd.Bits(block_q, block_k)
+    flags = np.random.default_rng(block_q + block_k).random((block_q, block_k)) < 0.7
+    words = bits.pack(jnp.asarray(flags))
+    assert words.shape == bits.tile and words.dtype == jnp.int32
+    assert words.size * 32 >= flags.size  # a bit a flag, the last word block maybe part-used
+    got = bits.unpack(words, np.float32(2.0), np.float32(0.0), transposed=False)
+    np.testing.assert_array_equal(np.asarray(got), np.where(flags, 2.0, 0.0))
+    got = bits.unpack(words, np.float32(2.0), np.float32(0.0), transposed=True)
+    np.testing.assert_array_equal(np.asarray(got), np.where(flags.T, 2.0, 0.0))
+
+
+def test_the_default_tile_stores_one_bit_a_flag_in_whole_registers():
+    bits = fd.Bits(*ft.DEFAULT_BLOCKS)
+    assert bits.tile == (128, 128) and bits.serves(interpret=False)
+    assert fd.Bits(256, 1024).tile == (128, 128)  # 16 blocks: half of each word used
+    assert not fd.Bits(48, 256).serves(interpret=False)  # [16, 128] blocks: interpreter only
+    assert fd.Bits(48, 256).serves(interpret=True)
+
+
+@pytest.fixture
+def stores_spy(monkeypatch):
+    """Records each call's choice between stored and drawn flags."""
+    chosen = []
+    original = fd.stores
+
+    def spy(*args, **kwargs):
+        chosen.append(original(*args, **kwargs))
+        return chosen[-1]
+
+    monkeypatch.setattr(fd, "stores", spy)
+    return chosen
+
+
+STORED_CASES = {
+    "causal, one mask": ({"is_causal": True, "dropout_rate": 0.3}, (112, 640)),
+    "per-head, window, kv_lengths": (
+        {
+            "dropout_rate": 0.2,
+            "broadcast_dropout": False,
+            "window": (90, 7),
+            "kv_lengths": jnp.array([640, 333]),
+        },
+        (112, 640),
+    ),
+    "run-time rate": ({"is_causal": True, "dropout_rate": jnp.float32(0.25)}, (48, 256)),
+}
+
+
+@pytest.mark.parametrize("name", list(STORED_CASES))
+def test_stored_flags_give_the_drawn_values_and_the_dense_paths(name, stores_spy, monkeypatch):
+    kw, (block_q, block_k) = STORED_CASES[name]
+    kw = {**kw, "key": KEY, "deterministic": False}
+    q, k, v = _qkv(10, lq=224, lk=640)
+    tiles = {"block_q": block_q, "block_k": block_k}
+    stored = _on_tpu_kernels("pallas", q, k, v, {**kw, **tiles})
+    assert stores_spy == [True]
+    _assert_same(stored, _run("dense", q, k, v, kw), TOL)
+    monkeypatch.setattr(fd, "stores", lambda *args, **kwargs: False)
+    drawn = _on_tpu_kernels("pallas", q, k, v, {**kw, **tiles})
+    for got, want in zip(jax.tree.leaves(stored), jax.tree.leaves(drawn), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_flags_are_stored_while_they_take_no_more_than_the_inputs_and_output(stores_spy):
+    """The words' bytes (here a [128, 128] block of words a tile, a word a flag) against
+    the bytes of q, k, v and the output."""
+    kw = {"dropout_rate": 0.1, "key": KEY, "deterministic": False, "broadcast_dropout": False}
+    tiles = {"block_q": 128, "block_k": 128}  # [128, 128] blocks: one word block a tile
+    for lk, d, stored in [(256, 8, False), (256, 64, True)]:
+        q, k, v = _qkv(11, lq=128, lk=lk, d=d)
+        stores_spy.clear()
+        _uses_kernels("pallas", q, k, v, {**kw, **tiles})
+        assert stores_spy == [stored], (lk, d)

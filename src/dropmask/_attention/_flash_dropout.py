@@ -1,14 +1,23 @@
-"""The TPU attention kernels' dropout: each tile's keep-flags, drawn in the kernel.
+"""The TPU attention kernels' dropout: each tile's keep-flags, drawn, or stored as bits.
 
 A tile's flags are the dense path's, element by element, for any tile size: drawn from
 the key words and the tile's position by ``dropmask._random.keep_tile``, the dropout
 kernel's own delivery (each Threefry call once, its 8 flags packed in a byte and spread
 by the matrix unit), in either orientation (the ``dk``/``dv`` kernel works on the
 transposed scores).
+
+Drawing is the kernels' dearest work: a Threefry call (about 20 vector operations a
+lane) yields 8 flags, and a kernel that draws its tile's flags each time draws them
+three times a step (forward, ``dk``/``dv``, ``dq``), and once per head where one mask
+is shared by every head (``broadcast_dropout``, Flax's default). So where the bits fit
+(:func:`stores`), a kernel of their own draws each flag once, into 1-bit form
+(:class:`Bits`), and the attention kernels unpack them with a shift and a compare.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -19,7 +28,7 @@ from jax import lax
 from .._random import LANES, keep_tile, threshold
 from . import _blockwise as bw
 
-__all__ = ["Scalars", "drawn_scale"]
+__all__ = ["Bits", "Scalars", "drawn_flags", "drawn_scale", "stored_scale", "stores"]
 
 _U32 = np.uint32
 
@@ -47,27 +56,148 @@ class Scalars:
         return [self.words[t].astype(_U32) for t in range(4)]
 
 
-def drawn_scale(
+def _scale_values(sc: Scalars) -> tuple[Any, Any]:
+    """What a kept and a dropped weight are multiplied by: ``1/realised`` and 0. A
+    run-time rate outside [0, 1] realises NaN, which reaches every weight, as on the
+    dense path."""
+    _, realised = sc.threshold()
+    if isinstance(realised, float):
+        return np.float32(1.0 / realised if realised > 0 else 0.0), np.float32(0.0)
+    nan_or_zero = realised * 0
+    positive = realised > 0
+    kept = jnp.where(positive, 1 / jnp.where(positive, realised, 1), 0) + nan_or_zero
+    return kept, nan_or_zero
+
+
+def drawn_flags(
     sc: Scalars, bh: Any, row0: Any, col0: Any, shape: tuple[int, int], transposed: bool
-) -> jax.Array | None:
-    """``1/realised`` where a weight is kept, 0 where dropped, as ``[bq, bk]`` (or
-    ``[bk, bq]`` when ``transposed``); None without dropout. A run-time rate outside
-    [0, 1] realises NaN, which reaches every weight, as on the dense path."""
+) -> jax.Array:
+    """``bool``: the keep-flags of the tile of head row ``bh`` (batch * heads) whose
+    first query is ``row0`` and first key ``col0``, as ``[bq, bk]`` (``shape``), or as
+    ``[bk, bq]`` when ``transposed``."""
     plan = sc.plan
-    if not plan.dropout:
-        return None
     bq, bk = shape
     words_per_row = -(-plan.kv_len // LANES)
     head_row = _U32(0) if plan.broadcast_dropout else bh.astype(_U32) * _U32(plan.q_len)
     rows = lax.broadcasted_iota(_U32, (1, bq) if transposed else (bq, 1), 1 if transposed else 0)
     row_word = (head_row + row0.astype(_U32) + rows) * _U32(words_per_row)
     first_word = (col0 // LANES).astype(_U32)
-    thr, realised = sc.threshold()
-    flags = keep_tile(sc.key(), thr, row_word, first_word, (bq, bk), transposed=transposed)
-    if isinstance(realised, float):
-        scale = 1.0 / realised if realised > 0 else 0.0
-        return jnp.where(flags, np.float32(scale), np.float32(0.0))
-    nan_or_zero = realised * 0  # NaN for a rate outside [0, 1]
-    positive = realised > 0
-    scale = jnp.where(positive, 1 / jnp.where(positive, realised, 1), 0) + nan_or_zero
-    return jnp.where(flags, scale, nan_or_zero)
+    thr, _ = sc.threshold()
+    return keep_tile(sc.key(), thr, row_word, first_word, (bq, bk), transposed=transposed)
+
+
+def drawn_scale(
+    sc: Scalars, bh: Any, row0: Any, col0: Any, shape: tuple[int, int], transposed: bool
+) -> jax.Array | None:
+    """What each weight of the tile is multiplied by (as :func:`drawn_flags` lays it
+    out): ``1/realised`` where kept, 0 where dropped; None without dropout."""
+    if not sc.plan.dropout:
+        return None
+    kept, dropped = _scale_values(sc)
+    return jnp.where(drawn_flags(sc, bh, row0, col0, shape, transposed), kept, dropped)
+
+
+# --- stored as bits --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Bits:
+    """How a ``[block_q, block_k]`` tile's flags are stored: as ``int32`` words.
+
+    The tile is cut into blocks of ``[rows, 128]`` (``rows = gcd(block_q, 128)``),
+    numbered row-major: ``row_slabs`` of ``block_q / rows`` by ``lane_slabs`` of
+    ``block_k / 128``. Block ``b`` is bit ``b % 32`` of word block ``b // 32``, a
+    ``[rows, 128]`` block of words; the tile's words are those blocks stacked, ``[words *
+    rows, 128]``. So packing and unpacking move whole blocks, with neither lane nor
+    sublane shuffles, in either orientation (the transposed one transposes a word block
+    first). A tile of ``[512, 1024]`` (the default) is 32 blocks of ``[128, 128]``: one
+    bit a flag. Compiled, ``rows`` must be 128: a transposed word block is then whole
+    vector registers.
+    """
+
+    block_q: int
+    block_k: int
+
+    @property
+    def rows(self) -> int:
+        return math.gcd(self.block_q, 128)
+
+    @property
+    def row_slabs(self) -> int:
+        return self.block_q // self.rows
+
+    @property
+    def lane_slabs(self) -> int:
+        return self.block_k // 128
+
+    @property
+    def words(self) -> int:
+        return -(-self.row_slabs * self.lane_slabs // 32)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        """The shape of one tile's words."""
+        return (self.words * self.rows, 128)
+
+    def serves(self, interpret: bool) -> bool:
+        return self.block_k % 128 == 0 and (interpret or self.rows == 128)
+
+    def _blocks(self) -> list[tuple[int, int, int, int]]:
+        """``(row slab, lane slab, word block, bit)`` of each block."""
+        out = []
+        for t in range(self.row_slabs):
+            for s in range(self.lane_slabs):
+                b = t * self.lane_slabs + s
+                out.append((t, s, b // 32, b % 32))
+        return out
+
+    def pack(self, flags: jax.Array) -> jax.Array:
+        """``int32[*tile]``: the words of ``bool[block_q, block_k]`` flags."""
+        ones = jnp.where(flags, np.int32(1), np.int32(0))
+        r = self.rows
+        words: list[Any] = [None] * self.words
+        for t, s, w, u in self._blocks():
+            piece = ones[t * r : (t + 1) * r, s * 128 : (s + 1) * 128] << np.int32(u)
+            words[w] = piece if words[w] is None else words[w] | piece
+        return words[0] if len(words) == 1 else jnp.concatenate(words, axis=0)
+
+    def unpack(self, words: jax.Array, kept: Any, dropped: Any, transposed: bool) -> jax.Array:
+        """``kept`` where a flag of ``words`` is set, ``dropped`` elsewhere, as ``[block_q,
+        block_k]``, or as ``[block_k, block_q]`` when ``transposed``."""
+        r = self.rows
+        blocks = [words[w * r : (w + 1) * r] for w in range(self.words)]
+        if transposed:
+            blocks = [b.T for b in blocks]
+        grid: dict[tuple[int, int], jax.Array] = {}
+        for t, s, w, u in self._blocks():
+            grid[t, s] = jnp.where((blocks[w] << np.int32(31 - u)) < 0, kept, dropped)
+        outer, inner = (
+            (self.lane_slabs, self.row_slabs)
+            if transposed
+            else (
+                self.row_slabs,
+                self.lane_slabs,
+            )
+        )
+        key = (lambda o, i: (i, o)) if transposed else (lambda o, i: (o, i))
+        strips = [
+            jnp.concatenate([grid[key(o, i)] for i in range(inner)], axis=1) for o in range(outer)
+        ]
+        return jnp.concatenate(strips, axis=0)
+
+
+def stores(plan: bw.Plan, interpret: bool, heads_rows: int, budget_bytes: int) -> bool:
+    """Whether the flags are drawn once and stored (else each kernel draws its tiles):
+    with dropout, where :class:`Bits` serves the tiles and the words of ``heads_rows``
+    rows of heads (1 where one mask is shared) take at most ``budget_bytes``."""
+    bits = Bits(plan.block_q, plan.block_k)
+    if not (plan.dropout and bits.serves(interpret)):
+        return False
+    rows, cols = bits.tile
+    return heads_rows * plan.n_q * rows * plan.n_k * cols * 4 <= budget_bytes
+
+
+def stored_scale(sc: Scalars, bits: Bits, words: jax.Array, transposed: bool) -> jax.Array:
+    """What each weight of a tile is multiplied by, from the tile's stored ``words``."""
+    kept, dropped = _scale_values(sc)
+    return bits.unpack(words, kept, dropped, transposed)

@@ -15,9 +15,12 @@ running state in scratch memory, as TPUs run Pallas kernels.
 Tiles the window structure (causal, local) or the key padding leaves out are skipped,
 and their index maps repeat the previous tile, so they cost no copy either.
 
-Dropout. Each kernel draws its tile's keep-flags inside (``_flash_dropout``): the
-dense path's flags element by element, for any tile size, drawn again in the backward
-kernels, never stored. The ``dk``/``dv`` kernel draws them transposed.
+Dropout (``_flash_dropout``). Where the flags fit in the memory that q, k, v and the
+output take, a fourth kernel (grid ``(rows of heads, query tiles, key tiles)``, one row
+where every head shares the mask) draws each tile's flags once into 32-bit words, a bit
+a flag, and the three kernels unpack their tile's words with a shift and a compare;
+elsewhere each kernel draws its tile's flags itself (the ``dk``/``dv`` kernel
+transposed). Either way the flags are the dense path's, element by element.
 
 Served (:func:`serves`): float32 and bfloat16, no dense ``mask`` and no ``bias``, with
 dropout more than one key (the key axis packs the mask), and head depths that are
@@ -64,6 +67,7 @@ class Flash:
     tiles: bw.Plan
     segments: bool
     interpret: bool
+    stored: bool = False  # the flags drawn ahead into bits (``_flash_dropout.Bits``)
 
     @property
     def dropout(self) -> bool:
@@ -72,6 +76,15 @@ class Flash:
     @property
     def run_time_rate(self) -> bool:
         return self.tiles.dropout and self.tiles.keep is None
+
+    @property
+    def bits(self) -> fd.Bits:
+        return fd.Bits(self.tiles.block_q, self.tiles.block_k)
+
+    def flag_rows(self, bh: Any) -> Any:
+        """The row of the stored flags that head row ``bh`` reads: one mask for every
+        head, or each head's own."""
+        return 0 if self.tiles.broadcast_dropout else bh
 
 
 # Head depths the kernels serve when compiled: the multiples of this, the depths Mosaic
@@ -118,6 +131,18 @@ def _column(row_ref: Any) -> jax.Array:
     return jnp.expand_dims(row_ref[0], -1)
 
 
+def _tile_scale(
+    flash: Flash, sc: fd.Scalars, flags_ref: Any, bh: Any, i: Any, j: Any, transposed: bool
+) -> jax.Array | None:
+    """The dropout scale of tile ``(i, j)`` of head row ``bh``: unpacked from the stored
+    flags, or drawn; None without dropout."""
+    if flags_ref is not None:
+        return fd.stored_scale(sc, flash.bits, flags_ref[...], transposed)
+    plan = flash.tiles
+    shape = (plan.block_q, plan.block_k)
+    return fd.drawn_scale(sc, bh, i * plan.block_q, j * plan.block_k, shape, transposed)
+
+
 def _allowed(plan: bw.Plan, rows: Any, cols: Any, state: Any, q_seg: Any, kv_seg: Any) -> Any:
     """Where queries ``rows`` may attend to keys ``cols`` (broadcasting shapes)."""
     ok = state != 0
@@ -153,6 +178,7 @@ def _forward_kernel(flash: Flash, *refs: Any) -> None:
     sc = fd.Scalars(flash.tiles, refs_)
     q_ref, k_ref, v_ref, q_state_ref, kv_state_ref, *rest = refs_
     q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
+    flags_ref = rest.pop(0) if flash.stored else None
     o_ref, lse_ref, m_sc, l_sc, acc_sc, taint_sc = rest
     bh, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk = plan.block_q, plan.block_k
@@ -188,7 +214,7 @@ def _forward_kernel(flash: Flash, *refs: Any) -> None:
         total = alpha * l_sc[...][:, :1] + jnp.sum(p, axis=1, keepdims=True)
         m_sc[...] = jnp.broadcast_to(m_new, m_sc.shape)
         l_sc[...] = jnp.broadcast_to(total, l_sc.shape)
-        scale = fd.drawn_scale(sc, bh, i * bq, j * bk, (bq, bk), False)
+        scale = _tile_scale(flash, sc, flags_ref, bh, i, j, False)
         if scale is not None:
             p = p * scale
         v = v_ref[...]
@@ -211,6 +237,7 @@ def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
     sc = fd.Scalars(flash.tiles, refs_)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref, *rest = refs_
     q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
+    flags_ref = rest.pop(0) if flash.stored else None
     dk_ref, dv_ref, dk_sc, dv_sc = rest
     bkv, j, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk, g = plan.block_q, plan.block_k, plan.groups
@@ -238,7 +265,7 @@ def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
         live = _allowed(plan, rows, cols, state, q_seg, kv_seg) & ~_nonfinite(s)
         # A tainted row's log-sum-exp is +inf: its weights are 0.
         p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - lse_ref[...]), 0.0)
-        scale = fd.drawn_scale(sc, bh, i * bq, j * bk, (bq, bk), True)
+        scale = _tile_scale(flash, sc, flags_ref, bh, i, j, True)
         kept = p if scale is None else p * scale
         dv_sc[...] += _dot(kept.astype(d_out.dtype), d_out, _NN)
         d_p = _dot(v, d_out, _NT)  # [bk, bq]
@@ -259,6 +286,7 @@ def _dq_kernel(flash: Flash, *refs: Any) -> None:
     sc = fd.Scalars(flash.tiles, refs_)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref, *rest = refs_
     q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
+    flags_ref = rest.pop(0) if flash.stored else None
     dq_ref, dq_sc = rest
     bh, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk = plan.block_q, plan.block_k
@@ -280,7 +308,7 @@ def _dq_kernel(flash: Flash, *refs: Any) -> None:
         live = _allowed(plan, rows, cols, kv_state_ref[...], q_seg, kv_seg) & ~_nonfinite(s)
         p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - _column(lse_ref)), 0.0)
         d_p = _dot(d_out, v, _NT)
-        scale = fd.drawn_scale(sc, bh, i * bq, j * bk, (bq, bk), False)
+        scale = _tile_scale(flash, sc, flags_ref, bh, i, j, False)
         if scale is not None:
             d_p = d_p * scale
         d_s = p * (d_p - _column(delta_ref))
@@ -289,6 +317,31 @@ def _dq_kernel(flash: Flash, *refs: Any) -> None:
     @pl.when(j == pl.num_programs(2) - 1)
     def _finish() -> None:
         dq_ref[...] = dq_sc[...].astype(dq_ref.dtype)
+
+
+def _flags_kernel(flash: Flash, *refs: Any) -> None:
+    """Draws each tile's flags once, into its words (``_flash_dropout.Bits``)."""
+    plan = flash.tiles
+    refs_ = list(refs)
+    sc = fd.Scalars(plan, refs_)
+    (words_ref,) = refs_
+    row, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    lo, hi = _flag_tiles(flash, row, i, sc.key_tiles)
+
+    @pl.when((j >= lo) & (j < hi))
+    def _draw() -> None:
+        shape = (plan.block_q, plan.block_k)
+        flags = fd.drawn_flags(sc, row, i * plan.block_q, j * plan.block_k, shape, False)
+        words_ref[...] = flash.bits.pack(flags)
+
+
+def _flag_tiles(flash: Flash, row: Any, i: Any, key_tiles: Any) -> tuple[Any, Any]:
+    """The key tiles of query tile ``i`` whose flags a row of the stored flags holds:
+    those some head row visits."""
+    plan = flash.tiles
+    if plan.broadcast_dropout:  # one mask for every batch row, whatever its padding
+        return _key_range(plan, i, plan.n_k)
+    return _key_range(plan, i, key_tiles[row // plan.heads])
 
 
 # --- pallas_call plumbing -------------------------------------------------------------
@@ -300,27 +353,39 @@ class _Inputs:
 
     ``q_state: int32[B*H, 1, Lq]`` (1 for a query holding a non-finite entry),
     ``kv_state: int32[B*Hk, 1, Lk]`` (0 padding, ``_VALID``, ``_NONFINITE``), segment ids
-    ``int32[B, 1, L]`` or None, and the scalar-prefetch operands: ``key_tiles: int32[B]``
-    (the key tiles up to each row's last valid key), the key words ``int32[4]`` and a
-    run-time threshold ``int32[2]`` (value, bits of the realised probability).
+    ``int32[B, 1, L]`` or None, the stored flags (``int32[rows, n_q * tile rows, n_k *
+    128]``, a ``Bits.tile`` per tile) or None, and the scalar-prefetch operands:
+    ``key_tiles: int32[B]`` (the key tiles up to each row's last valid key), the key words
+    ``int32[4]`` and a run-time threshold ``int32[2]`` (value, bits of the realised
+    probability).
     """
 
     q_state: jax.Array
     kv_state: jax.Array
     q_segments: jax.Array | None
     kv_segments: jax.Array | None
+    flags: jax.Array | None
     scalars: tuple[jax.Array, ...]
 
 
 jax.tree_util.register_dataclass(
     _Inputs,
-    data_fields=["q_state", "kv_state", "q_segments", "kv_segments", "scalars"],
+    data_fields=["q_state", "kv_state", "q_segments", "kv_segments", "flags", "scalars"],
     meta_fields=[],
 )
 
 
-def _call(flash: Flash, body: Any, grid, in_specs, out_specs, out_shape, scratch, name: str):
-    semantics = ("parallel", "parallel", "arbitrary")
+def _call(
+    flash: Flash,
+    body: Any,
+    grid,
+    in_specs,
+    out_specs,
+    out_shape,
+    scratch,
+    name: str,
+    semantics: tuple[str, ...] = ("parallel", "parallel", "arbitrary"),
+):
     return pl.pallas_call(
         functools.partial(body, flash),
         grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -362,6 +427,15 @@ class _ByQueryTile:
     def key_vector(self, bh: Any, i: Any, j: Any, tiles: Any, *_: Any) -> tuple[Any, ...]:
         return (bh // self.plan.groups, 0, self._key_tile(bh, i, j, tiles))
 
+    def flags_spec(self, flash: Flash) -> Any:
+        """A tile's stored flags: its head row's (or the shared) row, the key tile
+        visited."""
+
+        def index(bh: Any, i: Any, j: Any, tiles: Any, *_: Any) -> tuple[Any, ...]:
+            return (flash.flag_rows(bh), i, self._key_tile(bh, i, j, tiles))
+
+        return pl.BlockSpec((None, *flash.bits.tile), index)
+
     def segment_specs(self) -> list[Any]:
         """Query and key segment ids ``int32[B, 1, L]`` (a batch row's, every head)."""
         plan, heads = self.plan, self.plan.heads
@@ -395,6 +469,9 @@ def _forward(flash: Flash, q, k, v, side: _Inputs):
     if flash.segments:
         in_specs += ix.segment_specs()
         args += [side.q_segments, side.kv_segments]
+    if flash.stored:
+        in_specs.append(ix.flags_spec(flash))
+        args.append(side.flags)
     out_specs = [pl.BlockSpec((None, bq, dv), ix.rows), pl.BlockSpec((None, bq, _ROW), ix.rows)]
     rows = q.shape[0]
     out_shape = [
@@ -458,6 +535,14 @@ def _backward(flash: Flash, q, k, v, side: _Inputs, out, lse, d_out):
             pl.BlockSpec((None, 1, bk), lambda bkv, j, t, *_: (bkv // plan.kv_heads, 0, j)),
         ]
         args += [side.q_segments, side.kv_segments]
+    if flash.stored:
+
+        def flags(bkv, j, t, *rest):
+            bh, i = q_tile(bkv, j, t, *rest)
+            return (flash.flag_rows(bh), i, j)
+
+        in_specs.append(pl.BlockSpec((None, *flash.bits.tile), flags))
+        args.append(side.flags)
     out_specs = [
         pl.BlockSpec((None, bk, depth), lambda bkv, j, t, *_: (bkv, j, 0)),
         pl.BlockSpec((None, bk, dv), lambda bkv, j, t, *_: (bkv, j, 0)),
@@ -482,6 +567,8 @@ def _backward(flash: Flash, q, k, v, side: _Inputs, out, lse, d_out):
     ]
     if flash.segments:
         in_specs += ix.segment_specs()
+    if flash.stored:
+        in_specs.append(ix.flags_spec(flash))
     out_specs = [pl.BlockSpec((None, bq, depth), ix.rows)]
     scratch = [pltpu.VMEM((bq, depth), jnp.float32)]
     grid = (q.shape[0], plan.n_q, plan.n_k)
@@ -496,6 +583,31 @@ def _backward(flash: Flash, q, k, v, side: _Inputs, out, lse, d_out):
         "dropmask_flash_dq",
     )(*side.scalars, *args)
     return d_q, d_k, d_v
+
+
+def _draw_flags(flash: Flash, rows: int, scalars: tuple[jax.Array, ...]) -> jax.Array:
+    """The stored flags of ``rows`` rows of heads (1: one mask for all), drawn by
+    ``_flags_kernel``: ``int32[rows, n_q * tile rows, n_k * 128]``."""
+    plan = flash.tiles
+    tile_rows, tile_cols = flash.bits.tile
+
+    def index(row: Any, i: Any, j: Any, tiles: Any, *_: Any) -> tuple[Any, ...]:
+        lo, hi = _flag_tiles(flash, row, i, tiles)
+        return (row, i, _visited(lo, hi, j, plan.n_k))
+
+    shape = (rows, plan.n_q * tile_rows, plan.n_k * tile_cols)
+    (words,) = _call(
+        flash,
+        _flags_kernel,
+        (rows, plan.n_q, plan.n_k),
+        [],
+        [pl.BlockSpec((None, tile_rows, tile_cols), index)],
+        [jax.ShapeDtypeStruct(shape, jnp.int32)],
+        [],
+        "dropmask_flash_flags",
+        ("parallel", "parallel", "parallel"),
+    )(*scalars)
+    return words
 
 
 def _attend_impl(flash: Flash, q, k, v, side: _Inputs):
@@ -598,16 +710,21 @@ def flash_attention(
                 ]
             )
         )
+    flag_rows = 1 if plan.broadcast_dropout else bsz * heads
+    budget = sum(x.size * x.dtype.itemsize for x in (q, k, v)) + q.size // depth * v_depth * (
+        q.dtype.itemsize
+    )
+    flash = dataclasses.replace(flash, stored=fd.stores(plan, flash.interpret, flag_rows, budget))
     side = _Inputs(
         q_state=q_state,
         kv_state=kv_state,
         q_segments=segments(q_segments, plan.q_len, lq),
         kv_segments=segments(kv_segments, plan.kv_len, lk),
+        flags=_draw_flags(flash, flag_rows, tuple(scalars)) if flash.stored else None,
         scalars=tuple(scalars),
     )
     out, lse = _attend(flash, q3, k3, v3, side)
     out = out[:, : plan.q_len].reshape(bsz, heads, plan.q_len, v_depth).transpose(0, 2, 1, 3)
     out = out.reshape(*plan.batch, plan.q_len, heads, v_depth)
     taint = lse[:, 0, : plan.q_len] == jnp.inf
-    del depth
     return out, taint.reshape(*plan.batch, heads, plan.q_len, 1)
