@@ -3,18 +3,23 @@
 Run on a machine with a TPU (the device tool's v5e), flax installed::
 
     python -m benchmarks.bench_tpu --out DIR [--quick] [--step-dtypes bfloat16,float32]
+        [--parts checks,per_call,attention,step]
 
 It writes ``DIR/tpu_results.json`` after each row, so a run cut short still reports what
-it finished; ``python -m benchmarks.bench_tpu --render DIR/tpu_results.json`` turns it
-into the ``tpu`` section of ``benchmarks/RESULTS.md``, where a row the run did not reach
-reads "not run". What it measures, in order:
+it finished; ``python -m benchmarks.bench_tpu --render DIR/tpu_results.json [MORE ...]``
+turns it into the ``tpu`` section of ``benchmarks/RESULTS.md``, where a row the run did
+not reach reads "not run". ``--parts`` runs some parts only (a device call has a time
+limit); ``--render`` given several files takes each part from the last file that ran it,
+and lists every run. What it measures, in order:
 
 1. Checks: outputs of ``dropmask.dropout`` (and its gradient, ``keep_mask``, a traced
    rate, ``broadcast_dims``, ``vmap`` over keys, bf16/f16/complex, shapes the kernel
    serves and shapes that fall back) equal a CPU process's outputs for the same keys
    bit for bit, by the default path, the TPU kernel (``testing.tpu_kernels()``) and
    XLA's path (``testing.tpu_kernels(False)``); the CPU process is this module with
-   ``--reference`` under ``JAX_PLATFORMS=cpu``.
+   ``--reference`` under ``JAX_PLATFORMS=cpu``. And attention's dropped weights (``v``
+   the identity over keys, so the output is each query's weights, zero where dropped):
+   on a TPU by its Pallas kernels, on the CPU by its dense path.
 2. Per call at [8192, 8192], f32 and bf16, forward and forward + backward (``jax.vjp``
    with a fixed cotangent) in one program: ``x * c``, dropmask's default (on a TPU with
    one device, the kernel; rows say what ran), dropmask's XLA path and Flax's
@@ -34,10 +39,12 @@ reads "not run". What it measures, in order:
    first and second per repeat), XLA's temporaries and compile time of the looped step;
    the rows cheapest to compile first. And Flax's full model under
    ``swap_dropout(attention=True)``: dropmask's attention too (on a TPU, its Pallas
-   kernels).
+   kernels), and Flax's residual-only model so swapped (the kernels' cost without
+   attention dropout).
 4. Attention, bf16 [1, L, 8, 128] for L = 4096, 8192 and 32768, causal, dropout on the
    weights, forward + backward in one program: dropmask's ``"auto"`` (on a TPU, its
-   Pallas kernels), JAX's Pallas TPU flash attention without dropout and Flax's dense
+   Pallas kernels) with one mask for every head (Flax's default) and with a mask per
+   head, JAX's Pallas TPU flash attention without dropout and Flax's dense
    ``dot_product_attention`` with dropout (up to 8192 tokens): time and temporaries.
 """
 
@@ -128,6 +135,24 @@ def _check_cases() -> dict[str, Callable[[], Any]]:
     )(jax.random.split(key, 4))
     cases["grad (8, 256, 1024)"] = lambda: grad_of((8, 256, 1024))
     cases["grad (3, 100)"] = lambda: grad_of((3, 100))
+
+    def dropped(rate: Any, one_mask: bool) -> jax.Array:
+        # v the identity over keys: the output is each query's weights, 0 where dropped.
+        b, length, h, d = 1, 1024, 2, 64
+        q, k = jax.random.normal(jax.random.key(12), (2, b, length, h, d))
+        v = jnp.broadcast_to(jnp.eye(length)[None, :, None], (b, length, h, length))
+        out = dropmask.dot_product_attention(
+            q, k, v, dropout_rate=rate, key=key, deterministic=False, broadcast_dropout=one_mask
+        )
+        return out != 0
+
+    for one_mask, label in ((True, "one mask"), (False, "a mask per head")):
+        cases[f"attention dropped weights, {label} (1, 1024, 2, 64)"] = lambda m=one_mask: dropped(
+            RATE, m
+        )
+    cases["attention dropped weights, traced rate 0.3"] = lambda: jax.jit(
+        lambda r: dropped(r, True)
+    )(jnp.float32(0.3))
     return cases
 
 
@@ -289,6 +314,7 @@ NO_DROPOUT, FLAX_RESIDUAL, SWAPPED_RESIDUAL = (
 )
 FLAX_FULL, SWAPPED_FULL, FLAX_ATTENTION = "flax full", "swapped full", "flax attention-only"
 SWAPPED_ALL = "swapped full, attention too"
+SWAPPED_ATTENTION_PATH = "swapped residual-only, attention too"
 # name: (rate of the residual and MLP dropouts, rate of the attention weights' dropout,
 # None, or the ``attention`` argument of the swap_dropout Flax's model is traced under);
 # cheapest to compile first, so that a run cut short has the rows the targets need.
@@ -296,6 +322,7 @@ STEP_ROWS = {
     NO_DROPOUT: (0.0, 0.0, None),
     SWAPPED_RESIDUAL: (RATE, 0.0, False),
     SWAPPED_ALL: (RATE, RATE, True),
+    SWAPPED_ATTENTION_PATH: (RATE, 0.0, True),
     SWAPPED_FULL: (RATE, RATE, False),
     FLAX_ATTENTION: (0.0, RATE, None),
     FLAX_RESIDUAL: (RATE, 0.0, None),
@@ -392,8 +419,9 @@ ATTENTION_LENGTHS = (4096, 8192, 32768)
 QUICK_ATTENTION_LENGTHS = (256,)
 DENSE_MAX = 8192  # Flax's dense weights at 32768 tokens alone exceed the chip's memory
 ATTENTION_SHAPE = {"batch": 1, "heads": 8, "depth": 128}
-AUTO, JAX_FLASH, FLAX_DENSE = (
+AUTO, AUTO_PER_HEAD, JAX_FLASH, FLAX_DENSE = (
     "dropmask (auto)",
+    "dropmask (auto), a mask per head",
     "JAX's Pallas TPU flash attention, no dropout",
     "Flax dot_product_attention (dense)",
 )
@@ -408,11 +436,20 @@ def attention_contestants(length: int) -> dict[str, Callable[..., Any]]:
     """``(q, k, v) -> out`` for ``[batch, length, heads, depth]`` inputs, causal, with
     attention dropout at ``RATE`` (JAX's kernel: none)."""
     key = jax.random.key(4)
-    out: dict[str, Callable[..., Any]] = {
-        AUTO: lambda q, k, v: dropmask.dot_product_attention(
-            q, k, v, is_causal=True, dropout_rate=RATE, key=key, deterministic=False
+
+    def ours(one_mask: bool) -> Callable[..., Any]:
+        return lambda q, k, v: dropmask.dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            dropout_rate=RATE,
+            key=key,
+            deterministic=False,
+            broadcast_dropout=one_mask,
         )
-    }
+
+    out: dict[str, Callable[..., Any]] = {AUTO: ours(True), AUTO_PER_HEAD: ours(False)}
     if jax.default_backend() == "tpu":
         from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
 
@@ -450,7 +487,7 @@ def attention_rows(lengths: tuple[int, ...], reps: int) -> Iterator[dict[str, An
 
             grads = jax.grad(loss, argnums=(0, 1, 2))
             row: dict[str, Any] = {"length": length, "name": name}
-            if name == AUTO:
+            if name in (AUTO, AUTO_PER_HEAD):
                 row["path"] = attention_path(f, q, k, v)
             exe = jax.jit(grads).lower(q, k, v, g).compile()
             row["temp_mib"] = int(getattr(exe.memory_analysis(), "temp_size_in_bytes", 0)) / 2**20
@@ -488,18 +525,31 @@ def main(argv: list[str] | None = None) -> int:
         default=STEP_DTYPES,
         help="the train step's dtypes, comma-separated (default: bfloat16)",
     )
+    parser.add_argument(
+        "--parts",
+        type=_parts,
+        default=PARTS,
+        help=f"the parts to run, comma-separated (default: {','.join(PARTS)})",
+    )
     parser.add_argument("--reference", help=argparse.SUPPRESS)
-    parser.add_argument("--render", type=Path, help="write RESULTS.md's tpu section from this")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        nargs="+",
+        help="write RESULTS.md's tpu section from these (each part from the last that ran it)",
+    )
     args = parser.parse_args(argv)
     if args.reference:
         reference(args.reference)
         return 0
     if args.render:
-        try:
-            result = json.loads(args.render.read_text())
-        except (OSError, ValueError) as err:
-            parser.error(f"--render must name a tpu_results.json this script wrote: {err}")
-        write_section(Path(__file__).with_name("RESULTS.md"), SECTION, render(result))
+        results = []
+        for path in args.render:
+            try:
+                results.append(json.loads(path.read_text()))
+            except (OSError, ValueError) as err:
+                parser.error(f"--render must name tpu_results.json files this script wrote: {err}")
+        write_section(Path(__file__).with_name("RESULTS.md"), SECTION, render(merged(results)))
         return 0
     if jax.default_backend() != "tpu" and not args.quick:
         parser.error(
@@ -516,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         "per_call_shape": list(shape),
         "step_size": size,
         "step_dtypes": list(args.step_dtypes),
+        "parts": list(args.parts),
     }
 
     def save() -> None:
@@ -536,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
         ("step", lambda: step_rows(size, 3 if args.quick else 5, args.step_dtypes)),
     ]
     for name, part in parts:
+        if name not in args.parts:
+            continue
         try:
             value = part()
             if isinstance(value, Iterator):
@@ -550,6 +603,50 @@ def main(argv: list[str] | None = None) -> int:
             print(result[name + "_error"], flush=True)
         save()
     return 0
+
+
+PARTS = ("checks", "per_call", "attention", "step")
+PART_KEYS = {"per_call": ("per_call_shape", "default_path"), "step": ("step_size", "step_dtypes")}
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    """``--parts``: a comma-separated subset of ``PARTS``."""
+    names = tuple(dict.fromkeys(text.split(",")))
+    if not names or not set(names) <= set(PARTS):
+        raise argparse.ArgumentTypeError(
+            f"expected some of {', '.join(PARTS)} separated by commas, got {text!r}"
+        )
+    return names
+
+
+def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several runs' ``tpu_results.json``: each part (and its error) from
+    the last run that ran it, the notes of the last file that has notes, and ``runs``:
+    each run's environment and the parts it gave (a file ``merged`` wrote counts as its
+    runs)."""
+    out: dict[str, Any] = {}
+    owner: dict[str, dict[str, Any]] = {}
+    runs: list[dict[str, Any]] = []
+    for result in results:
+        ran = result.get("parts") or [p for p in PARTS if p in result or p + "_error" in result]
+        for run in result.get("runs") or [{"environment": result["environment"], "parts": ran}]:
+            record = {"environment": run["environment"], "parts": list(run["parts"])}
+            runs.append(record)
+            for part in record["parts"]:
+                owner[part] = record
+                for key in (part, part + "_error"):
+                    out.pop(key, None)
+                    if key in result:
+                        out[key] = result[key]
+                for key in PART_KEYS.get(part, ()):
+                    if key in result:
+                        out[key] = result[key]
+        if result.get("notes"):
+            out["notes"] = result["notes"]
+    for record in runs:
+        record["parts"] = [p for p in record["parts"] if owner.get(p) is record]
+    out["runs"] = [r for r in runs if r["parts"]]
+    return out
 
 
 # --- RESULTS.md -----------------------------------------------------------------------
@@ -820,7 +917,12 @@ def _attention(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
 def render(result: dict[str, Any]) -> str:
     """RESULTS.md's TPU section from ``tpu_results.json``'s contents; a row the run did
     not reach, and a target that needs it, read "not run"."""
-    lines = ["## TPU", "", environment_markdown(result["environment"])]
+    runs = result.get("runs") or [{"environment": result["environment"], "parts": PARTS}]
+    lines = ["## TPU", ""]
+    for run in runs:
+        if len(runs) > 1:
+            lines.append(f"Run of parts {', '.join(run['parts'])}:\n")
+        lines.append(environment_markdown(run["environment"]))
     lines.extend(_checks_lines(result))
     per_call, per_call_targets = _per_call(result)
     steps, step_targets = _steps(result)

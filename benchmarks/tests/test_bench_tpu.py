@@ -59,6 +59,11 @@ def _step(swapped_ratio: float, swapped_compile_s: float) -> list[dict[str, Any]
         row(bt.NO_DROPOUT, 10.0, None),
         {**row(bt.SWAPPED_RESIDUAL, swapped_compile_s, swapped_ratio), "path": bt.KERNEL},
         {**row(bt.SWAPPED_ALL, 22.0, 1.08), "path": bt.KERNEL, "attention_path": "TPU kernels"},
+        {
+            **row(bt.SWAPPED_ATTENTION_PATH, 21.0, 1.06),
+            "path": bt.KERNEL,
+            "attention_path": "TPU kernels",
+        },
         {**row(bt.SWAPPED_FULL, 20.0, 2.1), "path": bt.KERNEL},
         row(bt.FLAX_ATTENTION, 25.0, 1.99),
         row(bt.FLAX_RESIDUAL, 90.0, 1.57),
@@ -204,6 +209,42 @@ def test_render_writes_the_tpu_section_and_refuses_an_unreadable_file(
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+def test_several_runs_render_each_part_from_the_last_run_that_ran_it():
+    first = _payload(swapped_ratio=1.3)  # every part, step missed
+    second = {
+        "environment": {**ENVIRONMENT, "git_commit": "def"},
+        "parts": ["step"],
+        "step": _step(1.05, 12.0),
+        "step_dtypes": ["bfloat16"],
+        "step_size": bt.STEP,
+    }
+    third = {"environment": {**ENVIRONMENT, "git_commit": "ghi"}, "parts": ["checks"]}
+    third["checks_error"] = "Traceback ...\nRuntimeError: no CPU"
+    result = bt.merged([first, second, third])
+    assert [(r["environment"]["git_commit"], r["parts"]) for r in result["runs"]] == [
+        ("abc", ["per_call", "attention"]),
+        ("def", ["step"]),
+        ("ghi", ["checks"]),
+    ]
+    assert "checks" not in result and result["notes"] == ["a note"]
+    md = bt.render(result)
+    assert _targets(md)["bfloat16 step: swapped residual-only / no dropout <= 1.1x"] == "met"
+    assert "Run of parts step:" in md and "@ def" in md
+    assert "checks_error: `RuntimeError: no CPU`" in md
+    # A merged file merges again as its runs.
+    assert bt.merged([result]) == result
+
+
+@pytest.mark.parametrize("value", ["", "checks,gpu"])
+def test_parts_refuses_a_part_it_does_not_know_in_one_line(value, capsys):
+    with pytest.raises(SystemExit) as err:
+        bt.main(["--quick", "--parts", value])
+    assert err.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert "--parts: expected some of checks, per_call, attention, step" in lines[0]
+
+
 @pytest.mark.parametrize("value", ["float64", "", "bfloat16,f32"])
 def test_step_dtypes_refuses_a_dtype_it_does_not_time_in_one_line(value, capsys):
     with pytest.raises(SystemExit) as err:
@@ -238,13 +279,15 @@ def test_quick_saves_each_row_and_reports_a_part_that_fails(tmp_path, monkeypatc
     monkeypatch.setattr(bt, "QUICK_SHAPE", (32, 256))
     monkeypatch.setattr(bt, "DISPATCHES", 1)
     monkeypatch.setattr(bt, "step_rows", step_rows)
-    assert bt.main(["--quick", "--out", str(tmp_path)]) == 0
+    monkeypatch.setattr(bt, "attention_rows", lambda *args: iter(()))
+    assert bt.main(["--quick", "--out", str(tmp_path), "--parts", "checks,per_call,step"]) == 0
     result = json.loads((tmp_path / "tpu_results.json").read_text())
     assert saved == [
         [{"dtype": "bfloat16", "name": "no dropout", "compile_s": 1.0, "temp_mib": 1.0}]
     ]
     assert result["step"] == saved[0]
     assert result["step_error"].strip().endswith("RuntimeError: out of time")
+    assert result["parts"] == ["checks", "per_call", "step"] and "attention" not in result
     assert (result["default_path"], result["step_dtypes"]) == (bt.XLA, ["bfloat16"])
     names = [(r["dtype"], r["name"], r.get("path")) for r in result["per_call"]]
     assert names == [
