@@ -276,3 +276,82 @@ def test_flags_are_stored_while_they_take_no_more_than_the_inputs_and_output(sto
         stores_spy.clear()
         _uses_kernels("pallas", q, k, v, {**kw, **tiles})
         assert stores_spy == [stored], (lk, d)
+
+
+# --- lowered for a TPU ----------------------------------------------------------------
+
+
+@pytest.fixture
+def lowering_for_a_tpu(monkeypatch):
+    """The kernels lowered for a TPU on this CPU (Pallas to Mosaic, as ``jax.export``
+    does for another platform): compiled, not interpreted, and a v5e's description where
+    Pallas asks for the device's. Catches a kernel Mosaic cannot lower before a TPU
+    does; what only the device's compiler sees still needs a TPU."""
+    from dropmask._attention import _dot_product
+
+    tpu_info = pytest.importorskip("jax._src.pallas.mosaic.tpu_info")
+    if not hasattr(tpu_info, "_get_tpu_info_impl"):
+        pytest.skip("this jax describes TPUs differently")
+    info = tpu_info._get_tpu_info_impl(tpu_info.ChipVersion.TPU_V5E, 1)
+    monkeypatch.setattr(tpu_info, "get_tpu_info", lambda: info)
+    monkeypatch.setattr(_dot_product, "tpu_interpret", lambda: False)
+
+
+def _lowered(kw, *, lq=1024, lk=1024, h=4, kv_heads=4, d=64, dtype=jnp.bfloat16):
+    q, k, v = (jnp.asarray(x, dtype) for x in _qkv(12, lq=lq, lk=lk, h=h, kv_heads=kv_heads, d=d))
+
+    def loss(q, k, v):
+        out = dm.dot_product_attention(q, k, v, algorithm="pallas", **kw)
+        return jnp.sum(out.astype(jnp.float32))
+
+    with testing.tpu_kernels():
+        exported = jax.export.export(jax.jit(jax.grad(loss, (0, 1, 2))), platforms=["tpu"])
+        return exported(q, k, v).mlir_module()
+
+
+DROP = {"dropout_rate": 0.1, "key": KEY, "deterministic": False}
+LOWERED = {  # name: (keywords, shapes, whether the flags are stored)
+    "causal, one mask": ({**DROP, "is_causal": True}, {}, True),
+    "a mask per head, window, kv_lengths": (
+        {
+            **DROP,
+            "broadcast_dropout": False,
+            "window": (300, 0),
+            "kv_lengths": jnp.array([1024, 700]),
+        },
+        {},
+        True,
+    ),
+    "segments": (
+        {
+            **DROP,
+            "q_segment_ids": jnp.repeat(jnp.array([[1, 2]]), 512, axis=1),
+            "kv_segment_ids": jnp.repeat(jnp.array([[1, 2]]), 512, axis=1),
+        },
+        {},
+        True,
+    ),
+    "run-time rate, f32, depth 128": (
+        {**DROP, "dropout_rate": jnp.float32(0.2)},
+        {"d": 128, "dtype": jnp.float32},
+        True,
+    ),
+    # 8192 tokens, a mask per head: the bits would outgrow q, k, v and the output.
+    "grouped heads, flags drawn in each kernel": (
+        {**DROP, "broadcast_dropout": False, "block_q": 256},
+        {"lq": 8192, "lk": 8192, "h": 8, "kv_heads": 2},
+        False,
+    ),
+    "no dropout": ({"is_causal": True}, {}, False),
+}
+
+
+@pytest.mark.parametrize("name", list(LOWERED))
+def test_the_kernels_lower_for_a_tpu(name, lowering_for_a_tpu):
+    kw, shapes, stored = LOWERED[name]
+    text = _lowered(kw, **shapes)
+    kernels = ["dropmask_flash_fwd", "dropmask_flash_dkdv", "dropmask_flash_dq"]
+    kernels += ["dropmask_flash_flags"] if stored else []
+    assert text.count("tpu_custom_call(") == len(kernels)
+    for kernel in kernels:
+        assert f'kernel_name = "{kernel}"' in text, kernel

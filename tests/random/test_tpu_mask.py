@@ -198,3 +198,27 @@ def test_keep_tile_is_the_fast_masks_tile_either_way_round(transposed, cols):
         words, thr, row_word, np.uint32(cols // 32), (32, cols), transposed=transposed
     )
     np.testing.assert_array_equal(np.asarray(got).T if transposed else got, want)
+
+
+def test_the_kernel_lowers_for_a_tpu_rather_than_falling_back(monkeypatch):
+    """Lowered for a TPU on this CPU (Pallas to Mosaic, as ``jax.export`` does for another
+    platform): the kernel's custom call, not the XLA path its lowering falls back to."""
+    from dropmask._random import _draw
+
+    tpu_info = pytest.importorskip("jax._src.pallas.mosaic.tpu_info")
+    if not hasattr(tpu_info, "_get_tpu_info_impl"):
+        pytest.skip("this jax describes TPUs differently")
+    info = tpu_info._get_tpu_info_impl(tpu_info.ChipVersion.TPU_V5E, 1)
+    monkeypatch.setattr(tpu_info, "get_tpu_info", lambda: info)
+    monkeypatch.setattr(_draw, "tpu_interpret", lambda: False)
+    key = jax.random.key(0)
+
+    def loss(x, rate):
+        return jnp.sum(dropmask.dropout(x, rate, key).astype(jnp.float32))
+
+    for dtype, rate in [(jnp.float32, 0.1), (jnp.bfloat16, jnp.float32(0.3))]:
+        x = jnp.ones((256, 2048), dtype)
+        with testing.tpu_kernels():
+            lowered = jax.export.export(jax.jit(jax.value_and_grad(loss)), platforms=["tpu"])
+            text = lowered(x, rate).mlir_module()
+        assert text.count("tpu_custom_call(") == 2, dtype  # forward and backward
