@@ -266,6 +266,33 @@ def test_stored_flags_give_the_drawn_values_and_the_dense_paths(name, stores_spy
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("tiles", [(112, 640), (16, 128)])  # stored, drawn in each kernel
+def test_vmap_over_keys_draws_each_keys_mask(tiles, stores_spy):
+    q, k, v = _qkv(13, lq=224, lk=640)
+    keys = jax.random.split(jax.random.key(1), 3)
+
+    def attend(key, algorithm, **tiles_):
+        return dm.dot_product_attention(
+            q,
+            k,
+            v,
+            key=key,
+            dropout_rate=0.3,
+            deterministic=False,
+            is_causal=True,
+            algorithm=algorithm,
+            **tiles_,
+        )
+
+    with testing.tpu_kernels():
+        got = jax.jit(
+            jax.vmap(lambda key: attend(key, "pallas", block_q=tiles[0], block_k=tiles[1]))
+        )(keys)
+    assert stores_spy == [tiles == (112, 640)]
+    want = jax.vmap(lambda key: attend(key, "dense"))(keys)
+    np.testing.assert_allclose(got, want, **TOL)
+
+
 def test_flags_are_stored_while_they_take_no_more_than_the_inputs_and_output(stores_spy):
     """The words' bytes (here a [128, 128] block of words a tile, a word a flag) against
     the bytes of q, k, v and the output."""
