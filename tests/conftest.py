@@ -73,6 +73,24 @@ def key() -> jax.Array:
     return jax.random.key(0)
 
 
+@pytest.fixture
+def lowering_for_a_tpu(monkeypatch):
+    """The TPU kernels lowered for a TPU on this CPU (Pallas to Mosaic, as ``jax.export``
+    does for another platform): compiled, not interpreted, and a v5e's description where
+    Pallas asks for the device's. Catches a kernel Mosaic cannot lower before a TPU
+    does; what only the device's compiler sees still needs a TPU."""
+    from dropmask._attention import _dot_product
+    from dropmask._random import _draw
+
+    tpu_info = pytest.importorskip("jax._src.pallas.mosaic.tpu_info")
+    if not hasattr(tpu_info, "_get_tpu_info_impl"):
+        pytest.skip("this jax describes TPUs differently")
+    info = tpu_info._get_tpu_info_impl(tpu_info.ChipVersion.TPU_V5E, 1)
+    monkeypatch.setattr(tpu_info, "get_tpu_info", lambda: info)
+    monkeypatch.setattr(_dot_product, "tpu_interpret", lambda: False)
+    monkeypatch.setattr(_draw, "tpu_interpret", lambda: False)
+
+
 @pytest.fixture(autouse=True)
 def _checkify_codes_from_one():
     """Numbers ``checkify`` checks from 1 in every test.

@@ -308,22 +308,6 @@ def test_flags_are_stored_while_they_take_no_more_than_the_inputs_and_output(sto
 # --- lowered for a TPU ----------------------------------------------------------------
 
 
-@pytest.fixture
-def lowering_for_a_tpu(monkeypatch):
-    """The kernels lowered for a TPU on this CPU (Pallas to Mosaic, as ``jax.export``
-    does for another platform): compiled, not interpreted, and a v5e's description where
-    Pallas asks for the device's. Catches a kernel Mosaic cannot lower before a TPU
-    does; what only the device's compiler sees still needs a TPU."""
-    from dropmask._attention import _dot_product
-
-    tpu_info = pytest.importorskip("jax._src.pallas.mosaic.tpu_info")
-    if not hasattr(tpu_info, "_get_tpu_info_impl"):
-        pytest.skip("this jax describes TPUs differently")
-    info = tpu_info._get_tpu_info_impl(tpu_info.ChipVersion.TPU_V5E, 1)
-    monkeypatch.setattr(tpu_info, "get_tpu_info", lambda: info)
-    monkeypatch.setattr(_dot_product, "tpu_interpret", lambda: False)
-
-
 def _lowered(kw, *, lq=1024, lk=1024, h=4, kv_heads=4, d=64, dtype=jnp.bfloat16):
     q, k, v = (jnp.asarray(x, dtype) for x in _qkv(12, lq=lq, lk=lk, h=h, kv_heads=kv_heads, d=d))
 

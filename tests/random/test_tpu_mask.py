@@ -200,17 +200,9 @@ def test_keep_tile_is_the_fast_masks_tile_either_way_round(transposed, cols):
     np.testing.assert_array_equal(np.asarray(got).T if transposed else got, want)
 
 
-def test_the_kernel_lowers_for_a_tpu_rather_than_falling_back(monkeypatch):
-    """Lowered for a TPU on this CPU (Pallas to Mosaic, as ``jax.export`` does for another
-    platform): the kernel's custom call, not the XLA path its lowering falls back to."""
-    from dropmask._random import _draw
-
-    tpu_info = pytest.importorskip("jax._src.pallas.mosaic.tpu_info")
-    if not hasattr(tpu_info, "_get_tpu_info_impl"):
-        pytest.skip("this jax describes TPUs differently")
-    info = tpu_info._get_tpu_info_impl(tpu_info.ChipVersion.TPU_V5E, 1)
-    monkeypatch.setattr(tpu_info, "get_tpu_info", lambda: info)
-    monkeypatch.setattr(_draw, "tpu_interpret", lambda: False)
+def test_the_kernel_lowers_for_a_tpu_rather_than_falling_back(lowering_for_a_tpu):
+    """Lowered for a TPU on this CPU: the kernel's custom calls, not the XLA path its
+    lowering falls back to."""
     key = jax.random.key(0)
 
     def loss(x, rate):
