@@ -60,10 +60,11 @@ _ALGORITHMS = ("auto", "dense", "blockwise", "pallas")
 AUTO_BLOCKWISE_SCORES = {2: 512 * 512, 4: 4096 * 4096}
 # Where the Pallas TPU kernels run (a TPU, see ``_random.tpu_kernels_run``), "auto" takes
 # them from this many scores on, in either dtype. On a v5e (bf16, dropout 0.1, forward
-# and backward; a one-off comparison, not one of bench_tpu's rows) they took 0.72x the dense path's time at [4, 1024, 16, 64] and 0.68x at
-# 2048 tokens, and in the 4-layer train step of benchmarks/bench_tpu.py (1024 tokens,
-# 16 heads of 64) 0.42x; the dense path was faster only with few heads of 128 (0.97x
-# the kernels' time at [1, 512, 8, 128] causal, 0.76x at 1024).
+# and backward; a one-off comparison, not one of bench_tpu's rows) they took 0.72x the
+# dense path's time at [4, 1024, 16, 64] and 0.68x at 2048 tokens, and in the 4-layer
+# train step of benchmarks/bench_tpu.py (1024 tokens, 16 heads of 64) 0.42x; the dense
+# path was faster only with few heads of 128 (0.97x the kernels' time at [1, 512, 8,
+# 128] causal, 0.76x at 1024).
 AUTO_FLASH_SCORES = 512 * 512
 
 _HINT = (

@@ -375,17 +375,10 @@ jax.tree_util.register_dataclass(
 )
 
 
-def _call(
-    flash: Flash,
-    body: Any,
-    grid,
-    in_specs,
-    out_specs,
-    out_shape,
-    scratch,
-    name: str,
-    semantics: tuple[str, ...] = ("parallel", "parallel", "arbitrary"),
-):
+def _call(flash: Flash, body: Any, grid, in_specs, out_specs, out_shape, scratch, name: str):
+    # The last axis in order: a skipped step's index map repeats a block another step
+    # of that axis visits.
+    semantics = ("parallel", "parallel", "arbitrary")
     return pl.pallas_call(
         functools.partial(body, flash),
         grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -605,7 +598,6 @@ def _draw_flags(flash: Flash, rows: int, scalars: tuple[jax.Array, ...]) -> jax.
         [jax.ShapeDtypeStruct(shape, jnp.int32)],
         [],
         "dropmask_flash_flags",
-        ("parallel", "parallel", "parallel"),
     )(*scalars)
     return words
 
@@ -711,9 +703,8 @@ def flash_attention(
             )
         )
     flag_rows = 1 if plan.broadcast_dropout else bsz * heads
-    budget = sum(x.size * x.dtype.itemsize for x in (q, k, v)) + q.size // depth * v_depth * (
-        q.dtype.itemsize
-    )
+    out_bytes = q.size // depth * v_depth * q.dtype.itemsize
+    budget = sum(x.size * x.dtype.itemsize for x in (q, k, v)) + out_bytes
     flash = dataclasses.replace(flash, stored=fd.stores(plan, flash.interpret, flag_rows, budget))
     side = _Inputs(
         q_state=q_state,
