@@ -6,10 +6,11 @@ kernel's own delivery (each Threefry call once, its 8 flags packed in a byte and
 by the matrix unit), in either orientation (the ``dk``/``dv`` kernel works on the
 transposed scores).
 
-Drawing is the kernels' dearest work: a Threefry call (about 20 vector operations a
-lane) yields 8 flags, and a kernel that draws its tile's flags each time draws them
-three times a step (forward, ``dk``/``dv``, ``dq``), and once per head where one mask
-is shared by every head (``broadcast_dropout``, Flax's default). So where the bits fit
+Drawing is the kernels' dearest work: a Threefry-4x32-13 call takes about 150 vector
+operations (13 rounds of add, rotate and xor on 4 words, and the key injections) for
+its 8 flags, and kernels that draw their tiles' flags draw each three times a step
+(forward, ``dk``/``dv``, ``dq``), and once per head where one mask is shared by every
+head (``broadcast_dropout``, Flax's default). So where the bits fit
 (:func:`stores`), a kernel of their own draws each flag once, into 1-bit form
 (:class:`Bits`), and the attention kernels unpack them with a shift and a compare.
 """
@@ -140,6 +141,9 @@ class Bits:
         return (self.words * self.rows, 128)
 
     def serves(self, interpret: bool) -> bool:
+        """Whether these tiles can store their flags: key tiles of whole 128-lane
+        blocks, and compiled, blocks of 128 rows (a transposed block of words is then
+        whole vector registers)."""
         return self.block_k % 128 == 0 and (interpret or self.rows == 128)
 
     def _blocks(self) -> list[tuple[int, int, int, int]]:
@@ -171,19 +175,12 @@ class Bits:
         grid: dict[tuple[int, int], jax.Array] = {}
         for t, s, w, u in self._blocks():
             grid[t, s] = jnp.where((blocks[w] << np.int32(31 - u)) < 0, kept, dropped)
-        outer, inner = (
-            (self.lane_slabs, self.row_slabs)
-            if transposed
-            else (
-                self.row_slabs,
-                self.lane_slabs,
-            )
-        )
-        key = (lambda o, i: (i, o)) if transposed else (lambda o, i: (o, i))
-        strips = [
-            jnp.concatenate([grid[key(o, i)] for i in range(inner)], axis=1) for o in range(outer)
-        ]
-        return jnp.concatenate(strips, axis=0)
+        rows_, lanes = range(self.row_slabs), range(self.lane_slabs)
+        if transposed:  # a block is [128 keys, rows queries]: keys down, queries across
+            strips = [[grid[t, s] for t in rows_] for s in lanes]
+        else:
+            strips = [[grid[t, s] for s in lanes] for t in rows_]
+        return jnp.concatenate([jnp.concatenate(strip, axis=1) for strip in strips], axis=0)
 
 
 def stores(plan: bw.Plan, interpret: bool, heads_rows: int, budget_bytes: int) -> bool:
