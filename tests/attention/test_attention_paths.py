@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -22,17 +23,22 @@ from hypothesis import strategies as st
 
 import dropmask as dm
 from dropmask import testing
+from dropmask._attention import _flash_dropout as fd
 
 B, LQ, LK, H, KV_HEADS, D = 2, 5, 7, 2, 1, 4  # grouped-query: two query heads per key head
 # Blockwise tiles that do not divide the lengths; Pallas's smallest tiles.
 # "tpu": algorithm="pallas" inside testing.tpu_kernels(), the Pallas TPU kernels in
-# Pallas's TPU interpreter, at their smallest tiles.
+# Pallas's TPU interpreter, at their smallest tiles; "tpu, stored": the same with the
+# dropout flags drawn once into bits whatever they take (at these sizes the kernels
+# would draw them in each kernel).
 TILES = {
     "dense": {},
     "blockwise": {"block_q": 2, "block_k": 3},
     "pallas": {},
     "tpu": {"block_q": 16, "block_k": 128},
+    "tpu, stored": {"block_q": 16, "block_k": 128},
 }
+TPU_PATHS = ("tpu", "tpu, stored")
 # Per dtype, the relative round-off the paths may differ by (16-bit outputs and
 # weights are rounded once on one path and not on another).
 TOL = {"float32": 2e-5, "bfloat16": 3e-2, "float16": 4e-3}
@@ -53,7 +59,7 @@ def _loss(algorithm, options, q, k, v, bias, mask, key):
         k,
         v,
         bias=bias,
-        algorithm="pallas" if algorithm == "tpu" else algorithm,
+        algorithm="pallas" if algorithm in TPU_PATHS else algorithm,
         **TILES[algorithm],
         **masks,
         **kw,
@@ -134,14 +140,30 @@ def _same(got, want, tol: float, what: str, size: float = 1.0) -> None:
         )
 
 
+@contextlib.contextmanager
+def _way(path: str) -> Iterator[None]:
+    """Where ``path`` runs: the TPU kernels, storing the flags for "tpu, stored"."""
+    if path not in TPU_PATHS:
+        yield
+        return
+    stores = fd.stores
+    if path == "tpu, stored":
+        fd.stores = lambda plan, interpret, rows, budget: stores(plan, interpret, rows, 2**62)
+    try:
+        with testing.tpu_kernels():
+            yield
+    finally:
+        fd.stores = stores
+
+
 def _check(case: dict, paths: tuple[str, ...]) -> None:
     args = (case["q"], case["k"], case["v"], case["bias"], case["mask"], case["key"])
     tol = TOL[str(case["q"].dtype)]
     want_out, want_grads = _run("dense", case["options"], *args)
     for path in paths:
-        with testing.tpu_kernels() if path == "tpu" else contextlib.nullcontext():
+        with _way(path):
             out, grads = _run(path, case["options"], *args)
-        if path == "tpu":
+        if path in TPU_PATHS:
             # Its dk/dv kernel computes the scores transposed (k q^T): the same products
             # summed in another order, so a weight may differ by the scores' round-off,
             # float32's epsilon times their bound, relative (at scale 300, about 1%).
@@ -185,14 +207,14 @@ def _key_padding(case: dict) -> dict:
 @given(_cases(bias=False))
 def test_dense_and_the_tpu_kernels_agree_on_adversarial_inputs(case):
     # float16 takes the blockwise path there: it is checked all the same.
-    _check(_key_padding(case), ("blockwise", "tpu"))
+    _check(_key_padding(case), ("blockwise", "tpu", "tpu, stored"))
 
 
 @pytest.mark.slow
 @settings(max_examples=50, suppress_health_check=[HealthCheck.too_slow])
 @given(_cases(bias=False))
 def test_dense_and_the_tpu_kernels_agree_on_adversarial_inputs_many(case):
-    _check(_key_padding(case), ("tpu",))
+    _check(_key_padding(case), TPU_PATHS)
 
 
 @pytest.mark.slow
