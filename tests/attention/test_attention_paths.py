@@ -214,7 +214,9 @@ def test_dense_and_the_tpu_kernels_agree_on_adversarial_inputs(case):
 @settings(max_examples=50, suppress_health_check=[HealthCheck.too_slow])
 @given(_cases(bias=False))
 def test_dense_and_the_tpu_kernels_agree_on_adversarial_inputs_many(case):
-    _check(_key_padding(case), TPU_PATHS)
+    # The flags stored, as the kernels do at their default tiles; make test's 10 cases
+    # check both ways.
+    _check(_key_padding(case), ("tpu, stored",))
 
 
 @pytest.mark.slow
