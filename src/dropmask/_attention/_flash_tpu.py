@@ -131,6 +131,29 @@ def _column(row_ref: Any) -> jax.Array:
     return jnp.expand_dims(row_ref[0], -1)
 
 
+@dataclasses.dataclass
+class _Refs:
+    """A kernel's refs, in the order the plumbing passes them: the scalar operands, the
+    ``inputs`` each kernel names, segment ids, stored flags, then ``rest`` (outputs and
+    scratch)."""
+
+    scalars: fd.Scalars
+    inputs: list[Any]
+    q_segments: Any
+    kv_segments: Any
+    flags: Any
+    rest: list[Any]
+
+    @classmethod
+    def of(cls, flash: Flash, refs: tuple[Any, ...], inputs: int) -> _Refs:
+        refs_ = list(refs)
+        scalars = fd.Scalars(flash.tiles, refs_)
+        named, rest = refs_[:inputs], refs_[inputs:]
+        segments = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
+        flags = rest.pop(0) if flash.stored else None
+        return cls(scalars, named, *segments, flags, rest)
+
+
 def _tile_scale(
     flash: Flash, sc: fd.Scalars, flags_ref: Any, bh: Any, i: Any, j: Any, transposed: bool
 ) -> jax.Array | None:
@@ -174,12 +197,10 @@ def _visited(lo: Any, hi: Any, t: Any, count: int) -> Any:
 
 def _forward_kernel(flash: Flash, *refs: Any) -> None:
     plan = flash.tiles
-    refs_ = list(refs)
-    sc = fd.Scalars(flash.tiles, refs_)
-    q_ref, k_ref, v_ref, q_state_ref, kv_state_ref, *rest = refs_
-    q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
-    flags_ref = rest.pop(0) if flash.stored else None
-    o_ref, lse_ref, m_sc, l_sc, acc_sc, taint_sc = rest
+    r = _Refs.of(flash, refs, 5)
+    sc, q_seg_ref, kv_seg_ref, flags_ref = r.scalars, r.q_segments, r.kv_segments, r.flags
+    q_ref, k_ref, v_ref, q_state_ref, kv_state_ref = r.inputs
+    o_ref, lse_ref, m_sc, l_sc, acc_sc, taint_sc = r.rest
     bh, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk = plan.block_q, plan.block_k
 
@@ -233,12 +254,10 @@ def _forward_kernel(flash: Flash, *refs: Any) -> None:
 
 def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
     plan = flash.tiles
-    refs_ = list(refs)
-    sc = fd.Scalars(flash.tiles, refs_)
-    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref, *rest = refs_
-    q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
-    flags_ref = rest.pop(0) if flash.stored else None
-    dk_ref, dv_ref, dk_sc, dv_sc = rest
+    r = _Refs.of(flash, refs, 7)
+    sc, q_seg_ref, kv_seg_ref, flags_ref = r.scalars, r.q_segments, r.kv_segments, r.flags
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref = r.inputs
+    dk_ref, dv_ref, dk_sc, dv_sc = r.rest
     bkv, j, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk, g = plan.block_q, plan.block_k, plan.groups
     n_q = plan.n_q
@@ -282,12 +301,10 @@ def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
 
 def _dq_kernel(flash: Flash, *refs: Any) -> None:
     plan = flash.tiles
-    refs_ = list(refs)
-    sc = fd.Scalars(flash.tiles, refs_)
-    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref, *rest = refs_
-    q_seg_ref, kv_seg_ref = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
-    flags_ref = rest.pop(0) if flash.stored else None
-    dq_ref, dq_sc = rest
+    r = _Refs.of(flash, refs, 7)
+    sc, q_seg_ref, kv_seg_ref, flags_ref = r.scalars, r.q_segments, r.kv_segments, r.flags
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref = r.inputs
+    dq_ref, dq_sc = r.rest
     bh, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk = plan.block_q, plan.block_k
 
