@@ -47,11 +47,11 @@ from jax.experimental.pallas import tpu as pltpu
 from .._random import LANES, check_word_count, key_words, threshold
 from . import _blockwise as bw
 from . import _flash_dropout as fd
+from . import _kernel_inputs as ki
 
 __all__ = ["DEFAULT_BLOCKS", "Flash", "flash_attention", "serves"]
 
 DEFAULT_BLOCKS = (512, 1024)  # (block_q, block_k): 128 calls a row of a key tile
-_VALID, _NONFINITE = 1, 2  # key states; 0 is a padding (invalid) key
 _U32 = np.uint32
 _ROW = 128  # lanes of a per-row scratch value (a row's scalar, repeated)
 _NT = (((1,), (1,)), ((), ()))  # a @ b^T
@@ -222,7 +222,7 @@ def _forward_kernel(flash: Flash, *refs: Any) -> None:
         q_seg = None if q_seg_ref is None else _column(q_seg_ref)
         kv_seg = None if kv_seg_ref is None else kv_seg_ref[...]
         ok = _allowed(plan, rows, cols, state, q_seg, kv_seg)
-        bad = _nonfinite(s) | (state == _NONFINITE)
+        bad = _nonfinite(s) | (state == ki.NONFINITE)
         bad_q = _column(q_state_ref) != 0
         seen = jnp.max(jnp.where(ok & (bad | bad_q), 1, 0), axis=1, keepdims=True)
         taint_sc[...] = jnp.maximum(taint_sc[...], seen)
@@ -368,13 +368,12 @@ def _flag_tiles(flash: Flash, row: Any, i: Any, key_tiles: Any) -> tuple[Any, An
 class _Inputs:
     """The kernels' side inputs in their layouts (padded to whole tiles).
 
-    ``q_state: int32[B*H, 1, Lq]`` (1 for a query holding a non-finite entry),
-    ``kv_state: int32[B*Hk, 1, Lk]`` (0 padding, ``_VALID``, ``_NONFINITE``), segment ids
-    ``int32[B, 1, L]`` or None, the stored flags (``int32[rows, n_q * tile rows, n_k *
-    128]``, a ``Bits.tile`` per tile) or None, and the scalar-prefetch operands:
-    ``key_tiles: int32[B]`` (the key tiles up to each row's last valid key), the key words
-    ``int32[4]`` and a run-time threshold ``int32[2]`` (value, bits of the realised
-    probability).
+    ``q_state: int32[B*H, 1, Lq]`` and ``kv_state: int32[B*Hk, 1, Lk]`` (the states of
+    ``_kernel_inputs.position_states``), segment ids ``int32[B, 1, L]`` or None, the
+    stored flags (``int32[rows, n_q * tile rows, n_k * 128]``, a ``Bits.tile`` per tile)
+    or None, and the scalar-prefetch operands: ``key_tiles: int32[B]`` (the key tiles up
+    to each row's last valid key), the key words ``int32[4]`` and a run-time threshold
+    ``int32[2]`` (value, bits of the realised probability).
     """
 
     q_state: jax.Array
@@ -685,16 +684,9 @@ def flash_attention(
     k3 = rows_first(k, plan.kv_len, hk, lk)
     v3 = rows_first(v, plan.kv_len, hk, lk)
 
-    valid = jnp.ones((), bool) if kv_valid is None else kv_valid
-    valid = jnp.broadcast_to(valid, (*plan.batch, plan.kv_len)).reshape(bsz, 1, plan.kv_len)
-    bad_kv3 = bad_kv.reshape(bsz, plan.kv_len, hk).transpose(0, 2, 1)
-    kv_state = jnp.where(valid, jnp.where(bad_kv3, _NONFINITE, _VALID), 0).astype(jnp.int32)
-    valid_any = jnp.any(kv_state != 0, axis=1)  # [B, Lk]
-    position = lax.broadcasted_iota(jnp.int32, valid_any.shape, 1) + 1
-    end = jnp.max(jnp.where(valid_any, position, 0), axis=1)
-    key_tiles = (end + plan.block_k - 1) // plan.block_k
+    q_state, kv_state = ki.position_states(plan, kv_valid, bad_q, bad_kv)
+    key_tiles = ki.key_tiles(kv_state, plan.block_k)
     kv_state = _pad_to(kv_state.reshape(bsz * hk, 1, plan.kv_len), 2, lk)
-    q_state = bad_q.reshape(bsz, plan.q_len, heads).transpose(0, 2, 1).astype(jnp.int32)
     q_state = _pad_to(q_state.reshape(bsz * heads, 1, plan.q_len), 2, lq)
 
     def segments(ids: jax.Array | None, length: int, padded: int) -> jax.Array | None:

@@ -41,6 +41,7 @@ from jax.experimental import pallas as pl
 
 from .._random import Threshold, key_words, threshold, tile_keep_flags
 from . import _blockwise as bw
+from . import _kernel_inputs as ki
 
 __all__ = [
     "DEFAULT_BLOCK_K",
@@ -54,8 +55,6 @@ __all__ = [
 # cheapest flags; JAX's own Pallas kernel takes 32 x 32 for its backward pass.
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_K = 32
-
-_VALID, _NONFINITE = 1, 2  # key states; 0 is a padding (invalid) key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +98,7 @@ class _Inputs(NamedTuple):
     """The kernels' side inputs, each padded to whole tiles; None where absent.
 
     ``q_state: int32[B, H, Lq]`` (1 where the query holds a non-finite entry),
-    ``kv_state: int32[B, Hk, Lk]`` (0 padding, ``_VALID``, or ``_NONFINITE`` for a
+    ``kv_state: int32[B, Hk, Lk]`` (0 padding, ``VALID``, or ``NONFINITE`` for a
     valid key whose key or value holds one), segment ids ``int32[B, L]``, the four
     Threefry key words ``uint32[4]`` and, for a run-time rate, ``float32[2]``: the
     threshold's value and the probability it realises, and a dense mask as ``int8``
@@ -230,7 +229,7 @@ def _forward_kernel(kernel: Kernel, *refs: Any) -> None:
         s = _dot(q, k, (1, 1), plan)
         mask = _mask_tile(kernel, mask_ref, None, pl.ds(start, bk))
         ok = _allowed(plan, rows, cols, state, q_seg, kv_seg, mask)
-        bad = _nonfinite(s) | (state == _NONFINITE)[None, :]
+        bad = _nonfinite(s) | (state == ki.NONFINITE)[None, :]
         taint = jnp.maximum(taint, _row_max(ok & (bad | bad_q)))
         s = jnp.where(ok & ~bad, s, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
@@ -597,14 +596,6 @@ def _mask_input(mask: jax.Array, plan: bw.Plan, lq: int, lk: int) -> jax.Array:
     return _pad_to(mask.astype(jnp.int8), sizes)
 
 
-def _key_tiles(kv_state: jax.Array, block_k: int) -> jax.Array:
-    """``int32[B]``: how many key tiles reach the last valid key of each batch row."""
-    valid = jnp.any(kv_state != 0, axis=1)  # [B, Lk]
-    position = lax.broadcasted_iota(jnp.int32, valid.shape, 1) + 1
-    end = jnp.max(jnp.where(valid, position, 0), axis=1)
-    return (end + block_k - 1) // block_k
-
-
 def _padded_depth(depth: int) -> int:
     return max(16, pl.next_power_of_2(depth))
 
@@ -654,11 +645,7 @@ def pallas_attention(
     k4 = _pad_to(k.reshape(bsz, plan.kv_len, hk, depth), {1: lk, 3: _padded_depth(depth)})
     v4 = _pad_to(v.reshape(bsz, plan.kv_len, hk, v_depth), {1: lk, 3: _padded_depth(v_depth)})
 
-    valid = jnp.ones((), bool) if kv_valid is None else kv_valid
-    valid = jnp.broadcast_to(valid, (*plan.batch, plan.kv_len)).reshape(bsz, 1, plan.kv_len)
-    bad_kv3 = bad_kv.reshape(bsz, plan.kv_len, hk).transpose(0, 2, 1)
-    kv_state = jnp.where(valid, jnp.where(bad_kv3, _NONFINITE, _VALID), 0).astype(jnp.int32)
-    q_state = bad_q.reshape(bsz, plan.q_len, heads).transpose(0, 2, 1).astype(jnp.int32)
+    q_state, kv_state = ki.position_states(plan, kv_valid, bad_q, bad_kv)
 
     def segments(ids: jax.Array | None, length: int, padded: int) -> jax.Array | None:
         if ids is None:
@@ -669,7 +656,7 @@ def pallas_attention(
     side = _Inputs(
         q_state=_pad_to(q_state, {2: lq}),
         kv_state=_pad_to(kv_state, {2: lk}),
-        key_tiles=_key_tiles(kv_state, plan.block_k),
+        key_tiles=ki.key_tiles(kv_state, plan.block_k),
         q_segments=segments(q_segments, plan.q_len, lq),
         kv_segments=segments(kv_segments, plan.kv_len, lk),
         words=key_words(key) if kernel.dropout else None,
