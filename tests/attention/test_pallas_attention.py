@@ -13,6 +13,7 @@ import pytest
 
 import dropmask as dm
 from dropmask._attention import _blockwise as bw
+from dropmask._attention import _kernel_inputs as ki
 from dropmask._attention import _pallas as pa
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -262,13 +263,13 @@ def test_kernels_lower_to_triton_for_a_gpu(keep):
     run_time_keep = None if keep is not None else jnp.float32(0.9)
 
     def loss(q, k, v):
-        out, _ = pa.pallas_attention(
-            kernel, q, k, v,
+        inputs = ki.KernelInputs(
             kv_valid=None, q_segments=jnp.ones((2, 40), jnp.int32),
             kv_segments=jnp.ones((2, 70), jnp.int32), bad_q=jnp.zeros((2, 40, 2), bool),
             bad_kv=jnp.zeros((2, 70, 1), bool), key=jax.random.key(0),
-            run_time_keep=run_time_keep, mask=mask,
+            run_time_keep=run_time_keep,
         )  # fmt: skip
+        out, _ = pa.pallas_attention(kernel, q, k, v, inputs, mask=mask)
         return out.astype(jnp.float32).sum()
 
     q = jnp.zeros((2, 40, 2, 64), jnp.bfloat16)

@@ -44,6 +44,7 @@ from .._masks import as_array, sequence_mask
 from .._random import DEFAULT_IMPL, Impl, probability, tpu_interpret, tpu_kernels_run
 from .._reductions import compute_dtype
 from . import _blockwise as bw
+from . import _kernel_inputs as ki
 from ._dense import Dense, dense, dense_jit, rank
 from ._nonfinite import poison, prepared
 
@@ -526,20 +527,20 @@ def _run_tiled(
     )
     run_keep = None if static_keep is not None else keep
     # What the kernels take beside q, k, v (the blockwise path takes them as a Side).
-    kernel_inputs = {
-        "kv_valid": c.kv_valid,
-        "q_segments": c.q_seg,
-        "kv_segments": c.kv_seg,
-        "bad_q": bad_q,
-        "bad_kv": bad_k | bad_v,
-        "key": c.rng,
-        "run_time_keep": run_keep,
-    }
+    kernel_inputs = ki.KernelInputs(
+        kv_valid=c.kv_valid,
+        q_segments=c.q_seg,
+        kv_segments=c.kv_seg,
+        bad_q=bad_q,
+        bad_kv=bad_k | bad_v,
+        key=c.rng,
+        run_time_keep=run_keep,
+    )
     if path == "flash":
         from . import _flash_tpu as ft
 
         flash = ft.Flash(plan, segments=c.q_seg is not None, interpret=tpu_interpret())
-        out, tainted = ft.flash_attention(flash, q, k, v, **kernel_inputs)
+        out, tainted = ft.flash_attention(flash, q, k, v, kernel_inputs)
         return poison(out, q, tainted)
     if path == "pallas":
         # Imported here: jax.experimental.pallas loads only for the path that runs it.
@@ -551,7 +552,7 @@ def _run_tiled(
             interpret=jax.default_backend() != "gpu",
             mask_dims=None if c.mask is None else pa.mask_dims(c.mask, c.batch),
         )
-        out, tainted = pa.pallas_attention(kernel, q, k, v, mask=c.mask, **kernel_inputs)
+        out, tainted = pa.pallas_attention(kernel, q, k, v, kernel_inputs, mask=c.mask)
         return poison(out, q, tainted)
 
     bias = c.bias

@@ -654,14 +654,7 @@ def flash_attention(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    *,
-    kv_valid: jax.Array | None,
-    q_segments: jax.Array | None,
-    kv_segments: jax.Array | None,
-    bad_q: jax.Array,
-    bad_kv: jax.Array,
-    key: Any,
-    run_time_keep: Any = None,
+    inputs: ki.KernelInputs,
 ) -> tuple[jax.Array, jax.Array]:
     """Attention of ``q: [*batch, Lq, H, D]`` over ``k``, ``v``: ``[*batch, Lk, Hk, D]``,
     as ``_pallas.pallas_attention`` (which see) without a dense ``mask``.
@@ -684,7 +677,7 @@ def flash_attention(
     k3 = rows_first(k, plan.kv_len, hk, lk)
     v3 = rows_first(v, plan.kv_len, hk, lk)
 
-    q_state, kv_state = ki.position_states(plan, kv_valid, bad_q, bad_kv)
+    q_state, kv_state = ki.position_states(plan, inputs)
     key_tiles = ki.key_tiles(kv_state, plan.block_k)
     kv_state = _pad_to(kv_state.reshape(bsz * hk, 1, plan.kv_len), 2, lk)
     q_state = _pad_to(q_state.reshape(bsz * heads, 1, plan.q_len), 2, lq)
@@ -699,9 +692,9 @@ def flash_attention(
     if flash.dropout:
         rows = 1 if plan.broadcast_dropout else bsz * heads
         check_word_count((rows, plan.q_len, -(-plan.kv_len // LANES)))
-        scalars.append(lax.bitcast_convert_type(key_words(key), jnp.int32))
+        scalars.append(lax.bitcast_convert_type(key_words(inputs.key), jnp.int32))
     if flash.run_time_rate:
-        thr = threshold(run_time_keep)
+        thr = threshold(inputs.run_time_keep)
         realised = jnp.asarray(thr.realised, jnp.float32)
         scalars.append(
             jnp.stack(
@@ -718,8 +711,8 @@ def flash_attention(
     side = _Inputs(
         q_state=q_state,
         kv_state=kv_state,
-        q_segments=segments(q_segments, plan.q_len, lq),
-        kv_segments=segments(kv_segments, plan.kv_len, lk),
+        q_segments=segments(inputs.q_segments, plan.q_len, lq),
+        kv_segments=segments(inputs.kv_segments, plan.kv_len, lk),
         flags=_draw_flags(flash, flag_rows, tuple(scalars)) if flash.stored else None,
         scalars=tuple(scalars),
     )

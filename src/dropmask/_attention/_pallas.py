@@ -612,24 +612,14 @@ def pallas_attention(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    *,
-    kv_valid: jax.Array | None,
-    q_segments: jax.Array | None,
-    kv_segments: jax.Array | None,
-    bad_q: jax.Array,
-    bad_kv: jax.Array,
-    key: Any,
-    run_time_keep: Any = None,
+    inputs: ki.KernelInputs,
     mask: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Attention of ``q: [*batch, Lq, H, D]`` over ``k``, ``v``: ``[*batch, Lk, Hk, D]``.
 
     As :func:`dropmask._attention._blockwise.blockwise_attention`: ``q`` is already
     scaled by ``1/sqrt(D)`` and every input is finite (non-finite entries zeroed and
-    recorded in ``bad_q: bool[*batch, Lq, H]`` and ``bad_kv: bool[*batch, Lk, Hk]``).
-    ``kv_valid`` broadcasts to ``[*batch, Lk]``; segment ids to ``[*batch, L]``.
-    ``run_time_keep``: the keep probability as a ``float32`` scalar when the rate is a
-    run-time value (``kernel.run_time_rate``), else None. ``mask``: boolean, rank
+    recorded in ``inputs``, :class:`_kernel_inputs.KernelInputs`). ``mask``: boolean, rank
     ``len(batch) + 3``, each axis 1 or whole (as ``kernel.mask_dims`` says).
 
     Returns:
@@ -645,7 +635,7 @@ def pallas_attention(
     k4 = _pad_to(k.reshape(bsz, plan.kv_len, hk, depth), {1: lk, 3: _padded_depth(depth)})
     v4 = _pad_to(v.reshape(bsz, plan.kv_len, hk, v_depth), {1: lk, 3: _padded_depth(v_depth)})
 
-    q_state, kv_state = ki.position_states(plan, kv_valid, bad_q, bad_kv)
+    q_state, kv_state = ki.position_states(plan, inputs)
 
     def segments(ids: jax.Array | None, length: int, padded: int) -> jax.Array | None:
         if ids is None:
@@ -657,10 +647,10 @@ def pallas_attention(
         q_state=_pad_to(q_state, {2: lq}),
         kv_state=_pad_to(kv_state, {2: lk}),
         key_tiles=ki.key_tiles(kv_state, plan.block_k),
-        q_segments=segments(q_segments, plan.q_len, lq),
-        kv_segments=segments(kv_segments, plan.kv_len, lk),
-        words=key_words(key) if kernel.dropout else None,
-        rate=None if run_time_keep is None else _run_time_threshold(run_time_keep),
+        q_segments=segments(inputs.q_segments, plan.q_len, lq),
+        kv_segments=segments(inputs.kv_segments, plan.kv_len, lk),
+        words=key_words(inputs.key) if kernel.dropout else None,
+        rate=None if inputs.run_time_keep is None else _run_time_threshold(inputs.run_time_keep),
         mask=None if mask is None else _mask_input(mask, plan, lq, lk),
     )
     out, taint = _attend(kernel, q4, k4, v4, side)
