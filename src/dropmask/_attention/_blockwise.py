@@ -102,6 +102,11 @@ class Plan:
     def heads(self) -> int:
         return self.kv_heads * self.groups
 
+    @property
+    def run_time_rate(self) -> bool:
+        """Whether weights are dropped at a rate known only at run time."""
+        return self.dropout and self.keep is None
+
 
 class Side(NamedTuple):
     """Masks and bias, in tile-sliceable form (padded to whole tiles); None if absent.

@@ -40,7 +40,7 @@ class Scalars:
     def __init__(self, plan: bw.Plan, refs: list[Any]):
         self.key_tiles = refs.pop(0)
         self.words = refs.pop(0) if plan.dropout else None
-        self.rate = refs.pop(0) if plan.dropout and plan.keep is None else None
+        self.rate = refs.pop(0) if plan.run_time_rate else None
         self.plan = plan
 
     def threshold(self) -> tuple[Any, Any]:

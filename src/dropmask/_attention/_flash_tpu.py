@@ -75,7 +75,7 @@ class Flash:
 
     @property
     def run_time_rate(self) -> bool:
-        return self.tiles.dropout and self.tiles.keep is None
+        return self.tiles.run_time_rate
 
     @property
     def bits(self) -> fd.Bits:

@@ -84,7 +84,7 @@ class Kernel:
 
     @property
     def run_time_rate(self) -> bool:
-        return self.tiles.dropout and self.tiles.keep is None
+        return self.tiles.run_time_rate
 
 
 class _Dropout(NamedTuple):
