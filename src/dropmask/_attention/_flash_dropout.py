@@ -6,7 +6,7 @@ kernel's own delivery (each Threefry call once, its 8 flags packed in a byte and
 by the matrix unit), in either orientation (the ``dk``/``dv`` kernel works on the
 transposed scores).
 
-Drawing is the kernels' dearest work: a Threefry-4x32-13 call takes about 150 vector
+Drawing is the kernels' dearest work: a Threefry-4x32-13 call counts about 150 vector
 operations (13 rounds of add, rotate and xor on 4 words, and the key injections) for
 its 8 flags, and kernels that draw their tiles' flags draw each three times a step
 (forward, ``dk``/``dv``, ``dq``), and once per head where one mask is shared by every
