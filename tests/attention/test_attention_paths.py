@@ -207,16 +207,16 @@ def _key_padding(case: dict) -> dict:
 @given(_cases(bias=False))
 def test_dense_and_the_tpu_kernels_agree_on_adversarial_inputs(case):
     # float16 takes the blockwise path there: it is checked all the same.
-    _check(_key_padding(case), ("blockwise", "tpu", "tpu, stored"))
+    # The flags stored, as the kernels do at their default tiles; the 50 slow cases
+    # draw them in each kernel.
+    _check(_key_padding(case), ("blockwise", "tpu, stored"))
 
 
 @pytest.mark.slow
 @settings(max_examples=50, suppress_health_check=[HealthCheck.too_slow])
 @given(_cases(bias=False))
 def test_dense_and_the_tpu_kernels_agree_on_adversarial_inputs_many(case):
-    # The flags stored, as the kernels do at their default tiles; make test's 10 cases
-    # check both ways.
-    _check(_key_padding(case), ("tpu, stored",))
+    _check(_key_padding(case), ("tpu",))
 
 
 @pytest.mark.slow
