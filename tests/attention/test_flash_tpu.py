@@ -15,6 +15,7 @@ import dropmask as dm
 from dropmask import testing
 from dropmask._attention import _flash_dropout as fd
 from dropmask._attention import _flash_tpu as ft
+from dropmask._attention import _kernel_inputs as ki
 
 B, LQ, LK, H, D = 2, 40, 200, 2, 8  # lengths that are not a multiple of any tile
 TOL = {"rtol": 2e-5, "atol": 1e-5}  # gradients are O(1): a zero is exact here, 2e-6 there
@@ -208,10 +209,10 @@ def test_bits_pack_and_unpack_the_flags_in_either_orientation(block_q, block_k):
     words = bits.pack(jnp.asarray(flags))
     assert words.shape == bits.tile and words.dtype == jnp.int32
     assert words.size * 32 >= flags.size  # a bit a flag, the last word block maybe part-used
-    got = bits.unpack(words, np.float32(2.0), np.float32(0.0), transposed=False)
-    np.testing.assert_array_equal(np.asarray(got), np.where(flags, 2.0, 0.0))
-    got = bits.unpack(words, np.float32(2.0), np.float32(0.0), transposed=True)
-    np.testing.assert_array_equal(np.asarray(got), np.where(flags.T, 2.0, 0.0))
+    got = bits.unpack(words, transposed=False)
+    assert got.dtype == jnp.bool_
+    np.testing.assert_array_equal(np.asarray(got), flags)
+    np.testing.assert_array_equal(np.asarray(bits.unpack(words, transposed=True)), flags.T)
 
 
 def test_the_default_tile_stores_one_bit_a_flag_in_whole_registers():
@@ -303,6 +304,73 @@ def test_flags_are_stored_while_they_take_no_more_than_the_inputs_and_output(sto
         stores_spy.clear()
         _uses_kernels("pallas", q, k, v, {**kw, **tiles})
         assert stores_spy == [stored], (lk, d)
+
+
+# --- clean calls ----------------------------------------------------------------------
+
+
+CLEAN_CASES = {  # name: (keywords, tiles); stored flags, flags drawn in each kernel
+    "causal, one mask, stored": ({"is_causal": True, "dropout_rate": 0.3}, (112, 640)),
+    "segments, a mask per head, drawn": (
+        {**CASES["segments, dropout"], "kv_lengths": jnp.array([200, 151])},
+        (16, 128),
+    ),
+    "run-time rate, window": (
+        {"window": (17, 5), "dropout_rate": jnp.float32(0.25)},
+        (48, 256),
+    ),
+    "no dropout, kv_lengths": ({"kv_lengths": jnp.array([200, 61])}, (16, 128)),
+}
+
+
+@pytest.mark.parametrize("name", list(CLEAN_CASES))
+def test_a_clean_call_skips_the_checks_and_gives_what_they_give(name, monkeypatch):
+    """On finite scores the checks change nothing: with them forced on (``clean`` 0),
+    the outputs and gradients are the same bits."""
+    kw, (block_q, block_k) = CLEAN_CASES[name]
+    kw = {**kw, "key": KEY, "deterministic": False, "block_q": block_q, "block_k": block_k}
+    q, k, v = _qkv(14)
+    seen = []
+    original = ft.clean
+
+    def spy(*args):
+        out = original(*args)
+        jax.debug.callback(lambda x: seen.append(int(x[0])), out)
+        return out
+
+    monkeypatch.setattr(ft, "clean", spy)
+    fast = _on_tpu_kernels("pallas", q, k, v, kw)
+    assert seen == [1]
+    monkeypatch.setattr(ft, "clean", lambda q, *_: jnp.zeros((1,), jnp.int32))
+    checked = _on_tpu_kernels("pallas", q, k, v, kw)
+    for got, want in zip(jax.tree.leaves(fast), jax.tree.leaves(checked), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def _inputs(bad_q=False, bad_kv=False):
+    return ki.KernelInputs(
+        kv_valid=None,
+        q_segments=None,
+        kv_segments=None,
+        bad_q=jnp.zeros((1, 4, 1), bool).at[0, 0, 0].set(bad_q),
+        bad_kv=jnp.zeros((1, 4, 1), bool).at[0, 3, 0].set(bad_kv),
+        key=None,
+    )
+
+
+def test_clean_is_no_non_finite_input_and_no_score_that_can_overflow():
+    ones = jnp.ones((1, 4, 16), jnp.bfloat16)
+    assert int(ft.clean(ones, ones, _inputs())[0]) == 1
+    assert int(ft.clean(ones, ones, _inputs(bad_q=True))[0]) == 0
+    assert int(ft.clean(ones, ones, _inputs(bad_kv=True))[0]) == 0
+    # 16 * q_max * k_max against float32's largest over 4: just under, then over.
+    limit = float(np.finfo(np.float32).max) / 4 / 16
+    q_max = jnp.float32(2.0**60)
+    k_under = jnp.float32(limit / 2.0**60 * 0.99)
+    for k_max, want in [(k_under, 1), (k_under * 1.03, 0), (jnp.float32(jnp.inf), 0)]:
+        k = ones.astype(jnp.float32).at[0, 2, 5].set(-k_max)
+        got = ft.clean(ones.astype(jnp.float32).at[0, 1, 1].set(q_max), k, _inputs())
+        assert int(got[0]) == want, k_max
 
 
 # --- lowered for a TPU ----------------------------------------------------------------

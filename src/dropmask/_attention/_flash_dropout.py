@@ -29,16 +29,18 @@ from jax import lax
 from .._random import LANES, keep_tile, threshold
 from . import _blockwise as bw
 
-__all__ = ["Bits", "Scalars", "drawn_flags", "drawn_scale", "stored_scale", "stores"]
+__all__ = ["Bits", "Scalars", "drawn_flags", "stores"]
 
 _U32 = np.uint32
 
 
 class Scalars:
-    """The scalar-prefetch operands: key tiles per batch row, key words, run-time rate."""
+    """The scalar-prefetch operands: key tiles per batch row, whether the call is
+    clean (``_flash_tpu.clean``), key words, run-time rate."""
 
     def __init__(self, plan: bw.Plan, refs: list[Any]):
         self.key_tiles = refs.pop(0)
+        self.clean = refs.pop(0)
         self.words = refs.pop(0) if plan.dropout else None
         self.rate = refs.pop(0) if plan.run_time_rate else None
         self.plan = plan
@@ -56,18 +58,17 @@ class Scalars:
         assert self.words is not None
         return [self.words[t].astype(_U32) for t in range(4)]
 
-
-def _scale_values(sc: Scalars) -> tuple[Any, Any]:
-    """What a kept and a dropped weight are multiplied by: ``1/realised`` and 0. A
-    run-time rate outside [0, 1] realises NaN, which reaches every weight, as on the
-    dense path."""
-    _, realised = sc.threshold()
-    if isinstance(realised, float):
-        return np.float32(1.0 / realised if realised > 0 else 0.0), np.float32(0.0)
-    nan_or_zero = realised * 0
-    positive = realised > 0
-    kept = jnp.where(positive, 1 / jnp.where(positive, realised, 1), 0) + nan_or_zero
-    return kept, nan_or_zero
+    def inverse_keep(self) -> Any:
+        """What a kept weight is multiplied by, ``1/realised`` (0 where nothing is
+        kept). The kernels select the kept weights and apply this once to a sum of
+        them (an output row, ``dv``) or to a tile of the operand they meet (``v``,
+        ``dO``), not to each weight. A run-time rate outside [0, 1] realises NaN,
+        which so reaches every output and gradient, as on the dense path."""
+        _, realised = self.threshold()
+        if isinstance(realised, float):
+            return np.float32(1.0 / realised if realised > 0 else 0.0)
+        positive = realised > 0
+        return jnp.where(positive, 1 / jnp.where(positive, realised, 1), 0) + realised * 0
 
 
 def drawn_flags(
@@ -85,17 +86,6 @@ def drawn_flags(
     first_word = (col0 // LANES).astype(_U32)
     thr, _ = sc.threshold()
     return keep_tile(sc.key(), thr, row_word, first_word, (bq, bk), transposed=transposed)
-
-
-def drawn_scale(
-    sc: Scalars, bh: Any, row0: Any, col0: Any, shape: tuple[int, int], transposed: bool
-) -> jax.Array | None:
-    """What each weight of the tile is multiplied by (as :func:`drawn_flags` lays it
-    out): ``1/realised`` where kept, 0 where dropped; None without dropout."""
-    if not sc.plan.dropout:
-        return None
-    kept, dropped = _scale_values(sc)
-    return jnp.where(drawn_flags(sc, bh, row0, col0, shape, transposed), kept, dropped)
 
 
 # --- stored as bits --------------------------------------------------------------------
@@ -165,16 +155,16 @@ class Bits:
             words[w] = piece if words[w] is None else words[w] | piece
         return words[0] if len(words) == 1 else jnp.concatenate(words, axis=0)
 
-    def unpack(self, words: jax.Array, kept: Any, dropped: Any, transposed: bool) -> jax.Array:
-        """``kept`` where a flag of ``words`` is set, ``dropped`` elsewhere, as ``[block_q,
-        block_k]``, or as ``[block_k, block_q]`` when ``transposed``."""
+    def unpack(self, words: jax.Array, transposed: bool) -> jax.Array:
+        """``bool``: the flags of ``words``, as ``[block_q, block_k]``, or as ``[block_k,
+        block_q]`` when ``transposed``."""
         r = self.rows
         blocks = [words[w * r : (w + 1) * r] for w in range(self.words)]
         if transposed:
             blocks = [b.T for b in blocks]
         grid: dict[tuple[int, int], jax.Array] = {}
         for t, s, w, u in self._blocks():
-            grid[t, s] = jnp.where((blocks[w] << np.int32(31 - u)) < 0, kept, dropped)
+            grid[t, s] = (blocks[w] << np.int32(31 - u)) < 0
         rows_, lanes = range(self.row_slabs), range(self.lane_slabs)
         if transposed:  # a block is [128 keys, rows queries]: keys down, queries across
             strips = [[grid[t, s] for t in rows_] for s in lanes]
@@ -192,9 +182,3 @@ def stores(plan: bw.Plan, interpret: bool, heads_rows: int, budget_bytes: int) -
         return False
     rows, cols = bits.tile
     return heads_rows * plan.n_q * rows * plan.n_k * cols * 4 <= budget_bytes
-
-
-def stored_scale(sc: Scalars, bits: Bits, words: jax.Array, transposed: bool) -> jax.Array:
-    """What each weight of a tile is multiplied by, from the tile's stored ``words``."""
-    kept, dropped = _scale_values(sc)
-    return bits.unpack(words, kept, dropped, transposed)

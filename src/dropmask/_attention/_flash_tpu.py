@@ -15,12 +15,19 @@ running state in scratch memory, as TPUs run Pallas kernels.
 Tiles the window structure (causal, local) or the key padding leaves out are skipped,
 and their index maps repeat the previous tile, so they cost no copy either.
 
+The non-finite convention (a row that sees a non-finite input or score is tainted) costs
+checks on every score; :func:`clean` proves ahead, from one read of ``q`` and ``k``, that
+every score of a call is finite, and then each tile takes a step without them, which
+gives the same bits (the checks find nothing) in about half the vector work.
+
 Dropout (``_flash_dropout``). Where the flags fit in the memory that q, k, v and the
 output take, a fourth kernel (grid ``(rows of heads, query tiles, key tiles)``, one row
 where every head shares the mask) draws each tile's flags once into 32-bit words, a bit
 a flag, and the three kernels unpack their tile's words with a shift and a compare;
 elsewhere each kernel draws its tile's flags itself (the ``dk``/``dv`` kernel
-transposed). Either way the flags are the dense path's, element by element.
+transposed). Either way the flags are the dense path's, element by element. A flag
+selects a weight (or its ``dP``); the ``1/keep`` scale is applied once to what the kept
+weights sum to, or to the tile of ``v`` or ``dO`` they meet, not to each weight.
 
 Served (:func:`serves`): float32 and bfloat16, no dense ``mask`` and no ``bias``, with
 dropout more than one key (the key axis packs the mask), and head depths that are
@@ -68,6 +75,7 @@ class Flash:
     segments: bool
     interpret: bool
     stored: bool = False  # the flags drawn ahead into bits (``_flash_dropout.Bits``)
+    key_padding: bool = True  # keys to mask out by their state (padded or invalid)
 
     @property
     def dropout(self) -> bool:
@@ -154,21 +162,24 @@ class _Refs:
         return cls(scalars, named, *segments, flags, rest)
 
 
-def _tile_scale(
+def _tile_flags(
     flash: Flash, sc: fd.Scalars, flags_ref: Any, bh: Any, i: Any, j: Any, transposed: bool
 ) -> jax.Array | None:
-    """The dropout scale of tile ``(i, j)`` of head row ``bh``: unpacked from the stored
-    flags, or drawn; None without dropout."""
+    """The keep-flags of tile ``(i, j)`` of head row ``bh``: unpacked from the stored
+    bits, or drawn; None without dropout."""
+    if not flash.dropout:
+        return None
     if flags_ref is not None:
-        return fd.stored_scale(sc, flash.bits, flags_ref[...], transposed)
+        return flash.bits.unpack(flags_ref[...], transposed)
     plan = flash.tiles
     shape = (plan.block_q, plan.block_k)
-    return fd.drawn_scale(sc, bh, i * plan.block_q, j * plan.block_k, shape, transposed)
+    return fd.drawn_flags(sc, bh, i * plan.block_q, j * plan.block_k, shape, transposed)
 
 
 def _allowed(plan: bw.Plan, rows: Any, cols: Any, state: Any, q_seg: Any, kv_seg: Any) -> Any:
-    """Where queries ``rows`` may attend to keys ``cols`` (broadcasting shapes)."""
-    ok = state != 0
+    """Where queries ``rows`` may attend to keys ``cols`` (broadcasting shapes);
+    ``state`` None: every key is valid."""
+    ok = jnp.ones((), bool) if state is None else state != 0
     if plan.left is not None:
         ok = ok & (cols >= rows - plan.left)
     if plan.right is not None:
@@ -195,6 +206,23 @@ def _visited(lo: Any, hi: Any, t: Any, count: int) -> Any:
     return jnp.clip(jnp.clip(t, lo, last), 0, count - 1)
 
 
+def _when_visited(flash: Flash, sc: fd.Scalars, visited: Any, step: Any) -> None:
+    """Runs ``step(careful)`` on a visited tile: ``careful=False`` in a clean call (see
+    ``clean``), whose scores are all finite, so the tile skips the non-finite checks
+    (about half the vector work of a step); ``careful=True`` otherwise."""
+    clean = sc.clean[0] != 0
+    pl.when(visited & clean)(functools.partial(step, False))
+    pl.when(visited & jnp.logical_not(clean))(functools.partial(step, True))
+
+
+def _state(flash: Flash, careful: bool, ref: Any, column: bool = False) -> Any:
+    """The key states a tile masks by: None (every key valid) in a clean call without
+    key padding."""
+    if not (careful or flash.key_padding):
+        return None
+    return _column(ref) if column else ref[...]
+
+
 def _forward_kernel(flash: Flash, *refs: Any) -> None:
     plan = flash.tiles
     r = _Refs.of(flash, refs, 5)
@@ -213,20 +241,21 @@ def _forward_kernel(flash: Flash, *refs: Any) -> None:
 
     lo, hi = _key_range(plan, i, sc.key_tiles[bh // plan.heads])
 
-    @pl.when((j >= lo) & (j < hi))
-    def _step() -> None:
+    def step(careful: bool) -> None:
         s = _dot(q_ref[...], k_ref[...], _NT)  # [bq, bk]
         rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
         cols = j * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
-        state = kv_state_ref[...]  # [1, bk]
+        state = _state(flash, careful, kv_state_ref)  # [1, bk]
         q_seg = None if q_seg_ref is None else _column(q_seg_ref)
         kv_seg = None if kv_seg_ref is None else kv_seg_ref[...]
         ok = _allowed(plan, rows, cols, state, q_seg, kv_seg)
-        bad = _nonfinite(s) | (state == ki.NONFINITE)
-        bad_q = _column(q_state_ref) != 0
-        seen = jnp.max(jnp.where(ok & (bad | bad_q), 1, 0), axis=1, keepdims=True)
-        taint_sc[...] = jnp.maximum(taint_sc[...], seen)
-        s = jnp.where(ok & ~bad, s, -jnp.inf)
+        if careful:
+            bad = _nonfinite(s) | (state == ki.NONFINITE)
+            bad_q = _column(q_state_ref) != 0
+            seen = jnp.max(jnp.where(ok & (bad | bad_q), 1, 0), axis=1, keepdims=True)
+            taint_sc[...] = jnp.maximum(taint_sc[...], seen)
+            ok = ok & ~bad
+        s = jnp.where(ok, s, -jnp.inf)
         m = m_sc[...][:, :1]
         m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
         shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -235,11 +264,13 @@ def _forward_kernel(flash: Flash, *refs: Any) -> None:
         total = alpha * l_sc[...][:, :1] + jnp.sum(p, axis=1, keepdims=True)
         m_sc[...] = jnp.broadcast_to(m_new, m_sc.shape)
         l_sc[...] = jnp.broadcast_to(total, l_sc.shape)
-        scale = _tile_scale(flash, sc, flags_ref, bh, i, j, False)
-        if scale is not None:
-            p = p * scale
+        flags = _tile_flags(flash, sc, flags_ref, bh, i, j, False)
+        if flags is not None:
+            p = jnp.where(flags, p, 0.0)
         v = v_ref[...]
         acc_sc[...] = alpha * acc_sc[...] + _dot(p.astype(v.dtype), v, _NN)
+
+    _when_visited(flash, sc, (j >= lo) & (j < hi), step)
 
     @pl.when(j == pl.num_programs(2) - 1)
     def _finish() -> None:
@@ -247,9 +278,16 @@ def _forward_kernel(flash: Flash, *refs: Any) -> None:
         tainted = taint_sc[...][:, :1] != 0
         empty = (total == 0) | tainted
         safe = jnp.where(empty, 1.0, total)
-        o_ref[...] = jnp.where(empty, 0.0, acc_sc[...] / safe).astype(o_ref.dtype)
+        norm = 1 / safe if not flash.dropout else sc.inverse_keep() / safe
+        o_ref[...] = jnp.where(empty, 0.0, acc_sc[...] * norm).astype(o_ref.dtype)
         lse = jnp.where(tainted, jnp.inf, jnp.where(empty, 0.0, m_sc[...][:, :1] + jnp.log(safe)))
         lse_ref[...] = jnp.broadcast_to(lse, lse_ref.shape)
+
+
+def _scaled(ref: Any, by: Any) -> jax.Array:
+    """A tile of ``ref`` multiplied by ``by``, in the tile's dtype."""
+    x = ref[...]
+    return (x.astype(jnp.float32) * by).astype(x.dtype)
 
 
 def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
@@ -257,7 +295,7 @@ def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
     r = _Refs.of(flash, refs, 7)
     sc, q_seg_ref, kv_seg_ref, flags_ref = r.scalars, r.q_segments, r.kv_segments, r.flags
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref = r.inputs
-    dk_ref, dv_ref, dk_sc, dv_sc = r.rest
+    dk_ref, dv_ref, dk_sc, dv_sc, *v_kept_sc = r.rest
     bkv, j, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk, g = plan.block_q, plan.block_k, plan.groups
     n_q = plan.n_q
@@ -269,34 +307,41 @@ def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
     def _init() -> None:
         dk_sc[...] = jnp.zeros(dk_sc.shape, jnp.float32)
         dv_sc[...] = jnp.zeros(dv_sc.shape, jnp.float32)
+        if v_kept_sc:  # v / keep: dP of the kept weights, scaled once a key tile
+            v_kept_sc[0][...] = _scaled(v_ref, sc.inverse_keep())
 
     lo, hi = _query_range(plan, j, sc.key_tiles[b])
 
-    @pl.when((i >= lo) & (i < hi))
-    def _step() -> None:
-        q, k, v, d_out = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+    def step(careful: bool) -> None:
+        q, k, d_out = q_ref[...], k_ref[...], do_ref[...]
         s = _dot(k, q, _NT)  # [bk, bq]
         cols = j * bk + lax.broadcasted_iota(jnp.int32, (bk, 1), 0)  # keys, down
         rows = i * bq + lax.broadcasted_iota(jnp.int32, (1, bq), 1)  # queries, across
-        state = _column(kv_state_ref)
+        state = _state(flash, careful, kv_state_ref, column=True)
         q_seg = None if q_seg_ref is None else q_seg_ref[...]
         kv_seg = None if kv_seg_ref is None else _column(kv_seg_ref)
-        live = _allowed(plan, rows, cols, state, q_seg, kv_seg) & ~_nonfinite(s)
-        # A tainted row's log-sum-exp is +inf: its weights are 0.
-        p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - lse_ref[...]), 0.0)
-        scale = _tile_scale(flash, sc, flags_ref, bh, i, j, True)
-        kept = p if scale is None else p * scale
+        live = _allowed(plan, rows, cols, state, q_seg, kv_seg)
+        if careful:  # a tainted row's log-sum-exp is +inf: its weights are 0
+            live = live & ~_nonfinite(s)
+            s = jnp.where(live, s, 0.0)
+        p = jnp.where(live, jnp.exp(s - lse_ref[...]), 0.0)
+        flags = _tile_flags(flash, sc, flags_ref, bh, i, j, True)
+        kept = p if flags is None else jnp.where(flags, p, 0.0)
         dv_sc[...] += _dot(kept.astype(d_out.dtype), d_out, _NN)
+        v = v_ref[...] if flags is None else v_kept_sc[0][...]
         d_p = _dot(v, d_out, _NT)  # [bk, bq]
-        if scale is not None:
-            d_p = d_p * scale
+        if flags is not None:
+            d_p = jnp.where(flags, d_p, 0.0)
         d_s = p * (d_p - delta_ref[...])
         dk_sc[...] += _dot(d_s.astype(q.dtype), q, _NN)
+
+    _when_visited(flash, sc, (i >= lo) & (i < hi), step)
 
     @pl.when(t == pl.num_programs(2) - 1)
     def _finish() -> None:
         dk_ref[...] = dk_sc[...].astype(dk_ref.dtype)
-        dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
+        dv = dv_sc[...] if not flash.dropout else dv_sc[...] * sc.inverse_keep()
+        dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
 def _dq_kernel(flash: Flash, *refs: Any) -> None:
@@ -304,32 +349,40 @@ def _dq_kernel(flash: Flash, *refs: Any) -> None:
     r = _Refs.of(flash, refs, 7)
     sc, q_seg_ref, kv_seg_ref, flags_ref = r.scalars, r.q_segments, r.kv_segments, r.flags
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref = r.inputs
-    dq_ref, dq_sc = r.rest
+    dq_ref, dq_sc, *do_kept_sc = r.rest
     bh, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk = plan.block_q, plan.block_k
 
     @pl.when(j == 0)
     def _init() -> None:
         dq_sc[...] = jnp.zeros(dq_sc.shape, jnp.float32)
+        if do_kept_sc:  # dO / keep: dP of the kept weights, scaled once a query tile
+            do_kept_sc[0][...] = _scaled(do_ref, sc.inverse_keep())
 
     lo, hi = _key_range(plan, i, sc.key_tiles[bh // plan.heads])
 
-    @pl.when((j >= lo) & (j < hi))
-    def _step() -> None:
-        q, k, v, d_out = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+    def step(careful: bool) -> None:
+        q, k, v = q_ref[...], k_ref[...], v_ref[...]
         s = _dot(q, k, _NT)  # [bq, bk]
         rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
         cols = j * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+        state = _state(flash, careful, kv_state_ref)
         q_seg = None if q_seg_ref is None else _column(q_seg_ref)
         kv_seg = None if kv_seg_ref is None else kv_seg_ref[...]
-        live = _allowed(plan, rows, cols, kv_state_ref[...], q_seg, kv_seg) & ~_nonfinite(s)
-        p = jnp.where(live, jnp.exp(jnp.where(live, s, 0.0) - _column(lse_ref)), 0.0)
+        live = _allowed(plan, rows, cols, state, q_seg, kv_seg)
+        if careful:
+            live = live & ~_nonfinite(s)
+            s = jnp.where(live, s, 0.0)
+        p = jnp.where(live, jnp.exp(s - _column(lse_ref)), 0.0)
+        flags = _tile_flags(flash, sc, flags_ref, bh, i, j, False)
+        d_out = do_ref[...] if flags is None else do_kept_sc[0][...]
         d_p = _dot(d_out, v, _NT)
-        scale = _tile_scale(flash, sc, flags_ref, bh, i, j, False)
-        if scale is not None:
-            d_p = d_p * scale
+        if flags is not None:
+            d_p = jnp.where(flags, d_p, 0.0)
         d_s = p * (d_p - _column(delta_ref))
         dq_sc[...] += _dot(d_s.astype(k.dtype), k, _NN)
+
+    _when_visited(flash, sc, (j >= lo) & (j < hi), step)
 
     @pl.when(j == pl.num_programs(2) - 1)
     def _finish() -> None:
@@ -372,8 +425,9 @@ class _Inputs:
     ``_kernel_inputs.position_states``), segment ids ``int32[B, 1, L]`` or None, the
     stored flags (``int32[rows, n_q * tile rows, n_k * 128]``, a ``Bits.tile`` per tile)
     or None, and the scalar-prefetch operands: ``key_tiles: int32[B]`` (the key tiles up
-    to each row's last valid key), the key words ``int32[4]`` and a run-time threshold
-    ``int32[2]`` (value, bits of the realised probability).
+    to each row's last valid key), ``clean: int32[1]`` (:func:`clean`), the key words
+    ``int32[4]`` and a run-time threshold ``int32[2]`` (value, bits of the realised
+    probability).
     """
 
     q_state: jax.Array
@@ -398,7 +452,7 @@ def _call(flash: Flash, body: Any, grid, in_specs, out_specs, out_shape, scratch
     return pl.pallas_call(
         functools.partial(body, flash),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1 + flash.dropout + flash.run_time_rate,
+            num_scalar_prefetch=2 + flash.dropout + flash.run_time_rate,
             grid=grid,
             in_specs=in_specs,
             out_specs=out_specs,
@@ -558,6 +612,8 @@ def _backward(flash: Flash, q, k, v, side: _Inputs, out, lse, d_out):
     ]
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     scratch = [pltpu.VMEM((bk, depth), jnp.float32), pltpu.VMEM((bk, dv), jnp.float32)]
+    if flash.dropout:
+        scratch.append(pltpu.VMEM((bk, dv), v.dtype))
     grid = (k.shape[0], plan.n_k, g * n_q)
     d_k, d_v = _call(
         flash, _dkdv_kernel, grid, in_specs, out_specs, out_shape, scratch, "dropmask_flash_dkdv"
@@ -580,6 +636,8 @@ def _backward(flash: Flash, q, k, v, side: _Inputs, out, lse, d_out):
         in_specs.append(ix.flags_spec(flash))
     out_specs = [pl.BlockSpec((None, bq, depth), ix.rows)]
     scratch = [pltpu.VMEM((bq, depth), jnp.float32)]
+    if flash.dropout:
+        scratch.append(pltpu.VMEM((bq, dv), d_out.dtype))
     grid = (q.shape[0], plan.n_q, plan.n_k)
     (d_q,) = _call(
         flash,
@@ -642,6 +700,23 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 # --- the entry point ------------------------------------------------------------------
 
 
+# A score of magnitude at most this is finite however a dot product's sums round.
+_SAFE_SCORE = float(np.finfo(np.float32).max) / 4
+
+
+def clean(q: jax.Array, k: jax.Array, inputs: ki.KernelInputs) -> jax.Array:
+    """``int32[1]``: 1 where no input entry was non-finite and no score can overflow
+    (``depth * max|q| * max|k|`` bounds every score), so every score is finite and the
+    kernels skip the non-finite convention's checks; 0 otherwise, where they make
+    them. One read of ``q`` and ``k`` (sanitised), no gradient."""
+    q, k = lax.stop_gradient(q), lax.stop_gradient(k)
+    finite = ~(jnp.any(inputs.bad_q) | jnp.any(inputs.bad_kv))
+    q_max = jnp.max(jnp.abs(q)).astype(jnp.float32)
+    k_max = jnp.max(jnp.abs(k)).astype(jnp.float32)
+    bounded = q_max * k_max * q.shape[-1] <= _SAFE_SCORE
+    return (finite & bounded).astype(jnp.int32).reshape(1)
+
+
 def _pad_to(x: jax.Array, axis: int, size: int) -> jax.Array:
     if x.shape[axis] == size:
         return x
@@ -688,7 +763,7 @@ def flash_attention(
         ids = jnp.broadcast_to(ids, (*plan.batch, length)).reshape(bsz, 1, length)
         return _pad_to(ids.astype(jnp.int32), 2, padded)
 
-    scalars: list[jax.Array] = [key_tiles.astype(jnp.int32)]
+    scalars: list[jax.Array] = [key_tiles.astype(jnp.int32), clean(q3, k3, inputs)]
     if flash.dropout:
         rows = 1 if plan.broadcast_dropout else bsz * heads
         check_word_count((rows, plan.q_len, -(-plan.kv_len // LANES)))
@@ -707,7 +782,11 @@ def flash_attention(
     flag_rows = 1 if plan.broadcast_dropout else bsz * heads
     out_bytes = q.size // depth * v_depth * q.dtype.itemsize
     budget = sum(x.size * x.dtype.itemsize for x in (q, k, v)) + out_bytes
-    flash = dataclasses.replace(flash, stored=fd.stores(plan, flash.interpret, flag_rows, budget))
+    flash = dataclasses.replace(
+        flash,
+        stored=fd.stores(plan, flash.interpret, flag_rows, budget),
+        key_padding=inputs.kv_valid is not None or lk != plan.kv_len,
+    )
     side = _Inputs(
         q_state=q_state,
         kv_state=kv_state,
