@@ -4,6 +4,7 @@ gradients and NaN places; what they serve and what falls back; the dispatch."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -93,6 +94,32 @@ def test_grouped_query_heads_and_wider_value_depth():
     v = np.concatenate([v, v], axis=-1)  # v_depth 16 != depth 8
     kw = {"is_causal": True, "dropout_rate": 0.3, "key": KEY, "deterministic": False}
     _assert_same(_on_tpu_kernels("pallas", q, k, v, kw), _run("dense", q, k, v, kw), TOL)
+
+
+@pytest.mark.parametrize("name", ["segments, dropout", "grouped heads"])
+def test_dq_by_its_own_kernel_where_the_parts_would_not_fit(name, monkeypatch):
+    """The cases above take dq from the dk/dv kernel (a part per key tile); here the
+    dq kernel computes it."""
+    monkeypatch.setattr(ft, "fuses_dq", lambda *_: False)
+    if name == "grouped heads":
+        q, k, v = _qkv(1, h=4, kv_heads=2)
+        kw = {"is_causal": True, "dropout_rate": 0.3, "key": KEY, "deterministic": False}
+    else:
+        q, k, v = _qkv(0)
+        kw = {**CASES[name], "key": KEY, "deterministic": False}
+    tiled = {**kw, "block_q": 16, "block_k": 128}
+    with testing.tpu_kernels():
+        text = str(jax.make_jaxpr(functools.partial(_run, "pallas", kw=tiled))(q, k, v))
+    assert "dropmask_flash_dq" in text
+    _assert_same(_on_tpu_kernels("pallas", q, k, v, tiled), _run("dense", q, k, v, kw), TOL)
+
+
+def test_dq_is_fused_while_its_parts_take_at_most_twice_q_k_v_and_do():
+    plan = ft.bw.Plan((1,), 8, 1, 4096, 4096, 512, 1024, None, 0, 0.9, True, True, None)
+    q = jax.ShapeDtypeStruct((8, 4096, 128), jnp.bfloat16)  # a part: 2 x q's bytes
+    assert ft.fuses_dq(plan, q, q, q, q)  # 4 key tiles
+    assert not ft.fuses_dq(dataclasses.replace(plan, kv_len=4097), q, q, q, q)  # 5
+    assert ft.fuses_dq(dataclasses.replace(plan, kv_len=8192), *(q.update(dtype=jnp.float32),) * 4)
 
 
 @pytest.mark.parametrize("block_k", [128, 256])
@@ -217,7 +244,8 @@ def test_bits_pack_and_unpack_the_flags_in_either_orientation(block_q, block_k):
 
 def test_the_default_tile_stores_one_bit_a_flag_in_whole_registers():
     bits = fd.Bits(*ft.DEFAULT_BLOCKS)
-    assert bits.tile == (128, 128) and bits.serves(interpret=False)
+    assert bits.tile == (256, 128) and bits.serves(interpret=False)  # 64 blocks, 2 words
+    assert fd.Bits(512, 1024).tile == (128, 128)
     assert fd.Bits(256, 1024).tile == (128, 128)  # 16 blocks: half of each word used
     assert not fd.Bits(48, 256).serves(interpret=False)  # [16, 128] blocks: interpreter only
     assert fd.Bits(48, 256).serves(interpret=True)
@@ -389,8 +417,8 @@ def _lowered(kw, *, lq=1024, lk=1024, h=4, kv_heads=4, d=64, dtype=jnp.bfloat16)
 
 
 DROP = {"dropout_rate": 0.1, "key": KEY, "deterministic": False}
-LOWERED = {  # name: (keywords, shapes, whether the flags are stored)
-    "causal, one mask": ({**DROP, "is_causal": True}, {}, True),
+LOWERED = {  # name: (keywords, shapes, whether the flags are stored, whether dq is fused)
+    "causal, one mask": ({**DROP, "is_causal": True}, {}, True, True),
     "a mask per head, window, kv_lengths": (
         {
             **DROP,
@@ -399,6 +427,7 @@ LOWERED = {  # name: (keywords, shapes, whether the flags are stored)
             "kv_lengths": jnp.array([1024, 700]),
         },
         {},
+        True,
         True,
     ),
     "segments": (
@@ -409,28 +438,33 @@ LOWERED = {  # name: (keywords, shapes, whether the flags are stored)
         },
         {},
         True,
+        True,
     ),
     "run-time rate, f32, depth 128": (
         {**DROP, "dropout_rate": jnp.float32(0.2)},
         {"d": 128, "dtype": jnp.float32},
         True,
+        True,
     ),
-    # 8192 tokens, a mask per head: the bits would outgrow q, k, v and the output.
+    # 8192 tokens, a mask per head: the bits would outgrow q, k, v and the output, and
+    # dq's parts (8 key tiles) q, k, v and dO.
     "grouped heads, flags drawn in each kernel": (
         {**DROP, "broadcast_dropout": False, "block_q": 256},
         {"lq": 8192, "lk": 8192, "h": 8, "kv_heads": 2},
         False,
+        False,
     ),
-    "no dropout": ({"is_causal": True}, {}, False),
+    "no dropout": ({"is_causal": True}, {}, False, True),
 }
 
 
 @pytest.mark.parametrize("name", list(LOWERED))
 def test_the_kernels_lower_for_a_tpu(name, lowering_for_a_tpu):
-    kw, shapes, stored = LOWERED[name]
+    kw, shapes, stored, fused = LOWERED[name]
     text = _lowered(kw, **shapes)
-    kernels = ["dropmask_flash_fwd", "dropmask_flash_dkdv", "dropmask_flash_dq"]
+    kernels = ["dropmask_flash_fwd", "dropmask_flash_dkdv"]
     kernels += ["dropmask_flash_flags"] if stored else []
+    kernels += [] if fused else ["dropmask_flash_dq"]
     assert text.count("tpu_custom_call(") == len(kernels)
     for kernel in kernels:
         assert f'kernel_name = "{kernel}"' in text, kernel

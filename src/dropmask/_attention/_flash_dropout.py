@@ -101,9 +101,9 @@ class Bits:
     ``[rows, 128]`` block of words; the tile's words are those blocks stacked, ``[words *
     rows, 128]``. So packing and unpacking move whole blocks, with neither lane nor
     sublane shuffles, in either orientation (the transposed one transposes a word block
-    first). A tile of ``[512, 1024]`` (the default) is 32 blocks of ``[128, 128]``: one
-    bit a flag. Compiled, ``rows`` must be 128: a transposed word block is then whole
-    vector registers.
+    first). A tile of ``[1024, 1024]`` (the default) is 64 blocks of ``[128, 128]``: two
+    word blocks, one bit a flag. Compiled, ``rows`` must be 128: a transposed word block
+    is then whole vector registers.
     """
 
     block_q: int
