@@ -289,6 +289,16 @@ def _forward_kernel(flash: Flash, *refs: Any) -> None:
         lse_ref[...] = jnp.broadcast_to(lse, lse_ref.shape)
 
 
+def _weights(careful: bool, live: Any, s: jax.Array, lse: jax.Array) -> jax.Array:
+    """The backward kernels' softmax weights ``exp(s - lse)`` where ``live``, 0 elsewhere.
+    A careful step takes only finite scores as live (a tainted row's log-sum-exp is
+    +inf, so its weights are 0 too)."""
+    if careful:
+        live = live & ~_nonfinite(s)
+        s = jnp.where(live, s, 0.0)
+    return jnp.where(live, jnp.exp(s - lse), 0.0)
+
+
 def _scaled(ref: Any, by: Any) -> jax.Array:
     """A tile of ``ref`` multiplied by ``by``, in the tile's dtype."""
     x = ref[...]
@@ -328,10 +338,7 @@ def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
         q_seg = None if q_seg_ref is None else q_seg_ref[...]
         kv_seg = None if kv_seg_ref is None else _column(kv_seg_ref)
         live = _allowed(plan, rows, cols, state, q_seg, kv_seg)
-        if careful:  # a tainted row's log-sum-exp is +inf: its weights are 0
-            live = live & ~_nonfinite(s)
-            s = jnp.where(live, s, 0.0)
-        p = jnp.where(live, jnp.exp(s - lse_ref[...]), 0.0)
+        p = _weights(careful, live, s, lse_ref[...])
         flags = _tile_flags(flash, sc, flags_ref, bh, i, j, True)
         kept = p if flags is None else jnp.where(flags, p, 0.0)
         dv_sc[...] += _dot(kept.astype(d_out.dtype), d_out, _NN)
@@ -385,10 +392,7 @@ def _dq_kernel(flash: Flash, *refs: Any) -> None:
         q_seg = None if q_seg_ref is None else _column(q_seg_ref)
         kv_seg = None if kv_seg_ref is None else kv_seg_ref[...]
         live = _allowed(plan, rows, cols, state, q_seg, kv_seg)
-        if careful:
-            live = live & ~_nonfinite(s)
-            s = jnp.where(live, s, 0.0)
-        p = jnp.where(live, jnp.exp(s - _column(lse_ref)), 0.0)
+        p = _weights(careful, live, s, _column(lse_ref))
         flags = _tile_flags(flash, sc, flags_ref, bh, i, j, False)
         d_out = do_ref[...] if flags is None else do_kept_sc[0][...]
         d_p = _dot(d_out, v, _NT)
