@@ -145,10 +145,14 @@ def test_bfloat16_agrees_with_the_dense_path_to_its_round_off():
     _assert_same(f32(got), f32(want), {"rtol": 3e-2, "atol": 3e-2})
 
 
-def test_non_finite_inputs_give_nan_in_the_dense_paths_places():
+@pytest.mark.parametrize("only_v", [False, True])
+def test_non_finite_inputs_give_nan_in_the_dense_paths_places(only_v):
+    """With a non-finite value alone the call is not clean either (``clean`` reads the
+    positions of non-finite keys and values alike)."""
     q, k, v = _qkv(4)
-    q[0, 3, 1, 2] = np.nan  # a query: its row
-    k[1, 150, 0, 0] = np.inf  # a key: the rows that may see it (causal: from 150 on)
+    if not only_v:
+        q[0, 3, 1, 2] = np.nan  # a query: its row
+        k[1, 150, 0, 0] = np.inf  # a key: the rows that may see it (causal: from 150 on)
     v[0, 7, 1, 5] = -np.inf
     kw = {"is_causal": True, "dropout_rate": 0.3, "key": KEY, "deterministic": False}
     got, want = _on_tpu_kernels("pallas", q, k, v, kw), _run("dense", q, k, v, kw)
