@@ -17,7 +17,7 @@ from jax import lax
 import dropmask
 from dropmask import _random, testing
 from dropmask import linen as dl
-from dropmask._random import _tpu_mask, threshold
+from dropmask._random import _placement, _tpu_mask, threshold
 
 KEY = jax.random.key(5)
 RATE = 0.1
@@ -136,7 +136,7 @@ def test_the_default_draws_by_the_kernel_on_one_tpu_only(pretend_tpu, devices, e
     want, want_grad = _dropout(x), jax.grad(_loss)(x)
     pretend_tpu(devices)
     with contextlib.nullcontext() if enabled is None else testing.tpu_kernels(enabled):
-        assert _tpu_mask.tpu_kernels_run() == served
+        assert _placement.tpu_kernels_run() == served
         assert _uses_kernel(_dropout, x) == served
         got, got_grad = jax.jit(_dropout)(x), jax.grad(_loss)(x)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -32,6 +32,9 @@ from ._fast_mask import loop_zero as loop_zero
 from ._fast_mask import packed_keep_words as packed_keep_words
 from ._fast_mask import random_bits as random_bits
 from ._fast_mask import threshold as threshold
+from ._placement import enabled as tpu_kernels
+from ._placement import tpu_interpret as tpu_interpret
+from ._placement import tpu_kernels_run as tpu_kernels_run
 from ._sharding import Block as Block
 from ._sharding import block_from_spec as block_from_spec
 from ._sharding import explicitly_sharded_axes as explicitly_sharded_axes
@@ -40,10 +43,7 @@ from ._sharding import sharded_as as sharded_as
 from ._threefry import threefry4x32 as threefry4x32
 from ._tile_mask import TileGeometry as TileGeometry
 from ._tile_mask import tile_keep_flags as tile_keep_flags
-from ._tpu_mask import enabled as tpu_kernels
 from ._tpu_mask import keep_tile as keep_tile
-from ._tpu_mask import tpu_interpret as tpu_interpret
-from ._tpu_mask import tpu_kernels_run as tpu_kernels_run
 
 __all__ = [
     "DEFAULT_IMPL",

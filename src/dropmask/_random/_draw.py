@@ -67,15 +67,9 @@ from ._fast_mask import (
     unpack_words,
     words_of,
 )
+from ._placement import tpu_interpret, tpu_kernels_run
 from ._sharding import Block, local_block
-from ._tpu_mask import (
-    TpuKernel,
-    kernel_for,
-    masked_linear,
-    scalars_of,
-    tpu_interpret,
-    tpu_kernels_run,
-)
+from ._tpu_mask import TpuKernel, kernel_for, masked_linear, scalars_of
 
 __all__ = ["Impl", "Kept", "Linear", "Residual", "keep_mask", "kept"]
 

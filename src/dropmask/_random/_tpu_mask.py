@@ -46,11 +46,10 @@ and where the kernel fails to lower, the primitive computes the same values by X
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -67,15 +66,7 @@ from jax.interpreters import ad, batching, mlir
 from ._fast_mask import FIELDS, LANES, Threshold, check_word_count, keep_from_words
 from ._threefry import threefry4x32
 
-__all__ = [
-    "TpuKernel",
-    "enabled",
-    "kernel_for",
-    "masked_linear",
-    "scalars_of",
-    "tpu_interpret",
-    "tpu_kernels_run",
-]
+__all__ = ["TpuKernel", "kernel_for", "masked_linear", "scalars_of"]
 
 _SPAN = 1024  # columns per delivery: 128 calls, one per lane
 _CALLS = _SPAN // FIELDS.per_call  # 128
@@ -86,46 +77,6 @@ _U32 = np.uint32
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 Combine = Callable[[Any, jax.Array, Any], Any]
-
-
-_CHOSEN: list[bool] = []  # inside ``enabled(...)``: each entry's choice, innermost last
-
-
-def tpu_kernels_run() -> bool:
-    """Whether the TPU kernels run (this one for dropout's masks, and the attention
-    kernels of ``_attention._flash_tpu``): the innermost :func:`enabled`'s choice, else
-    on a TPU with one device (see the module's docstring). Decided when traced."""
-    return _CHOSEN[-1] if _CHOSEN else _one_tpu()
-
-
-def _one_tpu() -> bool:
-    """Whether JAX runs on a TPU with one device in all (hosts included)."""
-    return jax.default_backend() == "tpu" and jax.device_count() == 1
-
-
-def tpu_interpret() -> bool:
-    """Whether the kernel runs in Pallas's TPU interpreter: off a TPU. Decided by the
-    default backend, as ``default_path`` is."""
-    return jax.extend.backend.get_backend().platform != "tpu"
-
-
-@contextlib.contextmanager
-def enabled(on: bool = True) -> Iterator[None]:
-    """Draws dropout's masks by the kernel (``on``) or by XLA's path (not ``on``) while
-    tracing inside it, whatever the backend and devices: the kernel compiled on a TPU,
-    in Pallas's TPU interpreter elsewhere (tests on a CPU). A traced draw does not
-    record which way it was drawn, so JAX's caches are cleared on entry and on exit
-    where the choice changes there."""
-    before = tpu_kernels_run()
-    if on != before:
-        jax.clear_caches()
-    _CHOSEN.append(on)
-    try:
-        yield
-    finally:
-        _CHOSEN.pop()
-        if tpu_kernels_run() != on:
-            jax.clear_caches()
 
 
 @dataclasses.dataclass(frozen=True)
