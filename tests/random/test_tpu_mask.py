@@ -125,13 +125,13 @@ def pretend_tpu(monkeypatch):
 @pytest.mark.parametrize(
     ("devices", "enabled", "served"),
     [
-        (1, None, True),  # the default on one TPU
-        (8, None, False),  # no sharding rule yet: XLA's path
+        (1, None, True),  # the default on a TPU
+        (8, None, True),  # with any number of devices
         (1, False, False),
         (8, True, True),
     ],
 )
-def test_the_default_draws_by_the_kernel_on_one_tpu_only(pretend_tpu, devices, enabled, served):
+def test_the_default_draws_by_the_kernel_on_a_tpu(pretend_tpu, devices, enabled, served):
     x = _x((32, 256), "float32")
     want, want_grad = _dropout(x), jax.grad(_loss)(x)
     pretend_tpu(devices)

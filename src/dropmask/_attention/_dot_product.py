@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from .._checks import (
     check_bool_mask,
@@ -41,7 +42,14 @@ from .._errors import (
     user_error,
 )
 from .._masks import as_array, sequence_mask
-from .._random import DEFAULT_IMPL, Impl, probability, tpu_interpret, tpu_kernels_run
+from .._random import (
+    DEFAULT_IMPL,
+    Impl,
+    auto_partitioned,
+    probability,
+    tpu_interpret,
+    tpu_kernels_run,
+)
 from .._reductions import compute_dtype
 from . import _blockwise as bw
 from . import _kernel_inputs as ki
@@ -297,11 +305,32 @@ def dot_product_attention(
         sizes = _pallas_block_sizes(block_q, block_k, c.q_len, c.kv_len)
     else:
         sizes = _block_sizes(block_q, block_k, c.q_len, c.kv_len)
-    try:
+
+    def run(path: str, sizes: tuple[int, int]) -> jax.Array:
         if path == "dense":
             einsums = (qk_attn_weights_einsum, attn_weights_value_einsum)
             return _run_dense(c, dropout_rate, broadcast_dropout, precision, impl, module, einsums)
         return _run_tiled(c, path, sizes, dropout_rate, broadcast_dropout, precision)
+
+    try:
+        if path == "flash" and not tpu_interpret():
+            # The kernels where the program is lowered for a TPU, else the path the call
+            # takes without them (a CPU computation on a TPU host; each platform of a
+            # multi-platform export): the same function, the same mask.
+            other = _choose_path(
+                algorithm,
+                impl,
+                module,
+                qk_attn_weights_einsum is not None,
+                scores >= AUTO_BLOCKWISE_SCORES[min(max(c.dtype.itemsize, 2), 4)],
+                bias=bias is not None,
+                on_tpu=True,
+            )
+            other_sizes = _block_sizes(block_q, block_k, c.q_len, c.kv_len)
+            return lax.platform_dependent(
+                tpu=lambda: run(path, sizes), default=lambda: run(other, other_sizes)
+            )
+        return run(path, sizes)
     except TypeError as err:
         forward = _forward_mode_error(err, path, algorithm, impl, c.drops)
         if forward is None:
@@ -537,10 +566,15 @@ def _run_tiled(
         run_time_keep=run_keep,
     )
     if path == "flash":
+        from . import _flash_sharding as fs
         from . import _flash_tpu as ft
 
         flash = ft.Flash(plan, segments=c.q_seg is not None, interpret=tpu_interpret())
-        out, tainted = ft.flash_attention(flash, q, k, v, kernel_inputs)
+        split = fs.split_of(q, k, v)
+        if split is not None:
+            out, tainted = fs.sharded_flash_attention(split, flash, q, k, v, kernel_inputs)
+        else:
+            out, tainted = ft.flash_attention(flash, q, k, v, kernel_inputs)
         return poison(out, q, tainted)
     if path == "pallas":
         # Imported here: jax.experimental.pallas loads only for the path that runs it.
@@ -713,8 +747,9 @@ def _choose_path(
 
 
 def _flash_serves(c: _Checked, bias: bool) -> bool:
-    """Whether the Pallas TPU kernels run here and serve the call's inputs."""
-    if not tpu_kernels_run():
+    """Whether the Pallas TPU kernels run here and serve the call's inputs: not in a
+    program XLA partitions itself (``_flash_sharding``)."""
+    if not tpu_kernels_run() or auto_partitioned(c.q):
         return False
     from . import _flash_tpu as ft
 

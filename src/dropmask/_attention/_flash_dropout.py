@@ -29,21 +29,58 @@ from jax import lax
 from .._random import LANES, keep_tile, threshold
 from . import _blockwise as bw
 
-__all__ = ["Bits", "Scalars", "drawn_flags", "stores"]
+__all__ = ["Bits", "Place", "Scalars", "drawn_flags", "stores"]
 
 _U32 = np.uint32
 
 
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """Where one device's block of a sharded call sits, for a mask per head (with one
+    mask for every head, Flax's default, the place does not matter): the batch axes and
+    heads of the block and of the whole call. The block's first index on each batch
+    axis and its first head follow the key words, as run-time scalars."""
+
+    local_batch: tuple[int, ...]
+    global_batch: tuple[int, ...]
+    local_heads: int
+    global_heads: int
+
+    @property
+    def rows(self) -> int:
+        """The whole call's rows of heads (batch * heads)."""
+        return math.prod(self.global_batch) * self.global_heads
+
+    def row(self, bh: Any, offset: list[Any]) -> Any:
+        """The whole call's row of local row of heads ``bh``."""
+        b, h = bh // self.local_heads, bh % self.local_heads
+        index: Any = 0
+        for axis, (size, whole) in enumerate(zip(self.local_batch, self.global_batch, strict=True)):
+            coord = b // math.prod(self.local_batch[axis + 1 :]) % size
+            index = index * whole + coord + offset[axis]
+        return index * self.global_heads + h + offset[len(self.local_batch)]
+
+
 class Scalars:
     """The scalar-prefetch operands: key tiles per batch row, whether the call is
-    clean (``_flash_tpu.clean``), key words, run-time rate."""
+    clean (``_flash_tpu.clean``), key words (then a block's offsets, with a ``place``),
+    run-time rate."""
 
-    def __init__(self, plan: bw.Plan, refs: list[Any]):
+    def __init__(self, plan: bw.Plan, refs: list[Any], place: Place | None = None):
         self.key_tiles = refs.pop(0)
         self.clean = refs.pop(0)
         self.words = refs.pop(0) if plan.dropout else None
         self.rate = refs.pop(0) if plan.run_time_rate else None
         self.plan = plan
+        self.place = place
+
+    def head_row(self, bh: Any) -> Any:
+        """The whole call's row of heads of local row ``bh``."""
+        if self.place is None:
+            return bh
+        assert self.words is not None
+        offset = [self.words[4 + i] for i in range(len(self.place.local_batch) + 1)]
+        return self.place.row(bh, offset)
 
     def threshold(self) -> tuple[Any, Any]:
         """``(threshold, realised)`` for ``keep_tile``, static or read from memory."""
@@ -80,7 +117,10 @@ def drawn_flags(
     plan = sc.plan
     bq, bk = shape
     words_per_row = -(-plan.kv_len // LANES)
-    head_row = _U32(0) if plan.broadcast_dropout else bh.astype(_U32) * _U32(plan.q_len)
+    if plan.broadcast_dropout:
+        head_row: Any = _U32(0)
+    else:
+        head_row = jnp.asarray(sc.head_row(bh)).astype(_U32) * _U32(plan.q_len)
     rows = lax.broadcasted_iota(_U32, (1, bq) if transposed else (bq, 1), 1 if transposed else 0)
     row_word = (head_row + row0.astype(_U32) + rows) * _U32(words_per_row)
     first_word = (col0 // LANES).astype(_U32)

@@ -51,7 +51,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .._random import LANES, check_word_count, key_words, threshold
+from .._random import LANES, check_word_count, key_words, threshold, tpu_only
 from . import _blockwise as bw
 from . import _flash_dropout as fd
 from . import _kernel_inputs as ki
@@ -81,6 +81,7 @@ class Flash:
     stored: bool = False  # the flags drawn ahead into bits (``_flash_dropout.Bits``)
     key_padding: bool = True  # keys to mask out by their state (padded or invalid)
     fused_dq: bool = False  # the dk/dv kernel writes dq's part of each key tile
+    place: fd.Place | None = None  # one device's block of a sharded call, mask per head
 
     @property
     def dropout(self) -> bool:
@@ -160,7 +161,7 @@ class _Refs:
     @classmethod
     def of(cls, flash: Flash, refs: tuple[Any, ...], inputs: int) -> _Refs:
         refs_ = list(refs)
-        scalars = fd.Scalars(flash.tiles, refs_)
+        scalars = fd.Scalars(flash.tiles, refs_, flash.place)
         named, rest = refs_[:inputs], refs_[inputs:]
         segments = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
         flags = rest.pop(0) if flash.stored else None
@@ -412,7 +413,7 @@ def _flags_kernel(flash: Flash, *refs: Any) -> None:
     """Draws each tile's flags once, into its words (``_flash_dropout.Bits``)."""
     plan = flash.tiles
     refs_ = list(refs)
-    sc = fd.Scalars(plan, refs_)
+    sc = fd.Scalars(plan, refs_, flash.place)
     (words_ref,) = refs_
     row, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     lo, hi = _flag_tiles(flash, row, i, sc.key_tiles)
@@ -468,7 +469,7 @@ def _call(flash: Flash, body: Any, grid, in_specs, out_specs, out_shape, scratch
     # The last axis in order: a skipped step's index map repeats a block another step
     # of that axis visits.
     semantics = ("parallel", "parallel", "arbitrary")
-    return pl.pallas_call(
+    call = pl.pallas_call(
         functools.partial(body, flash),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2 + flash.dropout + flash.run_time_rate,
@@ -484,6 +485,10 @@ def _call(flash: Flash, body: Any, grid, in_specs, out_specs, out_shape, scratch
         interpret=flash.interpret,
         name=name,
     )
+    if flash.interpret:
+        return call
+    # Compiled kernels sit in the TPU branch of a platform switch (``_dot_product``).
+    return lambda *args: tpu_only(call, *args)
 
 
 class _ByQueryTile:
@@ -785,19 +790,39 @@ def flash_attention(
       The output ``[*batch, Lq, H, Dv]`` with tainted rows 0, and the taint
       ``bool[*batch, H, Lq, 1]``.
     """
+    flash, q3, k3, v3, side = prepare(flash, q, k, v, inputs)
+    out, lse = _attend(flash, q3, k3, v3, side)
+    return finish(flash, out, lse)
+
+
+def rows_first(plan: bw.Plan, x: jax.Array, length: int, h: int, padded: int) -> jax.Array:
+    """``x: [*batch, length, h, d]`` as ``[B * h, padded, d]``, the kernels' rows."""
+    bsz = math.prod(plan.batch)
+    x = x.reshape(bsz, length, h, x.shape[-1]).transpose(0, 2, 1, 3)
+    return _pad_to(x.reshape(bsz * h, length, x.shape[-1]), 1, padded)
+
+
+def prepare(
+    flash: Flash,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    inputs: ki.KernelInputs,
+    offsets: jax.Array | None = None,
+) -> tuple[Flash, jax.Array, jax.Array, jax.Array, _Inputs]:
+    """The kernels' operands: ``q``, ``k``, ``v`` as rows of heads (padded to whole
+    tiles), the side inputs, and ``flash`` completed (whether the flags are stored,
+    whether keys are padded). ``offsets``: where the call is one device's block of a
+    larger one (``flash.place``), the block's first batch index per batch axis and its
+    first head, which follow the key words."""
     plan = flash.tiles
     bsz = math.prod(plan.batch)
     heads, hk = plan.heads, plan.kv_heads
     lq, lk = plan.n_q * plan.block_q, plan.n_k * plan.block_k
     depth, v_depth = q.shape[-1], v.shape[-1]
-
-    def rows_first(x: jax.Array, length: int, h: int, padded: int) -> jax.Array:
-        x = x.reshape(bsz, length, h, x.shape[-1]).transpose(0, 2, 1, 3)
-        return _pad_to(x.reshape(bsz * h, length, x.shape[-1]), 1, padded)
-
-    q3 = rows_first(q, plan.q_len, heads, lq)
-    k3 = rows_first(k, plan.kv_len, hk, lk)
-    v3 = rows_first(v, plan.kv_len, hk, lk)
+    q3 = rows_first(plan, q, plan.q_len, heads, lq)
+    k3 = rows_first(plan, k, plan.kv_len, hk, lk)
+    v3 = rows_first(plan, v, plan.kv_len, hk, lk)
 
     q_state, kv_state = ki.position_states(plan, inputs)
     key_tiles = ki.key_tiles(kv_state, plan.block_k)
@@ -813,8 +838,14 @@ def flash_attention(
     scalars: list[jax.Array] = [key_tiles.astype(jnp.int32), clean(q3, k3, inputs)]
     if flash.dropout:
         rows = 1 if plan.broadcast_dropout else bsz * heads
+        if flash.place is not None:
+            rows = flash.place.rows
         check_word_count((rows, plan.q_len, -(-plan.kv_len // LANES)))
-        scalars.append(lax.bitcast_convert_type(key_words(inputs.key), jnp.int32))
+        words = lax.bitcast_convert_type(key_words(inputs.key), jnp.int32)
+        if flash.place is not None:
+            assert offsets is not None
+            words = jnp.concatenate([words, offsets.astype(jnp.int32)])
+        scalars.append(words)
     if flash.run_time_rate:
         thr = threshold(inputs.run_time_keep)
         realised = jnp.asarray(thr.realised, jnp.float32)
@@ -842,7 +873,14 @@ def flash_attention(
         flags=_draw_flags(flash, flag_rows, tuple(scalars)) if flash.stored else None,
         scalars=tuple(scalars),
     )
-    out, lse = _attend(flash, q3, k3, v3, side)
+    return flash, q3, k3, v3, side
+
+
+def finish(flash: Flash, out: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The kernels' output rows as ``[*batch, Lq, H, Dv]``, and the taint."""
+    plan = flash.tiles
+    bsz, heads = math.prod(plan.batch), plan.heads
+    v_depth = out.shape[-1]
     out = out[:, : plan.q_len].reshape(bsz, heads, plan.q_len, v_depth).transpose(0, 2, 1, 3)
     out = out.reshape(*plan.batch, plan.q_len, heads, v_depth)
     taint = lse[:, 0, : plan.q_len] == jnp.inf

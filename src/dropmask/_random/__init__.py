@@ -32,13 +32,17 @@ from ._fast_mask import loop_zero as loop_zero
 from ._fast_mask import packed_keep_words as packed_keep_words
 from ._fast_mask import random_bits as random_bits
 from ._fast_mask import threshold as threshold
+from ._placement import auto_partitioned as auto_partitioned
 from ._placement import enabled as tpu_kernels
 from ._placement import tpu_interpret as tpu_interpret
 from ._placement import tpu_kernels_run as tpu_kernels_run
+from ._placement import tpu_only as tpu_only
 from ._sharding import Block as Block
 from ._sharding import block_from_spec as block_from_spec
+from ._sharding import explicit_split as explicit_split
 from ._sharding import explicitly_sharded_axes as explicitly_sharded_axes
 from ._sharding import local_block as local_block
+from ._sharding import local_shape as local_shape
 from ._sharding import sharded_as as sharded_as
 from ._threefry import threefry4x32 as threefry4x32
 from ._tile_mask import TileGeometry as TileGeometry
@@ -86,4 +90,8 @@ __all__ = [
     "keep_tile",
     "tpu_interpret",
     "tpu_kernels_run",
+    "tpu_only",
+    "auto_partitioned",
+    "explicit_split",
+    "local_shape",
 ]

@@ -67,9 +67,9 @@ from ._fast_mask import (
     unpack_words,
     words_of,
 )
-from ._placement import tpu_interpret, tpu_kernels_run
-from ._sharding import Block, local_block
-from ._tpu_mask import TpuKernel, kernel_for, masked_linear, scalars_of
+from ._placement import auto_partitioned, tpu_interpret, tpu_kernels_run
+from ._sharding import Block, explicit_split, local_block, local_shape
+from ._tpu_mask import kernel_for, masked_linear, scalars_of
 
 __all__ = ["Impl", "Kept", "Linear", "Residual", "keep_mask", "kept"]
 
@@ -179,14 +179,53 @@ class Linear:
         return self.fn(x, flags, realised)
 
 
-def _on_tpu(spec: MaskSpec, combine: Combine, x: Any, thr: Threshold) -> TpuKernel | None:
-    """The TPU kernel that serves this draw, if one does: a linear combine over an array of
-    the mask's own shape, not a block of a sharded mask, where the kernels run."""
+def _on_tpu(
+    spec: MaskSpec, combine: Combine, x: Any, thr: Threshold, source: Any, offset: Any
+) -> Any:
+    """``combine(x, flags, realised)`` by the TPU kernel, or None where it does not serve:
+    a linear combine over an array of the mask's own shape, where the kernels are
+    traced (``_placement``), not in a program XLA partitions itself. Under a mesh of
+    explicit axes the kernel runs on each device's block (:func:`_per_device`); a block
+    the caller placed (``global_shape``/``offset`` inside ``shard_map``) is served where
+    it does not split the last axis (whose offset must be a whole number of words)."""
     if not (isinstance(combine, Linear) and isinstance(x, jax.Array)):
         return None
-    if spec.global_shape is not None or x.shape != spec.shape or not tpu_kernels_run():
+    if x.shape != spec.shape or not tpu_kernels_run() or auto_partitioned(x):
         return None
-    return kernel_for(spec.shape, x.dtype, thr, interpret=tpu_interpret())
+    words = words_of(source)
+    split = explicit_split(x)
+    if split is not None:
+        return (
+            None if spec.global_shape is not None else _per_device(combine, x, thr, words, *split)
+        )
+    block = _block(spec, offset)
+    if block is not None and block.global_shape[-1] != spec.shape[-1]:
+        return None
+    global_shape = None if block is None else block.global_shape
+    kernel = kernel_for(
+        spec.shape, x.dtype, thr, interpret=tpu_interpret(), global_shape=global_shape
+    )
+    if kernel is None:
+        return None
+    scalars = scalars_of(words, thr, () if block is None else block.offset)
+    return masked_linear(x, scalars, spec=kernel, combine=combine)
+
+
+def _per_device(
+    combine: Combine, x: jax.Array, thr: Threshold, words: jax.Array, mesh: Any, split: Any
+) -> Any:
+    """The kernel on each device's block of ``x``, sharded as ``split`` over ``mesh`` (a
+    mesh of explicit axes): lowered inside ``shard_map``, each block drawing at its
+    global place, so the mask is the unsharded one, with no collective. None where the
+    blocks are not served (uneven, or a shape the kernel does not take)."""
+    local = local_shape(x.shape, mesh, split)
+    if local is None:
+        return None
+    kernel = kernel_for(local, x.dtype, thr, interpret=tpu_interpret(), global_shape=x.shape)
+    if kernel is None:
+        return None
+    kernel = dataclasses.replace(kernel, split=(mesh, split))
+    return masked_linear(x, scalars_of(words, thr), spec=kernel, combine=combine)
 
 
 def _draw_and_combine(
@@ -197,10 +236,9 @@ def _draw_and_combine(
     value, realised = (spec.value, spec.realised) if dynamic is None else dynamic
     if spec.impl == "fast":
         thr = Threshold(value, realised)
-        kernel = _on_tpu(spec, combine, x, thr)
-        if kernel is not None:
-            scalars = scalars_of(words_of(source), thr)
-            return masked_linear(x, scalars, spec=kernel, combine=combine)
+        out = _on_tpu(spec, combine, x, thr, source, offset)
+        if out is not None:
+            return out
     if spec.impl == "flax":
         p: Any = realised if dynamic is None else value  # unclipped, as Flax draws it
         flags = jax.random.bernoulli(source, p=p, shape=spec.shape)

@@ -1,35 +1,85 @@
 """Where the TPU kernels run: the one choice both kernel families read.
 
 The dropout kernel (``_tpu_mask``) and the attention kernels (``_attention._flash_tpu``)
-run where :func:`tpu_kernels_run` says, and in Pallas's TPU interpreter where
-:func:`tpu_interpret` says; ``dropmask.testing.tpu_kernels`` (:func:`enabled`) overrides
-the choice.
+are traced where :func:`tpu_kernels_run` says: in a process with a TPU, whatever the
+number of devices. Whether a kernel then runs is decided when the program is lowered,
+for the platform it is lowered for: a TPU gets the kernel, any other platform XLA's
+path (the same bits), so one process can compute on its CPU and its TPU, and a program
+exported for several platforms lowers for each. ``dropmask.testing.tpu_kernels``
+(:func:`enabled`) overrides the choice; off a TPU the kernels then run in Pallas's TPU
+interpreter (:func:`tpu_interpret`).
+
+Many devices. A Mosaic kernel is one device's program: XLA cannot split it. So a kernel
+runs on each device's block inside ``shard_map`` (the user's, or the one dropmask wraps
+around a value whose type carries its sharding, under a mesh of explicit axes), and the
+mask stays the unsharded one because each block draws at its global place. In a program
+XLA partitions itself (``jax.jit`` over a mesh of automatic axes), a value's sharding is
+not known when it is traced, and the hook that would tell it later
+(``custom_partitioning``) does not run on TPUs; there (:func:`auto_partitioned`, and
+:func:`mosaic_lowers_here` when lowered) the XLA path draws the same mask.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.extend
+import jax.numpy as jnp
+from jax._src import sharding_impls  # the lowering contexts' types (no public name)
+from jax.extend import core as jex_core
+from jax.interpreters import batching, mlir
 
-__all__ = ["enabled", "tpu_interpret", "tpu_kernels_run"]
+__all__ = [
+    "auto_partitioned",
+    "enabled",
+    "mosaic_lowers_here",
+    "tpu_interpret",
+    "tpu_kernels_run",
+    "tpu_only",
+]
 
 
 _CHOSEN: list[bool] = []  # inside ``enabled(...)``: each entry's choice, innermost last
 
 
 def tpu_kernels_run() -> bool:
-    """Whether the TPU kernels run (this one for dropout's masks, and the attention
-    kernels of ``_attention._flash_tpu``): the innermost :func:`enabled`'s choice, else
-    on a TPU with one device (see the module's docstring). Decided when traced."""
-    return _CHOSEN[-1] if _CHOSEN else _one_tpu()
+    """Whether the TPU kernels are traced (the dropout kernel, and the attention kernels
+    of ``_attention._flash_tpu``): the innermost :func:`enabled`'s choice, else where
+    JAX's default backend is a TPU, with any number of devices. Which platform then runs
+    a kernel is decided when the program is lowered (see the module's docstring)."""
+    return _CHOSEN[-1] if _CHOSEN else jax.default_backend() == "tpu"
 
 
-def _one_tpu() -> bool:
-    """Whether JAX runs on a TPU with one device in all (hosts included)."""
-    return jax.default_backend() == "tpu" and jax.device_count() == 1
+def auto_partitioned(x: Any) -> bool:
+    """Whether ``x`` is traced in a program XLA partitions itself over several devices:
+    its type's mesh has an automatic axis of more than one device (``jax.jit`` over
+    arrays sharded on a mesh of automatic axes; not inside ``shard_map`` over all of a
+    mesh's axes, nor under a mesh of explicit axes). A kernel cannot serve it."""
+    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    if mesh is None or not getattr(mesh, "axis_names", ()):
+        return False
+    auto = jax.sharding.AxisType.Auto
+    return any(
+        kind == auto and size > 1
+        for kind, size in zip(mesh.axis_types, mesh.axis_sizes, strict=True)
+    )
+
+
+def mosaic_lowers_here(ctx: Any) -> bool:
+    """Whether a Mosaic kernel can be lowered in lowering context ``ctx``: a program of
+    one device, or inside ``shard_map`` over all of its mesh's axes. The same test JAX's
+    TPU custom call makes before it refuses ("Mosaic kernels cannot be automatically
+    partitioned")."""
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, sharding_impls.SPMDAxisContext):
+        manual = axis_context.manual_axes | set(axis_context.mesh.manual_axes)
+        return not axis_context.manual_axes or manual == frozenset(axis_context.mesh.axis_names)
+    if isinstance(axis_context, sharding_impls.ShardingContext):
+        return axis_context.num_devices == 1
+    return True
 
 
 def tpu_interpret() -> bool:
@@ -55,3 +105,48 @@ def enabled(on: bool = True) -> Iterator[None]:
         _CHOSEN.pop()
         if tpu_kernels_run() != on:
             jax.clear_caches()
+
+
+# --- code for a TPU alone, in a program lowered for several platforms ------------------
+
+tpu_only_p = jex_core.Primitive("dropmask_tpu_only")
+tpu_only_p.multiple_results = True
+
+
+def tpu_only(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` (a flat list of arrays out), lowered for a TPU alone.
+
+    For the TPU branch of ``lax.platform_dependent``, whose code a program lowered for
+    several platforms (``jax.export`` with ``platforms=("cpu", "tpu")``) still lowers
+    for each: there a Mosaic kernel lowered for the CPU would raise. Lowered for a TPU
+    this is ``fn``; for any other platform it is zeros of ``fn``'s output types, which
+    the platform switch around it never reaches.
+    """
+    closed = jax.make_jaxpr(fn)(*args)
+    return tpu_only_p.bind(*args, jaxpr=closed)
+
+
+def _tpu_only_abstract(*avals: Any, jaxpr: Any) -> Any:
+    del avals
+    return jaxpr.out_avals
+
+
+def _tpu_only_lower_tpu(ctx: Any, *args: Any, jaxpr: Any) -> Any:
+    return mlir.lower_fun(jex_core.jaxpr_as_fun(jaxpr), multiple_results=True)(ctx, *args)
+
+
+def _tpu_only_lower_elsewhere(ctx: Any, *args: Any, jaxpr: Any) -> Any:
+    zeros = lambda *_: [jnp.zeros(a.shape, a.dtype) for a in jaxpr.out_avals]  # noqa: E731
+    return mlir.lower_fun(zeros, multiple_results=True)(ctx, *args)
+
+
+def _tpu_only_batch(args: Any, dims: Any, *, jaxpr: Any) -> Any:
+    body = jax.vmap(jex_core.jaxpr_as_fun(jaxpr), in_axes=tuple(dims))
+    outs = tpu_only(body, *args)
+    return outs, [0] * len(outs)
+
+
+tpu_only_p.def_abstract_eval(_tpu_only_abstract)
+mlir.register_lowering(tpu_only_p, _tpu_only_lower_elsewhere)
+mlir.register_lowering(tpu_only_p, _tpu_only_lower_tpu, platform="tpu")
+batching.primitive_batchers[tpu_only_p] = _tpu_only_batch

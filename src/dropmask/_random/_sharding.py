@@ -25,7 +25,15 @@ from jax import lax
 from .._checks import concrete_value
 from .._errors import DropmaskTypeError, DropmaskValueError, user_error
 
-__all__ = ["Block", "block_from_spec", "explicitly_sharded_axes", "local_block", "sharded_as"]
+__all__ = [
+    "Block",
+    "block_from_spec",
+    "explicit_split",
+    "explicitly_sharded_axes",
+    "local_block",
+    "local_shape",
+    "sharded_as",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +191,38 @@ def block_from_spec(shape: tuple[int, ...], spec: Any, *, caller: str) -> Block:
         global_shape.append(d * size)
         offset.append(lax.axis_index(names) * d)
     return Block(tuple(global_shape), tuple(offset))
+
+
+def explicit_split(x: Any) -> tuple[Any, Any] | None:
+    """``(mesh, spec)`` of ``x``'s type where it is traced under a mesh of explicit axes
+    with more than one device (sharded or replicated there); None elsewhere: one
+    device, inside ``shard_map`` over all of a mesh's axes, or a mesh of automatic axes
+    (whose types carry no partition)."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if sharding is None or mesh is None or not getattr(mesh, "axis_names", ()):
+        return None
+    explicit = jax.sharding.AxisType.Explicit
+    if not any(
+        kind == explicit and size > 1
+        for kind, size in zip(mesh.axis_types, mesh.axis_sizes, strict=True)
+    ):
+        return None
+    return mesh, sharding.spec
+
+
+def local_shape(shape: tuple[int, ...], mesh: Any, spec: Any) -> tuple[int, ...] | None:
+    """Each device's block of an array of ``shape`` sharded as ``spec`` over ``mesh``;
+    None where an axis does not split evenly."""
+    entries = tuple(spec) + (None,) * (len(shape) - len(tuple(spec)))
+    local = []
+    for size, names in zip(shape, entries, strict=True):
+        group = () if names is None else names if isinstance(names, tuple) else (names,)
+        parts = math.prod(mesh.shape[name] for name in group)
+        if size % parts:
+            return None
+        local.append(size // parts)
+    return tuple(local)
 
 
 def explicitly_sharded_axes(x: Any) -> tuple[int, ...]:

@@ -19,16 +19,19 @@ rounds (lane rotations and lane gathers measured slower). The select and scale r
 the same kernel, so neither the flags nor a residual reaches memory, and the
 generator's work hides under the copy.
 
-The default on a TPU with one device. On a v5e at [8192, 8192], rate 0.1, a call of
-the kernel takes 1.01x / 1.09x the time of XLA's ``x * c`` (f32 / bf16, forward;
-``benchmarks/bench_tpu.py``), where XLA's per-element path takes 2.10x / 4.05x; in a
-4-layer Transformer train step the dropout that
+The default on a TPU, with any number of devices (``_placement``). On a v5e at [8192,
+8192], rate 0.1, a call of the kernel takes 1.01x / 1.09x the time of XLA's ``x * c``
+(f32 / bf16, forward; ``benchmarks/bench_tpu.py``), where XLA's per-element path takes
+2.10x / 4.05x; in a 4-layer Transformer train step the dropout that
 ``swap_dropout(attention=False)`` replaces costs 1.09x the step without dropout with
 the kernel (1.35x by the XLA path, 1.57x Flax's), and adds 0.16 s to its compilation
-where Flax's adds 80.8 s (``docs/dropout_speed.md``, "The TPU"). With more than one
-device the XLA path stays the default: the kernel has no sharding rule yet, so under
-``jit`` XLA would gather a sharded input to one device first. :func:`enabled`
-(``dropmask.testing.tpu_kernels``) chooses either way, whatever the devices.
+where Flax's adds 80.8 s (``docs/dropout_speed.md``, "The TPU"). The platform is chosen
+when the program is lowered: lowered for a TPU the kernel, for any other platform XLA's
+path, the same bits. Many devices: under a mesh of explicit axes the primitive takes
+the whole array and its sharding (``TpuKernel.split``) and lowers to the kernel on each
+device's block inside ``shard_map``, each block drawing at its global place (a block's
+offsets, scalar operands); inside a user's ``shard_map`` it takes the block and the
+offsets given; a program XLA partitions itself takes XLA's path.
 
 No ``input_output_aliases``. Aliasing the output to ``x`` lets the kernel write over
 its input, which a timing loop that feeds each output back in rewards (f32 forward
@@ -64,6 +67,8 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 
 from ._fast_mask import FIELDS, LANES, Threshold, check_word_count, keep_from_words
+from ._placement import mosaic_lowers_here
+from ._sharding import Block, block_from_spec
 from ._threefry import threefry4x32
 
 __all__ = ["TpuKernel", "kernel_for", "masked_linear", "scalars_of"]
@@ -90,7 +95,14 @@ class TpuKernel:
       realised: the keep probability when static.
       block: ``(rows, cols)`` of a grid step.
       chunk: rows the kernel computes at a time (16 or 32).
-      interpret: run in Pallas's TPU interpreter (tests on a CPU).
+      interpret: lowered for a platform other than a TPU, run the kernel in Pallas's
+        TPU interpreter (tests on a CPU) rather than take XLA's path.
+      global_shape: where the array is one device's block of a larger one, that
+        array's shape; the block's offset per axis is then a run-time scalar operand.
+      split: ``(mesh, spec)`` where the primitive takes the whole array, sharded as
+        ``spec`` over a mesh of explicit axes: lowered, the kernel runs on each device's
+        block (``shape``) inside ``shard_map``, which adds the block's offsets to the
+        scalars there; the primitive's own scalars then carry none.
     """
 
     shape: tuple[int, ...]
@@ -100,12 +112,45 @@ class TpuKernel:
     block: tuple[int, int]
     chunk: int
     interpret: bool = False
+    global_shape: tuple[int, ...] | None = None
+    split: tuple[Any, Any] | None = None
 
     @property
     def view(self) -> tuple[int, int, int]:
-        cols = self.shape[-1]
-        rows = self.shape[-2] if len(self.shape) > 1 else 1
-        return (math.prod(self.shape[:-2]), rows, cols)
+        return _view(self.shape)
+
+    @property
+    def offsets(self) -> int:
+        """How many offset scalars follow the key words in the kernel: one per axis of a
+        block."""
+        return 0 if self.global_shape is None else len(self.shape)
+
+    def on_each_device(self, run: Callable[[Any, jax.Array, jax.Array], Any]) -> Any:
+        """``run(spec, x, scalars)`` as a function of the primitive's operands: itself, or
+        with :attr:`split`, on each device's block inside ``shard_map`` with the block's
+        offsets spliced into its scalars (``spec`` then the block's)."""
+        if self.split is None:
+            return lambda x, scalars: run(self, x, scalars)
+        mesh, spec = self.split
+        local = dataclasses.replace(self, split=None)
+
+        def body(x: jax.Array, scalars: jax.Array) -> Any:
+            block = block_from_spec(x.shape, spec, caller="dropout")
+            offset = jnp.stack([jnp.asarray(o, jnp.int32) for o in block.offset])
+            return run(local, x, jnp.concatenate([scalars[:4], offset, scalars[4:]]))
+
+        replicated = jax.sharding.PartitionSpec()
+        return jax.shard_map(
+            body, mesh=mesh, in_specs=(spec, replicated), out_specs=spec, check_vma=False
+        )
+
+
+def _view(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """``shape`` as ``[lead, rows, cols]``: the axes before the last two merged (free in a
+    TPU's tiled layout)."""
+    cols = shape[-1]
+    rows = shape[-2] if len(shape) > 1 else 1
+    return (math.prod(shape[:-2]), rows, cols)
 
 
 def kernel_for(
@@ -114,19 +159,26 @@ def kernel_for(
     thr: Threshold,
     *,
     interpret: bool = False,
+    global_shape: tuple[int, ...] | None = None,
 ) -> TpuKernel | None:
     """The kernel for a mask of ``shape`` over an array of ``dtype``, or None where it
     does not serve: the last axis must be the packing axis and a multiple of 128 long
     (whole vector registers), the rows of a step a multiple of the chunk, and the dtype
     float32 or bfloat16. Merging the axes before the last two is free in a TPU's tiled
-    layout; any other reshape would copy the array."""
+    layout; any other reshape would copy the array.
+
+    ``global_shape``: ``shape`` is one device's block of an array of that shape (same
+    rank). The caller guarantees that the block's offset along the last axis is a
+    multiple of 32 (a whole number of words), as an even split of 128-lane rows is."""
     if jnp.dtype(dtype) not in DTYPES or len(shape) == 0:
         return None
     cols = shape[-1]
     rows = shape[-2] if len(shape) > 1 else 1
     if cols % 128 or math.prod(shape) == 0:
         return None
-    check_word_count((math.prod(shape) // LANES,))
+    if global_shape is not None and len(global_shape) != len(shape):
+        return None
+    check_word_count((math.prod(global_shape or shape) // LANES,))
     chunk = 32 if rows % 32 == 0 else 16 if rows % 16 == 0 else 0
     if not chunk:
         return None
@@ -143,6 +195,7 @@ def kernel_for(
         (block_rows, block_cols),
         chunk,
         interpret,
+        None if global_shape is None else tuple(global_shape),
     )
 
 
@@ -216,19 +269,39 @@ def keep_tile(
     return own_bits(values.astype(jnp.int32), along)
 
 
+def _first_row(spec: TpuKernel, scalars_ref: Any, lead: Any) -> Any:
+    """The global row (of the array seen as ``[rows, cols]``) of local lead index
+    ``lead``'s first row: its own where the array is whole; else the local lead
+    coordinates, unravelled, plus the block's offsets, ravelled in the global shape."""
+    _, rows, _ = spec.view
+    if spec.global_shape is None:
+        return lead * rows
+    offset = [scalars_ref[4 + axis] for axis in range(len(spec.shape))]
+    lead_shape, global_lead = spec.shape[:-2], spec.global_shape[:-2]
+    global_index: Any = 0
+    for axis, (size, whole) in enumerate(zip(lead_shape, global_lead, strict=True)):
+        coord = lead // math.prod(lead_shape[axis + 1 :]) % size
+        global_index = global_index * whole + coord + offset[axis]
+    global_rows = _view(spec.global_shape)[1]
+    row_offset = offset[-2] if len(spec.shape) > 1 else 0
+    return global_index * global_rows + row_offset
+
+
 def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, x_ref: Any, o_ref: Any) -> None:
     key = [scalars_ref[i].astype(_U32) for i in range(4)]
     block_rows, block_cols = spec.block
     if spec.value is None:
-        thr: Any = scalars_ref[4]
-        realised_bits = jnp.full((1, 1), scalars_ref[5], jnp.int32)
+        at = 4 + spec.offsets
+        thr: Any = scalars_ref[at]
+        realised_bits = jnp.full((1, 1), scalars_ref[at + 1], jnp.int32)
         realised: Any = lax.bitcast_convert_type(realised_bits, jnp.float32)
     else:
         thr, realised = np.int32(spec.value), spec.realised
-    _, rows, cols = spec.view
-    words_per_row = cols // LANES
-    first_row = pl.program_id(0) * rows + pl.program_id(1) * block_rows
+    words_per_row = (spec.global_shape or spec.shape)[-1] // LANES
+    first_row = _first_row(spec, scalars_ref, pl.program_id(0)) + pl.program_id(1) * block_rows
     first_word = pl.program_id(2) * (block_cols // LANES)
+    if spec.global_shape is not None:
+        first_word = first_word + scalars_ref[3 + spec.offsets] // LANES
     ch = spec.chunk
     spread = spread_matrix()
 
@@ -253,9 +326,15 @@ def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, x_ref: Any, o_r
     lax.fori_loop(0, block_rows // ch, step, 0)
 
 
-def _pallas(spec: TpuKernel, combine: Combine, x: jax.Array, scalars: jax.Array) -> jax.Array:
+def _pallas(
+    spec: TpuKernel, combine: Combine, x: jax.Array, scalars: jax.Array, *, interpret: bool
+) -> jax.Array:
     lead, rows, cols = spec.view
     block_rows, block_cols = spec.block
+    # Inside shard_map the output varies where ``x`` or the offsets do (as _abstract says).
+    extra = tuple(sorted(_varying(jax.typeof(scalars)) - _varying(jax.typeof(x))))
+    if extra:
+        x = lax.pcast(x, extra, to="varying")
     grid = (lead, pl.cdiv(rows, block_rows), pl.cdiv(cols, block_cols))
     block = pl.BlockSpec((1, block_rows, block_cols), lambda b, i, j: (b, i, j))
     out = pl.pallas_call(
@@ -263,19 +342,24 @@ def _pallas(spec: TpuKernel, combine: Combine, x: jax.Array, scalars: jax.Array)
         grid=grid,
         in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), block],
         out_specs=block,
-        out_shape=jax.ShapeDtypeStruct(spec.view, x.dtype),
+        out_shape=jax.ShapeDtypeStruct(
+            spec.view, x.dtype, manual_axis_type=getattr(jax.typeof(x), "mat", None)
+        ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel")
         ),
-        interpret=spec.interpret,
+        interpret=interpret,
     )(scalars, x.reshape(spec.view))
     return out.reshape(spec.shape)
 
 
-def scalars_of(words: jax.Array, thr: Threshold) -> jax.Array:
-    """The kernel's scalar operands (int32): the key words, then for a run-time rate the
-    threshold and the bits of the realised keep probability."""
+def scalars_of(words: jax.Array, thr: Threshold, offset: tuple[Any, ...] = ()) -> jax.Array:
+    """The kernel's scalar operands (int32): the key words, a block's offset per axis
+    (where the array is one device's block), then for a run-time rate the threshold and
+    the bits of the realised keep probability."""
     parts = [lax.bitcast_convert_type(words.astype(_U32), jnp.int32)]
+    if offset:
+        parts.append(jnp.stack([jnp.asarray(o, jnp.int32) for o in offset]))
     if not isinstance(thr.value, int):
         parts.append(jnp.reshape(thr.value.astype(jnp.int32), (1,)))
         realised = jnp.asarray(thr.realised, jnp.float32)
@@ -285,14 +369,21 @@ def scalars_of(words: jax.Array, thr: Threshold) -> jax.Array:
 
 def _xla_path(x: jax.Array, scalars: jax.Array, spec: TpuKernel, combine: Combine) -> jax.Array:
     """What the kernel computes, by XLA (the same bits): under ``vmap``, and where the
-    kernel fails to lower. ``scalars`` as :func:`scalars_of` made them."""
+    kernel fails to lower. ``scalars`` as :func:`scalars_of` made them; with
+    ``spec.split``, the whole array's mask (no block)."""
+    if spec.split is not None:
+        spec = dataclasses.replace(spec, shape=x.shape, global_shape=None, split=None)
     words = lax.bitcast_convert_type(scalars[:4], _U32)
+    at = 4 + spec.offsets
     if spec.value is None:
-        realised = lax.bitcast_convert_type(scalars[5], jnp.float32)
-        thr = Threshold(scalars[4].astype(_U32), realised)
+        realised = lax.bitcast_convert_type(scalars[at + 1], jnp.float32)
+        thr = Threshold(scalars[at].astype(_U32), realised)
     else:
         thr = Threshold(spec.value, spec.realised)
-    flags = keep_from_words(words, spec.shape, thr, path="per_element")
+    block = None
+    if spec.global_shape is not None:
+        block = Block(spec.global_shape, tuple(scalars[4 + a] for a in range(spec.offsets)))
+    flags = keep_from_words(words, spec.shape, thr, block, path="per_element")
     return combine(x, flags, thr.realised)
 
 
@@ -313,19 +404,58 @@ def masked_linear(
 
 
 def _abstract(x: Any, scalars: Any, **params: Any) -> Any:
-    del scalars, params
-    return jax.core.ShapedArray(x.shape, x.dtype)
+    """``x``'s type (shape, dtype, sharding), varying inside ``shard_map`` over the mesh
+    axes that ``x`` or the scalars (a block's offsets) vary over."""
+    del params
+    varying = _varying(x) | _varying(scalars)
+    if varying == _varying(x):
+        return x
+    return x.update_manual_axis_type(x.mat.update(varying=varying))
 
 
-def _lower(ctx: Any, x: Any, scalars: Any, *, spec: Any, combine: Any) -> Any:
-    """The kernel, or where it fails to lower (a Mosaic that lacks an op it uses), the XLA
-    path, which draws the same mask."""
-    try:
-        kernel = lambda x, s: _pallas(spec, combine, x, s)  # noqa: E731
-        return mlir.lower_fun(kernel, multiple_results=False)(ctx, x, scalars)
-    except Exception:  # noqa: BLE001 - any lowering failure falls back, never crashes
-        xla = lambda x, s: _xla_path(x, s, spec, combine)  # noqa: E731
-        return mlir.lower_fun(xla, multiple_results=False)(ctx, x, scalars)
+def _varying(aval: Any) -> frozenset[str]:
+    """The mesh axes a value varies over inside ``shard_map`` (none outside)."""
+    mat = getattr(aval, "mat", None)
+    return frozenset() if mat is None else mat.varying
+
+
+def _lower_xla(ctx: Any, x: Any, scalars: Any, *, spec: Any, combine: Any) -> Any:
+    xla = spec.on_each_device(lambda spec, x, s: _xla_path(x, s, spec, combine))
+    return mlir.lower_fun(xla, multiple_results=False)(ctx, x, scalars)
+
+
+def _lower_kernel(ctx: Any, x: Any, scalars: Any, *, spec: Any, combine: Any, interpret: bool):
+    kernel = spec.on_each_device(
+        lambda spec, x, s: _pallas(spec, combine, x, s, interpret=interpret)
+    )
+    return mlir.lower_fun(kernel, multiple_results=False)(ctx, x, scalars)
+
+
+def _lower_tpu(ctx: Any, x: Any, scalars: Any, *, spec: Any, combine: Any) -> Any:
+    """Lowered for a TPU: the kernel, compiled, where Mosaic can lower it (one device;
+    each device's block inside ``shard_map``, the user's or ``spec.split``'s; not a
+    program XLA partitions itself), or where it fails to lower (a Mosaic that lacks an
+    op it uses), XLA's path, which draws the same mask."""
+    if spec.split is not None or mosaic_lowers_here(ctx):
+        try:
+            return _lower_kernel(ctx, x, scalars, spec=spec, combine=combine, interpret=False)
+        except Exception:  # noqa: BLE001 - any lowering failure falls back, never crashes
+            pass
+    return _lower_xla(ctx, x, scalars, spec=spec, combine=combine)
+
+
+def _lower_elsewhere(ctx: Any, x: Any, scalars: Any, *, spec: Any, combine: Any) -> Any:
+    """Lowered for another platform (a CPU computation on a TPU host, one platform of a
+    multi-platform export): XLA's path, or where the kernels are forced on off a TPU
+    (tests), the kernel in Pallas's TPU interpreter. The interpreter cannot run inside a
+    ``shard_map`` that checks varying axes (its loops start from values that vary over
+    none); there too XLA's path draws the same mask."""
+    if spec.interpret:
+        try:
+            return _lower_kernel(ctx, x, scalars, spec=spec, combine=combine, interpret=True)
+        except Exception:  # noqa: BLE001 - the interpreter's limits fall back, never crash
+            pass
+    return _lower_xla(ctx, x, scalars, spec=spec, combine=combine)
 
 
 def _jvp(primals: Any, tangents: Any, **params: Any) -> Any:
@@ -350,7 +480,8 @@ def _batch(args: Any, dims: Any, *, spec: Any, combine: Any) -> Any:
 
 
 masked_linear_p.def_abstract_eval(_abstract)
-mlir.register_lowering(masked_linear_p, _lower)
+mlir.register_lowering(masked_linear_p, _lower_elsewhere)
+mlir.register_lowering(masked_linear_p, _lower_tpu, platform="tpu")
 ad.primitive_jvps[masked_linear_p] = _jvp
 ad.primitive_transposes[masked_linear_p] = _transpose
 batching.primitive_batchers[masked_linear_p] = _batch

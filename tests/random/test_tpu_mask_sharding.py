@@ -1,0 +1,203 @@
+"""The dropout kernel on many devices: 8 CPU devices, the kernel in Pallas's TPU interpreter.
+
+Under a mesh of explicit axes the kernel runs on each device's block inside
+``shard_map``; every sharding must give the unsharded call's outputs and gradients bit
+for bit, and the compiled program must move nothing between devices. What the kernel
+cannot split, and a program XLA partitions itself, take XLA's path with the same bits.
+"""
+
+from __future__ import annotations
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import dropmask
+from dropmask import linen as dl
+from dropmask import nnx as dnnx
+from dropmask import testing
+
+KEY = jax.random.key(7)
+RATE = 0.3
+SHAPE = (8, 128, 256)
+COLLECTIVES = re.compile(r"\b(all-gather|all-to-all|all-reduce|collective-permute|reduce-scatter)")
+
+
+def _mesh(kind: str, axis_type=AxisType.Explicit) -> Mesh:
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    if kind == "8":
+        return jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
+    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
+
+
+def _x(seed: int = 1) -> jax.Array:
+    return jax.random.normal(jax.random.key(seed), SHAPE, jnp.float32)
+
+
+def _dropout(x, rate=RATE):
+    return dropmask.dropout(x, rate, KEY)
+
+
+def _vjp(x, ct):
+    return jax.vjp(_dropout, x)[1](ct)[0]
+
+
+def _uses_kernel(f, *args) -> bool:
+    return "dropmask_tpu_masked_linear" in str(jax.make_jaxpr(f)(*args))
+
+
+def _collectives(f, *args) -> list[str]:
+    return sorted(set(COLLECTIVES.findall(jax.jit(f).lower(*args).compile().as_text())))
+
+
+SPLITS = [
+    ("8", P("data")),  # data parallel
+    ("8", P(None, "data")),  # rows
+    ("4x2", P("data", None, "model")),  # 2-D, the last axis split into 128-lane halves
+    ("4x2", P(("data", "model"))),
+    ("4x2", P("model", "data")),
+    ("8", P()),  # replicated: each device the whole array
+]
+
+
+@pytest.mark.parametrize(("mesh", "spec"), SPLITS, ids=[f"{m}-{s}" for m, s in SPLITS])
+def test_each_sharding_draws_the_unsharded_mask_with_no_collective(mesh, spec):
+    x, ct = _x(1), _x(2)
+    want, want_ct = _dropout(x), _vjp(x, ct)
+    mesh_ = _mesh(mesh)
+    put = lambda a: jax.device_put(a, NamedSharding(mesh_, spec))  # noqa: E731
+    xs, cts = put(x), put(ct)
+    with testing.tpu_kernels(), jax.set_mesh(mesh_):
+        assert _uses_kernel(_dropout, xs)
+        got = jax.jit(_dropout)(xs)
+        got_ct = jax.jit(_vjp)(xs, cts)
+        got_rate = jax.jit(_dropout)(xs, jnp.float32(RATE))
+        assert _collectives(_dropout, xs) == []
+        assert _collectives(_vjp, xs, cts) == []
+    assert got.sharding.is_equivalent_to(xs.sharding, got.ndim)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(got_ct), np.asarray(want_ct))
+    np.testing.assert_array_equal(np.asarray(got_rate), np.asarray(want))
+
+
+def test_a_split_the_kernel_cannot_take_draws_the_same_bits_by_xlas_path():
+    """The last axis in eight: 32 lanes a block, not the kernel's whole 128."""
+    x = _x()
+    want = _dropout(x)
+    mesh = _mesh("8")
+    xs = jax.device_put(x, NamedSharding(mesh, P(None, None, "data")))
+    with testing.tpu_kernels(), jax.set_mesh(mesh):
+        assert not _uses_kernel(_dropout, xs)
+        got = jax.jit(_dropout)(xs)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_program_xla_partitions_itself_takes_xlas_path():
+    """Automatic axes: the sharding is not known when traced, and Mosaic cannot be
+    partitioned by XLA."""
+    x = _x()
+    want = _dropout(x)
+    mesh = _mesh("4x2", AxisType.Auto)
+    xs = jax.device_put(x, NamedSharding(mesh, P("data", None, "model")))
+    with testing.tpu_kernels():
+        assert not _uses_kernel(_dropout, xs)
+        got = jax.jit(_dropout)(xs)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_inside_a_users_shard_map_the_kernel_draws_its_block_of_the_global_mask(check_vma):
+    x = _x()
+    want = _dropout(x)
+    mesh = _mesh("8", AxisType.Auto)
+
+    def local(block):
+        offset = (jax.lax.axis_index("data") * block.shape[0], 0, 0)
+        return dropmask.dropout(block, RATE, KEY, global_shape=SHAPE, offset=offset)
+
+    f = jax.shard_map(
+        local, mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=check_vma
+    )
+    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+    with testing.tpu_kernels():
+        assert _uses_kernel(f, xs)
+        got = jax.jit(f)(xs)
+        assert _collectives(f, xs) == []
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_under_vmap_scan_and_remat_on_a_mesh():
+    x = _x()
+    keys = jax.random.split(KEY, 2)
+
+    def layers(x):
+        def body(h, key):
+            return jnp.tanh(dropmask.dropout(h, RATE, key)), None
+
+        return jax.lax.scan(jax.checkpoint(body), x, keys)[0]
+
+    def over_keys(x):
+        return jax.vmap(lambda key: dropmask.dropout(x, RATE, key))(keys)
+
+    loss = lambda x: jnp.sum(layers(x) * x)  # noqa: E731
+    want = (layers(x), jax.grad(loss)(x), over_keys(x))
+    mesh = _mesh("4x2")
+    xs = jax.device_put(x, NamedSharding(mesh, P("data", None, "model")))
+    with testing.tpu_kernels(), jax.set_mesh(mesh):
+        assert _uses_kernel(layers, xs)
+        got = (jax.jit(layers)(xs), jax.jit(jax.grad(loss))(xs), jax.jit(over_keys)(xs))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=0, atol=0)
+
+
+class _Block(nn.Module):
+    @nn.compact
+    def __call__(self, x, training: bool):
+        x = nn.Dropout(RATE, deterministic=not training)(x)
+        return nn.Dense(256)(x)
+
+
+class _NnxBlock(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.dropout = nnx.Dropout(RATE, rngs=rngs)
+        self.dense = nnx.Linear(256, 256, rngs=rngs)
+
+    def __call__(self, x):
+        return self.dense(self.dropout(x))
+
+
+def test_linen_and_nnx_models_under_swap_dropout_on_a_mesh():
+    x = _x()
+    model = _Block()
+    variables = model.init(jax.random.key(0), x, training=False)
+
+    def linen(x):
+        with dl.swap_dropout():
+            return model.apply(variables, x, training=True, rngs={"dropout": KEY})
+
+    nnx_model = _NnxBlock(nnx.Rngs(params=0, dropout=3))
+    dnnx.swap_dropout(nnx_model)
+    graph, state = nnx.split(nnx_model)
+
+    def with_nnx(state, x):
+        return nnx.merge(graph, state)(x)
+
+    def fresh():  # the stream's count as split, so that each call draws the same mask
+        return jax.tree.map(lambda a: a, state)
+
+    want = (linen(x), with_nnx(fresh(), x))
+    mesh = _mesh("8")
+    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+    with testing.tpu_kernels(), jax.set_mesh(mesh):
+        assert _uses_kernel(linen, xs) and _uses_kernel(with_nnx, fresh(), xs)
+        got = (jax.jit(linen)(xs), jax.jit(with_nnx)(fresh(), xs))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
