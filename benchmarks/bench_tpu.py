@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -153,7 +154,48 @@ def _check_cases() -> dict[str, Callable[[], Any]]:
     cases["attention dropped weights, traced rate 0.3"] = lambda: jax.jit(
         lambda r: dropped(r, True)
     )(jnp.float32(0.3))
+    # Computed on the host's CPU (a TPU host's evaluation, data preparation): lowered for
+    # the CPU, the kernels' programs take the CPU's paths.
+    cases["on the host's CPU: dropout (8, 256, 1024)"] = lambda: on_host_cpu(
+        lambda: dropmask.dropout(ones((8, 256, 1024)), RATE, key)
+    )
+    cases["on the host's CPU: attention dropped weights, a mask per head"] = lambda: on_host_cpu(
+        lambda: dropped(RATE, False)
+    )
+    # A one-device mesh of explicit axes, the arrays placed by NamedSharding.
+    cases["one-device mesh: dropout (8, 256, 1024)"] = lambda: on_mesh(
+        lambda x: dropmask.dropout(x, RATE, key), ones((8, 256, 1024))
+    )
+    cases["one-device mesh: grad (8, 256, 1024)"] = lambda: on_mesh(
+        lambda x: grad_of(x.shape), ones((8, 256, 1024))
+    )
     return cases
+
+
+def on_host_cpu(fn: Callable[[], Any]) -> Any:
+    """``fn()`` computed on this host's CPU, its result as NumPy; raises unless it lies
+    there."""
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        out = jax.jit(fn)()
+    if out.devices() != {cpu}:
+        raise AssertionError(f"computed on {out.devices()}, not the host's CPU")
+    return np.asarray(out)
+
+
+def one_device_mesh() -> jax.sharding.Mesh:
+    """A mesh of one device and one explicit axis, ``"data"``."""
+    return jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+
+def on_mesh(fn: Callable[..., Any], *args: jax.Array) -> Any:
+    """``fn(*args)`` jitted over a one-device mesh, the arrays placed by ``NamedSharding``
+    (the first axis over ``"data"``)."""
+    mesh = one_device_mesh()
+    spec = jax.sharding.PartitionSpec("data")
+    with jax.set_mesh(mesh):
+        placed = [jax.device_put(a, jax.sharding.NamedSharding(mesh, spec)) for a in args]
+        return np.asarray(jax.jit(fn)(*placed))
 
 
 def _bits(x: Any) -> np.ndarray:
@@ -341,11 +383,19 @@ def _step_ms(exe: Any, params: Any, x: jax.Array) -> float:
 
 
 def step_rows(
-    size: dict[str, int], reps: int, dtypes: tuple[str, ...] = STEP_DTYPES
+    size: dict[str, int],
+    reps: int,
+    dtypes: tuple[str, ...] = STEP_DTYPES,
+    *,
+    names: tuple[str, ...] | None = None,
+    mesh: Any = None,
 ) -> Iterator[dict[str, Any]]:
-    """One row per dtype and ``STEP_ROWS`` entry, in that order: step ms (each row's
-    repeats paired with the step without dropout, which runs first in even repeats and
-    second in odd ones), XLA's temporaries and the looped step's compile time."""
+    """One row per dtype and ``STEP_ROWS`` entry (or those ``names``), in that order: step
+    ms (each row's repeats paired with the step without dropout, which runs first in
+    even repeats and second in odd ones), XLA's temporaries and the looped step's
+    compile time. With ``mesh`` each step is also compiled over it, the batch placed by
+    ``NamedSharding`` and the parameters replicated, and timed in turn with the plain
+    one (``mesh_ms``, ``mesh_ratio``: mesh / plain)."""
     import flax.linen as nn
 
     from benchmarks import bench_transformer_step as ts
@@ -376,6 +426,8 @@ def step_rows(
         params = Encoder(0.0, 0.0, dtype).init(jax.random.key(1), x, True)["params"]
         base = None
         for name, (rate, attention_rate, swap) in STEP_ROWS.items():
+            if names is not None and name not in names:
+                continue
             step = ts.step_fn(Encoder(rate, attention_rate, dtype))  # pyright: ignore[reportArgumentType]
             if swap is not None:
                 step = swapped(step, attention=swap)
@@ -408,8 +460,27 @@ def step_rows(
                 row["step_ms"] = float(np.median(mine))
                 row["baseline_ms"] = float(np.median(theirs))
                 row["ratio"] = float(np.median(np.array(mine) / np.array(theirs)))
+            if mesh is not None:
+                row.update(_step_on_mesh(mesh, run, exe, params, x, reps))
             print(row, flush=True)
             yield row
+
+
+def _step_on_mesh(mesh: Any, run: Any, plain: Any, params: Any, x: jax.Array, reps: int):
+    """The looped step compiled over ``mesh`` (the batch over ``"data"``, the parameters
+    replicated), timed in turn with ``plain``."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    with jax.set_mesh(mesh):
+        placed_params = jax.device_put(params, NamedSharding(mesh, P()))
+        placed_x = jax.device_put(x, NamedSharding(mesh, P("data")))
+        exe = jax.jit(run).lower(jnp.int32(2), placed_params, placed_x, jax.random.key(2))
+        exe = exe.compile()
+    ms, mesh_ms, ratio = _paired_ms(
+        lambda: _step_ms(plain, params, x), lambda: _step_ms(exe, placed_params, placed_x), reps
+    )
+    return {"plain_ms": ms, "mesh_ms": mesh_ms, "mesh_ratio": ratio}
 
 
 # --- 4. attention ----------------------------------------------------------------------
@@ -502,6 +573,80 @@ def attention_rows(lengths: tuple[int, ...], reps: int) -> Iterator[dict[str, An
             yield row
 
 
+# --- 5. on a one-device mesh ----------------------------------------------------------
+
+MESH_ATTENTION_LENGTHS = (4096, 8192)
+MESH_STEP_ROWS = (NO_DROPOUT, SWAPPED_ALL)
+
+
+def _paired_ms(plain: Callable[[], float], meshed: Callable[[], float], reps: int):
+    """Medians of ``reps`` timings of each, in turn first and second per repeat, and the
+    median of their ratios (mesh / plain)."""
+    a, b = [], []
+    for r in range(reps):
+        if r % 2 == 0:
+            a.append(plain())
+        b.append(meshed())
+        if r % 2 == 1:
+            a.append(plain())
+    return float(np.median(a)), float(np.median(b)), float(np.median(np.array(b) / np.array(a)))
+
+
+def _call_ms(exe: Any, *args: Any) -> float:
+    t = time.perf_counter()
+    jax.block_until_ready(exe(*args))
+    return (time.perf_counter() - t) * 1e3
+
+
+def mesh_rows(
+    lengths: tuple[int, ...], size: dict[str, int], reps: int
+) -> Iterator[dict[str, Any]]:
+    """dropmask's attention and the train step as they are and jitted over a one-device
+    mesh of explicit axes, inputs placed by ``NamedSharding``: each pair timed in turn.
+    The mesh takes the same kernels (the rows say what ran); a slower mesh row would be
+    a cost of the sharding machinery."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = one_device_mesh()
+    s = ATTENTION_SHAPE
+    for length in lengths:
+        shape = (s["batch"], length, s["heads"], s["depth"])
+        keys = jax.random.split(jax.random.key(length), 4)
+        args = [jax.random.normal(kk, shape, jnp.bfloat16) for kk in keys]
+        f = attention_contestants(length)[AUTO]
+
+        def loss(q, k, v, g, f=f):
+            return jnp.sum((f(q, k, v) * g).astype(jnp.float32))
+
+        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        plain = grads.lower(*args).compile()
+        with jax.set_mesh(mesh):
+            placed = [jax.device_put(a, NamedSharding(mesh, P("data"))) for a in args]
+            meshed = grads.lower(*placed).compile()
+            mesh_path = attention_path(f, *placed[:3])
+        for exe, a in ((plain, args), (meshed, placed)):
+            jax.block_until_ready(exe(*a))
+        ms, mesh_ms, ratio = _paired_ms(
+            functools.partial(_call_ms, plain, *args),
+            functools.partial(_call_ms, meshed, *placed),
+            reps,
+        )
+        row = {
+            "kind": "attention",
+            "length": length,
+            "path": attention_path(f, *args[:3]),
+            "mesh_path": mesh_path,
+            "ms": ms,
+            "mesh_ms": mesh_ms,
+            "ratio": ratio,
+        }
+        print(row, flush=True)
+        yield row
+    for step_row in step_rows(size, reps, ("bfloat16",), names=MESH_STEP_ROWS, mesh=mesh):
+        yield {"kind": "step", **step_row}
+
+
 # --- driver ---------------------------------------------------------------------------
 
 
@@ -585,6 +730,14 @@ def main(argv: list[str] | None = None) -> int:
             ),
         ),
         ("step", lambda: step_rows(size, 3 if args.quick else 5, args.step_dtypes)),
+        (
+            "mesh",
+            lambda: mesh_rows(
+                QUICK_ATTENTION_LENGTHS if args.quick else MESH_ATTENTION_LENGTHS,
+                size,
+                3 if args.quick else 10,
+            ),
+        ),
     ]
     for name, part in parts:
         if name not in args.parts:
@@ -605,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-PARTS = ("checks", "per_call", "attention", "step")
+PARTS = ("checks", "per_call", "attention", "step", "mesh")
 PART_KEYS = {"per_call": ("per_call_shape", "default_path"), "step": ("step_size", "step_dtypes")}
 
 
@@ -914,6 +1067,48 @@ def _attention(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
     return text, targets
 
 
+MESH_TARGET = 1.03  # no row slower over a one-device mesh beyond noise
+
+
+def _mesh(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
+    """The one-device mesh table, each row as it is and over the mesh, and its targets."""
+    rows = result.get("mesh", [])
+    table, targets = [], []
+    for r in rows:
+        if r["kind"] == "attention":
+            what = f"attention fwd+bwd, {r['length']} tokens ({r['path']} / {r['mesh_path']})"
+            ms, mesh_ms, ratio = r["ms"], r["mesh_ms"], r["ratio"]
+        else:
+            what = f"step {r['dtype']}, {r['name']}"
+            ms, mesh_ms, ratio = r["plain_ms"], r["mesh_ms"], r["mesh_ratio"]
+        table.append(
+            {
+                "what": what,
+                "ms": _num(ms, ".2f"),
+                "mesh": _num(mesh_ms, ".2f"),
+                "x": _num(ratio, ".3f"),
+            }
+        )
+        targets.append(
+            _target(f"one-device mesh / plain, {what} <= {MESH_TARGET}x", ratio, MESH_TARGET)
+        )
+    columns = [
+        ("row", "what"),
+        ("ms", "ms"),
+        ("one-device mesh, ms", "mesh"),
+        ("mesh / plain", "x"),
+    ]
+    text = (
+        "On a one-device mesh of explicit axes (inputs placed by `NamedSharding`, the "
+        "parameters replicated), timed in turn with the same program unsharded "
+        "(medians; the ratio is the median of the pairs'):\n\n"
+        + (markdown_table(table, columns) if table else f"{NOT_RUN}.\n")
+    )
+    if not rows:
+        targets.append(_target(f"one-device mesh / plain <= {MESH_TARGET}x", None, MESH_TARGET))
+    return text, targets
+
+
 def render(result: dict[str, Any]) -> str:
     """RESULTS.md's TPU section from ``tpu_results.json``'s contents; a row the run did
     not reach, and a target that needs it, read "not run"."""
@@ -927,16 +1122,17 @@ def render(result: dict[str, Any]) -> str:
     per_call, per_call_targets = _per_call(result)
     steps, step_targets = _steps(result)
     attention, attention_targets = _attention(result)
+    mesh, mesh_targets = _mesh(result)
     lines.append(
         "Targets:\n\n"
         + markdown_table(
-            per_call_targets + step_targets + attention_targets,
+            per_call_targets + step_targets + attention_targets + mesh_targets,
             [("target", "target"), ("measured", "measured"), ("verdict", "verdict")],
         )
     )
-    lines.extend([per_call, steps, attention])
+    lines.extend([per_call, steps, attention, mesh])
     lines.extend(f"\n{note}" for note in result.get("notes", []))
-    for key in ("checks_error", "per_call_error", "attention_error", "step_error"):
+    for key in ("checks_error", "per_call_error", "attention_error", "step_error", "mesh_error"):
         if key in result:
             lines.append(f"\n{key}: `{result[key].strip().splitlines()[-1]}`\n")
     return "\n".join(lines)

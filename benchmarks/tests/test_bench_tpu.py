@@ -7,9 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
 import pytest
 from benchmarks import bench_tpu as bt
 
+import dropmask
 from dropmask import testing
 
 ENVIRONMENT = {
@@ -130,8 +133,8 @@ def test_targets_are_met_or_missed_by_the_measured_ratio():
     assert "| float32 | dropmask default (TPU kernel) | 1.200 | 1.20 | 0.60 |" in met
     assert "| float32 | dropmask XLA path, tpu_kernels(False) | 3.000 | 3.00 | 1.50 |" in met
     targets = _targets(met)
-    assert len(targets) == 6 + 3 + 7  # per call, step, attention
-    assert set(targets.values()) == {"met"}
+    assert len(targets) == 6 + 3 + 7 + 1  # per call, step, attention, mesh (not run)
+    assert set(targets.values()) == {"met", "not run"}
     missed = _targets(
         bt.render(
             _payload(default_ms=1.4, swapped_ratio=1.2, swapped_compile_s=40, attention_ms=5.5)
@@ -320,3 +323,44 @@ def test_quick_runs_every_part_and_renders_it(tmp_path: Path, monkeypatch):
         line for line in body.splitlines() if "not run" in line and "attention, " not in line
     ] == []
     assert "| bfloat16 | swapped residual-only (XLA path) |" in body
+
+
+def _mesh_rows(ratio: float) -> list[dict[str, Any]]:
+    attention = {"kind": "attention", "length": 4096, "path": "TPU kernels"}
+    attention.update(mesh_path="TPU kernels", ms=2.0, mesh_ms=2.0 * ratio, ratio=ratio)
+    step = {"kind": "step", "dtype": "bfloat16", "name": bt.SWAPPED_ALL}
+    step.update(plain_ms=60.0, mesh_ms=60.0 * ratio, mesh_ratio=ratio)
+    return [attention, step]
+
+
+@pytest.mark.parametrize(("ratio", "verdict"), [(1.01, "met"), (1.05, "missed")])
+def test_the_one_device_mesh_rows_are_held_to_the_plain_ones(ratio, verdict):
+    md = bt.render({**_payload(), "mesh": _mesh_rows(ratio)})
+    mesh = {k: v for k, v in _targets(md).items() if k.startswith("one-device mesh")}
+    assert list(mesh.values()) == [verdict, verdict]
+    assert (
+        f"| attention fwd+bwd, 4096 tokens (TPU kernels / TPU kernels) | 2.00 | {2 * ratio:.2f}"
+        in md
+    )
+
+
+def test_the_mesh_part_times_attention_and_the_step_over_a_one_device_mesh(monkeypatch):
+    monkeypatch.setattr(bt, "attention_contestants", lambda length: {bt.AUTO: _tiny_attention})
+    size = {"batch": 2, "length": 16, "width": 32, "heads": 2, "mlp_dim": 64, "layers": 1}
+    rows = list(bt.mesh_rows((16,), size, 2))
+    assert [r["kind"] for r in rows] == ["attention", "step", "step"]
+    assert [r.get("name") for r in rows[1:]] == list(bt.MESH_STEP_ROWS)
+    assert all(r["mesh_path"] == r["path"] for r in rows[:1])
+    assert all(isinstance(r[k], float) for r in rows[1:] for k in ("plain_ms", "mesh_ms"))
+
+
+def _tiny_attention(q, k, v):
+    return dropmask.dot_product_attention(
+        q, k, v, is_causal=True, dropout_rate=0.1, key=jax.random.key(0), deterministic=False
+    )
+
+
+def test_the_check_cases_on_the_hosts_cpu_and_a_mesh_run_here():
+    cases = bt._check_cases()
+    for name in [n for n in cases if n.startswith(("on the host's CPU", "one-device mesh"))]:
+        assert isinstance(cases[name](), np.ndarray), name

@@ -270,12 +270,12 @@ def tpu_kernels(enabled: bool = True) -> contextlib.AbstractContextManager[None]
     whatever the backend and devices. The kernels compile on a TPU and run in Pallas's
     TPU interpreter elsewhere. Every way draws the same bits.
 
-    Outside it the kernels are the default on a TPU with one device, and XLA's paths
-    everywhere else: with more devices, because the kernels have no sharding rule yet
-    (under ``jit`` XLA would gather a sharded input to one device first; inside it, use
-    the kernels unsharded or inside ``shard_map``). ``tpu_kernels(False)`` is also the
-    way around a kernel that Mosaic fails to compile. See ``docs/dropout_speed.md``, "The
-    TPU", and ``docs/attention.md``, "On a TPU".
+    Outside it the kernels are traced where the default backend is a TPU, with any
+    number of devices, and run where the program is lowered for a TPU (XLA's paths for
+    any other platform); under a mesh of explicit axes on each device's block, in a
+    program XLA partitions itself not at all (``docs/many_chips.md``).
+    ``tpu_kernels(False)`` is also the way around a kernel that Mosaic fails to compile.
+    See ``docs/dropout_speed.md``, "The TPU", and ``docs/attention.md``, "On a TPU".
 
     The choice is made when a mask is traced, and a traced draw does not record it, so
     JAX's caches are cleared on entry and on exit where the choice changes there: trace

@@ -100,6 +100,30 @@ def _attend_fwd(score, product, dtype, q, k, bias, v, mask, structure):
     return poison(out, q, tainted), (q, k, bias, v, mask, y, out, tainted)
 
 
+def _transposed(f: Any, x: jax.Array, ct: jax.Array) -> tuple[jax.Array, ...]:
+    """The transpose of linear ``f`` at ``x``'s type, applied to ``ct`` (sharded as ``f``'s
+    output, see :func:`_as_output`)."""
+    return jax.linear_transpose(f, x)(_as_output(ct, jax.eval_shape(f, x)))
+
+
+def _pulled(f: Any, primals: tuple[Any, ...], ct: jax.Array) -> tuple[Any, ...]:
+    """``f``'s cotangents at ``primals`` for output cotangent ``ct`` (sharded as ``f``'s
+    output, see :func:`_as_output`)."""
+    out, pull = jax.vjp(f, *primals)
+    return pull(_as_output(ct, out))
+
+
+def _as_output(ct: jax.Array, out: Any) -> jax.Array:
+    """``ct`` resharded as ``out``: under a mesh of explicit axes an einsum's rule can
+    shard a product otherwise than the cotangent that arrives for it (the weights' mask
+    is drawn whole), which JAX's transposition refuses; elsewhere ``ct`` itself."""
+    want = out.sharding if isinstance(out, jax.ShapeDtypeStruct) else jax.typeof(out).sharding
+    have = jax.typeof(ct).sharding
+    if want is None or have.mesh.empty or have.spec == want.spec:
+        return ct
+    return jax.sharding.reshard(ct, want.spec)
+
+
 def _attend_bwd(score, product, dtype, residuals, g):
     q, k, bias, v, mask, y, out, tainted = residuals
     g = poisoned_cotangent(tainted, g)
@@ -111,18 +135,18 @@ def _attend_bwd(score, product, dtype, residuals, g):
     # would compute them in the forward pass and keep them for this; before it, they
     # would share the pass's peak with the row sum's inputs.
     flags, dropped = _dropped(_after(y, c), mask)
-    (dv,) = jax.linear_transpose(functools.partial(product, dropped), v)(g)
+    (dv,) = _transposed(functools.partial(product, dropped), v, g)
     # The weights' product after v's gradient: the dropped weights are gone by then.
-    (dw,) = jax.linear_transpose(lambda w: product(w, v), dropped)(_after(g, dv))
+    (dw,) = _transposed(lambda w: product(w, v), dropped, _after(g, dv))
     y = y.astype(acc)
     dw = dw.astype(acc)
     # A select of its own, not `dropped` again, which would keep it alive until here.
     t = lax.select(flags, dw * y, flags.astype(acc)) - y * c
     if bias is None:
-        dq, dk = jax.vjp(lambda q, k: scores(score, q, k, None), q, k)[1](t)
+        dq, dk = _pulled(lambda q, k: scores(score, q, k, None), (q, k), t)
         dbias = None
     else:
-        dq, dk, dbias = jax.vjp(lambda q, k, b: scores(score, q, k, b), q, k, bias)[1](t)
+        dq, dk, dbias = _pulled(lambda q, k, b: scores(score, q, k, b), (q, k, bias), t)
     return poisoned_gradient(tainted, dq), dk, dbias, dv, None, None
 
 

@@ -176,8 +176,9 @@ def dot_product_attention(
     ``is_causal``, ``window``, key padding or segments mask entirely are skipped.
     Both drop exactly the same weights for the same key (``impl="fast"``).
     ``"pallas"`` runs the blockwise algorithm as Pallas kernels that draw the same
-    dropout flags inside: Triton's on a GPU, Mosaic's on a TPU with one device (or
-    inside ``dropmask.testing.tpu_kernels()``), Pallas's interpreter elsewhere.
+    dropout flags inside: Triton's on a GPU, Mosaic's on a TPU, with any number of
+    devices (``docs/many_chips.md``), or inside ``dropmask.testing.tpu_kernels()``,
+    Pallas's interpreter elsewhere.
 
     Args:
       q: ``[batch..., q_len, heads, depth]``.

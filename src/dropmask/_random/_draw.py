@@ -168,7 +168,7 @@ Combine = Callable[[Any, jax.Array, Any], Any]
 @dataclasses.dataclass(frozen=True)
 class Linear:
     """A ``combine`` that is linear in ``x`` and diagonal, as dropout's select and scale:
-    its own transpose. Where the kernel runs (by default on a TPU with one device; inside
+    its own transpose. Where the kernel runs (by default on a TPU, see ``_placement``; inside
     ``tpu_kernels()`` on any backend, not inside ``tpu_kernels(False)``), :func:`draw`
     runs it in the kernel that draws the mask (``_tpu_mask``), forward and backward, on
     the shapes the kernel serves; elsewhere it is ``fn`` itself."""
