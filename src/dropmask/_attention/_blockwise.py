@@ -30,10 +30,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from .._dropout import flags_and_realised, scale_and_fill
 from .._errors import call_name
-from .._random import Block, draw, loop_zero, mask_shape
+from .._random import Block, draw, explicitly_sharded_axes, loop_zero, mask_shape
 
 __all__ = [
     "Dropout",
@@ -261,8 +262,18 @@ def _varying_like(refs: Any) -> Any:
     return vary
 
 
+def _ranked(value: jax.Array, ndim: int) -> jax.Array:
+    """``value`` (a scalar, or under a mesh of explicit axes a tile's first elements from
+    ``loop_zero``: its sharded axes whole, the rest 1) with at most ``ndim`` axes, so
+    that it broadcasts against an array of that rank axis by axis."""
+    if value.ndim <= ndim:
+        return value
+    return lax.squeeze(value, tuple(range(ndim, value.ndim)))  # a reshape drops size-1 splits
+
+
 def _filled(value: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    return lax.broadcast_in_dim(value, shape, ())
+    """``value`` (see :func:`_ranked`) broadcast to ``shape``."""
+    return jnp.broadcast_to(_ranked(value, len(shape)), shape)
 
 
 def _forward(plan: Plan, q, k, v, side: Side, dropout: Dropout):
@@ -324,7 +335,7 @@ def _forward(plan: Plan, q, k, v, side: Side, dropout: Dropout):
         m, total, acc, taint = lax.fori_loop(lo, hi, key_tile, init)
         empty = (total == 0) | taint
         out = jnp.where(empty[..., None], zero, acc / jnp.where(empty, 1.0, total)[..., None])
-        lse = jnp.where(empty, zero, m + jnp.log(jnp.where(empty, 1.0, total)))
+        lse = jnp.where(empty, _ranked(zero, 4), m + jnp.log(jnp.where(empty, 1.0, total)))
         return None, (out, lse, taint)
 
     _, (out, lse, taint) = lax.scan(query_tile, None, jnp.arange(plan.n_q))
@@ -391,9 +402,9 @@ def _backward(plan: Plan, q, k, v, side: Side, dropout: Dropout, out, lse, taint
 
     zero = loop_zero(d_out)
     d_bias0 = None if side.bias is None else vary(_filled(zero, side.bias.shape))
-    (d_q, d_bias), (d_k, d_v) = lax.scan(
-        key_tile, (vary(_filled(zero, q.shape)), d_bias0), jnp.arange(plan.n_k)
-    )
+    # From q's 0, whose batch axis is split as the updates' (d_out may arrive unsplit).
+    d_q0 = vary(_filled(loop_zero(q).astype(zero.dtype), q.shape))
+    (d_q, d_bias), (d_k, d_v) = lax.scan(key_tile, (d_q0, d_bias0), jnp.arange(plan.n_k))
     d_k = jnp.moveaxis(d_k, 0, 2).reshape(k.shape)
     d_v = jnp.moveaxis(d_v, 0, 2).reshape(v.shape)
     return d_q, d_k, d_v, d_bias
@@ -431,7 +442,18 @@ def _attend_bwd(plan: Plan, residuals, cotangents):
     )
     d_side = jax.tree.map(lambda _: None, side)._replace(bias=d_bias)
     d_dropout = Dropout(None, None if dropout.keep is None else jnp.zeros_like(dropout.keep))
-    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_side, d_dropout
+    d_q, d_k, d_v = (_typed_as(d, x) for d, x in ((d_q, q), (d_k, k), (d_v, v)))
+    return d_q, d_k, d_v, d_side, d_dropout
+
+
+def _typed_as(d: jax.Array, x: jax.Array) -> jax.Array:
+    """A cotangent ``d`` as ``x``'s type: its dtype, and under a mesh of explicit axes its
+    sharding (a reshape drops the split of a size-1 axis)."""
+    d = d.astype(x.dtype)
+    want = jax.typeof(x).sharding.spec
+    if not explicitly_sharded_axes(x) or jax.typeof(d).sharding.spec == want:
+        return d
+    return jax.sharding.reshard(d, want)
 
 
 _attend = jax.custom_vjp(_attend_impl, nondiff_argnums=(0,))
@@ -455,6 +477,7 @@ def blockwise_attention(
     q5 = q.reshape(b, plan.q_len, hk, g, q.shape[-1]).transpose(0, 2, 3, 1, 4)
     k4 = k.reshape(b, plan.kv_len, hk, k.shape[-1]).transpose(0, 2, 1, 3)
     v4 = v.reshape(b, plan.kv_len, hk, v.shape[-1]).transpose(0, 2, 1, 3)
+    q5 = _split_as_keys(q5, k4)
     q5 = jnp.pad(q5, [(0, 0)] * 3 + [(0, pad_q), (0, 0)])
     k4 = jnp.pad(k4, [(0, 0)] * 2 + [(0, pad_k), (0, 0)])
     v4 = jnp.pad(v4, [(0, 0)] * 2 + [(0, pad_k), (0, 0)])
@@ -463,6 +486,20 @@ def blockwise_attention(
     out = out.reshape(*plan.batch, plan.q_len, plan.heads, v.shape[-1])
     taint = taint[..., : plan.q_len].reshape(*plan.batch, plan.heads, plan.q_len, 1)
     return out, taint
+
+
+def _split_as_keys(q5: jax.Array, k4: jax.Array) -> jax.Array:
+    """``q5: [B, Hk, G, Lq, D]`` with its batch and head axes split as ``k4``'s (``[B, Hk,
+    Lk, D]``), under a mesh of explicit axes: splitting the heads into groups drops a
+    split of a size-1 axis (one batch row a device), which the loops' carries, built
+    from both, must agree on."""
+    q_spec, k_spec = jax.typeof(q5).sharding.spec, jax.typeof(k4).sharding.spec
+    if not explicitly_sharded_axes(k4) and not explicitly_sharded_axes(q5):
+        return q5
+    q_entries = tuple(q_spec) + (None,) * (5 - len(tuple(q_spec)))
+    k_entries = tuple(k_spec) + (None,) * (4 - len(tuple(k_spec)))
+    want = (k_entries[0], k_entries[1], *q_entries[2:])
+    return q5 if want == q_entries else jax.sharding.reshard(q5, P(*want))
 
 
 def _pad(x: jax.Array, axis: int, size: int, value: Any) -> jax.Array:

@@ -126,6 +126,11 @@ def tpu_only(fn: Callable[..., Any], *args: Any) -> Any:
     return tpu_only_p.bind(*args, jaxpr=closed)
 
 
+def _tpu_only_impl(*args: Any, jaxpr: Any) -> Any:
+    """Called eagerly: compiled for the device the arguments are on."""
+    return jax.jit(lambda *a: tpu_only_p.bind(*a, jaxpr=jaxpr))(*args)
+
+
 def _tpu_only_abstract(*avals: Any, jaxpr: Any) -> Any:
     del avals
     return jaxpr.out_avals
@@ -146,6 +151,7 @@ def _tpu_only_batch(args: Any, dims: Any, *, jaxpr: Any) -> Any:
     return outs, [0] * len(outs)
 
 
+tpu_only_p.def_impl(_tpu_only_impl)
 tpu_only_p.def_abstract_eval(_tpu_only_abstract)
 mlir.register_lowering(tpu_only_p, _tpu_only_lower_elsewhere)
 mlir.register_lowering(tpu_only_p, _tpu_only_lower_tpu, platform="tpu")

@@ -195,18 +195,16 @@ def block_from_spec(shape: tuple[int, ...], spec: Any, *, caller: str) -> Block:
 
 def explicit_split(x: Any) -> tuple[Any, Any] | None:
     """``(mesh, spec)`` of ``x``'s type where it is traced under a mesh of explicit axes
-    with more than one device (sharded or replicated there); None elsewhere: one
-    device, inside ``shard_map`` over all of a mesh's axes, or a mesh of automatic axes
-    (whose types carry no partition)."""
+    (of any size: there a kernel must run inside ``shard_map``, since a Pallas call takes
+    no array whose type names a mesh axis); None elsewhere: no mesh, inside
+    ``shard_map`` over all of a mesh's axes, or a mesh of automatic axes (whose types
+    carry no partition)."""
     sharding = getattr(jax.typeof(x), "sharding", None)
     mesh = getattr(sharding, "mesh", None)
     if sharding is None or mesh is None or not getattr(mesh, "axis_names", ()):
         return None
     explicit = jax.sharding.AxisType.Explicit
-    if not any(
-        kind == explicit and size > 1
-        for kind, size in zip(mesh.axis_types, mesh.axis_sizes, strict=True)
-    ):
+    if explicit not in tuple(mesh.axis_types):
         return None
     return mesh, sharding.spec
 
