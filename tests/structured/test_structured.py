@@ -192,8 +192,13 @@ def test_layer_drop_bad_arguments():
     x = jnp.ones(3)
     with pytest.raises(dropmask.DropmaskTypeError, match="layer_drop: layer must be a callable"):
         dropmask.layer_drop("dense", x, 0.5, KEY)
-    with pytest.raises(dropmask.DropmaskValueError, match="layer must return what it is given"):
-        dropmask.layer_drop(lambda h: h[:2], x, 0.5, KEY)
+    # At every rate and in evaluation: at 0 and 1 (the layer always or never run) it
+    # was accepted, and failed the first time the rate changed.
+    for rate, deterministic in [(0.5, False), (0.0, False), (1.0, False), (0.5, True)]:
+        with pytest.raises(
+            dropmask.DropmaskValueError, match="layer_drop: layer must return what it is given"
+        ):
+            dropmask.layer_drop(lambda h: h[:2], x, rate, KEY, deterministic=deterministic)
     with pytest.raises(dropmask.RateError, match="layer_drop: rate"):
         dropmask.layer_drop(lambda h: h, x, -0.1, KEY)
     with pytest.raises(dropmask.MissingKeyError):
