@@ -358,6 +358,24 @@ def test_drop_tokens_vmap_grad_bf16_and_deterministic():
     np.testing.assert_array_equal(np.asarray(full.tokens), np.asarray(x))
 
 
+@pytest.mark.parametrize(("rate", "deterministic"), [(0.0, False), (0.5, True), (0.4, False)])
+def test_drop_tokens_has_one_layout_at_every_rate(rate, deterministic):
+    # Padding in the middle and in front (a mask with holes): at rate 0 and in evaluation
+    # the tokens kept their places while at any positive rate they moved to the front.
+    mask = jnp.array([[0, 1, 1, 0, 1, 1, 0, 1], [1, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1, 0]])
+    x = (jnp.arange(8) + 10)[None, :, None] * jnp.ones((3, 1, 2), jnp.int32)
+    kept = dropmask.drop_tokens(x, rate, KEY, mask=mask > 0, deterministic=deterministic)
+    counts = np.asarray(kept.mask.sum(axis=1))
+    if rate == 0.0 or deterministic:
+        np.testing.assert_array_equal(counts, [5, 8, 2])
+    for b in range(3):
+        m, p = np.asarray(kept.mask[b]), np.asarray(kept.positions[b])
+        assert m[: counts[b]].all() and not m[counts[b] :].any()  # kept first, then padding
+        assert (np.diff(p[m]) > 0).all() and np.asarray(mask[b])[p[m]].all()  # in order, valid
+        np.testing.assert_array_equal(np.asarray(kept.tokens[b])[m], np.asarray(x[b])[p[m]])
+        assert not np.asarray(kept.tokens[b])[~m].any() and not p[~m].any()
+
+
 def test_drop_tokens_bad_arguments():
     x = jnp.ones((2, 8))
     with pytest.raises(dropmask.DropmaskTypeError, match="drop_tokens: rate must be a Python"):
