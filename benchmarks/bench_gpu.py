@@ -1,6 +1,6 @@
 """Dropout on a CUDA GPU: per-pass times, achieved bandwidth, and GPU-vs-CPU mask checks.
 
-Run on a machine with one CUDA GPU (the device tool's H200, say)::
+Run on a machine with one CUDA GPU (an H200 was measured)::
 
     python -m benchmarks.bench_gpu --out DIR [--peak-gbps 4800] [--budget 330]
 

@@ -1,6 +1,6 @@
 """Dropout and attention on a TPU: TPU = CPU masks, per-call times, a train step, attention.
 
-Run on a machine with a TPU (the device tool's v5e), flax installed::
+Run on a machine with a TPU (a v5e chip was measured), flax installed::
 
     python -m benchmarks.bench_tpu --out DIR [--quick] [--step-dtypes bfloat16,float32]
         [--parts checks,per_call,attention,step]
@@ -8,7 +8,7 @@ Run on a machine with a TPU (the device tool's v5e), flax installed::
 It writes ``DIR/tpu_results.json`` after each row, so a run cut short still reports what
 it finished; ``python -m benchmarks.bench_tpu --render DIR/tpu_results.json [MORE ...]``
 turns it into the ``tpu`` section of ``benchmarks/RESULTS.md``, where a row the run did
-not reach reads "not run". ``--parts`` runs some parts only (a device call has a time
+not reach reads "not run". ``--parts`` runs some parts only (to fit a run's time
 limit); ``--render`` given several files takes each part from the last file that ran it,
 and lists every run. What it measures, in order:
 

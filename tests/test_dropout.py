@@ -327,6 +327,19 @@ def test_jax_scalar_rate_gives_the_same_mask_eagerly_and_under_jit(impl, rate):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_alpha_dropouts_constants_are_the_same_bits_for_a_static_and_a_run_time_rate():
+    # At every keep probability the fast generator realises (a threshold over 2**16): the
+    # host's constants (a static rate) equal the program's (a JAX scalar rate), which XLA
+    # rewrote (an FMA, a reassociated sum, rsqrt) to differ by up to 5e-7.
+    from dropmask._dropout import _alpha_constants
+
+    realised = np.arange(2**16 + 1, dtype=np.float32) / np.float32(2**16)
+    program = jax.jit(jax.vmap(lambda r: _alpha_constants(r, jnp.float32)))(realised)
+    host = np.array([_alpha_constants(float(r), np.float32) for r in realised]).T
+    for got, want in zip(program, host, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_python_float_and_jax_scalar_rates_are_each_one_encoding():
     # A Python (or NumPy) number is compiled in; a JAX scalar is a run-time value, even
     # when concrete. Both keep each element with the same probability to 1e-3.

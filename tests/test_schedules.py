@@ -90,3 +90,30 @@ def test_a_negative_step_known_now_is_refused(caller, schedule, step):
         schedule(step)
     # A traced step is a run-time value: nothing can be checked before it runs.
     assert jax.jit(schedule)(0) == schedule(0)
+
+
+BOUNDARIES = [
+    ("early_dropout", "until", lambda s, b: dropmask.early_dropout(s, 0.1, until=b)),
+    ("late_dropout", "start", lambda s, b: dropmask.late_dropout(s, 0.1, start=b)),
+    ("linear_warmdown", "until", lambda s, b: dropmask.linear_warmdown(s, 0.1, until=b)),
+]
+
+
+@pytest.mark.parametrize(("caller", "name", "schedule"), BOUNDARIES, ids=[b[0] for b in BOUNDARIES])
+def test_a_step_or_boundary_past_int32_is_refused_naming_it(caller, name, schedule):
+    # Each raised JAX's OverflowError ("Python integer 2147483648 out of bounds for
+    # int32"), naming no argument; the int32 limit itself is served.
+    top = 2**31 - 1
+    for step, boundary, bad in [
+        (2**31, 5, "step"),
+        (jnp.uint32(2**31), 5, "step"),
+        (3, 2**31, name),
+    ]:
+        with pytest.raises(
+            dropmask.DropmaskValueError,
+            match=rf"^{caller}: {bad} must be at most 2\*\*31 - 1 = {top} .*got 2147483648\.",
+        ):
+            schedule(step, boundary)
+    late = caller == "late_dropout"
+    np.testing.assert_allclose(float(schedule(top, top)), 0.1 if late else 0.0, rtol=1e-6)
+    np.testing.assert_allclose(float(schedule(0, top)), 0.0 if late else 0.1, rtol=1e-6)

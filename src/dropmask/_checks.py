@@ -5,8 +5,9 @@ either of its two names), ``impl`` and ``residual``, an array and its floating d
 callable, an instance of given types, a shape, a rank, an exact shape, axes and
 ``broadcast_dims``, a Python int (:func:`check_int`, static or with a lower bound; a count
 from a config, :func:`check_int_at_least`), a scalar, one of a few choices, an optax
-transformation, a sliding window, a boolean mask and its broadcasting, integer ids,
-``lengths``, label ranges, a tuple of names. Each raises ``"{caller}: {name} must be <expected>, got
+transformation and the gradients it is given (against the parameters), a sliding window,
+a boolean mask and its broadcasting, integer ids, ``lengths``, label ranges, a tuple of
+names. Each raises ``"{caller}: {name} must be <expected>, got
 <given>. <fix>"``, where ``caller`` is the public function or class the user called, and
 runs on static (trace-time) information only, so a bad call fails before anything is
 computed, also under ``jit``. A traced value is left to run time: a traced rate out of
@@ -72,6 +73,7 @@ __all__ = [
     "check_integer_dtype",
     "check_key",
     "check_label_range",
+    "check_grads",
     "check_lengths",
     "check_names",
     "check_ndim",
@@ -505,6 +507,58 @@ def check_instance(
             fix,
             caller=caller,
         )
+
+
+def _leaf_text(leaf: Any) -> str:
+    return f"{jnp.result_type(leaf)}{tuple(np.shape(leaf))}"
+
+
+def check_grads(grads: Any, params: Any, *, caller: str) -> None:
+    """Raises DropmaskValueError unless ``grads`` has the pytree structure of ``params``
+    and each leaf its parameter's shape and dtype (static information: also under
+    ``jit``), naming the first leaf that differs by its path. Without it a stack of
+    gradients broadcasts into the parameters, and another tree fails inside optax."""
+    fix = (
+        "Pass the gradients of state.params themselves, jax.grad(loss_fn)(state.params): "
+        "average a stack of gradients over its leading axis, and cast gradients of another "
+        "dtype to their parameters' first."
+    )
+    leaves, treedef = jax.tree.flatten(grads)
+    param_leaves, params_def = jax.tree.flatten(params)
+    if treedef != params_def:
+        paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(grads)]
+        param_paths = [
+            jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)
+        ]
+        missing = [p for p in param_paths if p not in set(paths)]
+        extra = [p for p in paths if p not in set(param_paths)]
+        differences = " and ".join(
+            f"{what} {', '.join(found[:3])}{' and more' if len(found) > 3 else ''}"
+            for what, found in (("lacks", missing), ("has", extra))
+            if found
+        )
+        got = (
+            f"a tree that {differences}"
+            if differences
+            else f"the same leaves in another kind of tree, a {type(grads).__name__}"
+        )
+        raise user_error(
+            DropmaskValueError,
+            f"grads must have the pytree structure of params, got {got}",
+            fix,
+            caller=caller,
+        )
+    for index, (leaf, param) in enumerate(zip(leaves, param_leaves, strict=True)):
+        if np.shape(leaf) != np.shape(param) or jnp.result_type(leaf) != jnp.result_type(param):
+            path, _ = jax.tree_util.tree_leaves_with_path(params)[index]
+            raise user_error(
+                DropmaskValueError,
+                f"grads must have the shape and dtype of each parameter, got "
+                f"{_leaf_text(leaf)} at {jax.tree_util.keystr(path)}, where params has "
+                f"{_leaf_text(param)}",
+                fix,
+                caller=caller,
+            )
 
 
 def check_ndim(

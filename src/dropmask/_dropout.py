@@ -520,19 +520,50 @@ def gaussian_dropout(
     return out
 
 
+def _alpha_constants(realised: Any, dtype: Any) -> tuple[Any, Any, Any]:
+    """``(a, b, dropped)``: alpha dropout's kept units become ``a * x + b`` and its dropped
+    ones ``dropped = a * alpha' + b``, so that mean 0 and variance 1 are kept when a
+    fraction ``realised`` of the units is kept. All three are NaN for NaN ``realised``
+    (an invalid run-time rate); ``dropped`` is 0 when nothing is kept.
+
+    A static rate's are computed on the host (NumPy), as :func:`scale_and_fill` computes
+    dropout's scale, and a run-time rate's in the program, by the same correctly rounded
+    operations in ``dtype`` in the same order, so that both give the same bits. XLA
+    would round some of them otherwise, so none is left for it to rewrite: no product is
+    added to anything (a product and a sum fuse into an FMA, rounded once), so ``keep *
+    (1 + drop * alpha'**2)`` is computed as ``keep * alpha'**2 * (drop + 1 /
+    alpha'**2)`` and ``a * alpha' + b`` as ``a * alpha' * keep``; and barriers keep ``(1 -
+    keep) + c`` from becoming ``(1 + c) - keep`` and ``1 / sqrt`` from becoming ``rsqrt``,
+    which is not correctly rounded.
+    """
+    if isinstance(realised, float):
+        kind = np.dtype(dtype).type
+        keep = kind(realised)
+        drop = kind(1) - keep
+        safe_keep = keep if keep > 0 else kind(1)
+        root = np.sqrt(safe_keep * kind(_ALPHA_PRIME**2) * (drop + kind(1 / _ALPHA_PRIME**2)))
+        a = kind(1) / root
+        return a, -a * kind(_ALPHA_PRIME) * drop, a * kind(_ALPHA_PRIME) * keep
+    keep = jnp.asarray(realised, dtype)
+    drop = lax.optimization_barrier(1.0 - keep)
+    safe_keep = jnp.where(keep > 0, keep, 1.0)
+    root = jnp.sqrt(safe_keep * _ALPHA_PRIME**2 * (drop + 1 / _ALPHA_PRIME**2))
+    a = 1.0 / lax.optimization_barrier(root)
+    return a, -a * _ALPHA_PRIME * drop, a * _ALPHA_PRIME * keep
+
+
 def _alpha_affine(x: jax.Array, keep: jax.Array, realised: Any) -> jax.Array:
-    """``a * where(keep, x, alpha') + b`` with the (a, b) that preserve mean 0, variance 1."""
+    """``a * x + b`` where kept, ``a * alpha' + b`` where dropped: the (a, b) that keep a
+    standardised input standardised."""
     keep = sharded_as(jnp.broadcast_to(keep, x.shape), x)
     dtype = _compute_dtype(x.dtype)
-    realised = jnp.asarray(realised, dtype)
-    drop = 1.0 - realised
-    safe_keep = jnp.where(realised > 0, realised, 1.0)
-    a = lax.rsqrt(safe_keep * (1.0 + drop * _ALPHA_PRIME**2))
-    b = -a * _ALPHA_PRIME * drop
-    # alpha' and the fill from the flags, not broadcast constants (see dropped_value).
-    y = lax.select(keep, x.astype(dtype), keep.astype(dtype) + _ALPHA_PRIME)
-    _, fill = scale_and_fill(realised, dtype)
-    return lax.select(realised > 0, a * y + b, keep.astype(dtype) + fill).astype(x.dtype)
+    a, b, dropped = _alpha_constants(realised, dtype)
+    # x is selected by the flags before the affine, so that XLA cannot fold a * x + b
+    # (rounded twice) where x is a constant; the dropped value comes from the flags, not
+    # a broadcast constant (see dropped_value): False converts to 0.
+    zeros = lax.convert_element_type(keep, dtype)
+    kept = a * lax.select(keep, x.astype(dtype), zeros) + b
+    return lax.select(keep, kept, zeros + dropped).astype(x.dtype)
 
 
 @named("alpha_dropout")

@@ -3,7 +3,9 @@
 Each returns a float32 JAX value that a layer takes as its ``rate``: a run-time rate,
 so one compiled train step serves the whole schedule (a Python float would be a
 compile-time constant, one program per value). ``step`` may be a Python int or a
-traced integer such as ``state.step``; one known at trace time must be >= 0.
+traced integer such as ``state.step``; one known at trace time must be >= 0 and, as
+every step boundary (``until``, ``start``), at most ``2**31 - 1``: steps are int32, as
+``state.step`` is.
 
 * :func:`early_dropout` and :func:`late_dropout` (Liu et al., 2023, "Dropout Reduces
   Underfitting"): dropout only before, or only from, a given step;
@@ -25,6 +27,23 @@ from ._errors import DropmaskTypeError, DropmaskValueError, user_error
 __all__ = ["depth_rates", "early_dropout", "late_dropout", "linear_warmdown"]
 
 
+# Steps are counted in int32, as ``TrainState.step`` is: a larger step or boundary would
+# overflow the program's int32 (JAX raises an OverflowError naming no argument).
+_MAX_STEP = 2**31 - 1
+
+
+def _within_int32(value: int, name: str, caller: str) -> int:
+    if value > _MAX_STEP:
+        raise user_error(
+            DropmaskValueError,
+            f"{name} must be at most 2**31 - 1 = {_MAX_STEP} (steps are int32, as "
+            f"state.step is), got {value}",
+            "Count steps as state.step does; a schedule longer than that needs a rate of your own.",
+            caller=caller,
+        )
+    return value
+
+
 def _step(step: Any, caller: str) -> jax.Array:
     dtype = getattr(step, "dtype", None)
     is_int = isinstance(step, int | jnp.integer) and not isinstance(step, bool)
@@ -44,6 +63,8 @@ def _step(step: Any, caller: str) -> jax.Array:
             "Pass the step counted from 0, e.g. state.step.",
             caller=caller,
         )
+    if value is not None:
+        _within_int32(int(value), "step", caller)
     return jnp.asarray(step, jnp.int32)
 
 
@@ -69,7 +90,9 @@ def early_dropout(step: Any, rate: float | jax.Array, *, until: int) -> jax.Arra
       [0.1, 0.1, 0.0, 0.0]
     """
     caller = "early_dropout"
-    until = check_int(until, name="until", caller=caller, minimum=0, shape=True)
+    until = _within_int32(
+        check_int(until, name="until", caller=caller, minimum=0, shape=True), "until", caller
+    )
     return jnp.where(_step(step, caller) < until, _rate(rate, caller), jnp.float32(0))
 
 
@@ -90,7 +113,9 @@ def late_dropout(step: Any, rate: float | jax.Array, *, start: int) -> jax.Array
       [0.0, 0.0, 0.1, 0.1]
     """
     caller = "late_dropout"
-    start = check_int(start, name="start", caller=caller, minimum=0, shape=True)
+    start = _within_int32(
+        check_int(start, name="start", caller=caller, minimum=0, shape=True), "start", caller
+    )
     return jnp.where(_step(step, caller) >= start, _rate(rate, caller), jnp.float32(0))
 
 
@@ -111,7 +136,9 @@ def linear_warmdown(step: Any, rate: float | jax.Array, *, until: int) -> jax.Ar
       [0.2, 0.1, 0.0]
     """
     caller = "linear_warmdown"
-    until = check_int(until, name="until", caller=caller, minimum=1, shape=True)
+    until = _within_int32(
+        check_int(until, name="until", caller=caller, minimum=1, shape=True), "until", caller
+    )
     left = jnp.clip(until - _step(step, caller), 0, until).astype(jnp.float32)
     return _rate(rate, caller) * left / jnp.float32(until)
 

@@ -139,19 +139,27 @@ class _Widen(nn.Module):
         return nn.Dense(x.shape[-1] + 1)(x)
 
 
+@pytest.mark.parametrize("rate", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_linen_layer_drop_around_a_shape_changing_layer_is_refused_at_init(deterministic):
-    layer = dl.LayerDrop(_Widen(), 0.5, deterministic=deterministic)
+def test_linen_layer_drop_around_a_shape_changing_layer_is_refused_at_init(deterministic, rate):
+    layer = dl.LayerDrop(_Widen(), rate, deterministic=deterministic)
     with pytest.raises(
         dropmask.DropmaskValueError, match="dropmask.linen.LayerDrop: layer must return what"
     ):
         layer.init(KEY, jnp.ones((2, 3)))
 
 
+# At rate 1 the layer is never run: it was accepted there (and in layer_drop at rates 0
+# and 1), and failed the first time the rate changed.
+@pytest.mark.parametrize("rate", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_nnx_layer_drop_around_a_shape_changing_layer_is_refused_at_its_first_call(deterministic):
+def test_nnx_layer_drop_around_a_shape_changing_layer_is_refused_at_its_first_call(
+    deterministic, rate
+):
     rngs = nnx.Rngs(params=0, dropout=1)
-    layer = dnnx.LayerDrop(nnx.Linear(3, 4, rngs=rngs), 0.5, deterministic=deterministic, rngs=rngs)
+    layer = dnnx.LayerDrop(
+        nnx.Linear(3, 4, rngs=rngs), rate, deterministic=deterministic, rngs=rngs
+    )
     with pytest.raises(
         dropmask.DropmaskValueError, match="dropmask.nnx.LayerDrop: layer must return what"
     ):
@@ -173,16 +181,27 @@ def test_linen_layer_drop_skipped_at_init_still_creates_the_parameters(pruned):
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
 
 
-@pytest.mark.parametrize("rate", [1.5, -0.5])
-def test_traced_layer_drop_rate_outside_0_1_skips_and_checkify_reports_it(rate):
-    # As the README's table says: never clipped, the layer skipped (kept nothing).
+@pytest.mark.parametrize("rate", [1.5, -0.5, float("nan")])
+def test_traced_layer_drop_rate_outside_0_1_gives_nan_as_dropout_and_checkify_reports_it(rate):
+    # As the README's table says: never clipped, NaN in every floating output, as dropout
+    # gives (the layer was skipped, returning finite inputs); integer leaves as they are.
     from jax.experimental import checkify
 
-    x = jnp.zeros(3)
-    f = jax.jit(lambda r: dropmask.layer_drop(lambda h: h + 1.0, x, r, KEY))
-    np.testing.assert_array_equal(np.asarray(f(jnp.float32(rate))), 0.0)
+    x = {"h": jnp.zeros(3), "ids": jnp.arange(3)}
+    f = jax.jit(lambda r: dropmask.layer_drop(lambda t: {**t, "h": t["h"] + 1.0}, x, r, KEY))
+    out = f(jnp.float32(rate))
+    assert np.isnan(np.asarray(out["h"])).all()
+    np.testing.assert_array_equal(np.asarray(out["ids"]), [0, 1, 2])
+    dropout = jax.jit(lambda r: dropmask.dropout(jnp.ones(3), r, KEY))
+    assert np.isnan(np.asarray(dropout(jnp.float32(rate)))).all()
     err, _ = checkify.checkify(f, errors=checkify.user_checks)(jnp.float32(rate))
     assert err.get() is not None and "rate must be in [0, 1]" in err.get()
+    linen = jax.jit(
+        lambda r: dl.LayerDrop(_Add(), r, deterministic=False).apply(
+            {"params": {"layer": {"w": jnp.float32(1.0)}}}, x["h"], rngs={"dropout": KEY}
+        )
+    )
+    assert np.isnan(np.asarray(linen(jnp.float32(rate)))).all()
 
 
 def test_a_layer_inside_layer_drop_names_itself_in_its_errors():

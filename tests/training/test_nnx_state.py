@@ -171,3 +171,31 @@ def test_create_without_an_optax_transformation_names_tx(tx):
     params = {"w": jnp.ones(2)}
     with pytest.raises(DropmaskError, match=r"TrainState.create: tx must be an optax"):
         TrainState.create(apply_fn=None, params=params, tx=tx, key=jax.random.key(0))
+
+
+def _stacked(tree):
+    return jax.tree.map(lambda g: g[None], tree)
+
+
+def _bf16(tree):
+    return jax.tree.map(lambda g: g.astype(jnp.bfloat16), tree)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "match"),
+    [
+        # A leading axis of 1 broadcast into the parameters: (16, 64) became (1, 16, 64).
+        (_stacked, r"got float32\(1, 3, 8\) at \['blocks'\]\['linear'\]\['bias'\].value, where "),
+        (_bf16, r"got bfloat16\(3, 8\) at .*, where params has float32\(3, 8\)"),
+        # Another tree failed in JAX's tree_util, naming no argument.
+        (lambda g: {"kernel": g["linear"]["kernel"]}, r"structure of params, got a tree that"),
+    ],
+)
+def test_apply_gradients_refuses_grads_unlike_params(state, wrong, match):
+    grads = jax.tree.map(jnp.ones_like, state.params)
+    with pytest.raises(
+        DropmaskError, match=r"NnxTrainState.apply_gradients: grads must .*" + match
+    ):
+        state.apply_gradients(grads=wrong(grads))
+    with pytest.raises(DropmaskError, match=r"NnxTrainState.apply_gradients: grads must"):
+        jax.jit(lambda s, g: s.apply_gradients(grads=g))(state, wrong(grads))

@@ -231,3 +231,26 @@ def test_an_empty_stream_name_is_refused(state, name):
     for call in (lambda: state.rngs("dropout", name), lambda: state.step_key(name)):
         with pytest.raises(DropmaskError, match=r"stream_id: name must be a non-empty.*'dropout'"):
             call()
+
+
+@pytest.mark.parametrize(
+    ("wrong", "match"),
+    [
+        # A leading axis of 1 broadcast into the parameters (Flax's TrainState does).
+        (lambda g: jax.tree.map(lambda x: x[None], g), r"got float32\(1, 8\) at \['Dense_0'\]"),
+        (
+            lambda g: jax.tree.map(lambda x: x.astype(jnp.bfloat16), g),
+            r"got bfloat16\(8,\) at .*, where params has float32\(8,\)",
+        ),
+        (
+            lambda g: {"Dense_0": {"kernel": g["Dense_0"]["kernel"]}},
+            r"lacks \['Dense_0'\]\['bias'\]",
+        ),
+    ],
+)
+def test_apply_gradients_refuses_grads_unlike_params(state, wrong, match):
+    grads = jax.tree.map(jnp.ones_like, state.params)
+    with pytest.raises(DropmaskError, match=r"TrainState.apply_gradients: grads must .*" + match):
+        state.apply_gradients(grads=wrong(grads))
+    with pytest.raises(DropmaskError, match=r"TrainState.apply_gradients: grads must"):
+        jax.jit(lambda s, g: s.apply_gradients(grads=g))(state, wrong(grads))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 from .._checks import check_callable, check_int, check_key, check_rate, concrete_value
@@ -35,13 +36,34 @@ T = TypeVar("T")
 def keep_layer(rate: Any, key: Any, *, caller: str) -> jax.Array:
     """``bool[]``: whether the layer runs this call (True with probability ``1 - rate``).
 
-    ``rate`` is validated by the caller. A traced ``rate`` outside ``[0, 1]`` skips, as
-    ``keep_mask`` keeps nothing there (an error under ``checkify``).
+    ``rate`` is validated by the caller. A traced ``rate`` outside ``[0, 1]`` runs
+    nothing, as ``keep_mask`` keeps nothing there (an error under ``checkify``); what a
+    skipped layer returns then is :func:`_skipped`'s.
     """
     check_key(key, caller=caller)
     p = probability(rate, None if isinstance(rate, jax.Array) else float(rate), keep=True,
                     caller=caller)  # fmt: skip
     return draw(key, (), p, "fast", flags_only, caller=caller)
+
+
+def _skipped(inputs: Any, rate: Any) -> Any:
+    """What a skipped layer returns: ``inputs``. For a run-time ``rate`` outside ``[0,
+    1]`` (or NaN), NaN in each floating leaf instead, as :func:`dropmask.dropout` and
+    the rest of the family give there; a leaf that cannot hold NaN (integers) is
+    returned as it is. A static ``rate`` was checked: the inputs themselves."""
+    if not isinstance(rate, jax.Array):
+        return inputs
+    r = jnp.asarray(rate, jnp.float32)
+
+    def nan_where_floating(tree: Any) -> Any:
+        # From the leaf, not a broadcast constant (see _dropout.dropped_value).
+        return jax.tree.map(
+            lambda t: t * jnp.array(jnp.nan, t.dtype) if jnp.issubdtype(t.dtype, jnp.inexact)
+            else t,
+            tree,
+        )  # fmt: skip
+
+    return lax.cond((r >= 0) & (r <= 1), lambda t: t, nan_where_floating, inputs)
 
 
 def check_returns_inputs(inputs: Any, outputs: Any, *, caller: str) -> None:
@@ -91,8 +113,9 @@ def layer_drop(
       layer: ``inputs -> outputs`` with the structure, shapes and dtypes of ``inputs``.
       inputs: an array or a pytree of arrays, e.g. ``x: [batch, time, features]``.
       rate: probability of skipping the layer (a Python float or a JAX scalar). A
-        traced rate outside ``[0, 1]`` skips the layer (nothing is scaled, so nothing
-        turns NaN); an error under ``checkify.checkify(f, errors=checkify.user_checks)``.
+        traced rate outside ``[0, 1]`` (or NaN) gives NaN in every floating output, as
+        dropout does, without running the layer; an error under
+        ``checkify.checkify(f, errors=checkify.user_checks)``.
       key: PRNG key (needed in training mode).
       deterministic: if True, run the layer.
 
@@ -102,7 +125,8 @@ def layer_drop(
     Raises:
       DropmaskTypeError: ``layer`` is not callable.
       DropmaskValueError: ``layer``'s outputs differ from ``inputs`` in structure, shape
-        or dtype.
+        or dtype, at any rate and in evaluation too (a layer that only works unskipped
+        would fail the first time it is skipped).
       DropmaskError: the rate and key errors of :func:`dropmask.dropout`.
 
     Example:
@@ -118,13 +142,15 @@ def layer_drop(
     if deterministic or value == 0.0:
         if key is not None:
             check_key(key, caller=caller)
-        return layer(inputs)
+        outputs = layer(inputs)
+        check_returns_inputs(inputs, outputs, caller=caller)
+        return outputs
     check_key(key, caller=caller)
+    check_returns_inputs(inputs, jax.eval_shape(layer, inputs), caller=caller)
     if value == 1.0:
         return inputs
-    check_returns_inputs(inputs, jax.eval_shape(layer, inputs), caller=caller)
     keep = keep_layer(rate, key, caller=caller)
-    return lax.cond(keep, layer, lambda t: t, inputs)
+    return lax.cond(keep, layer, lambda t: _skipped(t, rate), inputs)
 
 
 def layer_drop_module(
@@ -138,14 +164,17 @@ def layer_drop_module(
     cond: Callable[..., Any],
     *,
     caller: str,
+    eval_shape: Callable[..., Any] | None = None,
 ) -> Any:
     """The call of a Linen or NNX ``LayerDrop``: ``layer(inputs, *args, **kwargs)``, or
-    ``inputs``.
+    ``inputs`` (:func:`_skipped`'s, for a run-time rate).
 
     ``key`` is None when the layer's front end draws nothing (evaluation, or a rate of 0
     or 1); else one decision is drawn and ``cond`` (``nn.cond`` or ``nnx.cond``, which
     take the module as their first operand) runs one branch. Wherever the layer runs,
-    its outputs must match ``inputs`` (:func:`check_returns_inputs`), in every mode.
+    its outputs must match ``inputs`` (:func:`check_returns_inputs`), in every mode; at
+    rate 1 ``eval_shape`` (``nnx.eval_shape``) gives them without running it, and None
+    leaves the check to the front end (Linen's ``init`` runs the layer at every rate).
     """
 
     def run(module: Any, x: Any, *a: Any) -> Any:
@@ -156,10 +185,14 @@ def layer_drop_module(
         return out
 
     if key is None:
-        skip = not deterministic and concrete_value(rate) == 1.0
-        return inputs if skip else run(layer, inputs, *args)
+        if deterministic or concrete_value(rate) != 1.0:
+            return run(layer, inputs, *args)
+        if eval_shape is not None:
+            shapes = eval_shape(lambda m, x, *a: m(x, *a, **kwargs), layer, inputs, *args)
+            check_returns_inputs(inputs, shapes, caller=caller)
+        return inputs
     keep = keep_layer(rate, key, caller=caller)
-    return cond(keep, run, lambda module, x, *a: x, layer, inputs, *args)
+    return cond(keep, run, lambda module, x, *a: _skipped(x, rate), layer, inputs, *args)
 
 
 def kept_layers(num_layers: int, rate: float) -> tuple[int, ...]:

@@ -73,7 +73,11 @@ def drop_tokens(
 
     Example ``b`` with ``n_b`` valid tokens keeps ``ceil((1 - rate) * n_b)`` of them,
     each subset of that size equally likely; the output length is
-    ``ceil((1 - rate) * time)``, the most any example keeps.
+    ``ceil((1 - rate) * time)``, the most any example keeps. The layout is the same at
+    every rate, 0 and ``deterministic=True`` included: the kept tokens first, in their
+    original order, then padding, so code after it (a first-token readout, the mask)
+    sees in evaluation what it saw in training. Without ``mask`` that is the input
+    itself at rate 0.
 
     Args:
       x: ``[batch, time, ...]`` of any dtype: token ids, embeddings or patches.
@@ -83,7 +87,8 @@ def drop_tokens(
       mask: ``bool[batch, time]``, True for a valid token (as
         :func:`dropmask.sequence_mask` or ``segment_ids > 0`` of
         :func:`dropmask.pack_sequences` give); None: every token is valid.
-      deterministic: if True, keep every token (output length ``time``).
+      deterministic: if True, keep every valid token (output length ``time``), gathered
+        to the front as at any rate.
 
     Returns:
       A :class:`TokenSubset` ``(tokens, positions, mask)``.
@@ -136,20 +141,29 @@ def drop_tokens(
             "Pass the rate as a constant; each distinct rate compiles its own program.",
             caller=caller,
         )
-    positions = lax.broadcasted_iota(jnp.int32, (batch, time), 1)
     if deterministic or value == 0.0:
-        zero = jnp.zeros((), arr.dtype)
-        expand = valid.reshape(valid.shape + (1,) * (arr.ndim - 2))
-        return TokenSubset(jnp.where(expand, arr, zero), jnp.where(valid, positions, 0), valid)
+        if mask is None:  # every token valid and kept: already at the front, in order
+            return TokenSubset(arr, lax.broadcasted_iota(jnp.int32, (batch, time), 1), valid)
+        # Every valid token, gathered to the front as at any other rate.
+        counts = jnp.sum(valid, axis=1, dtype=jnp.int32)
+        return _gathered(arr, valid, jnp.zeros((batch, time), jnp.uint32), time, counts)
     check_key(key, caller=caller)
     kept = kept_length(value, time)
-    scores = random_bits(key, (batch, time))
-    # Valid tokens first, in random order; padding after, never chosen before a valid token.
-    order = jnp.argsort(jnp.where(valid, scores >> 1, jnp.uint32(2**31)), axis=1, stable=True)
     counts = jnp.sum(valid, axis=1, dtype=jnp.float32)
     keep_counts = jnp.ceil(counts * (1.0 - value) - 1e-6).astype(jnp.int32)
     keep_counts = jnp.minimum(keep_counts, kept)  # float rounding only: n_b <= time
-    slot = lax.broadcasted_iota(jnp.int32, (batch, kept), 1)
+    return _gathered(arr, valid, random_bits(key, (batch, time)), kept, keep_counts)
+
+
+def _gathered(
+    arr: jax.Array, valid: jax.Array, scores: jax.Array, kept: int, keep_counts: jax.Array
+) -> TokenSubset:
+    """Example ``b``'s ``keep_counts[b]`` lowest-scoring valid tokens, in their original
+    order, in the first of ``kept`` slots; padding (zeros, position 0) after them."""
+    time = arr.shape[1]
+    # Valid tokens first, in score order; padding after, never chosen before a valid token.
+    order = jnp.argsort(jnp.where(valid, scores >> 1, jnp.uint32(2**31)), axis=1, stable=True)
+    slot = lax.broadcasted_iota(jnp.int32, (arr.shape[0], kept), 1)
     chosen = slot < keep_counts[:, None]
     picked = jnp.sort(jnp.where(chosen, order[:, :kept].astype(jnp.int32), time), axis=1)
     new_mask = picked < time

@@ -148,5 +148,14 @@ class LayerDrop(Stochastic):
             return inputs
         det, key = self._prepare(None, None)
         return layer_drop_module(
-            self.layer, inputs, args, kwargs, self.rate, key, det, nnx.cond, caller=self._caller
+            self.layer,
+            inputs,
+            args,
+            kwargs,
+            self.rate,
+            key,
+            det,
+            nnx.cond,
+            caller=self._caller,
+            eval_shape=nnx.eval_shape,
         )

@@ -13,7 +13,8 @@ the latest, its save-interval policy), which would let a caller believe a state 
 saved that is not. Here those cases are checked first and orbax is told to write
 (``force=True``), its return value is checked, and the step's directory must exist
 once the write has finished. A checkpoint that cannot be read back raises
-:class:`DamagedCheckpointError` naming its path.
+:class:`DamagedCheckpointError` naming its path, once every read orbax started on it has
+finished (``_finished_reads.py``): none is left to print at exit.
 
 orbax is imported by the methods that use it, not with this module: every example
 imports :mod:`dropmask.training`, and ``dropmask audit`` runs examples without
@@ -26,7 +27,6 @@ import json
 import os
 import pathlib
 import shutil
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +37,7 @@ from .._checks import check_choice, check_int_at_least
 from .._errors import DropmaskValueError, user_error
 from .._workflow import RUN_LENGTH_ENTRIES
 from ._errors import CheckpointError, DamagedCheckpointError, SaveError
+from ._finished_reads import reads_finish_before_loops_close
 from ._serialization import keys_from_data, keys_to_data
 from ._serialization import leaf_dtype as _dtype
 
@@ -79,32 +80,6 @@ def _nonfinite_paths(tree: Any) -> list[str]:
     # One reduction per leaf, fetched together: a single sync with the devices.
     finite = jax.device_get([jax.numpy.isfinite(leaf).all() for _, leaf in floating])
     return [path for (path, _), ok in zip(floating, finite, strict=True) if not ok]
-
-
-def _drop_closed_loop_reports() -> None:
-    """Silences the reads a failed restore leaves in flight (installed once, before reads).
-
-    Orbax runs a restore on a fresh event loop and closes it as soon as one read
-    fails; TensorStore then completes the other reads on its own threads and hands
-    each "Event loop is closed" to ``sys.unraisablehook``, which would print bare
-    tracebacks after the damaged checkpoint was already reported. Only that exact
-    report is dropped; every other goes to the previous hook.
-    """
-    previous = sys.unraisablehook
-    if getattr(previous, "drops_closed_loop_reports", False):
-        return
-
-    def hook(unraisable: Any) -> None:
-        if (
-            unraisable.object is None
-            and unraisable.exc_type is RuntimeError
-            and str(unraisable.exc_value) == "Event loop is closed"
-        ):
-            return
-        previous(unraisable)
-
-    hook.drops_closed_loop_reports = True  # type: ignore[attr-defined]
-    sys.unraisablehook = hook
 
 
 def _sync(name: str) -> None:
@@ -509,9 +484,9 @@ class Checkpointer:
         """One item of checkpoint ``step``; any failure to read it means it is damaged."""
         import orbax.checkpoint as ocp
 
-        _drop_closed_loop_reports()
         try:
-            return self._manager.restore(step, args=ocp.args.Composite(**{item: args}))[item]
+            with reads_finish_before_loops_close():
+                return self._manager.restore(step, args=ocp.args.Composite(**{item: args}))[item]
         except Exception as error:
             raise self._damaged(
                 step, f"its {item} cannot be read ({_first_line(error)})"

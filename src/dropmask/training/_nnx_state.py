@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from .._checks import check_instance, check_key, check_optimizer
+from .._checks import check_grads, check_instance, check_key, check_optimizer
 from ._keys import stream_key
 
 __all__ = ["NnxTrainState", "rekeyed_streams"]
@@ -242,7 +242,13 @@ class NnxTrainState(struct.PyTreeNode):
           grads: gradients shaped like ``params`` (``jax.grad`` of a function of
             ``params``, or ``nnx.grad``'s ``nnx.Param`` state).
           **changes: other fields to replace, e.g. ``other=`` new BatchNorm statistics.
+
+        Raises:
+          DropmaskValueError: ``grads`` is not a tree of ``params``' structure, or a
+            leaf's shape or dtype is not its parameter's (a stack of gradients with a
+            leading axis would otherwise broadcast into the parameters).
         """
+        check_grads(grads, self.params, caller="NnxTrainState.apply_gradients")
         updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
         return self.replace(
             step=self.step + 1,

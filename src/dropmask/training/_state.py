@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax.training import train_state
 
-from .._checks import check_key, check_optimizer
+from .._checks import check_grads, check_key, check_optimizer
 from .._errors import DropmaskTypeError, user_error
 from ._keys import step_key, step_rngs
 
@@ -86,6 +86,18 @@ class TrainState(train_state.TrainState):
         check_optimizer(tx, caller="TrainState.create")
         state = super().create(apply_fn=apply_fn, params=params, tx=tx, **kwargs)
         return state.replace(step=jnp.zeros((), jnp.int32))
+
+    def apply_gradients(self, *, grads: Any, **kwargs: Any) -> TrainState:
+        """Flax's ``apply_gradients`` (one optimizer update; ``step`` advances by 1), once
+        ``grads`` is checked against ``params``.
+
+        Raises:
+          DropmaskValueError: ``grads`` is not a tree of ``params``' structure, or a
+            leaf's shape or dtype is not its parameter's (a stack of gradients with a
+            leading axis would otherwise broadcast into the parameters).
+        """
+        check_grads(grads, self.params, caller="TrainState.apply_gradients")
+        return super().apply_gradients(grads=grads, **kwargs)
 
     def step_key(self, stream: str = "dropout") -> jax.Array:
         """This step's key for one stream, the same key as ``self.rngs(stream)[stream]``.
