@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import dropmask as dm
 from dropmask import testing
@@ -472,3 +473,56 @@ def test_the_kernels_lower_for_a_tpu(name, lowering_for_a_tpu):
     assert text.count("tpu_custom_call(") == len(kernels)
     for kernel in kernels:
         assert f'kernel_name = "{kernel}"' in text, kernel
+
+
+# --- precision -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("precision", "want"),
+    [
+        (None, lax.Precision.DEFAULT),
+        ("default", lax.Precision.DEFAULT),
+        ("bfloat16", lax.Precision.DEFAULT),
+        ("highest", lax.Precision.HIGHEST),
+        ("float32", lax.Precision.HIGHEST),
+        ("high", lax.Precision.HIGHEST),  # Mosaic has no three-pass product: more, not less
+        ((lax.Precision.HIGHEST, lax.Precision.HIGHEST), lax.Precision.HIGHEST),
+        ((lax.Precision.HIGHEST, lax.Precision.DEFAULT), None),  # the blockwise path's
+        (lax.DotAlgorithmPreset.F32_F32_F32, None),
+    ],
+)
+def test_the_kernels_precision_for_each_a_call_can_ask(precision, want):
+    assert ft.kernel_precision(precision) == want
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_highest_reaches_every_float32_product_in_the_kernels(dtype):
+    q, k, v = (x.astype(dtype) for x in _qkv(21))
+    kw = {"is_causal": True, "dropout_rate": 0.1, "dropout_rng": jax.random.key(0)}
+
+    def grad(precision, q, k, v):
+        loss = lambda q, k, v: jnp.sum(  # noqa: E731
+            dm.dot_product_attention(q, k, v, algorithm="pallas", precision=precision, **kw)
+        )
+        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    with testing.tpu_kernels():
+        default = str(jax.make_jaxpr(functools.partial(grad, None))(q, k, v))
+        highest = str(jax.make_jaxpr(functools.partial(grad, "highest"))(q, k, v))
+        with jax.default_matmul_precision("highest"):
+            context = str(jax.make_jaxpr(functools.partial(grad, None))(q, k, v))
+    assert "dropmask_flash_dkdv" in highest
+    assert "HIGHEST" not in default
+    # bfloat16 operands are exact in one pass: no product asks for more.
+    assert ("HIGHEST" in highest) == (dtype == np.float32)
+    if dtype == np.float32:  # (the context also reaches XLA's products around the kernels)
+        assert "HIGHEST" in context
+
+
+def test_a_precision_the_kernels_cannot_honour_takes_the_blockwise_path():
+    q, k, v = _qkv(22)
+    kw = {"precision": lax.DotAlgorithmPreset.F32_F32_F32}
+    assert not _uses_kernels("pallas", q, k, v, kw)
+    want = jax.jit(functools.partial(_run, "blockwise", kw=kw))(q, k, v)
+    _assert_same(_on_tpu_kernels("pallas", q, k, v, kw), want, {"rtol": 0, "atol": 0})

@@ -223,7 +223,10 @@ def dot_product_attention(
         ``block_q`` a multiple of 16 and ``block_k`` of 128 (default 512 and 1024).
       dropout_rng: alias of ``key``; pass one or the other.
       dtype: computation dtype; default: promote ``q``, ``k``, ``v``.
-      precision: passed to the einsums.
+      precision: of the products, as for ``jnp.einsum`` (where None,
+        ``jax.default_matmul_precision``'s). The TPU kernels have one bfloat16 pass
+        (``DEFAULT``) and the float32 product (``HIGHEST``, also given for ``HIGH``); a
+        precision they cannot give (a dot algorithm) takes the blockwise path.
       module: a Linen or NNX module to sow the weights into (``attention_weights``).
       force_fp32_for_softmax: accepted for Flax; the softmax always runs in float32
         for 16-bit inputs.
@@ -296,7 +299,7 @@ def dot_product_attention(
         qk_attn_weights_einsum is not None,
         scores >= AUTO_BLOCKWISE_SCORES[min(max(c.dtype.itemsize, 2), 4)],
         bias=bias is not None,
-        flash=_flash_serves(c, bias is not None)
+        flash=_flash_serves(c, bias is not None, precision)
         and (algorithm != "auto" or scores >= AUTO_FLASH_SCORES),
         on_tpu=tpu_kernels_run(),
     )
@@ -570,7 +573,12 @@ def _run_tiled(
         from . import _flash_sharding as fs
         from . import _flash_tpu as ft
 
-        flash = ft.Flash(plan, segments=c.q_seg is not None, interpret=tpu_interpret())
+        flash = ft.Flash(
+            plan,
+            segments=c.q_seg is not None,
+            interpret=tpu_interpret(),
+            precision=ft.kernel_precision(precision) or lax.Precision.DEFAULT,
+        )
         split = fs.split_of(q, k, v)
         if split is not None:
             out, tainted = fs.sharded_flash_attention(split, flash, q, k, v, kernel_inputs)
@@ -747,12 +755,15 @@ def _choose_path(
     return algorithm
 
 
-def _flash_serves(c: _Checked, bias: bool) -> bool:
-    """Whether the Pallas TPU kernels run here and serve the call's inputs: not in a
-    program XLA partitions itself (``_flash_sharding``)."""
+def _flash_serves(c: _Checked, bias: bool, precision: Any) -> bool:
+    """Whether the Pallas TPU kernels run here and serve the call's inputs and precision:
+    not in a program XLA partitions itself (``_flash_sharding``)."""
     if not tpu_kernels_run() or auto_partitioned(c.q):
         return False
     from . import _flash_tpu as ft
+
+    if ft.kernel_precision(precision) is None:
+        return False
 
     return ft.serves(
         c.dtype,

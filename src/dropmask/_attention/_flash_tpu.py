@@ -56,7 +56,7 @@ from . import _blockwise as bw
 from . import _flash_dropout as fd
 from . import _kernel_inputs as ki
 
-__all__ = ["DEFAULT_BLOCKS", "Flash", "flash_attention", "serves"]
+__all__ = ["DEFAULT_BLOCKS", "Flash", "flash_attention", "kernel_precision", "serves"]
 
 # (block_q, block_k): 128 calls a row of a key tile. Measured on a v5e (bf16, causal,
 # dropout 0.1, forward and backward): against (512, 1024), 6% faster at [1, 4096, 8, 128],
@@ -82,6 +82,7 @@ class Flash:
     key_padding: bool = True  # keys to mask out by their state (padded or invalid)
     fused_dq: bool = False  # the dk/dv kernel writes dq's part of each key tile
     place: fd.Place | None = None  # one device's block of a sharded call, mask per head
+    precision: lax.Precision = lax.Precision.DEFAULT  # of float32 products (kernel_precision)
 
     @property
     def dropout(self) -> bool:
@@ -131,8 +132,36 @@ def serves(
 # --- inside the kernels ---------------------------------------------------------------
 
 
-def _dot(a: jax.Array, b: jax.Array, dims: Any) -> jax.Array:
-    return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+def kernel_precision(precision: Any) -> lax.Precision | None:
+    """The precision of the kernels' products for a call's ``precision`` (where None,
+    ``jax.default_matmul_precision``'s): Mosaic has one bfloat16 pass (``DEFAULT``) and
+    the float32 contraction (``HIGHEST``), so ``HIGH`` (three passes) is given
+    ``HIGHEST``, at least as accurate as asked. None where the kernels cannot honour it
+    (a dot algorithm, operands at two precisions): the call takes the blockwise path."""
+    if precision is None:
+        precision = jax.config.jax_default_matmul_precision  # pyright: ignore[reportAttributeAccessIssue]
+        if precision is None:
+            return lax.Precision.DEFAULT
+    if isinstance(precision, tuple | list):
+        if len(set(precision)) != 1:
+            return None
+        precision = precision[0]
+    try:
+        chosen = lax.Precision(precision) if isinstance(precision, str) else precision
+    except ValueError:
+        return None
+    if not isinstance(chosen, lax.Precision):
+        return None
+    return lax.Precision.DEFAULT if chosen == lax.Precision.DEFAULT else lax.Precision.HIGHEST
+
+
+def _dot(flash: Flash, a: jax.Array, b: jax.Array, dims: Any) -> jax.Array:
+    """A product in float32; of float32 operands at the call's precision (bfloat16
+    operands are exact in one pass)."""
+    f32 = jnp.dtype(jnp.float32)
+    exact = flash.precision == lax.Precision.HIGHEST and a.dtype == f32 and b.dtype == f32
+    precision = lax.Precision.HIGHEST if exact else None
+    return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
 def _nonfinite(s: jax.Array) -> jax.Array:
@@ -248,7 +277,7 @@ def _forward_kernel(flash: Flash, *refs: Any) -> None:
     lo, hi = _key_range(plan, i, sc.key_tiles[bh // plan.heads])
 
     def step(careful: bool) -> None:
-        s = _dot(q_ref[...], k_ref[...], _NT)  # [bq, bk]
+        s = _dot(flash, q_ref[...], k_ref[...], _NT)  # [bq, bk]
         rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
         cols = j * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
         state = _state(flash, careful, kv_state_ref)  # [1, bk]
@@ -274,7 +303,7 @@ def _forward_kernel(flash: Flash, *refs: Any) -> None:
         if flags is not None:
             p = jnp.where(flags, p, 0.0)
         v = v_ref[...]
-        acc_sc[...] = alpha * acc_sc[...] + _dot(p.astype(v.dtype), v, _NN)
+        acc_sc[...] = alpha * acc_sc[...] + _dot(flash, p.astype(v.dtype), v, _NN)
 
     _when_visited(flash, sc, (j >= lo) & (j < hi), step)
 
@@ -332,7 +361,7 @@ def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
 
     def step(careful: bool) -> None:
         q, k, d_out = q_ref[...], k_ref[...], do_ref[...]
-        s = _dot(k, q, _NT)  # [bk, bq]
+        s = _dot(flash, k, q, _NT)  # [bk, bq]
         cols = j * bk + lax.broadcasted_iota(jnp.int32, (bk, 1), 0)  # keys, down
         rows = i * bq + lax.broadcasted_iota(jnp.int32, (1, bq), 1)  # queries, across
         state = _state(flash, careful, kv_state_ref, column=True)
@@ -342,15 +371,15 @@ def _dkdv_kernel(flash: Flash, *refs: Any) -> None:
         p = _weights(careful, live, s, lse_ref[...])
         flags = _tile_flags(flash, sc, flags_ref, bh, i, j, True)
         kept = p if flags is None else jnp.where(flags, p, 0.0)
-        dv_sc[...] += _dot(kept.astype(d_out.dtype), d_out, _NN)
+        dv_sc[...] += _dot(flash, kept.astype(d_out.dtype), d_out, _NN)
         v = v_ref[...] if flags is None else v_kept_sc[0][...]
-        d_p = _dot(v, d_out, _NT)  # [bk, bq]
+        d_p = _dot(flash, v, d_out, _NT)  # [bk, bq]
         if flags is not None:
             d_p = jnp.where(flags, d_p, 0.0)
         d_s = (p * (d_p - delta_ref[...])).astype(q.dtype)
-        dk_sc[...] += _dot(d_s, q, _NN)
+        dk_sc[...] += _dot(flash, d_s, q, _NN)
         if dq_ref is not None:  # this key tile's part of dq: d_s^T k
-            dq_ref[...] = _dot(d_s, k, _TN)
+            dq_ref[...] = _dot(flash, d_s, k, _TN)
 
     visited = (i >= lo) & (i < hi)
     _when_visited(flash, sc, visited, step)
@@ -386,7 +415,7 @@ def _dq_kernel(flash: Flash, *refs: Any) -> None:
 
     def step(careful: bool) -> None:
         q, k, v = q_ref[...], k_ref[...], v_ref[...]
-        s = _dot(q, k, _NT)  # [bq, bk]
+        s = _dot(flash, q, k, _NT)  # [bq, bk]
         rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
         cols = j * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
         state = _state(flash, careful, kv_state_ref)
@@ -396,11 +425,11 @@ def _dq_kernel(flash: Flash, *refs: Any) -> None:
         p = _weights(careful, live, s, _column(lse_ref))
         flags = _tile_flags(flash, sc, flags_ref, bh, i, j, False)
         d_out = do_ref[...] if flags is None else do_kept_sc[0][...]
-        d_p = _dot(d_out, v, _NT)
+        d_p = _dot(flash, d_out, v, _NT)
         if flags is not None:
             d_p = jnp.where(flags, d_p, 0.0)
         d_s = p * (d_p - _column(delta_ref))
-        dq_sc[...] += _dot(d_s.astype(k.dtype), k, _NN)
+        dq_sc[...] += _dot(flash, d_s.astype(k.dtype), k, _NN)
 
     _when_visited(flash, sc, (j >= lo) & (j < hi), step)
 
