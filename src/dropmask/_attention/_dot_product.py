@@ -292,16 +292,23 @@ def dot_product_attention(
         impl=impl,
     )
     scores = c.q_len * c.kv_len
-    path = _choose_path(
-        algorithm,
-        impl,
-        module,
-        qk_attn_weights_einsum is not None,
-        scores >= AUTO_BLOCKWISE_SCORES[min(max(c.dtype.itemsize, 2), 4)],
-        bias=bias is not None,
-        flash=_flash_serves(c, bias is not None, precision)
+
+    def choose(flash: bool, on_tpu: bool) -> str:
+        return _choose_path(
+            algorithm,
+            impl,
+            module,
+            qk_attn_weights_einsum is not None,
+            scores >= AUTO_BLOCKWISE_SCORES[min(max(c.dtype.itemsize, 2), 4)],
+            bias=bias is not None,
+            flash=flash,
+            on_tpu=on_tpu,
+        )
+
+    path = choose(
+        _flash_serves(c, bias is not None, precision)
         and (algorithm != "auto" or scores >= AUTO_FLASH_SCORES),
-        on_tpu=tpu_kernels_run(),
+        tpu_kernels_run(),
     )
     if path == "flash":
         sizes = _flash_block_sizes(block_q, block_k, c.q_len, c.kv_len)
@@ -321,15 +328,7 @@ def dot_product_attention(
             # The kernels where the program is lowered for a TPU, else the path the call
             # takes without them (a CPU computation on a TPU host; each platform of a
             # multi-platform export): the same function, the same mask.
-            other = _choose_path(
-                algorithm,
-                impl,
-                module,
-                qk_attn_weights_einsum is not None,
-                scores >= AUTO_BLOCKWISE_SCORES[min(max(c.dtype.itemsize, 2), 4)],
-                bias=bias is not None,
-                on_tpu=True,
-            )
+            other = choose(False, True)
             other_sizes = _block_sizes(block_q, block_k, c.q_len, c.kv_len)
             return lax.platform_dependent(
                 tpu=lambda: run(path, sizes), default=lambda: run(other, other_sizes)
