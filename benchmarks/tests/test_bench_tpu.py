@@ -7,12 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import jax
-import numpy as np
 import pytest
 from benchmarks import bench_tpu as bt
 
-import dropmask
 from dropmask import testing
 
 ENVIRONMENT = {
@@ -313,6 +310,12 @@ def test_quick_runs_every_part_and_renders_it(tmp_path: Path, monkeypatch):
     assert len(result["checks"]) == len(bt._check_cases())
     assert [r["name"] for r in result["step"]] == list(bt.STEP_ROWS)
     assert all("ratio" in r for r in result["step"][1:])
+    # The mesh part: attention, then the steps it names, each also over a one-device mesh.
+    mesh = result["mesh"]
+    assert [r["kind"] for r in mesh] == ["attention"] + ["step"] * len(bt.MESH_STEP_ROWS)
+    assert [r["name"] for r in mesh[1:]] == list(bt.MESH_STEP_ROWS)
+    assert mesh[0]["path"] == mesh[0]["mesh_path"]
+    assert all(isinstance(r["mesh_ratio"], float) for r in mesh[1:])
     written = []
     monkeypatch.setattr(bt, "write_section", lambda *args: written.append(args))
     assert bt.main(["--render", str(tmp_path / "tpu_results.json")]) == 0
@@ -342,25 +345,3 @@ def test_the_one_device_mesh_rows_are_held_to_the_plain_ones(ratio, verdict):
         f"| attention fwd+bwd, 4096 tokens (TPU kernels / TPU kernels) | 2.00 | {2 * ratio:.2f}"
         in md
     )
-
-
-def test_the_mesh_part_times_attention_and_the_step_over_a_one_device_mesh(monkeypatch):
-    monkeypatch.setattr(bt, "attention_contestants", lambda length: {bt.AUTO: _tiny_attention})
-    size = {"batch": 2, "length": 16, "width": 32, "heads": 2, "mlp_dim": 64, "layers": 1}
-    rows = list(bt.mesh_rows((16,), size, 2))
-    assert [r["kind"] for r in rows] == ["attention", "step", "step"]
-    assert [r.get("name") for r in rows[1:]] == list(bt.MESH_STEP_ROWS)
-    assert all(r["mesh_path"] == r["path"] for r in rows[:1])
-    assert all(isinstance(r[k], float) for r in rows[1:] for k in ("plain_ms", "mesh_ms"))
-
-
-def _tiny_attention(q, k, v):
-    return dropmask.dot_product_attention(
-        q, k, v, is_causal=True, dropout_rate=0.1, key=jax.random.key(0), deterministic=False
-    )
-
-
-def test_the_check_cases_on_the_hosts_cpu_and_a_mesh_run_here():
-    cases = bt._check_cases()
-    for name in [n for n in cases if n.startswith(("on the host's CPU", "one-device mesh"))]:
-        assert isinstance(cases[name](), np.ndarray), name

@@ -22,7 +22,7 @@ def _mesh(devices: int):
 
 
 @pytest.mark.parametrize("devices", [1, 8])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("algorithm", ["dense", "blockwise"])
 def test_gradients_under_a_mesh_of_explicit_axes_equal_the_unsharded_ones(
     devices, dtype, algorithm
