@@ -159,3 +159,31 @@ def test_inside_a_users_shard_map_each_block_is_a_call_of_its_own():
         assert _kernels_in(mapped, *args)
         got = jax.jit(mapped)(*args)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_key_lengths_and_segments_split_with_the_batch():
+    """Side inputs of a batch row (valid keys, segment ids) reach that row's device."""
+    q, k, v, ct = _qkv_ct()
+    lengths = jnp.array([256, 200, 129, 1, 256, 77, 130, 255])
+    starts = jnp.arange(B)[:, None] * 20
+    segments = (jnp.arange(L)[None, :] >= starts).astype(jnp.int32) + 1  # two per row
+
+    def f(q, k, v):
+        return dropmask.dot_product_attention(
+            q, k, v, dropout_rate=0.2, dropout_rng=KEY, broadcast_dropout=False,
+            kv_lengths=lengths, q_segment_ids=segments, kv_segment_ids=segments,
+            algorithm="pallas", block_q=128, block_k=128,
+        )  # fmt: skip
+
+    vjp = lambda q, k, v, ct: jax.vjp(f, q, k, v)[1](ct)  # noqa: E731
+    mesh = _mesh("4x2")
+    put = lambda a: jax.device_put(a, NamedSharding(mesh, P("data", None, "model")))  # noqa: E731
+    with testing.tpu_kernels():
+        want, want_grads = jax.jit(f)(q, k, v), jax.jit(vjp)(q, k, v, ct)
+        with jax.set_mesh(mesh):
+            args = [put(a) for a in (q, k, v)]
+            assert _kernels_in(f, *args)
+            got, grads = jax.jit(f)(*args), jax.jit(vjp)(*args, put(ct))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    for g, w in zip(grads, want_grads, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

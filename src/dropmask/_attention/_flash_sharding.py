@@ -95,7 +95,8 @@ def split_of(q: jax.Array, k: jax.Array, v: jax.Array) -> Split | None:
     return split
 
 
-def _broadcast(x: Any, shape: tuple[int, ...], split: Split, spec: P) -> Any:
+def _broadcast(x: Any, shape: tuple[int, ...], spec: P) -> Any:
+    """``x`` (None, or broadcastable to ``shape``) broadcast and sharded as ``spec``."""
     if x is None:
         return None
     return jax.sharding.reshard(jnp.broadcast_to(x, shape), spec)
@@ -110,7 +111,8 @@ def sharded_flash_attention(
     inputs: ki.KernelInputs,
 ) -> tuple[jax.Array, jax.Array]:
     """``_flash_tpu.flash_attention`` on each device's block of a call split as ``split``
-    (:func:`split_of`); the same values and gradients, bit for bit."""
+    (:func:`split_of`): the unsharded call's values and gradients (bit for bit on a CPU;
+    on a TPU as two compilations of the unsharded call agree)."""
     plan = flash.tiles
     batch, lq, lk = plan.batch, plan.q_len, plan.kv_len
     q_sharding = jax.typeof(q).sharding
@@ -126,9 +128,9 @@ def sharded_flash_attention(
     local = dataclasses.replace(flash, tiles=local_plan, place=place)
 
     side = (
-        _broadcast(inputs.kv_valid, (*batch, lk), split, split.rows(None)),
-        _broadcast(inputs.q_segments, (*batch, lq), split, split.rows(None)),
-        _broadcast(inputs.kv_segments, (*batch, lk), split, split.rows(None)),
+        _broadcast(inputs.kv_valid, (*batch, lk), split.rows(None)),
+        _broadcast(inputs.q_segments, (*batch, lq), split.rows(None)),
+        _broadcast(inputs.kv_segments, (*batch, lk), split.rows(None)),
         jax.sharding.reshard(inputs.bad_q, split.rows(None, split.heads)),
         jax.sharding.reshard(inputs.bad_kv, split.rows(None, split.heads)),
     )
