@@ -17,6 +17,7 @@ import dropmask as dm
 from dropmask import testing
 from dropmask._attention import _flash_dropout as fd
 from dropmask._attention import _flash_tpu as ft
+from dropmask._attention import _flash_tpu_calls as fc
 from dropmask._attention import _kernel_inputs as ki
 
 B, LQ, LK, H, D = 2, 40, 200, 2, 8  # lengths that are not a multiple of any tile
@@ -101,7 +102,7 @@ def test_grouped_query_heads_and_wider_value_depth():
 def test_dq_by_its_own_kernel_where_the_parts_would_not_fit(name, monkeypatch):
     """The cases above take dq from the dk/dv kernel (a part per key tile); here the
     dq kernel computes it."""
-    monkeypatch.setattr(ft, "fuses_dq", lambda *_: False)
+    monkeypatch.setattr(fc, "fuses_dq", lambda *_: False)
     if name == "grouped heads":
         q, k, v = _qkv(1, h=4, kv_heads=2)
         kw = {"is_causal": True, "dropout_rate": 0.3, "key": KEY, "deterministic": False}
@@ -118,9 +119,9 @@ def test_dq_by_its_own_kernel_where_the_parts_would_not_fit(name, monkeypatch):
 def test_dq_is_fused_while_its_parts_take_at_most_twice_q_k_v_and_do():
     plan = ft.bw.Plan((1,), 8, 1, 4096, 4096, 512, 1024, None, 0, 0.9, True, True, None)
     q = jax.ShapeDtypeStruct((8, 4096, 128), jnp.bfloat16)  # a part: 2 x q's bytes
-    assert ft.fuses_dq(plan, q, q, q, q)  # 4 key tiles
-    assert not ft.fuses_dq(dataclasses.replace(plan, kv_len=4097), q, q, q, q)  # 5
-    assert ft.fuses_dq(dataclasses.replace(plan, kv_len=8192), *(q.update(dtype=jnp.float32),) * 4)
+    assert fc.fuses_dq(plan, q, q, q, q)  # 4 key tiles
+    assert not fc.fuses_dq(dataclasses.replace(plan, kv_len=4097), q, q, q, q)  # 5
+    assert fc.fuses_dq(dataclasses.replace(plan, kv_len=8192), *(q.update(dtype=jnp.float32),) * 4)
 
 
 @pytest.mark.parametrize("block_k", [128, 256])

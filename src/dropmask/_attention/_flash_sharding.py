@@ -153,7 +153,7 @@ def sharded_flash_attention(
         offsets = None if place is None else split.offsets(local_batch, heads)
         done, q3, k3, v3, kside = ft.prepare(local, q, k, v, local_inputs(side, scalars), offsets)
         completed.append(done)
-        (out, lse), saved = ft._attend_fwd(done, q3, k3, v3, kside)
+        (out, lse), saved = ft.attend_forward(done, q3, k3, v3, kside)
         return (*ft.finish(done, out, lse), jax.tree.map(_stacked, saved))
 
     def attend_fwd(q, k, v, side, scalars):
@@ -169,7 +169,7 @@ def sharded_flash_attention(
     def backward(saved, d_out):
         residuals = jax.tree.map(_unstacked, saved)
         d_rows = ft.rows_first(local_plan, d_out, lq, heads, residuals[0].shape[1])
-        d_q, d_k, d_v, _ = ft._attend_bwd(completed[-1], residuals, (d_rows, None))
+        d_q, d_k, d_v, _ = ft.attend_backward(completed[-1], residuals, (d_rows, None))
         return (
             _rows_last(local_plan, d_q, lq, heads),
             _rows_last(local_plan, d_k, lk, kv_heads),

@@ -1,0 +1,303 @@
+"""The TPU attention kernels' bodies: forward, ``dk``/``dv``, ``dq`` and the flags kernel,
+each run by ``_flash_tpu_calls`` over its grid (``_flash_tpu``'s docstring describes
+them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from . import _blockwise as bw
+from . import _flash_dropout as fd
+from . import _kernel_inputs as ki
+from ._flash_tpu_plan import NN, NT, TN, Flash, flag_tiles, key_range, query_range
+
+__all__ = ["dkdv_kernel", "dq_kernel", "flags_kernel", "forward_kernel"]
+
+
+def _dot(flash: Flash, a: jax.Array, b: jax.Array, dims: Any) -> jax.Array:
+    """A product in float32; of float32 operands at the call's precision (bfloat16
+    operands are exact in one pass)."""
+    f32 = jnp.dtype(jnp.float32)
+    exact = flash.precision == lax.Precision.HIGHEST and a.dtype == f32 and b.dtype == f32
+    precision = lax.Precision.HIGHEST if exact else None
+    return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
+def _nonfinite(s: jax.Array) -> jax.Array:
+    # -inf too: an allowed score is -inf only by overflow (as on the blockwise path).
+    return jnp.isnan(s) | (jnp.abs(s) == jnp.inf)
+
+
+def _column(row_ref: Any) -> jax.Array:
+    """A ``[1, n]`` block as an ``[n, 1]`` column."""
+    return jnp.expand_dims(row_ref[0], -1)
+
+
+@dataclasses.dataclass
+class _Refs:
+    """A kernel's refs, in the order the plumbing passes them: the scalar operands, the
+    ``inputs`` each kernel names, segment ids, stored flags, then ``rest`` (outputs and
+    scratch)."""
+
+    scalars: fd.Scalars
+    inputs: list[Any]
+    q_segments: Any
+    kv_segments: Any
+    flags: Any
+    rest: list[Any]
+
+    @classmethod
+    def of(cls, flash: Flash, refs: tuple[Any, ...], inputs: int) -> _Refs:
+        refs_ = list(refs)
+        scalars = fd.Scalars(flash.tiles, refs_, flash.place)
+        named, rest = refs_[:inputs], refs_[inputs:]
+        segments = (rest.pop(0), rest.pop(0)) if flash.segments else (None, None)
+        flags = rest.pop(0) if flash.stored else None
+        return cls(scalars, named, *segments, flags, rest)
+
+
+def _tile_flags(
+    flash: Flash, sc: fd.Scalars, flags_ref: Any, bh: Any, i: Any, j: Any, transposed: bool
+) -> jax.Array | None:
+    """The keep-flags of tile ``(i, j)`` of head row ``bh``: unpacked from the stored
+    bits, or drawn; None without dropout."""
+    if not flash.dropout:
+        return None
+    if flags_ref is not None:
+        return flash.bits.unpack(flags_ref[...], transposed)
+    plan = flash.tiles
+    shape = (plan.block_q, plan.block_k)
+    return fd.drawn_flags(sc, bh, i * plan.block_q, j * plan.block_k, shape, transposed)
+
+
+def _allowed(plan: bw.Plan, rows: Any, cols: Any, state: Any, q_seg: Any, kv_seg: Any) -> Any:
+    """Where queries ``rows`` may attend to keys ``cols`` (broadcasting shapes);
+    ``state`` None: every key is valid."""
+    ok = jnp.ones((), bool) if state is None else state != 0
+    if plan.left is not None:
+        ok = ok & (cols >= rows - plan.left)
+    if plan.right is not None:
+        ok = ok & (cols <= rows + plan.right)
+    if q_seg is not None:
+        ok = ok & (q_seg == kv_seg) & (q_seg != 0)
+    return ok
+
+
+def _when_visited(flash: Flash, sc: fd.Scalars, visited: Any, step: Any) -> None:
+    """Runs ``step(careful)`` on a visited tile: ``careful=False`` in a clean call (see
+    ``clean``), whose scores are all finite, so the tile skips the non-finite checks
+    (about half the vector work of a step); ``careful=True`` otherwise."""
+    clean = sc.clean[0] != 0
+    pl.when(visited & clean)(functools.partial(step, False))
+    pl.when(visited & jnp.logical_not(clean))(functools.partial(step, True))
+
+
+def _state(flash: Flash, careful: bool, ref: Any, column: bool = False) -> Any:
+    """The key states a tile masks by: None (every key valid) in a clean call without
+    key padding."""
+    if not (careful or flash.key_padding):
+        return None
+    return _column(ref) if column else ref[...]
+
+
+def forward_kernel(flash: Flash, *refs: Any) -> None:
+    plan = flash.tiles
+    r = _Refs.of(flash, refs, 5)
+    sc, q_seg_ref, kv_seg_ref, flags_ref = r.scalars, r.q_segments, r.kv_segments, r.flags
+    q_ref, k_ref, v_ref, q_state_ref, kv_state_ref = r.inputs
+    o_ref, lse_ref, m_sc, l_sc, acc_sc, taint_sc = r.rest
+    bh, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bq, bk = plan.block_q, plan.block_k
+
+    @pl.when(j == 0)
+    def _init() -> None:
+        m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, jnp.float32)
+        l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+        taint_sc[...] = jnp.zeros(taint_sc.shape, jnp.int32)
+
+    lo, hi = key_range(plan, i, sc.key_tiles[bh // plan.heads])
+
+    def step(careful: bool) -> None:
+        s = _dot(flash, q_ref[...], k_ref[...], NT)  # [bq, bk]
+        rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
+        cols = j * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+        state = _state(flash, careful, kv_state_ref)  # [1, bk]
+        q_seg = None if q_seg_ref is None else _column(q_seg_ref)
+        kv_seg = None if kv_seg_ref is None else kv_seg_ref[...]
+        ok = _allowed(plan, rows, cols, state, q_seg, kv_seg)
+        if careful:
+            bad = _nonfinite(s) | (state == ki.NONFINITE)
+            bad_q = _column(q_state_ref) != 0
+            seen = jnp.max(jnp.where(ok & (bad | bad_q), 1, 0), axis=1, keepdims=True)
+            taint_sc[...] = jnp.maximum(taint_sc[...], seen)
+            ok = ok & ~bad
+        s = jnp.where(ok, s, -jnp.inf)
+        m = m_sc[...][:, :1]
+        m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+        shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        alpha = jnp.exp(jnp.where(m == -jnp.inf, -jnp.inf, m - shift))
+        p = jnp.exp(s - shift)
+        total = alpha * l_sc[...][:, :1] + jnp.sum(p, axis=1, keepdims=True)
+        m_sc[...] = jnp.broadcast_to(m_new, m_sc.shape)
+        l_sc[...] = jnp.broadcast_to(total, l_sc.shape)
+        flags = _tile_flags(flash, sc, flags_ref, bh, i, j, False)
+        if flags is not None:
+            p = jnp.where(flags, p, 0.0)
+        v = v_ref[...]
+        acc_sc[...] = alpha * acc_sc[...] + _dot(flash, p.astype(v.dtype), v, NN)
+
+    _when_visited(flash, sc, (j >= lo) & (j < hi), step)
+
+    @pl.when(j == pl.num_programs(2) - 1)
+    def _finish() -> None:
+        total = l_sc[...][:, :1]
+        tainted = taint_sc[...][:, :1] != 0
+        empty = (total == 0) | tainted
+        safe = jnp.where(empty, 1.0, total)
+        norm = 1 / safe if not flash.dropout else sc.inverse_keep() / safe
+        o_ref[...] = jnp.where(empty, 0.0, acc_sc[...] * norm).astype(o_ref.dtype)
+        lse = jnp.where(tainted, jnp.inf, jnp.where(empty, 0.0, m_sc[...][:, :1] + jnp.log(safe)))
+        lse_ref[...] = jnp.broadcast_to(lse, lse_ref.shape)
+
+
+def _weights(careful: bool, live: Any, s: jax.Array, lse: jax.Array) -> jax.Array:
+    """The backward kernels' softmax weights ``exp(s - lse)`` where ``live``, 0 elsewhere.
+    A careful step takes only finite scores as live (a tainted row's log-sum-exp is
+    +inf, so its weights are 0 too)."""
+    if careful:
+        live = live & ~_nonfinite(s)
+        s = jnp.where(live, s, 0.0)
+    return jnp.where(live, jnp.exp(s - lse), 0.0)
+
+
+def _scaled(ref: Any, by: Any) -> jax.Array:
+    """A tile of ``ref`` multiplied by ``by``, in the tile's dtype."""
+    x = ref[...]
+    return (x.astype(jnp.float32) * by).astype(x.dtype)
+
+
+def dkdv_kernel(flash: Flash, *refs: Any) -> None:
+    plan = flash.tiles
+    r = _Refs.of(flash, refs, 7)
+    sc, q_seg_ref, kv_seg_ref, flags_ref = r.scalars, r.q_segments, r.kv_segments, r.flags
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref = r.inputs
+    dk_ref, dv_ref, *rest = r.rest
+    dq_ref = rest.pop(0) if flash.fused_dq else None
+    dk_sc, dv_sc, *v_kept_sc = rest
+    bkv, j, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bq, bk, g = plan.block_q, plan.block_k, plan.groups
+    n_q = plan.n_q
+    group, i = t // n_q, t % n_q
+    b = bkv // plan.kv_heads
+    bh = bkv * g + group  # b * heads + (bkv % kv_heads) * groups + group
+
+    @pl.when(t == 0)
+    def _init() -> None:
+        dk_sc[...] = jnp.zeros(dk_sc.shape, jnp.float32)
+        dv_sc[...] = jnp.zeros(dv_sc.shape, jnp.float32)
+        if v_kept_sc:  # v / keep: dP of the kept weights, scaled once a key tile
+            v_kept_sc[0][...] = _scaled(v_ref, sc.inverse_keep())
+
+    lo, hi = query_range(plan, j, sc.key_tiles[b])
+
+    def step(careful: bool) -> None:
+        q, k, d_out = q_ref[...], k_ref[...], do_ref[...]
+        s = _dot(flash, k, q, NT)  # [bk, bq]
+        cols = j * bk + lax.broadcasted_iota(jnp.int32, (bk, 1), 0)  # keys, down
+        rows = i * bq + lax.broadcasted_iota(jnp.int32, (1, bq), 1)  # queries, across
+        state = _state(flash, careful, kv_state_ref, column=True)
+        q_seg = None if q_seg_ref is None else q_seg_ref[...]
+        kv_seg = None if kv_seg_ref is None else _column(kv_seg_ref)
+        live = _allowed(plan, rows, cols, state, q_seg, kv_seg)
+        p = _weights(careful, live, s, lse_ref[...])
+        flags = _tile_flags(flash, sc, flags_ref, bh, i, j, True)
+        kept = p if flags is None else jnp.where(flags, p, 0.0)
+        dv_sc[...] += _dot(flash, kept.astype(d_out.dtype), d_out, NN)
+        v = v_ref[...] if flags is None else v_kept_sc[0][...]
+        d_p = _dot(flash, v, d_out, NT)  # [bk, bq]
+        if flags is not None:
+            d_p = jnp.where(flags, d_p, 0.0)
+        d_s = (p * (d_p - delta_ref[...])).astype(q.dtype)
+        dk_sc[...] += _dot(flash, d_s, q, NN)
+        if dq_ref is not None:  # this key tile's part of dq: d_s^T k
+            dq_ref[...] = _dot(flash, d_s, k, TN)
+
+    visited = (i >= lo) & (i < hi)
+    _when_visited(flash, sc, visited, step)
+    if dq_ref is not None:
+
+        @pl.when(jnp.logical_not(visited))
+        def _no_part() -> None:
+            dq_ref[...] = jnp.zeros(dq_ref.shape, dq_ref.dtype)
+
+    @pl.when(t == pl.num_programs(2) - 1)
+    def _finish() -> None:
+        dk_ref[...] = dk_sc[...].astype(dk_ref.dtype)
+        dv = dv_sc[...] if not flash.dropout else dv_sc[...] * sc.inverse_keep()
+        dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def dq_kernel(flash: Flash, *refs: Any) -> None:
+    plan = flash.tiles
+    r = _Refs.of(flash, refs, 7)
+    sc, q_seg_ref, kv_seg_ref, flags_ref = r.scalars, r.q_segments, r.kv_segments, r.flags
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref = r.inputs
+    dq_ref, dq_sc, *do_kept_sc = r.rest
+    bh, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bq, bk = plan.block_q, plan.block_k
+
+    @pl.when(j == 0)
+    def _init() -> None:
+        dq_sc[...] = jnp.zeros(dq_sc.shape, jnp.float32)
+        if do_kept_sc:  # dO / keep: dP of the kept weights, scaled once a query tile
+            do_kept_sc[0][...] = _scaled(do_ref, sc.inverse_keep())
+
+    lo, hi = key_range(plan, i, sc.key_tiles[bh // plan.heads])
+
+    def step(careful: bool) -> None:
+        q, k, v = q_ref[...], k_ref[...], v_ref[...]
+        s = _dot(flash, q, k, NT)  # [bq, bk]
+        rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
+        cols = j * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+        state = _state(flash, careful, kv_state_ref)
+        q_seg = None if q_seg_ref is None else _column(q_seg_ref)
+        kv_seg = None if kv_seg_ref is None else kv_seg_ref[...]
+        live = _allowed(plan, rows, cols, state, q_seg, kv_seg)
+        p = _weights(careful, live, s, _column(lse_ref))
+        flags = _tile_flags(flash, sc, flags_ref, bh, i, j, False)
+        d_out = do_ref[...] if flags is None else do_kept_sc[0][...]
+        d_p = _dot(flash, d_out, v, NT)
+        if flags is not None:
+            d_p = jnp.where(flags, d_p, 0.0)
+        d_s = p * (d_p - _column(delta_ref))
+        dq_sc[...] += _dot(flash, d_s.astype(k.dtype), k, NN)
+
+    _when_visited(flash, sc, (j >= lo) & (j < hi), step)
+
+    @pl.when(j == pl.num_programs(2) - 1)
+    def _finish() -> None:
+        dq_ref[...] = dq_sc[...].astype(dq_ref.dtype)
+
+
+def flags_kernel(flash: Flash, *refs: Any) -> None:
+    """Draws each tile's flags once, into its words (``_flash_dropout.Bits``)."""
+    plan = flash.tiles
+    refs_ = list(refs)
+    sc = fd.Scalars(plan, refs_, flash.place)
+    (words_ref,) = refs_
+    row, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    lo, hi = flag_tiles(flash, row, i, sc.key_tiles)
+
+    @pl.when((j >= lo) & (j < hi))
+    def _draw() -> None:
+        shape = (plan.block_q, plan.block_k)
+        flags = fd.drawn_flags(sc, row, i * plan.block_q, j * plan.block_k, shape, False)
+        words_ref[...] = flash.bits.pack(flags)
