@@ -289,7 +289,7 @@ def test_memory_grows_linearly_with_the_length():
 
 def test_causal_and_window_visit_only_the_tiles_they_need():
     def visited(**kw):
-        span = dm._attention._dot_product._window(kw.get("window"), kw.get("is_causal", False))
+        span = dm._attention._checked.window_span(kw.get("window"), kw.get("is_causal", False))
         plan = bw.Plan((1,), 1, 1, 1024, 1024, 128, 128, *span, None, False, True, None)
         return sum(int(hi) - int(lo) for lo, hi in (bw.key_block_bounds(plan, i) for i in range(8)))
 

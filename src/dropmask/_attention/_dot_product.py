@@ -11,41 +11,22 @@ einsums (forward and backward).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._checks import (
-    check_bool_mask,
-    check_broadcastable,
-    check_choice,
-    check_floating,
-    check_impl,
-    check_int,
-    check_integer_dtype,
-    check_key,
-    check_lengths,
-    check_one_key,
-    check_rate,
-    check_window,
-)
 from .._errors import (
     DropmaskTypeError,
-    DropmaskValueError,
-    DtypeError,
     call_name,
     named,
     user_error,
 )
-from .._masks import as_array, sequence_mask
 from .._random import (
     DEFAULT_IMPL,
     Impl,
-    auto_partitioned,
     probability,
     tpu_interpret,
     tpu_kernels_run,
@@ -53,84 +34,22 @@ from .._random import (
 from .._reductions import compute_dtype
 from . import _blockwise as bw
 from . import _kernel_inputs as ki
+from ._checked import Checked, validate
 from ._dense import Dense, dense, dense_jit, rank
 from ._nonfinite import poison, prepared
+from ._paths import ALGORITHMS as ALGORITHMS
+from ._paths import (
+    AUTO_BLOCKWISE_SCORES,
+    AUTO_FLASH_SCORES,
+    block_sizes,
+    choose_path,
+    flash_block_sizes,
+    flash_serves,
+    pallas_block_sizes,
+)
+from ._paths import Algorithm as Algorithm
 
 __all__ = ["Algorithm", "dot_product_attention"]
-
-Algorithm = Literal["auto", "dense", "blockwise", "pallas"]
-_ALGORITHMS = ("auto", "dense", "blockwise", "pallas")
-# "auto" takes the blockwise path from this many scores per (batch, head) on, by the
-# inputs' itemsize: where it measured faster than the dense path in a Transformer
-# encoder layer's train step with dropout on CPU, or where the dense weights would
-# outgrow the machine (`python -m benchmarks.bench_transformer_step --paths`, in
-# benchmarks/RESULTS.md). In bf16 the dense path is faster at 256 tokens and the
-# blockwise one from 512 on; in f32 the dense path is faster through 2048 tokens.
-AUTO_BLOCKWISE_SCORES = {2: 512 * 512, 4: 4096 * 4096}
-# Where the Pallas TPU kernels run (a TPU, see ``_random.tpu_kernels_run``), "auto" takes
-# them from this many scores on, in either dtype. On a v5e (bf16, dropout 0.1, forward
-# and backward; a one-off comparison, not one of bench_tpu's rows) they took 0.72x the
-# dense path's time at [4, 1024, 16, 64] and 0.68x at 2048 tokens, and in the 4-layer
-# train step of benchmarks/bench_tpu.py (1024 tokens, 16 heads of 64) 0.42x; the dense
-# path was faster only with few heads of 128 (0.97x the kernels' time at [1, 512, 8,
-# 128] causal, 0.76x at 1024).
-AUTO_FLASH_SCORES = 512 * 512
-
-_HINT = (
-    "Attention masks and biases are [batch..., heads, q_len, kv_len] (heads may be 1); "
-    "build masks with dropmask.attention_mask, causal_mask or segment_mask."
-)
-_PAD_HINT = "kv_lengths is [batch...]; kv_mask and segment ids are [batch..., length]."
-
-
-def _check_qkv(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
-    if not q.ndim == k.ndim == v.ndim or q.ndim < 3:
-        raise user_error(
-            DropmaskValueError,
-            "q, k, v must have the same rank >= 3 ([batch..., length, heads, depth]), got "
-            f"shapes {q.shape}, {k.shape}, {v.shape}",
-            caller=call_name(),
-        )
-    if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3]:
-        raise user_error(
-            DropmaskValueError,
-            f"q, k, v batch dims must match, got shapes {q.shape}, {k.shape}, {v.shape}",
-            caller=call_name(),
-        )
-    if k.shape[-3] != v.shape[-3] or k.shape[-2] != v.shape[-2]:
-        raise user_error(
-            DropmaskValueError,
-            f"k and v must have the same length and heads, got {k.shape} and {v.shape}",
-            caller=call_name(),
-        )
-    if q.shape[-1] != k.shape[-1]:
-        raise user_error(
-            DropmaskValueError,
-            f"q and k depths must match, got {q.shape[-1]} and {k.shape[-1]}",
-            caller=call_name(),
-        )
-    if q.shape[-2] % k.shape[-2]:
-        raise user_error(
-            DropmaskValueError,
-            f"query heads ({q.shape[-2]}) must be a multiple of key/value heads ({k.shape[-2]}) "
-            "(grouped-query attention)",
-            caller=call_name(),
-        )
-
-
-def _as_mask(mask: Any, logits_shape: tuple[int, ...]) -> jax.Array:
-    """Bool mask of rank ``len(logits_shape)``; Flax 0/1 numeric masks are accepted."""
-    mask = jnp.asarray(mask)
-    if mask.dtype != jnp.bool_:
-        if not (jnp.issubdtype(mask.dtype, jnp.number)):
-            raise user_error(
-                DtypeError,
-                f"mask must be boolean or numeric, got {mask.dtype}",
-                caller=call_name(),
-            )
-        mask = mask != 0
-    check_broadcastable(mask.shape, logits_shape, caller=call_name(), name="mask", hint=_HINT)
-    return mask.reshape((1,) * (len(logits_shape) - mask.ndim) + mask.shape)
 
 
 @named("dot_product_attention", rate="dropout_rate")
@@ -270,7 +189,7 @@ def dot_product_attention(
       ...                                block_k=1)[0, :, 0, 0].tolist()
       [1.0, 1.0]
     """
-    c = _validate(
+    c = validate(
         q,
         k,
         v,
@@ -294,7 +213,7 @@ def dot_product_attention(
     scores = c.q_len * c.kv_len
 
     def choose(flash: bool, on_tpu: bool) -> str:
-        return _choose_path(
+        return choose_path(
             algorithm,
             impl,
             module,
@@ -306,16 +225,16 @@ def dot_product_attention(
         )
 
     path = choose(
-        _flash_serves(c, bias is not None, precision)
+        flash_serves(c, bias is not None, precision, tpu_interpret())
         and (algorithm != "auto" or scores >= AUTO_FLASH_SCORES),
         tpu_kernels_run(),
     )
     if path == "flash":
-        sizes = _flash_block_sizes(block_q, block_k, c.q_len, c.kv_len)
+        sizes = flash_block_sizes(block_q, block_k, c.q_len, c.kv_len)
     elif path == "pallas":
-        sizes = _pallas_block_sizes(block_q, block_k, c.q_len, c.kv_len)
+        sizes = pallas_block_sizes(block_q, block_k, c.q_len, c.kv_len)
     else:
-        sizes = _block_sizes(block_q, block_k, c.q_len, c.kv_len)
+        sizes = block_sizes(block_q, block_k, c.q_len, c.kv_len)
 
     def run(path: str, sizes: tuple[int, int]) -> jax.Array:
         if path == "dense":
@@ -329,7 +248,7 @@ def dot_product_attention(
             # takes without them (a CPU computation on a TPU host; each platform of a
             # multi-platform export): the same function, the same mask.
             other = choose(False, True)
-            other_sizes = _block_sizes(block_q, block_k, c.q_len, c.kv_len)
+            other_sizes = block_sizes(block_q, block_k, c.q_len, c.kv_len)
             return lax.platform_dependent(
                 tpu=lambda: run(path, sizes), default=lambda: run(other, other_sizes)
             )
@@ -341,160 +260,8 @@ def dot_product_attention(
         raise forward from None
 
 
-@dataclasses.dataclass(frozen=True)
-class _Checked:
-    """One call's checked arguments: arrays in their final form, and the shapes."""
-
-    q: jax.Array
-    k: jax.Array
-    v: jax.Array
-    dtype: Any
-    rng: Any
-    rate: Any
-    drops: bool
-    batch: tuple[int, ...]
-    kv_heads: int
-    groups: int
-    q_len: int
-    kv_len: int
-    logits_shape: tuple[int, ...]
-    mask: Any
-    bias: Any
-    span: tuple[int | None, int | None]
-    kv_valid: Any
-    q_seg: Any
-    kv_seg: Any
-
-
-def _validate(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    mask: Any,
-    bias: Any,
-    dropout_rate: Any,
-    key: Any,
-    dropout_rng: Any,
-    deterministic: bool,
-    is_causal: bool,
-    window: Any,
-    kv_lengths: Any,
-    kv_mask: Any,
-    q_segment_ids: Any,
-    kv_segment_ids: Any,
-    dtype: Any,
-    precision: Any,
-    einsums: tuple[Any, Any],
-    impl: Any,
-) -> _Checked:
-    """Every check of :func:`dot_product_attention`, in order, before any work."""
-    rng, rate, drops = _check_options(
-        einsums, precision, key, dropout_rng, dropout_rate, impl, deterministic
-    )
-    q, k, v = as_array(q), as_array(k), as_array(v)
-    dtype = _check_dtype(q, k, v, dtype)
-    _check_qkv(q, k, v)
-    heads, kv_heads = q.shape[-2], k.shape[-2]
-    groups = heads // kv_heads
-    if groups > 1 and einsums[0] is not None:
-        raise user_error(
-            DropmaskValueError,
-            "custom einsums do not support grouped-query attention",
-            caller=call_name(),
-        )
-    batch = q.shape[:-3]
-    q_len, kv_len = q.shape[-3], k.shape[-3]
-    logits_shape = (*batch, heads, q_len, kv_len)
-    m = None if mask is None else _as_mask(mask, logits_shape)
-    if bias is not None:
-        _check_bias(bias, logits_shape)
-    span = _window(window, is_causal)
-    kv_valid = _kv_valid(kv_lengths, kv_mask, batch, kv_len)
-    q_seg, kv_seg = _segments(q_segment_ids, kv_segment_ids, batch, q_len, kv_len)
-    return _Checked(
-        q=q,
-        k=k,
-        v=v,
-        dtype=dtype,
-        rng=rng,
-        rate=rate,
-        drops=drops,
-        batch=batch,
-        kv_heads=kv_heads,
-        groups=groups,
-        q_len=q_len,
-        kv_len=kv_len,
-        logits_shape=logits_shape,
-        mask=m,
-        bias=bias,
-        span=span,
-        kv_valid=kv_valid,
-        q_seg=q_seg,
-        kv_seg=kv_seg,
-    )
-
-
-def _check_options(
-    einsums: tuple[Any, Any],
-    precision: Any,
-    key: Any,
-    dropout_rng: Any,
-    dropout_rate: Any,
-    impl: Any,
-    deterministic: bool,
-) -> tuple[Any, float | None, bool]:
-    """The einsum, key, rate and ``impl`` checks; ``(key, rate, whether it drops)``."""
-    qk_attn_weights_einsum, attn_weights_value_einsum = einsums
-    if (qk_attn_weights_einsum is None) != (attn_weights_value_einsum is None):
-        raise user_error(
-            DropmaskValueError,
-            "qk_attn_weights_einsum and attn_weights_value_einsum must be given together",
-            caller=call_name(),
-        )
-    if qk_attn_weights_einsum is not None and precision is not None:
-        raise user_error(
-            DropmaskValueError,
-            "precision and custom einsums are mutually exclusive",
-            caller=call_name(),
-        )
-    rng = check_one_key(key, dropout_rng, caller=call_name())
-    rate = check_rate(dropout_rate, caller=call_name())
-    check_impl(impl, caller=call_name())
-    drops = not deterministic and rate != 0.0
-    if drops:
-        check_key(rng, caller=call_name())
-    return rng, rate, drops
-
-
-def _check_dtype(q: jax.Array, k: jax.Array, v: jax.Array, dtype: Any) -> Any:
-    """The computation dtype (``dtype`` or that of q, k and v); raises unless real floating."""
-    dtype = jnp.result_type(q, k, v) if dtype is None else jnp.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        raise user_error(
-            DtypeError,
-            f"q, k and v must be real, got dtype {dtype} (the softmax over scores needs an order)",
-            "Attend over real features, e.g. concatenate x.real and x.imag on the depth axis.",
-            caller=call_name(),
-        )
-    check_floating(jnp.zeros((), dtype), caller=f"{call_name()} (q, k, v)")
-    return dtype
-
-
-def _check_bias(bias: Any, logits_shape: tuple[int, ...]) -> None:
-    """Raises unless ``bias`` broadcasts to the scores and is not boolean."""
-    check_broadcastable(jnp.shape(bias), logits_shape, caller=call_name(), name="bias", hint=_HINT)
-    if jnp.result_type(bias) == jnp.bool_:
-        raise user_error(
-            DtypeError,
-            "bias is added to the scores, so a boolean bias would add 1 where True; got dtype bool",
-            "Pass a boolean array as mask= (True = attend).",
-            caller=call_name(),
-        )
-
-
 def _run_dense(
-    c: _Checked,
+    c: Checked,
     dropout_rate: Any,
     broadcast_dropout: bool,
     precision: Any,
@@ -526,7 +293,7 @@ def _run_dense(
 
 
 def _run_tiled(
-    c: _Checked,
+    c: Checked,
     path: str,
     sizes: tuple[int, int],
     dropout_rate: Any,
@@ -612,66 +379,6 @@ def _run_tiled(
     return poison(out, q, tainted)
 
 
-def _window(window: Any, is_causal: bool) -> tuple[int | None, int | None]:
-    """``(left, right)`` reach of a query (None = unbounded) from ``window`` and causality."""
-    left = right = None
-    if window is not None:
-        left, right = check_window(
-            window, caller=call_name(), fix=" Pass e.g. window=(128, 0) for causal local attention."
-        )
-    if is_causal:
-        right = 0 if right is None else min(right, 0)
-    return left, right
-
-
-def _kv_valid(lengths: Any, kv_mask: Any, batch: tuple[int, ...], kv_len: int) -> Any:
-    """``bool`` broadcastable to ``[*batch, kv_len]`` from ``kv_lengths`` and ``kv_mask``."""
-    valid = None
-    if lengths is not None:
-        arr = check_lengths(lengths, kv_len, caller=call_name(), name="kv_lengths")
-        check_broadcastable(arr.shape, batch, caller=call_name(), name="kv_lengths", hint=_PAD_HINT)
-        valid = sequence_mask(arr, kv_len)
-    if kv_mask is not None:
-        km = check_bool_mask(kv_mask, caller=call_name(), name="kv_mask")
-        check_broadcastable(
-            km.shape, (*batch, kv_len), caller=call_name(), name="kv_mask", hint=_PAD_HINT
-        )
-        valid = km if valid is None else valid & km
-    return valid
-
-
-def _segments(
-    q_ids: Any, kv_ids: Any, batch: tuple[int, ...], q_len: int, kv_len: int
-) -> tuple[Any, Any]:
-    if q_ids is None and kv_ids is None:
-        return None, None
-    if q_ids is None:
-        raise user_error(
-            DropmaskValueError,
-            "kv_segment_ids needs q_segment_ids (the queries' segments)",
-            "Pass both.",
-            caller=call_name(),
-        )
-    if kv_ids is None:
-        if q_len != kv_len:
-            raise user_error(
-                DropmaskValueError,
-                f"q_segment_ids alone serves keys only when q_len == kv_len, got {q_len} and "
-                f"{kv_len}",
-                "Pass kv_segment_ids too.",
-                caller=call_name(),
-            )
-        kv_ids = q_ids
-    q_ids, kv_ids = jnp.asarray(q_ids), jnp.asarray(kv_ids)
-    for ids, name, length in ((q_ids, "q_segment_ids", q_len), (kv_ids, "kv_segment_ids", kv_len)):
-        check_integer_dtype(ids, caller=call_name(), name=name)
-        check_broadcastable(
-            ids.shape, (*batch, length), caller=call_name(), name=name, hint=_PAD_HINT
-        )
-    return q_ids, kv_ids
-
-
-# JAX's message when forward mode evaluates a custom_vjp's derivative.
 _JVP_OF_CUSTOM_VJP = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
 
 
@@ -701,140 +408,3 @@ def _forward_mode_error(
         f"Pass algorithm='dense'{' and impl=' + repr('flax') if dense_vjp else ''}, {reverse}",
         caller=call_name(),
     )
-
-
-def _choose_path(
-    algorithm: Any,
-    impl: str,
-    module: Any,
-    custom_einsums: bool,
-    long: bool,
-    *,
-    bias: bool,
-    flash: bool = False,
-    on_tpu: bool = False,
-) -> str:
-    """``"dense"``, ``"blockwise"``, ``"pallas"`` or ``"flash"`` (the Pallas TPU kernels);
-    raises if ``algorithm`` cannot serve. ``flash``: whether the TPU kernels run here
-    and serve the call (and for ``"auto"``, its length); ``on_tpu``: whether they run
-    here at all."""
-    check_choice(algorithm, _ALGORITHMS, caller=call_name(), name="algorithm")
-    dense_only = []
-    if impl == "flax":
-        dense_only.append(
-            "impl='flax' (its masks are not counter-based: no tile can draw its part)"
-        )
-    if custom_einsums:
-        dense_only.append("custom einsums")
-    if module is not None:
-        dense_only.append("module= (sowing the weights needs them whole)")
-    if algorithm in ("blockwise", "pallas") and dense_only:
-        raise user_error(
-            DropmaskValueError,
-            f"algorithm={algorithm!r} cannot take {dense_only[0]}",
-            "Use algorithm='dense' (or 'auto'), or drop that argument.",
-            caller=call_name(),
-        )
-    if algorithm == "pallas" and bias:
-        raise user_error(
-            DropmaskValueError,
-            "algorithm='pallas' does not take bias= yet (its gradient would be a [q_len, "
-            "kv_len] array per batch and head)",
-            "Use algorithm='blockwise', which computes the same function with it.",
-            caller=call_name(),
-        )
-    if algorithm == "auto":
-        if not dense_only and flash:
-            return "flash"
-        return "blockwise" if not dense_only and long else "dense"
-    if algorithm == "pallas" and on_tpu:
-        # What the TPU kernels do not take (a dense mask, float16), the blockwise path
-        # does, with the same dropout mask.
-        return "flash" if flash else "blockwise"
-    return algorithm
-
-
-def _flash_serves(c: _Checked, bias: bool, precision: Any) -> bool:
-    """Whether the Pallas TPU kernels run here and serve the call's inputs and precision:
-    not in a program XLA partitions itself (``_flash_sharding``)."""
-    if not tpu_kernels_run() or auto_partitioned(c.q):
-        return False
-    from . import _flash_tpu as ft
-
-    if ft.kernel_precision(precision) is None:
-        return False
-
-    return ft.serves(
-        c.dtype,
-        c.kv_len,
-        c.drops,
-        (c.q.shape[-1], c.v.shape[-1]),
-        mask=c.mask is not None,
-        bias=bias,
-        interpret=tpu_interpret(),
-    )
-
-
-def _flash_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:
-    """The TPU kernels' tiles: ``block_q`` a multiple of 16 (a bfloat16 tile's rows),
-    ``block_k`` of 128 (a vector register's lanes), at most the padded lengths."""
-    from . import _flash_tpu as ft
-
-    sizes = []
-    for size, name, length, default, unit in (
-        (block_q, "block_q", q_len, ft.DEFAULT_BLOCKS[0], 16),
-        (block_k, "block_k", kv_len, ft.DEFAULT_BLOCKS[1], 128),
-    ):
-        if size is None:
-            size = default
-        size = check_int(size, name=name, caller=call_name(), minimum=1, shape=True)
-        if size % unit:
-            raise user_error(
-                DropmaskValueError,
-                f"{name} must be a multiple of {unit} for algorithm='pallas' on a TPU "
-                f"(its kernels' tiles), got {size}",
-                f"Pass e.g. {name}={default}, or leave it unset.",
-                caller=call_name(),
-            )
-        sizes.append(min(size, -(-length // unit) * unit))
-    return sizes[0], sizes[1]
-
-
-def _pallas_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:
-    """Power-of-two tiles of at least 16 (Triton's), at most the padded lengths."""
-    from . import _pallas as pa
-
-    sizes = []
-    for size, name, length, default in (
-        (block_q, "block_q", q_len, pa.DEFAULT_BLOCK_Q),
-        (block_k, "block_k", kv_len, pa.DEFAULT_BLOCK_K),
-    ):
-        if size is None:
-            size = default
-        size = check_int(size, name=name, caller=call_name(), minimum=1, shape=True)
-        if size < 16 or size & (size - 1):
-            raise user_error(
-                DropmaskValueError,
-                f"{name} must be a power of two >= 16 for algorithm='pallas' (Triton's tile "
-                f"sizes), got {size}",
-                f"Pass e.g. {name}={default}.",
-                caller=call_name(),
-            )
-        sizes.append(min(size, max(16, _next_power_of_two(length))))
-    return sizes[0], sizes[1]
-
-
-def _next_power_of_two(n: int) -> int:
-    return 1 if n <= 1 else 2 ** (n - 1).bit_length()
-
-
-def _block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:
-    sizes = []
-    for size, name, length in ((block_q, "block_q", q_len), (block_k, "block_k", kv_len)):
-        size = (
-            bw.default_block(length)
-            if size is None
-            else check_int(size, name=name, caller=call_name(), minimum=1, shape=True)
-        )
-        sizes.append(max(min(size, length), 1))
-    return sizes[0], sizes[1]
