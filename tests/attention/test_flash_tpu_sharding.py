@@ -82,18 +82,16 @@ SPLITS = [
 ]
 
 
-@pytest.mark.parametrize(("mesh", "spec", "per_head"), SPLITS)
-def test_each_split_gives_the_unsharded_values_and_gradients_with_no_collective(
-    mesh, spec, per_head
-):
+def _sharded_against_unsharded(f, mesh, spec) -> None:
+    """``f``'s values and gradients with the inputs sharded as ``spec`` over ``mesh`` equal
+    the unsharded call's bit for bit, by the kernels, the output sharded as ``q``, and the
+    compiled forward and backward programs move nothing between devices."""
     q, k, v, ct = _qkv_ct()
-    f = _attention(per_head)
     vjp = lambda q, k, v, ct: jax.vjp(f, q, k, v)[1](ct)  # noqa: E731
-    mesh_ = _mesh(mesh)
-    put = lambda a: jax.device_put(a, NamedSharding(mesh_, spec))  # noqa: E731
+    put = lambda a: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
     with testing.tpu_kernels():
         want, want_grads = jax.jit(f)(q, k, v), jax.jit(vjp)(q, k, v, ct)
-        with jax.set_mesh(mesh_):
+        with jax.set_mesh(mesh):
             args = [put(a) for a in (q, k, v)]
             assert _kernels_in(f, *args)
             got, grads = jax.jit(f)(*args), jax.jit(vjp)(*args, put(ct))
@@ -103,6 +101,13 @@ def test_each_split_gives_the_unsharded_values_and_gradients_with_no_collective(
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     for g, w in zip(grads, want_grads, strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+@pytest.mark.parametrize(("mesh", "spec", "per_head"), SPLITS)
+def test_each_split_gives_the_unsharded_values_and_gradients_with_no_collective(
+    mesh, spec, per_head
+):
+    _sharded_against_unsharded(_attention(per_head), _mesh(mesh), spec)
 
 
 def test_a_split_length_is_gathered_for_the_kernels_and_the_output_split_back():
@@ -163,7 +168,6 @@ def test_inside_a_users_shard_map_each_block_is_a_call_of_its_own():
 
 def test_key_lengths_and_segments_split_with_the_batch():
     """Side inputs of a batch row (valid keys, segment ids) reach that row's device."""
-    q, k, v, ct = _qkv_ct()
     lengths = jnp.array([256, 200, 129, 1, 256, 77, 130, 255])
     starts = jnp.arange(B)[:, None] * 20
     segments = (jnp.arange(L)[None, :] >= starts).astype(jnp.int32) + 1  # two per row
@@ -175,15 +179,4 @@ def test_key_lengths_and_segments_split_with_the_batch():
             algorithm="pallas", block_q=128, block_k=128,
         )  # fmt: skip
 
-    vjp = lambda q, k, v, ct: jax.vjp(f, q, k, v)[1](ct)  # noqa: E731
-    mesh = _mesh("4x2")
-    put = lambda a: jax.device_put(a, NamedSharding(mesh, P("data", None, "model")))  # noqa: E731
-    with testing.tpu_kernels():
-        want, want_grads = jax.jit(f)(q, k, v), jax.jit(vjp)(q, k, v, ct)
-        with jax.set_mesh(mesh):
-            args = [put(a) for a in (q, k, v)]
-            assert _kernels_in(f, *args)
-            got, grads = jax.jit(f)(*args), jax.jit(vjp)(*args, put(ct))
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    for g, w in zip(grads, want_grads, strict=True):
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    _sharded_against_unsharded(f, _mesh("4x2"), P("data", None, "model"))
