@@ -26,8 +26,13 @@ SERVED = [
     ((64, 1024), "bfloat16"),
     ((2, 16, 5120), "float32"),  # column blocks of 2048, the last one partial
     ((48, 384), "float32"),  # rows not a multiple of 32: chunks of 16
+    ((3, 197, 256), "bfloat16"),  # ViT's 197 tokens: the block's last chunk padded
+    ((2, 1, 4096), "float32"),  # one row: a chunk of 32, 31 of them padding
+    ((2, 3, 77, 128), "float32"),  # rank 4, 77 rows
+    ((2, 3000, 512), "float32"),  # row blocks of 1024: the third partial (952 rows)
+    ((128,), "bfloat16"),  # rank 1
 ]
-FALLBACK = [((3, 100), "float32"), ((7, 96), "bfloat16"), ((2, 1, 4096), "float32")]
+FALLBACK = [((3, 100), "float32"), ((7, 96), "bfloat16"), ((3, 128, 1), "float32")]
 FALLBACK_DTYPE = [((64, 128), "float16"), ((64, 128), "complex64")]
 
 
@@ -166,7 +171,7 @@ def test_tpu_kernels_refuses_an_enabled_that_is_not_a_bool(enabled):
 @pytest.mark.parametrize(
     ("shape", "dtype", "served"),
     [
-        ((8, 1024), "float32", False),  # 8 rows: no chunk of 16 or 32
+        ((8, 1024), "float32", True),  # 8 rows: one chunk of 32, padded
         ((16, 1024), "float32", True),
         ((32, 200), "float32", False),  # not whole vector registers
         ((32, 128), "float64", False),
@@ -180,6 +185,7 @@ def test_kernel_for_serves_whole_registers_of_float32_and_bfloat16(shape, dtype,
     if kernel is not None:
         rows, cols = kernel.block
         assert rows % kernel.chunk == 0 and cols % 128 == 0
+        assert rows >= min(shape[0], 32)
 
 
 @pytest.mark.parametrize("transposed", [False, True])

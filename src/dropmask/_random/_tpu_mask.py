@@ -163,9 +163,14 @@ def kernel_for(
 ) -> TpuKernel | None:
     """The kernel for a mask of ``shape`` over an array of ``dtype``, or None where it
     does not serve: the last axis must be the packing axis and a multiple of 128 long
-    (whole vector registers), the rows of a step a multiple of the chunk, and the dtype
-    float32 or bfloat16. Merging the axes before the last two is free in a TPU's tiled
-    layout; any other reshape would copy the array.
+    (whole vector registers), and the dtype float32 or bfloat16. Merging the axes before
+    the last two is free in a TPU's tiled layout; any other reshape would copy the array.
+
+    Any row count: a grid step takes whole chunks of rows, and where the array's last
+    block is shorter (197 tokens), Pallas reads it padded and writes back only its rows;
+    the padding's rows are computed and dropped (at most 31 a block). The kernel body
+    would pad a short last axis the same way, but a block that overhangs the lanes has
+    not been run through Mosaic on a TPU, so such widths take XLA's path.
 
     ``global_shape``: ``shape`` is one device's block of an array of that shape (same
     rank). The caller guarantees that the block's offset along the last axis is a
@@ -179,13 +184,11 @@ def kernel_for(
     if global_shape is not None and len(global_shape) != len(shape):
         return None
     check_word_count((math.prod(global_shape or shape) // LANES,))
-    chunk = 32 if rows % 32 == 0 else 16 if rows % 16 == 0 else 0
-    if not chunk:
-        return None
+    chunk = 16 if rows % 32 and rows % 16 == 0 else 32
     itemsize = jnp.dtype(dtype).itemsize
     block_cols = cols if cols <= 4 * _SPAN else 2 * _SPAN
     fit = max(chunk, _BLOCK_BYTES // (block_cols * itemsize) // chunk * chunk)
-    block_rows = min(rows, fit)
+    block_rows = min(-(-rows // chunk) * chunk, fit)
     static = isinstance(thr.value, int)
     return TpuKernel(
         tuple(shape),
