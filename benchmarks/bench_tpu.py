@@ -3,7 +3,7 @@
 Run on a machine with a TPU (a v5e chip was measured), flax installed::
 
     python -m benchmarks.bench_tpu --out DIR [--quick] [--step-dtypes bfloat16,float32]
-        [--parts checks,per_call,attention,step]
+        [--parts checks,per_call,attention,step,models,mesh] [--model-rows none,residual,all,flax]
 
 It writes ``DIR/tpu_results.json`` after each row, so a run cut short still reports what
 it finished; ``python -m benchmarks.bench_tpu --render DIR/tpu_results.json [MORE ...]``
@@ -46,6 +46,13 @@ and lists every run. What it measures, in order:
    Pallas kernels) with one mask for every head (Flax's default) and with a mask per
    head, JAX's Pallas TPU flash attention without dropout and Flax's dense
    ``dot_product_attention`` with dropout (up to 8192 tokens): time and temporaries.
+5. Models: the step of 3. at the shapes TPU models have (``MODEL_SHAPES``: ViT-B/16's
+   197 tokens, BERT-base, a short sequence, GPT-2 small, and 3.'s own), bf16, and f32
+   for ViT-B and BERT-base: without dropout, swapped residual-only, swapped with
+   dropmask's attention too, and Flax's full dropout (``--model-rows`` picks some),
+   every dtype's bf16 rows first.
+6. Mesh: attention and the step over a one-device mesh of explicit axes against the
+   same programs unsharded.
 """
 
 from __future__ import annotations
@@ -113,7 +120,8 @@ def _check_cases() -> dict[str, Callable[[], Any]]:
         return jax.grad(loss)(jnp.ones(shape))
 
     cases: dict[str, Callable[[], Any]] = {}
-    for shape in [(8, 256, 1024), (4, 64, 5120), (32, 128), (3, 100), (7, 96), (2, 1, 4096)]:
+    shapes = [(8, 256, 1024), (4, 64, 5120), (32, 128), (3, 100), (7, 96), (2, 1, 4096)]
+    for shape in [*shapes, (2, 197, 768), (2, 5, 77, 200)]:
         for dtype in ("float32", "bfloat16"):
             cases[f"dropout {shape} {dtype}"] = lambda s=shape, d=dtype: dropmask.dropout(
                 ones(s, d), RATE, key
@@ -136,6 +144,7 @@ def _check_cases() -> dict[str, Callable[[], Any]]:
     )(jax.random.split(key, 4))
     cases["grad (8, 256, 1024)"] = lambda: grad_of((8, 256, 1024))
     cases["grad (3, 100)"] = lambda: grad_of((3, 100))
+    cases["grad (4, 197, 768)"] = lambda: grad_of((4, 197, 768))
 
     def dropped(rate: Any, one_mask: bool) -> jax.Array:
         # v the identity over keys: the output is each query's weights, 0 where dropped.
@@ -466,6 +475,39 @@ def step_rows(
             yield row
 
 
+MODEL_SHAPES = {  # the step's size per model shape; 4 layers each, as the step part
+    "ViT-B/16": {"batch": 64, "length": 197, "width": 768, "heads": 12, "mlp_dim": 3072},
+    "BERT-base": {"batch": 32, "length": 512, "width": 768, "heads": 12, "mlp_dim": 3072},
+    "short": {"batch": 8, "length": 128, "width": 768, "heads": 12, "mlp_dim": 3072},
+    "GPT-2 small": {"batch": 16, "length": 1024, "width": 768, "heads": 12, "mlp_dim": 3072},
+    "wide": {"batch": 16, "length": 1024, "width": 1024, "heads": 16, "mlp_dim": 4096},
+}
+QUICK_MODEL_SHAPES = {
+    "ViT-like": {"batch": 2, "length": 13, "width": 128, "heads": 2, "mlp_dim": 256},
+}
+MODEL_DTYPES = {"ViT-B/16": ("bfloat16", "float32"), "BERT-base": ("bfloat16", "float32")}
+# --model-rows' short names: the step rows a model shape runs, cheapest to compile first
+MODEL_ROWS = {
+    "none": NO_DROPOUT,
+    "residual": SWAPPED_RESIDUAL,
+    "all": SWAPPED_ALL,
+    "flax": FLAX_FULL,
+}
+
+
+def model_rows(
+    shapes: dict[str, dict[str, int]], reps: int, names: tuple[str, ...] | None = None
+) -> Iterator[dict[str, Any]]:
+    """``step_rows`` at each model shape (``MODEL_DTYPES``' dtypes, else bfloat16), each
+    row tagged with its model's name."""
+    for dtype in ("bfloat16", "float32"):  # every model's bfloat16 rows first
+        for model, size in shapes.items():
+            if dtype in MODEL_DTYPES.get(model, STEP_DTYPES):
+                rows = names or tuple(MODEL_ROWS.values())
+                for row in step_rows({**size, "layers": 4}, reps, (dtype,), names=rows):
+                    yield {"model": model, **row}
+
+
 def _step_on_mesh(mesh: Any, run: Any, plain: Any, params: Any, x: jax.Array, reps: int):
     """The looped step compiled over ``mesh`` (the batch over ``"data"``, the parameters
     replicated), timed in turn with ``plain``."""
@@ -676,6 +718,12 @@ def main(argv: list[str] | None = None) -> int:
         default=PARTS,
         help=f"the parts to run, comma-separated (default: {','.join(PARTS)})",
     )
+    parser.add_argument(
+        "--model-rows",
+        type=_model_rows,
+        default=tuple(MODEL_ROWS.values()),
+        help=f"the models part's rows, comma-separated (default: {','.join(MODEL_ROWS)})",
+    )
     parser.add_argument("--reference", help=argparse.SUPPRESS)
     parser.add_argument(
         "--render",
@@ -711,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
         "per_call_shape": list(shape),
         "step_size": size,
         "step_dtypes": list(args.step_dtypes),
+        "model_shapes": QUICK_MODEL_SHAPES if args.quick else MODEL_SHAPES,
         "parts": list(args.parts),
     }
 
@@ -730,6 +779,14 @@ def main(argv: list[str] | None = None) -> int:
             ),
         ),
         ("step", lambda: step_rows(size, 3 if args.quick else 5, args.step_dtypes)),
+        (
+            "models",
+            lambda: model_rows(
+                result["model_shapes"],
+                3 if args.quick else 5,
+                args.model_rows,
+            ),
+        ),
         (
             "mesh",
             lambda: mesh_rows(
@@ -758,8 +815,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-PARTS = ("checks", "per_call", "attention", "step", "mesh")
-PART_KEYS = {"per_call": ("per_call_shape", "default_path"), "step": ("step_size", "step_dtypes")}
+PARTS = ("checks", "per_call", "attention", "step", "models", "mesh")
+PART_KEYS = {
+    "per_call": ("per_call_shape", "default_path"),
+    "step": ("step_size", "step_dtypes"),
+    "models": ("model_shapes",),
+}
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -770,6 +831,18 @@ def _parts(text: str) -> tuple[str, ...]:
             f"expected some of {', '.join(PARTS)} separated by commas, got {text!r}"
         )
     return names
+
+
+def _model_rows(text: str) -> tuple[str, ...]:
+    """``--model-rows``: a comma-separated subset of ``MODEL_ROWS``' short names, "none"
+    among them; the rows' names, in ``MODEL_ROWS``' order."""
+    names = set(text.split(","))
+    if not names <= set(MODEL_ROWS) or "none" not in names:
+        raise argparse.ArgumentTypeError(
+            f"expected some of {', '.join(MODEL_ROWS)} separated by commas, 'none' among "
+            f"them (every row is timed against it), got {text!r}"
+        )
+    return tuple(row for short, row in MODEL_ROWS.items() if short in names)
 
 
 def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1067,6 +1140,64 @@ def _attention(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
     return text, targets
 
 
+MODEL_TARGET = 1.10  # most a model shape's step, every site swapped, may take of the step without
+
+
+def _models(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
+    """The model-shapes table and its targets (every site swapped, each model and dtype)."""
+    rows = result.get("models", [])
+    if not rows and "models_error" not in result:
+        return "", []
+    table, targets = [], []
+    for r in rows:
+        table.append(
+            {
+                "model": r["model"],
+                "dtype": r["dtype"],
+                "name": _label(r),
+                "step_ms": _num(r.get("step_ms"), ".2f"),
+                "ratio": _num(r.get("ratio"), ".3f"),
+                "temp_mib": _num(r["temp_mib"], ".0f"),
+                "compile_s": _num(r["compile_s"], ".1f"),
+            }
+        )
+    shapes = result.get("model_shapes", MODEL_SHAPES)
+    for model, size in shapes.items():
+        for dtype in MODEL_DTYPES.get(model, STEP_DTYPES):
+            ran = [r for r in rows if r["model"] == model and r["dtype"] == dtype]
+            all_ = next((r for r in ran if r["name"] == SWAPPED_ALL), None)
+            targets.append(
+                _target(
+                    f"{model} [{size['batch']}, {size['length']}, {size['width']}] {dtype}: "
+                    f"{SWAPPED_ALL} / {NO_DROPOUT} <= {MODEL_TARGET}x",
+                    all_.get("ratio") if all_ else None,
+                    MODEL_TARGET,
+                )
+            )
+    shapes_text = "; ".join(
+        f"{m}: [{s['batch']}, {s['length']}, {s['width']}], {s['heads']} heads, MLP {s['mlp_dim']}"
+        for m, s in shapes.items()
+    )
+    text = (
+        "### Model shapes\n\n"
+        f"The step part's 4-layer Flax Transformer at the shapes TPU models have ({shapes_text}); "
+        "rows as in the step table, each timed beside the step without dropout:\n\n"
+        + markdown_table(
+            table,
+            [
+                ("model", "model"),
+                ("dtype", "dtype"),
+                ("step", "name"),
+                ("ms", "step_ms"),
+                ("/ no dropout", "ratio"),
+                ("temporaries MiB", "temp_mib"),
+                ("compile s", "compile_s"),
+            ],
+        )
+    )
+    return text, targets
+
+
 MESH_TARGET = 1.03  # no row slower over a one-device mesh beyond noise
 
 
@@ -1123,16 +1254,17 @@ def render(result: dict[str, Any]) -> str:
     steps, step_targets = _steps(result)
     attention, attention_targets = _attention(result)
     mesh, mesh_targets = _mesh(result)
+    models, model_targets = _models(result)
     lines.append(
         "Targets:\n\n"
         + markdown_table(
-            per_call_targets + step_targets + attention_targets + mesh_targets,
+            per_call_targets + step_targets + model_targets + attention_targets + mesh_targets,
             [("target", "target"), ("measured", "measured"), ("verdict", "verdict")],
         )
     )
-    lines.extend([per_call, steps, attention, mesh])
+    lines.extend([per_call, steps, *([models] if models else []), attention, mesh])
     lines.extend(f"\n{note}" for note in result.get("notes", []))
-    for key in ("checks_error", "per_call_error", "attention_error", "step_error", "mesh_error"):
+    for key in (f"{part}_error" for part in PARTS):
         if key in result:
             lines.append(f"\n{key}: `{result[key].strip().splitlines()[-1]}`\n")
     return "\n".join(lines)

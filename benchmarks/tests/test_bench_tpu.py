@@ -310,6 +310,9 @@ def test_quick_runs_every_part_and_renders_it(tmp_path: Path, monkeypatch):
     assert len(result["checks"]) == len(bt._check_cases())
     assert [r["name"] for r in result["step"]] == list(bt.STEP_ROWS)
     assert all("ratio" in r for r in result["step"][1:])
+    assert [(r["model"], r["name"]) for r in result["models"]] == [
+        (model, name) for model in bt.QUICK_MODEL_SHAPES for name in bt.MODEL_ROWS.values()
+    ]
     # The mesh part: attention, then the steps it names, each also over a one-device mesh.
     mesh = result["mesh"]
     assert [r["kind"] for r in mesh] == ["attention"] + ["step"] * len(bt.MESH_STEP_ROWS)
@@ -345,3 +348,53 @@ def test_the_one_device_mesh_rows_are_held_to_the_plain_ones(ratio, verdict):
         f"| attention fwd+bwd, 4096 tokens (TPU kernels / TPU kernels) | 2.00 | {2 * ratio:.2f}"
         in md
     )
+
+
+def _model_rows(ratio: float) -> list[dict[str, Any]]:
+    rows = []
+    for model in bt.MODEL_SHAPES:
+        if model == "wide":
+            continue  # a run cut short: its rows and target read "not run"
+        for dtype in bt.MODEL_DTYPES.get(model, bt.STEP_DTYPES):
+            base = {"model": model, "dtype": dtype, "compile_s": 10.0, "temp_mib": 100.0}
+            rows.append({**base, "name": bt.NO_DROPOUT, "step_ms": 20.0})
+            rows.append(
+                {**base, "name": bt.SWAPPED_ALL, "step_ms": 20.0 * ratio, "ratio": ratio}
+                | {"path": bt.KERNEL, "attention_path": "XLA"}
+            )
+    return rows
+
+
+@pytest.mark.parametrize(("ratio", "verdict"), [(1.08, "met"), (1.27, "missed")])
+def test_each_model_shape_is_held_to_its_step_without_dropout(ratio, verdict):
+    md = bt.render({**_payload(), "models": _model_rows(ratio)})
+    models = {k: v for k, v in _targets(md).items() if " / no dropout <= 1.1x" in k and "[" in k}
+    assert len(models) == 7  # five shapes, two of them in float32 too
+    wide = "wide [16, 1024, 1024] bfloat16: swapped full, attention too / no dropout <= 1.1x"
+    assert models.pop(wide) == "not run"
+    assert set(models.values()) == {verdict}
+    assert "### Model shapes" in md and "ViT-B/16: [64, 197, 768], 12 heads, MLP 3072" in md
+    assert (
+        f"| ViT-B/16 | float32 | swapped full, attention too (TPU kernel; attention: XLA) | "
+        f"{20 * ratio:.2f} | {ratio:.3f} | 100 | 10.0 |" in md
+    )
+
+
+def test_a_run_without_the_models_part_renders_no_model_table():
+    md = bt.render(_payload())
+    assert "### Model shapes" not in md
+    assert not [k for k in _targets(md) if "ViT" in k]
+
+
+@pytest.mark.parametrize("value", ["all", "none,gelu"])
+def test_model_rows_refuses_rows_it_does_not_know_or_without_none_in_one_line(value, capsys):
+    with pytest.raises(SystemExit) as err:
+        bt.main(["--quick", "--model-rows", value])
+    assert err.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert "--model-rows: expected some of none, residual, all, flax" in lines[0]
+
+
+def test_model_rows_keep_the_cheapest_first():
+    assert bt._model_rows("flax,all,none") == (bt.NO_DROPOUT, bt.SWAPPED_ALL, bt.FLAX_FULL)
