@@ -219,11 +219,8 @@ def test_serves():
     assert ft.serves(jnp.float32, 2, True, (32, 96), **{**served, "interpret": True})
 
 
-def test_compiled_for_a_tpu_the_kernels_take_depths_of_64_and_its_multiples(monkeypatch):
+def test_compiled_for_a_tpu_the_kernels_take_depths_of_64_and_its_multiples(lowering_for_a_tpu):
     """Traced (not run) as for a TPU: other depths take the blockwise path there."""
-    from dropmask._attention import _dot_product
-
-    monkeypatch.setattr(_dot_product, "tpu_interpret", lambda: False)
     assert not _uses_kernels("pallas", *_qkv(9, d=8), {})
     assert _uses_kernels("pallas", *_qkv(9, d=64), {})
     q, k, v = _qkv(9, d=64)

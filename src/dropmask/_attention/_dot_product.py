@@ -36,6 +36,7 @@ from . import _blockwise as bw
 from . import _kernel_inputs as ki
 from ._checked import Checked, validate
 from ._dense import Dense, dense, dense_jit, rank
+from ._flash_fallback import lowering_error
 from ._nonfinite import poison, prepared
 from ._paths import ALGORITHMS as ALGORITHMS
 from ._paths import (
@@ -246,9 +247,17 @@ def dot_product_attention(
         if path == "flash" and not tpu_interpret():
             # The kernels where the program is lowered for a TPU, else the path the call
             # takes without them (a CPU computation on a TPU host; each platform of a
-            # multi-platform export): the same function, the same mask.
+            # multi-platform export): the same function, the same mask. A configuration
+            # whose kernels Mosaic fails to lower takes that path everywhere.
             other = choose(False, True)
             other_sizes = block_sizes(block_q, block_k, c.q_len, c.kv_len)
+
+            def by_kernels(c: Checked) -> jax.Array:
+                return _run_tiled(c, path, sizes, dropout_rate, broadcast_dropout, precision)
+
+            options = (sizes, dropout_rate, broadcast_dropout, str(precision))
+            if lowering_error(c, by_kernels, *options) is not None:
+                return run(other, other_sizes)
             return lax.platform_dependent(
                 tpu=lambda: run(path, sizes), default=lambda: run(other, other_sizes)
             )

@@ -53,7 +53,10 @@ def kernel_call(flash: Flash, body: Any, grid, in_specs, out_specs, out_shape, s
     if flash.interpret:
         return call
     # Compiled kernels sit in the TPU branch of a platform switch (``_dot_product``).
-    return lambda *args: tpu_only(call, *args)
+    # Tried once while traced, so that a kernel Mosaic fails to lower sends the call to
+    # the path without the kernels (``_dot_product``) instead of failing its program.
+    # The name, ``flash`` and the grid, with the operands' shapes, determine the kernel.
+    return lambda *args: tpu_only(call, *args, check=(name, (flash, grid)))
 
 
 class _ByQueryTile:

@@ -32,6 +32,7 @@ from ._fast_mask import loop_zero as loop_zero
 from ._fast_mask import packed_keep_words as packed_keep_words
 from ._fast_mask import random_bits as random_bits
 from ._fast_mask import threshold as threshold
+from ._placement import KernelLoweringError as KernelLoweringError
 from ._placement import auto_partitioned as auto_partitioned
 from ._placement import enabled as tpu_kernels
 from ._placement import tpu_interpret as tpu_interpret
@@ -91,6 +92,7 @@ __all__ = [
     "tpu_interpret",
     "tpu_kernels_run",
     "tpu_only",
+    "KernelLoweringError",
     "auto_partitioned",
     "explicit_split",
     "local_shape",

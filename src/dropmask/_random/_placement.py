@@ -33,6 +33,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import batching, mlir
 
 __all__ = [
+    "KernelLoweringError",
     "auto_partitioned",
     "enabled",
     "mosaic_lowers_here",
@@ -113,7 +114,42 @@ tpu_only_p = jex_core.Primitive("dropmask_tpu_only")
 tpu_only_p.multiple_results = True
 
 
-def tpu_only(fn: Callable[..., Any], *args: Any) -> Any:
+class KernelLoweringError(Exception):
+    """A Pallas kernel that Mosaic fails to lower for a TPU; raised while tracing, so
+    that the caller can take a path without it (:func:`tpu_only`'s ``check``)."""
+
+    def __init__(self, name: str, cause: str) -> None:
+        super().__init__(f"{name}: {cause}")
+        self.name = name
+        self.cause = cause
+
+
+# Each kernel's lowering, tried once a process: (its name, its static description, its
+# operands' shapes and dtypes) -> None where it lowers, else the first line of the error.
+_LOWERED: dict[Any, str | None] = {}
+
+
+def _lowering_error(check: tuple[str, Any], closed: Any, args: tuple[Any, ...]) -> str | None:
+    """Lower ``closed`` for a TPU, as the program around it will be, once per kernel
+    and shapes: None where Mosaic lowers it, else the error's first line. Inside a
+    ``shard_map`` or under a mesh (the sharded kernels) it is not tried: the trial
+    would need the mesh's context."""
+    if any(not jax.typeof(a).sharding.mesh.empty for a in args):
+        return None
+    avals = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args)
+    key = (*check, tuple((a.shape, str(a.dtype)) for a in avals))
+    if key not in _LOWERED:
+        try:
+            fun = jex_core.jaxpr_as_fun(closed)
+            jax.jit(fun).trace(*avals).lower(lowering_platforms=("tpu",))
+            _LOWERED[key] = None
+        except Exception as err:  # noqa: BLE001 - any failure to lower is the answer
+            lines = str(err).strip().splitlines()
+            _LOWERED[key] = f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+    return _LOWERED[key]
+
+
+def tpu_only(fn: Callable[..., Any], *args: Any, check: tuple[str, Any] | None = None) -> Any:
     """``fn(*args)`` (a flat list of arrays out), lowered for a TPU alone.
 
     For the TPU branch of ``lax.platform_dependent``, whose code a program lowered for
@@ -121,8 +157,19 @@ def tpu_only(fn: Callable[..., Any], *args: Any) -> Any:
     for each: there a Mosaic kernel lowered for the CPU would raise. Lowered for a TPU
     this is ``fn``; for any other platform it is zeros of ``fn``'s output types, which
     the platform switch around it never reaches.
+
+    ``check``: the kernel's name and a hashable description of everything static about
+    it. ``fn`` is then lowered for a TPU once (per description and operand shapes, per
+    process) while it is traced, and where Mosaic fails to lower it this raises
+    :class:`KernelLoweringError` instead of leaving the failure to the program's
+    lowering. A failure inside the TPU compiler's own passes (after lowering, when XLA
+    compiles the program) is not seen here.
     """
     closed = jax.make_jaxpr(fn)(*args)
+    if check is not None:
+        cause = _lowering_error(check, closed, args)
+        if cause is not None:
+            raise KernelLoweringError(check[0], cause)
     return tpu_only_p.bind(*args, jaxpr=closed)
 
 
