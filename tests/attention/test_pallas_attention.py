@@ -13,8 +13,8 @@ import pytest
 
 import dropmask as dm
 from dropmask._attention import _blockwise as bw
+from dropmask._attention import _flash_triton as pa
 from dropmask._attention import _kernel_inputs as ki
-from dropmask._attention import _pallas as pa
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 SLOW = pytest.mark.slow

@@ -362,7 +362,7 @@ def _run_tiled(
         return poison(out, q, tainted)
     if path == "pallas":
         # Imported here: jax.experimental.pallas loads only for the path that runs it.
-        from . import _pallas as pa
+        from . import _flash_triton as pa
 
         kernel = pa.Kernel(
             plan,

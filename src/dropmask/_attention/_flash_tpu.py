@@ -1,6 +1,6 @@
 """FlashAttention-2 as Pallas TPU (Mosaic) kernels, with the dense path's dropout mask drawn inside.
 
-The TPU form of ``_pallas`` (whose kernels are written for Triton's programs): three
+The TPU form of ``_flash_triton`` (whose kernels are written for Triton's programs): three
 kernels over a grid whose last axis walks the tiles a program reduces over, with the
 running state in scratch memory, as TPUs run Pallas kernels.
 
@@ -131,7 +131,7 @@ def flash_attention(
     inputs: ki.KernelInputs,
 ) -> tuple[jax.Array, jax.Array]:
     """Attention of ``q: [*batch, Lq, H, D]`` over ``k``, ``v``: ``[*batch, Lk, Hk, D]``,
-    as ``_pallas.pallas_attention`` (which see) without a dense ``mask``.
+    as ``_flash_triton.pallas_attention`` (which see) without a dense ``mask``.
 
     Returns:
       The output ``[*batch, Lq, H, Dv]`` with tainted rows 0, and the taint

@@ -1,4 +1,4 @@
-"""What both Pallas kernel families (``_pallas``: Triton's, ``_flash_tpu``: Mosaic's) take
+"""What both Pallas kernel families (``_flash_triton``: Triton's, ``_flash_tpu``: Mosaic's) take
 beside ``q``, ``k`` and ``v`` (:class:`KernelInputs`), and what they make of it: a state
 per position, and each batch row's key tiles."""
 

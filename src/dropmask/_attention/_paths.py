@@ -152,7 +152,7 @@ def flash_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tu
 
 def pallas_block_sizes(block_q: Any, block_k: Any, q_len: int, kv_len: int) -> tuple[int, int]:
     """Power-of-two tiles of at least 16 (Triton's), at most the padded lengths."""
-    from . import _pallas as pa
+    from . import _flash_triton as pa
 
     sizes = []
     for size, name, length, default in (
