@@ -3,7 +3,8 @@
 Run on a machine with a TPU (a v5e chip was measured), flax installed::
 
     python -m benchmarks.bench_tpu --out DIR [--quick] [--step-dtypes bfloat16,float32]
-        [--parts checks,per_call,attention,step,models,mesh] [--model-rows none,residual,all,flax]
+        [--parts checks,per_call,attention,step,models,anchors,mesh]
+        [--model-rows none,residual,all,flax]
 
 It writes ``DIR/tpu_results.json`` after each row, so a run cut short still reports what
 it finished; ``python -m benchmarks.bench_tpu --render DIR/tpu_results.json [MORE ...]``
@@ -51,7 +52,13 @@ and lists every run. What it measures, in order:
    for ViT-B and BERT-base: without dropout, swapped residual-only, swapped with
    dropmask's attention too, and Flax's full dropout (``--model-rows`` picks some),
    every dtype's bf16 rows first.
-6. Mesh: attention and the step over a one-device mesh of explicit axes against the
+6. Anchors: attention against the public kernels a TPU user would pick, at tuned
+   tiles: splash attention with its fused backward kernel and JAX's flash attention,
+   each with every block 1024 and 512, against dropmask with and without dropout;
+   causal depth 128 at 4096, 8192 and 32768 tokens, and at 8192 depth 64, full
+   attention and 8 query heads over 2 (``ANCHOR_CASES``): time, temporaries and the
+   share of the chip's bf16 peak.
+7. Mesh: attention and the step over a one-device mesh of explicit axes against the
    same programs unsharded.
 """
 
@@ -615,6 +622,173 @@ def attention_rows(lengths: tuple[int, ...], reps: int) -> Iterator[dict[str, An
             yield row
 
 
+# --- against the public kernels at tuned tiles -------------------------------------------
+
+ANCHOR_LENGTHS = (4096, 8192, 32768)
+# name: (head depth, causal, key-value heads, lengths); 8 query heads, batch 1, bf16
+ANCHOR_CASES = {
+    "causal, depth 128": (128, True, 8, ANCHOR_LENGTHS),
+    "causal, depth 64": (64, True, 8, (8192,)),
+    "full, depth 128": (128, False, 8, (8192,)),
+    "causal, depth 128, 8 query heads over 2": (128, True, 2, (8192,)),
+}
+QUICK_ANCHOR_CASES = {"causal, depth 128": (128, True, 8, (512,))}
+ANCHOR_HEADS = 8
+ANCHOR_TILES = (1024, 512)
+OURS_DROPOUT, OURS_PLAIN = "dropmask (auto), dropout 0.1", "dropmask (auto), no dropout"
+V5E_BF16_PEAK = 197e12  # FLOP/s, a v5e chip's bf16 matrix peak
+
+
+def splash_name(tile: int) -> str:
+    return f"splash attention, fused backward, {tile} tiles"
+
+
+def jax_flash_name(tile: int) -> str:
+    return f"JAX's flash attention, {tile} tiles"
+
+
+def attention_flops(length: int, depth: int, causal: bool, heads: int = ANCHOR_HEADS) -> float:
+    """Forward + backward matrix FLOPs: the forward's two products (4 L^2 D a head, half
+    of it where causal), and 2.5 times that backward (dV, dP, dS k and dS^T q; the
+    scores again), 3.5 times the forward in all."""
+    forward = 4 * length * length * depth * heads * (0.5 if causal else 1.0)
+    return 3.5 * forward
+
+
+def _splash(length: int, depth: int, causal: bool, kv_heads: int, tile: int) -> Callable[..., Any]:
+    """Splash attention on ``[batch, L, heads, depth]`` inputs, fused backward, ``tile``
+    for every block (clamped to ``length``); grouped heads by its MQA kernel per
+    key-value head. Interpreted off a TPU."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    t = min(tile, length)
+    sizes = sk.BlockSizes(
+        block_q=t,
+        block_kv=t,
+        block_kv_compute=t,
+        block_q_dkv=t,
+        block_kv_dkv=t,
+        block_kv_dkv_compute=t,
+        use_fused_bwd_kernel=True,
+    )
+    groups = ANCHOR_HEADS // kv_heads
+    one = sm.CausalMask((length, length)) if causal else sm.FullMask((length, length))
+    mask = sm.MultiHeadMask([one] * (groups if kv_heads < ANCHOR_HEADS else ANCHOR_HEADS))
+    interpret = jax.default_backend() != "tpu"
+    make = sk.make_splash_mqa if kv_heads < ANCHOR_HEADS else sk.make_splash_mha
+    kernel = make(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
+
+    def attend(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        q = q * jnp.asarray(depth**-0.5, q.dtype)
+        b, length_, _, d = q.shape
+        if kv_heads == ANCHOR_HEADS:  # [b, h, L, d] each
+            o = jax.vmap(kernel)(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)))
+            return o.transpose(0, 2, 1, 3)
+        qg = q.reshape(b, length_, kv_heads, groups, d).transpose(0, 2, 3, 1, 4)
+        kg, vg = (x.transpose(0, 2, 1, 3) for x in (k, v))  # [b, kv, L, d]
+        o = jax.vmap(jax.vmap(kernel))(qg, kg, vg)  # [b, kv, groups, L, d]
+        return o.transpose(0, 3, 1, 2, 4).reshape(b, length_, ANCHOR_HEADS, d)
+
+    return attend
+
+
+def _jax_flash(length: int, depth: int, causal: bool, tile: int) -> Callable[..., Any]:
+    """JAX's Pallas TPU flash attention with every block ``tile`` (clamped)."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+    t = min(tile, length)
+    sizes = fa.BlockSizes(
+        block_q=t,
+        block_k_major=t,
+        block_k=t,
+        block_b=1,
+        block_q_major_dkv=t,
+        block_k_major_dkv=t,
+        block_k_dkv=t,
+        block_q_dkv=t,
+        block_k_major_dq=t,
+        block_k_dq=t,
+        block_q_dq=t,
+    )
+
+    def attend(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        heads_first = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731
+        o = fa.flash_attention(
+            *map(heads_first, (q, k, v)),
+            causal=causal,
+            sm_scale=depth**-0.5,
+            block_sizes=sizes,
+        )
+        return heads_first(o)
+
+    return attend
+
+
+def anchor_contestants(
+    length: int, depth: int, causal: bool, kv_heads: int
+) -> dict[str, Callable[..., Any]]:
+    """dropmask with and without dropout, splash attention (fused backward) and JAX's
+    flash attention (equal heads only; on a TPU only: it has no interpreter switch) at
+    each of ``ANCHOR_TILES``."""
+    key = jax.random.key(4)
+
+    def ours(rate: float) -> Callable[..., Any]:
+        return lambda q, k, v: dropmask.dot_product_attention(
+            q, k, v, is_causal=causal, dropout_rate=rate, key=key, deterministic=rate == 0
+        )
+
+    out: dict[str, Callable[..., Any]] = {OURS_DROPOUT: ours(RATE), OURS_PLAIN: ours(0.0)}
+    for tile in ANCHOR_TILES:
+        out[splash_name(tile)] = _splash(length, depth, causal, kv_heads, tile)
+    if jax.default_backend() == "tpu" and kv_heads == ANCHOR_HEADS:
+        for tile in ANCHOR_TILES:
+            out[jax_flash_name(tile)] = _jax_flash(length, depth, causal, tile)
+    return out
+
+
+def anchor_rows(cases: dict[str, Any], reps: int) -> Iterator[dict[str, Any]]:
+    """Each case's contestants, forward + backward in one program, bf16 ``[1, L, 8,
+    depth]``: the median of ``reps`` calls after a warm-up, XLA's temporaries and the
+    fraction of a v5e's bf16 peak the call's matrix FLOPs (``attention_flops``) reach."""
+    for case, (depth, causal, kv_heads, lengths) in cases.items():
+        for length in lengths:
+            keys = jax.random.split(jax.random.key(length + depth), 4)
+            q = jax.random.normal(keys[0], (1, length, ANCHOR_HEADS, depth), jnp.bfloat16)
+            k, v = (
+                jax.random.normal(kk, (1, length, kv_heads, depth), jnp.bfloat16)
+                for kk in keys[1:3]
+            )
+            g = jax.random.normal(keys[3], q.shape, jnp.bfloat16)
+            for name, f in anchor_contestants(length, depth, causal, kv_heads).items():
+
+                def loss(q: Any, k: Any, v: Any, g: Any, f: Any = f) -> jax.Array:
+                    return jnp.sum((f(q, k, v) * g).astype(jnp.float32))
+
+                row: dict[str, Any] = {"case": case, "length": length, "name": name}
+                try:
+                    exe = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v, g).compile()
+                except Exception as err:  # noqa: BLE001 - a contestant that cannot run is a row
+                    row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                    print(row, flush=True)
+                    yield row
+                    continue
+                if name in (OURS_DROPOUT, OURS_PLAIN):
+                    row["path"] = attention_path(f, q, k, v)
+                row["temp_mib"] = exe.memory_analysis().temp_size_in_bytes / 2**20
+                jax.block_until_ready(exe(q, k, v, g))
+                times = []
+                for _ in range(reps):
+                    t = time.perf_counter()
+                    jax.block_until_ready(exe(q, k, v, g))
+                    times.append(time.perf_counter() - t)
+                row["fwd_bwd_ms"] = float(np.median(times)) * 1e3
+                flops = attention_flops(length, depth, causal)
+                row["peak_fraction"] = flops / (row["fwd_bwd_ms"] * 1e-3) / V5E_BF16_PEAK
+                print(row, flush=True)
+                yield row
+
+
 # --- 5. on a one-device mesh ----------------------------------------------------------
 
 MESH_ATTENTION_LENGTHS = (4096, 8192)
@@ -760,6 +934,7 @@ def main(argv: list[str] | None = None) -> int:
         "step_size": size,
         "step_dtypes": list(args.step_dtypes),
         "model_shapes": QUICK_MODEL_SHAPES if args.quick else MODEL_SHAPES,
+        "anchor_cases": QUICK_ANCHOR_CASES if args.quick else ANCHOR_CASES,
         "parts": list(args.parts),
     }
 
@@ -786,6 +961,10 @@ def main(argv: list[str] | None = None) -> int:
                 3 if args.quick else 5,
                 args.model_rows,
             ),
+        ),
+        (
+            "anchors",
+            lambda: anchor_rows(result["anchor_cases"], 3 if args.quick else 10),
         ),
         (
             "mesh",
@@ -815,11 +994,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-PARTS = ("checks", "per_call", "attention", "step", "models", "mesh")
+PARTS = ("checks", "per_call", "attention", "step", "models", "anchors", "mesh")
 PART_KEYS = {
     "per_call": ("per_call_shape", "default_path"),
     "step": ("step_size", "step_dtypes"),
     "models": ("model_shapes",),
+    "anchors": ("anchor_cases",),
 }
 
 
@@ -1140,6 +1320,90 @@ def _attention(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
     return text, targets
 
 
+# (case, dropmask's row): most its time may take of splash attention's best tiles' time
+ANCHOR_TARGETS = {
+    ("causal, depth 128", OURS_DROPOUT): 1.0,
+    ("causal, depth 128", OURS_PLAIN): 0.95,
+    ("causal, depth 64", OURS_DROPOUT): 1.1,
+    ("full, depth 128", OURS_DROPOUT): 1.1,
+    ("causal, depth 128, 8 query heads over 2", OURS_DROPOUT): 1.1,
+}
+
+
+def _anchors(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
+    """The anchors' table (each row against splash attention at its fastest tiles) and
+    their targets: time, and temporaries no more than splash's."""
+    rows = [r for r in result.get("anchors", []) if "fwd_bwd_ms" in r]
+    if not result.get("anchors") and "anchors_error" not in result:
+        return "", []
+    table, targets = [], []
+    cases = result.get("anchor_cases", ANCHOR_CASES)
+    for case, (_, _, _, lengths) in cases.items():
+        for length in lengths:
+            at = [r for r in rows if r["case"] == case and r["length"] == length]
+            splash = [r for r in at if r["name"].startswith("splash")]
+            best = min(splash, key=lambda r: r["fwd_bwd_ms"]) if splash else None
+            for r in at:
+                table.append(
+                    {
+                        "case": case,
+                        "length": str(length),
+                        "name": _label(r),
+                        "ms": _num(r["fwd_bwd_ms"], ".2f"),
+                        "x": _num(r["fwd_bwd_ms"] / best["fwd_bwd_ms"] if best else None, ".3f"),
+                        "temp": _num(r["temp_mib"], ".0f"),
+                        "peak": _num(100 * r["peak_fraction"], ".0f"),
+                    }
+                )
+            for (target_case, name), most in ANCHOR_TARGETS.items():
+                if target_case != case:
+                    continue
+                ours = next((r for r in at if r["name"] == name), None)
+                value = ours["fwd_bwd_ms"] / best["fwd_bwd_ms"] if ours and best else None
+                targets.append(
+                    _target(
+                        f"{case}, {length} tokens: {name} / splash's best tiles <= {most}x",
+                        value,
+                        most,
+                    )
+                )
+                if name == OURS_DROPOUT:
+                    value = ours["temp_mib"] - best["temp_mib"] if ours and best else None
+                    targets.append(
+                        _target(
+                            f"{case}, {length} tokens: {name}'s temporaries - splash's <= 0 MiB",
+                            value,
+                            0.0,
+                        )
+                    )
+    text = (
+        "### Against the public kernels at tuned tiles\n\n"
+        f"bf16 [1, L, {ANCHOR_HEADS}, depth], forward + backward in one program, the median "
+        "of 10 calls: dropmask (`auto`, with and without dropout), splash attention "
+        "(`jax.experimental.pallas.ops.tpu.splash_attention`, fused backward kernel, every "
+        "block the same tile) and JAX's flash attention (every block the same tile; equal "
+        "heads only); time over splash's at its faster tiles, temporaries by XLA's memory "
+        "analysis, and the share of a v5e's bf16 peak (197 TFLOP/s) the matrix FLOPs reach "
+        "(3.5 times the forward's).\n\n"
+        + markdown_table(
+            table,
+            [
+                ("case", "case"),
+                ("L", "length"),
+                ("contestant", "name"),
+                ("ms", "ms"),
+                ("/ splash's best", "x"),
+                ("temporaries MiB", "temp"),
+                ("% of peak", "peak"),
+            ],
+        )
+    )
+    errors = [r for r in result.get("anchors", []) if "error" in r]
+    for r in errors:
+        text += f"\n{r['case']}, {r['length']} tokens, {r['name']}: did not run ({r['error']})\n"
+    return text, targets
+
+
 MODEL_TARGET = 1.10  # most a model shape's step, every site swapped, may take of the step without
 
 
@@ -1255,14 +1519,24 @@ def render(result: dict[str, Any]) -> str:
     attention, attention_targets = _attention(result)
     mesh, mesh_targets = _mesh(result)
     models, model_targets = _models(result)
+    anchors, anchor_targets = _anchors(result)
     lines.append(
         "Targets:\n\n"
         + markdown_table(
-            per_call_targets + step_targets + model_targets + attention_targets + mesh_targets,
+            per_call_targets
+            + step_targets
+            + model_targets
+            + attention_targets
+            + anchor_targets
+            + mesh_targets,
             [("target", "target"), ("measured", "measured"), ("verdict", "verdict")],
         )
     )
-    lines.extend([per_call, steps, *([models] if models else []), attention, mesh])
+    lines.extend(
+        [per_call, steps, *([models] if models else []), attention]
+        + ([anchors] if anchors else [])
+        + [mesh]
+    )
     lines.extend(f"\n{note}" for note in result.get("notes", []))
     for key in (f"{part}_error" for part in PARTS):
         if key in result:

@@ -7,9 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from benchmarks import bench_tpu as bt
 
+import dropmask
 from dropmask import testing
 
 ENVIRONMENT = {
@@ -398,3 +402,66 @@ def test_model_rows_refuses_rows_it_does_not_know_or_without_none_in_one_line(va
 
 def test_model_rows_keep_the_cheapest_first():
     assert bt._model_rows("flax,all,none") == (bt.NO_DROPOUT, bt.SWAPPED_ALL, bt.FLAX_FULL)
+
+
+def _anchor_rows(ours_ms: float, ours_temp: float) -> list[dict[str, Any]]:
+    rows = []
+    for case, (depth, causal, _, lengths) in bt.ANCHOR_CASES.items():
+        for length in lengths:
+            if length == 32768:
+                continue  # a run cut short
+            scale = length / 4096
+            times = {
+                bt.OURS_DROPOUT: ours_ms * scale,
+                bt.OURS_PLAIN: 0.9 * ours_ms * scale,
+                bt.splash_name(1024): 2.0 * scale,
+                bt.splash_name(512): 2.2 * scale,
+            }
+            for name, ms in times.items():
+                row = {"case": case, "length": length, "name": name, "fwd_bwd_ms": ms}
+                row["temp_mib"] = ours_temp if name == bt.OURS_DROPOUT else 3.0
+                row["peak_fraction"] = bt.attention_flops(length, depth, causal) / (
+                    ms * 1e-3 * bt.V5E_BF16_PEAK
+                )
+                rows.append(row)
+    rows.append({"case": "full, depth 128", "length": 8192, "name": "x", "error": "E: no"})
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("ours_ms", "ours_temp", "verdict"), [(1.9, 2.0, "met"), (2.35, 35.0, "missed")]
+)
+def test_anchors_hold_dropmask_to_splash_at_its_best_tiles(ours_ms, ours_temp, verdict):
+    md = bt.render({**_payload(), "anchors": _anchor_rows(ours_ms, ours_temp)})
+    targets = {k: v for k, v in _targets(md).items() if "splash" in k}
+    not_run = {k for k, v in targets.items() if v == "not run"}
+    assert not_run == {
+        f"causal, depth 128, 32768 tokens: {bt.OURS_DROPOUT} / splash's best tiles <= 1.0x",
+        f"causal, depth 128, 32768 tokens: {bt.OURS_PLAIN} / splash's best tiles <= 0.95x",
+        f"causal, depth 128, 32768 tokens: {bt.OURS_DROPOUT}'s temporaries - splash's <= 0 MiB",
+    }
+    assert {v for k, v in targets.items() if k not in not_run} == {verdict}
+    assert "### Against the public kernels at tuned tiles" in md
+    assert (
+        f"| causal, depth 128 | 4096 | {bt.OURS_DROPOUT} | {ours_ms:.2f} | {ours_ms / 2:.3f} |"
+        in md
+    )
+    assert "full, depth 128, 8192 tokens, x: did not run (E: no)" in md
+
+
+def test_attention_flops_count_the_forward_three_and_a_half_times():
+    assert bt.attention_flops(1024, 128, causal=False, heads=1) == 3.5 * 4 * 1024 * 1024 * 128
+    assert bt.attention_flops(1024, 128, causal=True, heads=2) == 3.5 * 4 * 1024 * 1024 * 128
+
+
+@pytest.mark.parametrize(("causal", "kv_heads"), [(True, 2), (False, 8)])
+def test_the_splash_anchor_computes_dropmasks_attention(causal, kv_heads):
+    """Splash attention as the anchors call it (interpreted here): grouped heads by its
+    MQA kernel, the scale applied to q, the same function as dropmask's."""
+    length, depth = 256, 64
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (1, length, bt.ANCHOR_HEADS, depth), jnp.float32)
+    k, v = (jax.random.normal(kk, (1, length, kv_heads, depth), jnp.float32) for kk in keys[1:])
+    got = bt._splash(length, depth, causal, kv_heads, 128)(q, k, v)
+    want = dropmask.dot_product_attention(q, k, v, is_causal=causal)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6)
