@@ -49,8 +49,7 @@ from jax.experimental.pallas import tpu as pltpu
 import dropmask
 from benchmarks.bench_tpu import MODEL_SHAPES
 from dropmask import testing
-from dropmask._random._fast_mask import LANES, key_source, threshold, words_of
-from dropmask._random._tpu_mask import _SPAN, _call_bytes, own_bits, scalars_of, spread_matrix
+from dropmask.testing import LANES, key_words, threshold, tpu_keep_tile
 
 RATE = 0.1
 SHAPES = {
@@ -58,6 +57,7 @@ SHAPES = {
     "tiny": {"batch": 2, "length": 40, "width": 256, "heads": 2, "mlp_dim": 256},
 }
 _U32 = np.uint32
+_SPAN = 1024  # columns a delivery of the mask takes: 128 Threefry calls, one a lane
 
 
 def _interpret() -> bool:
@@ -72,15 +72,15 @@ def _scale(x: jax.Array) -> jax.Array:
     return x * jnp.asarray(1.0 / threshold(1.0 - RATE).realised, x.dtype)
 
 
-def _keep_words(words0: Any, key: list[Any], thr: Any, width: int) -> jax.Array:
-    """``bool[32, width]``: the keep-flags of 32 rows whose first words are ``words0``."""
-    packed = _call_bytes(words0, key, thr, 32)
-    values = jnp.dot(
-        packed.astype(jnp.float32).astype(jnp.bfloat16),
-        spread_matrix(),
-        preferred_element_type=jnp.float32,
-    ).astype(jnp.int32)
-    return own_bits(values[:, :width])
+def _keep_words(words0: Any, key: list[Any], thr: Any, first_word: int, width: int) -> jax.Array:
+    """``bool[32, width]``: the keep-flags of 32 rows whose first words are ``words0``,
+    from column ``32 * first_word`` on."""
+    return tpu_keep_tile(key, thr, words0, _U32(first_word), (32, width))
+
+
+def _scalars(key: jax.Array) -> jax.Array:
+    """The key words as ``int32``: a kernel's scalar operands."""
+    return lax.bitcast_convert_type(key_words(key), jnp.int32)
 
 
 # --- bits over rows -------------------------------------------------------------------
@@ -104,8 +104,9 @@ def _rows_kernel(rows: int, cols: int, block: int, thr: Any, scalars_ref: Any, o
 
             def group(j: Any, acc: Any, s0: int = s0, width: int = width) -> Any:
                 row = base + t * 256 + j * 32 + lax.broadcasted_iota(jnp.int32, (32, 1), 0)
-                words0 = row.astype(_U32) * _U32(cols // LANES) + _U32(s0 // LANES)
-                bits = jnp.where(_keep_words(words0, key, thr, width), jnp.int32(1) << shift, 0)
+                words0 = row.astype(_U32) * _U32(cols // LANES)
+                keep = _keep_words(words0, key, thr, s0 // LANES, width)
+                bits = jnp.where(keep, jnp.int32(1) << shift, 0)
                 v = bits[0:8] | bits[8:16] | bits[16:24] | bits[24:32]
                 for step in (4, 2, 1):  # every sublane ends with the OR of all eight
                     v = v | pltpu.roll(v, step, 0)
@@ -130,7 +131,7 @@ def rows_words(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
         out_specs=pl.BlockSpec((1, block, cols), lambda b, i: (b, i, 0)),
         out_shape=jax.ShapeDtypeStruct((lead, word_rows, cols), jnp.int32),
         interpret=_interpret(),
-    )(scalars_of(words_of(key_source(key)), thr))
+    )(_scalars(key))
 
 
 def rows_keep(words: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -168,8 +169,9 @@ def _lead_kernel(rows: int, cols: int, block: int, thr: Any, scalars_ref: Any, o
 
             def one(j: Any, acc: Any, s0: int = s0, width: int = width) -> Any:
                 row = (g0 + j) * rows + row_in
-                words0 = row.astype(_U32) * _U32(cols // LANES) + _U32(s0 // LANES)
-                return acc | jnp.where(_keep_words(words0, key, thr, width), jnp.int32(1) << j, 0)
+                words0 = row.astype(_U32) * _U32(cols // LANES)
+                keep = _keep_words(words0, key, thr, s0 // LANES, width)
+                return acc | jnp.where(keep, jnp.int32(1) << j, 0)
 
             acc = lax.fori_loop(0, 32, one, jnp.zeros((32, width), jnp.int32))
             o_ref[0, pl.ds(r0, 32), pl.ds(s0, width)] = acc
@@ -190,7 +192,7 @@ def lead_words(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
         out_specs=pl.BlockSpec((1, block, cols), lambda g, i: (g, i, 0)),
         out_shape=jax.ShapeDtypeStruct((groups, padded, cols), jnp.int32),
         interpret=_interpret(),
-    )(scalars_of(words_of(key_source(key)), thr))
+    )(_scalars(key))
 
 
 def lead_keep(words: jax.Array, shape: tuple[int, ...]) -> jax.Array:

@@ -22,7 +22,9 @@ What the ``"fast"`` mask is made of (see docs/design.md, "The generator"):
   (an alias of :data:`dropmask.DROPOUT_MASK_NAME`);
 * :func:`random_bits`: the generator's raw bit stream;
 * :func:`tpu_kernels`: dropout's masks drawn by the TPU kernel (Pallas), compiled on a
-  TPU and interpreted elsewhere, or by XLA's path even where the kernel is the default.
+  TPU and interpreted elsewhere, or by XLA's path even where the kernel is the default;
+* :func:`tpu_keep_tile`: a tile of the mask drawn inside a Pallas TPU kernel, as the
+  library's TPU kernels draw it (for kernels of one's own that must draw the same mask).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ __all__ = [
     "random_bits",
     "threefry4x32",
     "threshold",
+    "tpu_keep_tile",
     "tpu_kernels",
 ]
 
@@ -310,3 +313,43 @@ def tpu_kernels(enabled: bool = True) -> contextlib.AbstractContextManager[None]
         fix="Pass True to draw by the TPU kernel, False to draw by XLA's path.",
     )
     return _random.tpu_kernels(enabled)
+
+
+def tpu_keep_tile(
+    key_words: Sequence[Any],
+    threshold_value: Any,
+    row_words: jax.Array,
+    first_word: Any,
+    shape: tuple[int, int],
+) -> jax.Array:
+    """The ``"fast"`` mask's keep-flags of a tile of rows, computed as the TPU kernels
+    compute them: inside a Pallas TPU kernel (or anywhere JAX runs).
+
+    Each Threefry call is computed once and its 8 flags reach their 8 elements by a
+    product on the matrix unit, so a kernel of one's own draws the same mask as
+    ``dropmask.dropout`` without a lane shuffle.
+
+    Args:
+      key_words: the four key words (:func:`key_words`), as ``uint32`` scalars (read
+        from scalar memory inside a kernel).
+      threshold_value: the integer threshold (:func:`threshold`'s ``value``), an int or
+        an ``int32`` scalar.
+      row_words: ``uint32[rows, 1]``: the index, among the mask's words (32 elements
+        each along its last axis), of each row's first word.
+      first_word: added to every row's word: the tile's first column over 32.
+      shape: ``(rows, cols)``, ``cols`` a multiple of 32.
+
+    Returns:
+      ``bool[rows, cols]``, True where the element is kept.
+
+    Example:
+      >>> import jax, numpy as np
+      >>> from dropmask import keep_mask, testing
+      >>> key = jax.random.key(0)
+      >>> rows = np.arange(8, dtype=np.uint32)[:, None] * np.uint32(128 // 32)
+      >>> thr = testing.threshold(0.9).value
+      >>> tile = testing.tpu_keep_tile(testing.key_words(key), thr, rows, 0, (8, 128))
+      >>> bool((tile == keep_mask(key, (8, 128), 0.1)).all())
+      True
+    """
+    return _random.keep_tile(list(key_words), threshold_value, row_words, first_word, shape)
