@@ -592,6 +592,17 @@ def attention_contestants(length: int) -> dict[str, Callable[..., Any]]:
     return out
 
 
+def _median_ms(exe: Any, args: tuple[Any, ...], reps: int) -> float:
+    """The median of ``reps`` calls of a compiled program after a warm-up call, ms."""
+    jax.block_until_ready(exe(*args))
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(exe(*args))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e3
+
+
 def attention_rows(lengths: tuple[int, ...], reps: int) -> Iterator[dict[str, Any]]:
     """Forward + backward of each contestant in one program, bf16: the median of
     ``reps`` calls of the compiled program after a warm-up, and XLA's temporaries."""
@@ -611,13 +622,7 @@ def attention_rows(lengths: tuple[int, ...], reps: int) -> Iterator[dict[str, An
                 row["path"] = attention_path(f, q, k, v)
             exe = jax.jit(grads).lower(q, k, v, g).compile()
             row["temp_mib"] = int(getattr(exe.memory_analysis(), "temp_size_in_bytes", 0)) / 2**20
-            jax.block_until_ready(exe(q, k, v, g))
-            times = []
-            for _ in range(reps):
-                t = time.perf_counter()
-                jax.block_until_ready(exe(q, k, v, g))
-                times.append(time.perf_counter() - t)
-            row["fwd_bwd_ms"] = float(np.median(times)) * 1e3
+            row["fwd_bwd_ms"] = _median_ms(exe, (q, k, v, g), reps)
             print(row, flush=True)
             yield row
 
@@ -776,13 +781,7 @@ def anchor_rows(cases: dict[str, Any], reps: int) -> Iterator[dict[str, Any]]:
                 if name in (OURS_DROPOUT, OURS_PLAIN):
                     row["path"] = attention_path(f, q, k, v)
                 row["temp_mib"] = exe.memory_analysis().temp_size_in_bytes / 2**20
-                jax.block_until_ready(exe(q, k, v, g))
-                times = []
-                for _ in range(reps):
-                    t = time.perf_counter()
-                    jax.block_until_ready(exe(q, k, v, g))
-                    times.append(time.perf_counter() - t)
-                row["fwd_bwd_ms"] = float(np.median(times)) * 1e3
+                row["fwd_bwd_ms"] = _median_ms(exe, (q, k, v, g), reps)
                 flops = attention_flops(length, depth, causal)
                 row["peak_fraction"] = flops / (row["fwd_bwd_ms"] * 1e-3) / V5E_BF16_PEAK
                 print(row, flush=True)

@@ -41,13 +41,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import dropmask
-from benchmarks.bench_tpu import MODEL_SHAPES
+from benchmarks.bench_tpu import MODEL_SHAPES, _step_ms
+from benchmarks.bench_transformer_step import step_fn
 from dropmask import testing
 from dropmask.testing import LANES, key_words, threshold, tpu_keep_tile
 
@@ -68,8 +68,11 @@ def _view(shape: tuple[int, ...]) -> tuple[int, int, int]:
     return (math.prod(shape[:-2]), shape[-2] if len(shape) > 1 else 1, shape[-1])
 
 
+_THRESHOLD = threshold(1.0 - RATE)
+
+
 def _scale(x: jax.Array) -> jax.Array:
-    return x * jnp.asarray(1.0 / threshold(1.0 - RATE).realised, x.dtype)
+    return x * jnp.asarray(1.0 / _THRESHOLD.realised, x.dtype)
 
 
 def _keep_words(words0: Any, key: list[Any], thr: Any, first_word: int, width: int) -> jax.Array:
@@ -119,19 +122,26 @@ def _rows_kernel(rows: int, cols: int, block: int, thr: Any, scalars_ref: Any, o
     lax.fori_loop(0, block // 8, tile, 0)
 
 
+def _words_call(kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], shape: tuple[int, ...]):
+    """``kernel`` as a call that writes ``int32[shape]`` words in ``block``s over ``grid``
+    from the key's words (scalar memory)."""
+    return pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+        out_specs=pl.BlockSpec(block, lambda g, i: (g, i, 0)),
+        out_shape=jax.ShapeDtypeStruct(shape, jnp.int32),
+        interpret=_interpret(),
+    )
+
+
 def rows_words(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
     lead, rows, cols, word_rows = rows_layout(shape)
     fit = max(256, (2 * 2**20 // (cols * jnp.dtype(dtype).itemsize)) // 256 * 256)
     block = min(word_rows, fit // 32)
-    thr = threshold(1.0 - RATE)
-    return pl.pallas_call(
-        functools.partial(_rows_kernel, rows, cols, block, np.int32(thr.value)),
-        grid=(lead, pl.cdiv(word_rows, block)),
-        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
-        out_specs=pl.BlockSpec((1, block, cols), lambda b, i: (b, i, 0)),
-        out_shape=jax.ShapeDtypeStruct((lead, word_rows, cols), jnp.int32),
-        interpret=_interpret(),
-    )(_scalars(key))
+    kernel = functools.partial(_rows_kernel, rows, cols, block, np.int32(_THRESHOLD.value))
+    grid = (lead, pl.cdiv(word_rows, block))
+    return _words_call(kernel, grid, (1, block, cols), (lead, word_rows, cols))(_scalars(key))
 
 
 def rows_keep(words: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -184,15 +194,9 @@ def lead_words(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
     del dtype
     _, rows, cols, groups, padded = lead_layout(shape)
     block = min(padded, max(32, (2**20 // (cols * 4)) // 32 * 32))
-    thr = threshold(1.0 - RATE)
-    return pl.pallas_call(
-        functools.partial(_lead_kernel, rows, cols, block, np.int32(thr.value)),
-        grid=(groups, pl.cdiv(padded, block)),
-        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
-        out_specs=pl.BlockSpec((1, block, cols), lambda g, i: (g, i, 0)),
-        out_shape=jax.ShapeDtypeStruct((groups, padded, cols), jnp.int32),
-        interpret=_interpret(),
-    )(_scalars(key))
+    kernel = functools.partial(_lead_kernel, rows, cols, block, np.int32(_THRESHOLD.value))
+    grid = (groups, pl.cdiv(padded, block))
+    return _words_call(kernel, grid, (1, block, cols), (groups, padded, cols))(_scalars(key))
 
 
 def lead_keep(words: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -319,36 +323,21 @@ class _Model(nn.Module):
     dtype: Any
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, deterministic: bool = False) -> jax.Array:
+        del deterministic  # every variant drops (step_fn's call passes False)
         for _ in range(4):
             x = _Layer(self.fn, self.heads, self.mlp_dim, self.dtype)(x)
         return x
 
 
 def _looped(model: _Model) -> Callable[..., Any]:
-    opt = optax.sgd(1e-3)
-
-    def loss(p: Any, x: jax.Array, k: jax.Array) -> jax.Array:
-        y = model.apply({"params": p}, x, rngs={"dropout": k})
-        return jnp.mean(jnp.square(y.astype(jnp.float32)))
-
-    def step(p: Any, x: jax.Array, k: jax.Array) -> Any:
-        updates, _ = opt.update(jax.grad(loss)(p, x, k), opt.init(p))
-        return optax.apply_updates(p, updates)
+    """``bench_transformer_step``'s SGD step, ``n`` of them in a loop, a key each."""
+    step = step_fn(model)  # pyright: ignore[reportArgumentType]
 
     def run(n: jax.Array, p: Any, x: jax.Array, k: jax.Array) -> Any:
         return lax.fori_loop(0, n, lambda i, p: step(p, x, jax.random.fold_in(k, i)), p)
 
     return run
-
-
-def _step_ms(exe: Any, params: Any, x: jax.Array) -> float:
-    times = {}
-    for n in (2, 6):
-        t = time.perf_counter()
-        jax.block_until_ready(exe(jnp.int32(n), params, x, jax.random.key(2)))
-        times[n] = time.perf_counter() - t
-    return (times[6] - times[2]) / 4 * 1e3
 
 
 def step_rows(name: str, variants: list[str], dtype: str, reps: int) -> list[dict[str, Any]]:
