@@ -100,7 +100,7 @@ def test_grouped_query_heads_and_wider_value_depth():
 
 @pytest.mark.parametrize("name", ["segments, dropout", "grouped heads"])
 def test_dq_by_its_own_kernel_where_the_parts_would_not_fit(name, monkeypatch):
-    """The cases above take dq from the dk/dv kernel (a part per key tile); here the
+    """The cases above take dq from the dk/dv kernel (accumulated in VMEM); here the
     dq kernel computes it."""
     monkeypatch.setattr(fc, "fuses_dq", lambda *_: False)
     if name == "grouped heads":
@@ -116,12 +116,26 @@ def test_dq_by_its_own_kernel_where_the_parts_would_not_fit(name, monkeypatch):
     _assert_same(_on_tpu_kernels("pallas", q, k, v, tiled), _run("dense", q, k, v, kw), TOL)
 
 
-def test_dq_is_fused_while_its_parts_take_at_most_twice_q_k_v_and_do():
-    plan = ft.bw.Plan((1,), 8, 1, 4096, 4096, 512, 1024, None, 0, 0.9, True, True, None)
-    q = jax.ShapeDtypeStruct((8, 4096, 128), jnp.bfloat16)  # a part: 2 x q's bytes
-    assert fc.fuses_dq(plan, q, q, q, q)  # 4 key tiles
-    assert not fc.fuses_dq(dataclasses.replace(plan, kv_len=4097), q, q, q, q)  # 5
-    assert fc.fuses_dq(dataclasses.replace(plan, kv_len=8192), *(q.update(dtype=jnp.float32),) * 4)
+def test_fused_dq_is_zero_on_query_tiles_no_key_tile_reaches():
+    """200 queries, 40 keys, each query seeing only keys up to 3 before it: no key tile
+    reaches the query tiles past 128, whose dq is the aliased zeros."""
+    q, _, _ = _qkv(3, lq=200)
+    _, k, v = _qkv(4, lk=40)
+    kw = {"window": (3, 0), "dropout_rate": 0.3, "key": KEY, "deterministic": False}
+    tiled = {**kw, "block_q": 16, "block_k": 128}
+    got = _on_tpu_kernels("pallas", q, k, v, tiled)
+    assert np.all(np.asarray(got[1][0])[:, 128:] == 0)
+    _assert_same(got, _run("dense", q, k, v, kw), TOL)
+
+
+def test_dq_is_fused_while_a_group_of_heads_rows_fit_in_vmem():
+    plan = ft.bw.Plan((1,), 8, 1, 32768, 32768, 1024, 1024, None, 0, 0.9, True, True, None)
+    assert fc.fuses_dq(plan, 128)  # 16 MiB of float32
+    assert not fc.fuses_dq(dataclasses.replace(plan, q_len=32769), 128)  # a tile more
+    assert fc.fuses_dq(dataclasses.replace(plan, q_len=65536), 64)
+    grouped = dataclasses.replace(plan, q_len=8192, kv_heads=2, groups=4)  # 8 over 2
+    assert fc.fuses_dq(grouped, 128)
+    assert not fc.fuses_dq(dataclasses.replace(grouped, q_len=16384), 128)
 
 
 @pytest.mark.parametrize("block_k", [128, 256])
@@ -449,11 +463,11 @@ LOWERED = {  # name: (keywords, shapes, whether the flags are stored, whether dq
         True,
         True,
     ),
-    # 8192 tokens, a mask per head: the bits would outgrow q, k, v and the output, and
-    # dq's parts (8 key tiles) q, k, v and dO.
+    # 8192 tokens, a mask per head: the bits would outgrow q, k, v and the output; 8
+    # query heads a key-value head: their dq (32 MiB of float32) outgrows DQ_VMEM_BYTES.
     "grouped heads, flags drawn in each kernel": (
         {**DROP, "broadcast_dropout": False, "block_q": 256},
-        {"lq": 8192, "lk": 8192, "h": 8, "kv_heads": 2},
+        {"lq": 8192, "lk": 8192, "h": 8, "kv_heads": 1, "d": 128},
         False,
         False,
     ),

@@ -9,8 +9,10 @@ running state in scratch memory, as TPUs run Pallas kernels.
   row (``+inf`` for a tainted row, which saw a non-finite input or score);
 * ``dk``/``dv``, grid ``(batch * kv_heads, key tiles, groups * query tiles)``: works on
   the transposed scores ``k q^T`` ``[block_k, block_q]``, so the log-sum-exps and
-  ``rowsum(dO * O)`` arrive as lane vectors and every product is a plain one;
-* ``dq``, grid ``(batch * heads, query tiles, key tiles)``.
+  ``rowsum(dO * O)`` arrive as lane vectors and every product but dq's is a plain one;
+  it sums ``dq`` too where a group of heads' rows fit in VMEM (``fuses_dq``), the
+  accumulator held across the key tiles, and writes each query tile as it goes;
+* ``dq``, grid ``(batch * heads, query tiles, key tiles)``, for longer rows.
 
 Tiles the window structure (causal, local) or the key padding leaves out are skipped,
 and their index maps repeat the previous tile, so they cost no copy either.

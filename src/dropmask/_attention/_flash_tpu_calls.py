@@ -30,10 +30,23 @@ from ._flash_tpu_plan import (
 __all__ = ["backward", "draw_flags", "forward", "fuses_dq", "kernel_call"]
 
 
-def kernel_call(flash: Flash, body: Any, grid, in_specs, out_specs, out_shape, scratch, name: str):
-    # The last axis in order: a skipped step's index map repeats a block another step
-    # of that axis visits.
-    semantics = ("parallel", "parallel", "arbitrary")
+def kernel_call(
+    flash: Flash,
+    body: Any,
+    grid,
+    in_specs,
+    out_specs,
+    out_shape,
+    scratch,
+    name: str,
+    *,
+    ordered: int = 1,
+    aliases: dict[int, int] | None = None,
+):
+    # The last ``ordered`` axes in order: a skipped step's index map repeats a block
+    # another step of the last axis visits; the dk/dv kernel that accumulates dq
+    # reduces over its key tiles too.
+    semantics: tuple[Any, ...] = ("parallel",) * (len(grid) - ordered) + ("arbitrary",) * ordered
     call = pl.pallas_call(
         functools.partial(body, flash),
         grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -44,6 +57,7 @@ def kernel_call(flash: Flash, body: Any, grid, in_specs, out_specs, out_shape, s
             scratch_shapes=scratch,
         ),
         out_shape=out_shape,
+        input_output_aliases=aliases or {},
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=semantics, vmem_limit_bytes=VMEM_BYTES
         ),
@@ -203,36 +217,52 @@ def backward(flash: Flash, q, k, v, side: Inputs, out, lse, d_out):
         pl.BlockSpec((None, bk, dv), lambda bkv, j, t, *_: (bkv, j, 0)),
     ]
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-    flash = dataclasses.replace(flash, fused_dq=fuses_dq(plan, q, k, v, d_out))
-    if flash.fused_dq:  # each step's part: key tile j's, of query tile t % n_q of a head
-        out_specs.append(
-            pl.BlockSpec(
-                (None, None, bq, depth), lambda bkv, j, t, *_: (j, bkv * g + t // n_q, t % n_q, 0)
-            )
-        )
-        out_shape.append(jax.ShapeDtypeStruct((plan.n_k, *q.shape), jnp.float32))
     scratch = [pltpu.VMEM((bk, depth), jnp.float32), pltpu.VMEM((bk, dv), jnp.float32)]
+    flash = dataclasses.replace(flash, fused_dq=fuses_dq(plan, depth))
+    aliases = None
+    if flash.fused_dq:
+        # dq accumulates over the key tiles in VMEM (a group of heads' rows) and each
+        # step writes the tile its index map names; tiles no key tile reaches keep
+        # the zeros of the operand dq is aliased to.
+        aliases = {len(side.scalars) + len(args): 2}
+        in_specs.append(pl.BlockSpec(memory_space=pl.ANY))
+        args.append(jnp.zeros(q.shape, q.dtype))
+        out_specs.append(pl.BlockSpec((None, bq, depth), q_index))
+        out_shape.append(jax.ShapeDtypeStruct(q.shape, q.dtype))
+        scratch.append(pltpu.VMEM((g, n_q * bq, depth), jnp.float32))
     if flash.dropout:
         scratch.append(pltpu.VMEM((bk, dv), v.dtype))
     grid = (k.shape[0], plan.n_k, g * n_q)
-    d_k, d_v, *parts = kernel_call(
-        flash, dkdv_kernel, grid, in_specs, out_specs, out_shape, scratch, "dropmask_flash_dkdv"
+    d_k, d_v, *d_q = kernel_call(
+        flash,
+        dkdv_kernel,
+        grid,
+        in_specs,
+        out_specs,
+        out_shape,
+        scratch,
+        "dropmask_flash_dkdv",
+        ordered=2 if flash.fused_dq else 1,
+        aliases=aliases,
     )(*side.scalars, *args)
-    if parts:
-        return jnp.sum(parts[0], axis=0).astype(q.dtype), d_k, d_v
+    if d_q:
+        return d_q[0], d_k, d_v
     return _dq(flash, q, k, v, side, args), d_k, d_v
 
 
-def fuses_dq(plan: bw.Plan, *operands: jax.Array) -> bool:
-    """Whether the ``dk``/``dv`` kernel computes ``dq`` too, as a part per key tile
-    (``float32``) that XLA sums: where the parts take at most twice what ``q``, ``k``,
-    ``v`` and ``dO`` (``operands``) take, so a few key tiles (4 of bfloat16 at equal
-    depths). It saves the ``dq`` kernel's second pass over the scores (their
-    exponentials, the dropout flags) for one more product a step and the parts' memory:
-    on a v5e, forward and backward at [1, 4096, 8, 128] (4 key tiles) took 2.44 ms
-    against 2.63, for 27 MiB of parts; with more key tiles the ``dq`` kernel runs."""
-    parts = plan.n_k * operands[0].size * 4
-    return parts <= 2 * sum(x.size * x.dtype.itemsize for x in operands)
+# A group of heads' dq, float32, that the dk/dv kernel may keep in VMEM: [1, 32768, 8,
+# 128] or [1, 8192, 8 over 2, 128], beside the about 20 MiB a step of [1024, 1024]
+# tiles takes, under the kernels' VMEM_BYTES.
+DQ_VMEM_BYTES = 16 * 2**20
+
+
+def fuses_dq(plan: bw.Plan, depth: int) -> bool:
+    """Whether the ``dk``/``dv`` kernel computes ``dq`` too, accumulating a group of
+    heads' rows over its key tiles in VMEM (``DQ_VMEM_BYTES``). It saves the ``dq``
+    kernel's second pass over the scores (their product, exponentials and dropout
+    flags, and ``dP``): the backward's products go from 7 a tile pair to 5. Longer
+    rows take the ``dq`` kernel."""
+    return plan.groups * plan.n_q * plan.block_q * depth * 4 <= DQ_VMEM_BYTES
 
 
 def _dq(flash: Flash, q, k, v, side: Inputs, args: list[Any]) -> jax.Array:

@@ -17,6 +17,7 @@ from . import _blockwise as bw
 from . import _flash_dropout as fd
 from . import _kernel_inputs as ki
 from ._flash_tpu_plan import NN, NT, TN, Flash, flag_tiles, key_range, query_range
+from ._flash_tpu_plan import visited as visited_tile
 
 __all__ = ["dkdv_kernel", "dq_kernel", "flags_kernel", "forward_kernel"]
 
@@ -189,15 +190,23 @@ def dkdv_kernel(flash: Flash, *refs: Any) -> None:
     r = _Refs.of(flash, refs, 7)
     sc, q_seg_ref, kv_seg_ref, flags_ref = r.scalars, r.q_segments, r.kv_segments, r.flags
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, kv_state_ref = r.inputs
-    dk_ref, dv_ref, *rest = r.rest
-    dq_ref = rest.pop(0) if flash.fused_dq else None
-    dk_sc, dv_sc, *v_kept_sc = rest
+    if flash.fused_dq:  # the zeros dq is aliased to, dq, and its accumulator
+        _, dk_ref, dv_ref, dq_ref, dk_sc, dv_sc, dq_sc, *v_kept_sc = r.rest
+    else:
+        dk_ref, dv_ref, dk_sc, dv_sc, *v_kept_sc = r.rest
+        dq_ref = dq_sc = None
     bkv, j, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bq, bk, g = plan.block_q, plan.block_k, plan.groups
     n_q = plan.n_q
     group, i = t // n_q, t % n_q
     b = bkv // plan.kv_heads
     bh = bkv * g + group  # b * heads + (bkv % kv_heads) * groups + group
+
+    if dq_sc is not None:
+
+        @pl.when((j == 0) & (t == 0))
+        def _new_heads() -> None:
+            dq_sc[...] = jnp.zeros(dq_sc.shape, jnp.float32)
 
     @pl.when(t == 0)
     def _init() -> None:
@@ -227,16 +236,14 @@ def dkdv_kernel(flash: Flash, *refs: Any) -> None:
             d_p = jnp.where(flags, d_p, 0.0)
         d_s = (p * (d_p - delta_ref[...])).astype(q.dtype)
         dk_sc[...] += _dot(flash, d_s, q, NN)
-        if dq_ref is not None:  # this key tile's part of dq: d_s^T k
-            dq_ref[...] = _dot(flash, d_s, k, TN)
+        if dq_sc is not None:  # this key tile's part of dq: d_s^T k
+            rows = pl.ds(pl.multiple_of(i * bq, bq), bq)
+            dq_sc[group, rows, :] += _dot(flash, d_s, k, TN)
 
-    visited = (i >= lo) & (i < hi)
-    _when_visited(flash, sc, visited, step)
-    if dq_ref is not None:
-
-        @pl.when(jnp.logical_not(visited))
-        def _no_part() -> None:
-            dq_ref[...] = jnp.zeros(dq_ref.shape, dq_ref.dtype)
+    _when_visited(flash, sc, (i >= lo) & (i < hi), step)
+    if dq_ref is not None and dq_sc is not None:  # the tile the index map names, as summed
+        shown = pl.multiple_of(visited_tile(lo, hi, i, n_q) * bq, bq)
+        dq_ref[...] = dq_sc[group, pl.ds(shown, bq), :].astype(dq_ref.dtype)
 
     @pl.when(t == pl.num_programs(2) - 1)
     def _finish() -> None:

@@ -50,7 +50,7 @@ class Flash:
     interpret: bool
     stored: bool = False  # the flags drawn ahead into bits (``_flash_dropout.Bits``)
     key_padding: bool = True  # keys to mask out by their state (padded or invalid)
-    fused_dq: bool = False  # the dk/dv kernel writes dq's part of each key tile
+    fused_dq: bool = False  # the dk/dv kernel sums dq too (``_flash_tpu_calls.fuses_dq``)
     place: fd.Place | None = None  # one device's block of a sharded call, mask per head
     precision: lax.Precision = lax.Precision.DEFAULT  # of float32 products (kernel_precision)
 
