@@ -57,7 +57,7 @@ from ._flash_tpu_calls import backward, draw_flags, forward
 from ._flash_tpu_plan import COMPILED_DEPTH as COMPILED_DEPTH
 from ._flash_tpu_plan import DEFAULT_BLOCKS as DEFAULT_BLOCKS
 from ._flash_tpu_plan import Flash as Flash
-from ._flash_tpu_plan import Inputs
+from ._flash_tpu_plan import Inputs, consistent
 from ._flash_tpu_plan import kernel_precision as kernel_precision
 from ._flash_tpu_plan import serves as serves
 
@@ -83,14 +83,14 @@ def _attend_impl(flash: Flash, q, k, v, side: Inputs):
 
 
 def attend_forward(flash: Flash, q, k, v, side: Inputs):
-    out, lse = forward(flash, q, k, v, side)
+    out, lse = forward(consistent(flash, q.dtype), q, k, v, side)
     return (out, lse), (q, k, v, side, out, lse)
 
 
 def attend_backward(flash: Flash, residuals, cotangents):
     q, k, v, side, out, lse = residuals
     d_out, _ = cotangents
-    d_q, d_k, d_v = backward(flash, q, k, v, side, out, lse, d_out)
+    d_q, d_k, d_v = backward(consistent(flash, q.dtype), q, k, v, side, out, lse, d_out)
     return d_q, d_k, d_v, jax.tree.map(lambda _: None, side)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -167,7 +168,9 @@ def backward(flash: Flash, q, k, v, side: Inputs, out, lse, d_out):
     depth, dv = q.shape[-1], v.shape[-1]
     tainted = (lse == jnp.inf).reshape(lse.shape[0], -1, 1)
     d_out = jnp.where(tainted, 0, d_out).astype(q.dtype)
-    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+    # dO as the dP products see it: rounded to bfloat16 where they round (``consistent``)
+    seen = lax.reduce_precision(d_out, 8, 7) if flash.consistent else d_out
+    delta = jnp.sum(seen.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
     delta = delta.reshape(lse.shape)  # rowsum(dO * O) = rowsum(P * dP), [B*H, 1, Lq]
 
     # dk, dv: grid (B*Hk, key tiles, groups * query tiles).
@@ -286,7 +289,7 @@ def _dq(flash: Flash, q, k, v, side: Inputs, args: list[Any]) -> jax.Array:
         in_specs.append(ix.flags_spec(flash))
     out_specs = [pl.BlockSpec((None, bq, depth), ix.rows)]
     scratch = [pltpu.VMEM((bq, depth), jnp.float32)]
-    if flash.dropout:
+    if flash.dropout and not flash.consistent:
         scratch.append(pltpu.VMEM((bq, dv), q.dtype))
     grid = (q.shape[0], plan.n_q, plan.n_k)
     (d_q,) = kernel_call(

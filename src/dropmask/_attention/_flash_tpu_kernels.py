@@ -152,8 +152,15 @@ def forward_kernel(flash: Flash, *refs: Any) -> None:
         flags = _tile_flags(flash, sc, flags_ref, bh, i, j, False)
         if flags is not None:
             p = jnp.where(flags, p, 0.0)
-        v = v_ref[...]
-        acc_sc[...] = alpha * acc_sc[...] + _dot(flash, p.astype(v.dtype), v, NN)
+        if flash.consistent:  # see ``consistent``
+            v = v_ref[...] if not flash.dropout else _scaled(v_ref, sc.inverse_keep())
+            high = _bfloat16_high(p)
+            acc_sc[...] = (
+                alpha * acc_sc[...] + _dot(flash, high, v, NN) + _dot(flash, p - high, v, NN)
+            )
+        else:
+            v = v_ref[...]
+            acc_sc[...] = alpha * acc_sc[...] + _dot(flash, p.astype(v.dtype), v, NN)
 
     _when_visited(flash, sc, (j >= lo) & (j < hi), step)
 
@@ -163,10 +170,18 @@ def forward_kernel(flash: Flash, *refs: Any) -> None:
         tainted = taint_sc[...][:, :1] != 0
         empty = (total == 0) | tainted
         safe = jnp.where(empty, 1.0, total)
-        norm = 1 / safe if not flash.dropout else sc.inverse_keep() / safe
+        scaled = flash.dropout and not flash.consistent  # else v was, in each step
+        norm = sc.inverse_keep() / safe if scaled else 1 / safe
         o_ref[...] = jnp.where(empty, 0.0, acc_sc[...] * norm).astype(o_ref.dtype)
         lse = jnp.where(tainted, jnp.inf, jnp.where(empty, 0.0, m_sc[...][:, :1] + jnp.log(safe)))
         lse_ref[...] = jnp.broadcast_to(lse, lse_ref.shape)
+
+
+def _bfloat16_high(x: jax.Array) -> jax.Array:
+    """float32 ``x`` with its mantissa cut to bfloat16's 7 bits (exact in bfloat16; ``x``
+    minus it is exact in float32)."""
+    bits = lax.bitcast_convert_type(x, jnp.int32) & jnp.int32(-(2**16))
+    return lax.bitcast_convert_type(bits, jnp.float32)
 
 
 def _weights(careful: bool, live: Any, s: jax.Array, lse: jax.Array) -> jax.Array:
@@ -280,8 +295,12 @@ def dq_kernel(flash: Flash, *refs: Any) -> None:
         live = _allowed(plan, rows, cols, state, q_seg, kv_seg)
         p = _weights(careful, live, s, _column(lse_ref))
         flags = _tile_flags(flash, sc, flags_ref, bh, i, j, False)
-        d_out = do_ref[...] if flags is None else do_kept_sc[0][...]
-        d_p = _dot(flash, d_out, v, NT)
+        if flags is None:
+            d_p = _dot(flash, do_ref[...], v, NT)
+        elif flash.consistent:  # dP with v / keep, as the dk/dv kernel's (``consistent``)
+            d_p = _dot(flash, do_ref[...], _scaled(v_ref, sc.inverse_keep()), NT)
+        else:
+            d_p = _dot(flash, do_kept_sc[0][...], v, NT)
         if flags is not None:
             d_p = jnp.where(flags, d_p, 0.0)
         d_s = p * (d_p - _column(delta_ref))

@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_BLOCKS",
     "Flash",
     "Inputs",
+    "consistent",
     "flag_tiles",
     "kernel_precision",
     "key_range",
@@ -53,6 +54,7 @@ class Flash:
     fused_dq: bool = False  # the dk/dv kernel sums dq too (``_flash_tpu_calls.fuses_dq``)
     place: fd.Place | None = None  # one device's block of a sharded call, mask per head
     precision: lax.Precision = lax.Precision.DEFAULT  # of float32 products (kernel_precision)
+    consistent: bool = False  # rowsum(dO * O) as the products round (``consistent``)
 
     @property
     def dropout(self) -> bool:
@@ -174,3 +176,17 @@ def flag_tiles(flash: Flash, row: Any, i: Any, key_tiles: Any) -> tuple[Any, Any
     if plan.broadcast_dropout:  # one mask for every batch row, whatever its padding
         return key_range(plan, i, plan.n_k)
     return key_range(plan, i, key_tiles[row // plan.heads])
+
+
+def consistent(flash: Flash, dtype: Any) -> Flash:
+    """``flash`` for a differentiated call: with float32 operands at the default
+    precision, whose products round their operands to bfloat16, the forward kernel
+    multiplies the weights by ``v`` in two products (their bfloat16 high part and the
+    rest), and by ``v / keep`` where weights are dropped, so that the output, and with
+    it ``rowsum(dO * O)``, is the sum the backward's ``dP`` products round to; each
+    ``dP`` is taken with ``v / keep``. Otherwise that row sum misses ``rowsum(P * dP)``
+    by the weights' rounding, an error every ``dS`` of the row carries (about 1.6x XLA's
+    gradient error in ``dq``, emulated on a CPU). Interpreted, products do not round."""
+    f32 = jnp.dtype(dtype) == jnp.dtype(jnp.float32)
+    rounds = f32 and flash.precision == lax.Precision.DEFAULT and not flash.interpret
+    return dataclasses.replace(flash, consistent=rounds)
