@@ -60,6 +60,22 @@ def test_key_words_and_threefry_make_the_raw_stream() -> None:
     np.testing.assert_array_equal(np.asarray(bits[4:]), np.asarray(jnp.stack(block)))
 
 
+def _tile(shape, *, words=None, rows=None):
+    words = testing.key_words(jax.random.key(0)) if words is None else words
+    rows = np.zeros((shape[0], 1), np.uint32) if rows is None else rows
+    return testing.tpu_keep_tile(words, testing.threshold(0.9).value, rows, 0, shape)
+
+
+def test_tpu_keep_tile_is_the_mask_at_any_tile_offset() -> None:
+    key, shape = jax.random.key(3), (40, 256)
+    want = np.asarray(dropmask.keep_mask(key, shape, 0.3))
+    rows = (np.arange(16, 40, dtype=np.uint32) * np.uint32(256 // 32))[:, None]
+    tile = testing.tpu_keep_tile(
+        testing.key_words(key), testing.threshold(0.7).value, rows, 2, (24, 64)
+    )
+    np.testing.assert_array_equal(np.asarray(tile), want[16:40, 64:128])
+
+
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
@@ -76,6 +92,9 @@ def test_key_words_and_threefry_make_the_raw_stream() -> None:
             "value",
             "path",
         ),
+        (lambda: _tile((8, 100)), "value", "multiple of 32"),
+        (lambda: _tile((8, 128), words=testing.key_words(jax.random.key(0))[:3]), "value", "four"),
+        (lambda: _tile((8, 128), rows=np.zeros((8,), np.uint32)), "value", "row_words"),
     ],
 )
 def test_bad_arguments_raise_dropmask_errors(call, error: str, match: str) -> None:

@@ -36,7 +36,14 @@ from typing import Any
 import jax
 
 from . import _dropout, _random
-from ._checks import check_choice, check_instance, check_rate, check_residual, check_shape
+from ._checks import (
+    check_choice,
+    check_instance,
+    check_rate,
+    check_residual,
+    check_shape,
+    check_shape_is,
+)
 from ._errors import DropmaskValueError, user_error
 from ._random import DEFAULT_RESIDUAL, Residual
 from ._random import Threshold as Threshold
@@ -351,5 +358,36 @@ def tpu_keep_tile(
       >>> tile = testing.tpu_keep_tile(testing.key_words(key), thr, rows, 0, (8, 128))
       >>> bool((tile == keep_mask(key, (8, 128), 0.1)).all())
       True
+
+    Raises:
+      DropmaskValueError: ``shape`` is not two positive ints with ``cols`` a multiple
+        of 32, or ``key_words`` is not four words.
+      MaskShapeError: ``row_words`` is not ``[rows, 1]``.
     """
-    return _random.keep_tile(list(key_words), threshold_value, row_words, first_word, shape)
+    caller = "testing.tpu_keep_tile"
+    dims = check_shape(shape, caller=caller)
+    if len(dims) != 2 or 0 in dims or dims[1] % 32:
+        raise user_error(
+            DropmaskValueError,
+            f"shape must be (rows, cols), both positive and cols a multiple of 32 (a word "
+            f"of flags), got {shape!r}",
+            "Draw a wider tile and slice it, e.g. shape=(8, 128).",
+            caller=caller,
+        )
+    words = list(key_words)
+    if len(words) != 4:
+        raise user_error(
+            DropmaskValueError,
+            f"key_words must be the key's four words, got {len(words)}",
+            "Pass testing.key_words(key).",
+            caller=caller,
+        )
+    check_shape_is(
+        jax.numpy.shape(row_words),
+        (dims[0], 1),
+        caller=caller,
+        name="row_words",
+        layout="uint32[rows, 1]",
+        fix="Give each row's first word as a column.",
+    )
+    return _random.keep_tile(words, threshold_value, row_words, first_word, dims)
