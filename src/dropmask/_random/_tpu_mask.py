@@ -90,7 +90,7 @@ class TpuKernel:
 
     Attributes:
       shape: the array's shape; the kernel sees it as ``[lead, rows, cols]``.
-      dtype: float32 or bfloat16.
+      dtype: float32 or bfloat16 (int8 for the flags kernel's output, ``_tpu_flags``).
       value: the threshold when static (None: a run-time one in scalar memory).
       realised: the keep probability when static.
       block: ``(rows, cols)`` of a grid step.
@@ -103,6 +103,8 @@ class TpuKernel:
         ``spec`` over a mesh of explicit axes: lowered, the kernel runs on each device's
         block (``shape``) inside ``shard_map``, which adds the block's offsets to the
         scalars there; the primitive's own scalars then carry none.
+      width: the mask's last axis where the kernel's columns pad it (a kernel that
+        writes flags only, ``_tpu_flags``); words are numbered by it.
     """
 
     shape: tuple[int, ...]
@@ -114,6 +116,15 @@ class TpuKernel:
     interpret: bool = False
     global_shape: tuple[int, ...] | None = None
     split: tuple[Any, Any] | None = None
+    width: int | None = None
+
+    @property
+    def words_per_row(self) -> int:
+        """Words of a row of the mask (whole, where ``shape`` is a device's block): the
+        packing axis's length, ``width`` where the kernel's columns pad it, over 32
+        rounded up (a row's last word may be part padding)."""
+        cols = self.width or (self.global_shape or self.shape)[-1]
+        return -(-cols // LANES)
 
     @property
     def view(self) -> tuple[int, int, int]:
@@ -290,7 +301,10 @@ def _first_row(spec: TpuKernel, scalars_ref: Any, lead: Any) -> Any:
     return global_index * global_rows + row_offset
 
 
-def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, x_ref: Any, o_ref: Any) -> None:
+def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, *refs: Any) -> None:
+    """One grid step: ``combine(x, flags, realised)`` into the output block, or with no
+    ``x`` operand (``refs`` the output alone) ``combine(None, flags, realised)``."""
+    x_ref, o_ref = refs if len(refs) == 2 else (None, refs[0])
     key = [scalars_ref[i].astype(_U32) for i in range(4)]
     block_rows, block_cols = spec.block
     if spec.value is None:
@@ -300,7 +314,7 @@ def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, x_ref: Any, o_r
         realised: Any = lax.bitcast_convert_type(realised_bits, jnp.float32)
     else:
         thr, realised = np.int32(spec.value), spec.realised
-    words_per_row = (spec.global_shape or spec.shape)[-1] // LANES
+    words_per_row = spec.words_per_row
     first_row = _first_row(spec, scalars_ref, pl.program_id(0)) + pl.program_id(1) * block_rows
     first_word = pl.program_id(2) * (block_cols // LANES)
     if spec.global_shape is not None:
@@ -321,8 +335,9 @@ def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, x_ref: Any, o_r
                 preferred_element_type=jnp.float32,
             ).astype(jnp.int32)
             cols_ = pl.ds(s0, width)
+            x = None if x_ref is None else x_ref[0, pl.ds(r0, ch), cols_]
             o_ref[0, pl.ds(r0, ch), cols_] = combine(
-                x_ref[0, pl.ds(r0, ch), cols_], own_bits(values[:, :width]), realised
+                x, own_bits(values[:, :width]), realised
             ).astype(o_ref.dtype)
         return carry
 
