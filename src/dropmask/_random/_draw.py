@@ -40,12 +40,14 @@ it is an error instead.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import checkify
 
 from .._checks import (
@@ -69,6 +71,7 @@ from ._fast_mask import (
 )
 from ._placement import auto_partitioned, tpu_interpret, tpu_kernels_run
 from ._sharding import Block, explicit_split, local_block, local_shape
+from ._tpu_flags import flags_kernel_for, keep_bytes
 from ._tpu_mask import kernel_for, masked_linear, scalars_of
 
 __all__ = ["Impl", "Kept", "Linear", "Residual", "keep_mask", "kept"]
@@ -307,19 +310,24 @@ _unpack_and_combine_jit = jax.jit(
 
 @dataclasses.dataclass(frozen=True)
 class Kept:
-    """A drawn mask as a caller that writes its own backward pass keeps it: the packed
-    words where the backend packs them (1 bit per flag), else the key's words, from
-    which :meth:`flags` draws the flags again. A pytree whose leaves are those arrays
-    (``spec`` is static), so it can be a ``custom_vjp`` residual."""
+    """A drawn mask as a caller that writes its own backward pass keeps it: where the
+    TPU kernels are traced, the flags as bytes that the dropout kernel drew once
+    (``form="bytes"``, ``_tpu_flags``); else the packed words where the backend packs
+    them (1 bit per flag), else the key's words, from which :meth:`flags` draws the
+    flags again. A pytree whose leaves are those arrays (``spec`` and ``form`` are
+    static), so it can be a ``custom_vjp`` residual."""
 
     spec: MaskSpec
     words: Any
     source: Any
     dynamic: Any
     offset: Any
+    form: str = "words"
 
     def flags(self) -> jax.Array:
         """``bool[spec.shape]``, the flags ``draw`` hands a ``combine`` for the same key."""
+        if self.form == "bytes":
+            return lax.ne(self.words, jnp.zeros((), self.words.dtype))
         if self.words is not None:
             return unpack_words(self.words, self.spec.shape, _block(self.spec, self.offset))
         return _draw_and_combine_jit(
@@ -333,7 +341,7 @@ class Kept:
 
 
 jax.tree_util.register_dataclass(
-    Kept, data_fields=["words", "source", "dynamic", "offset"], meta_fields=["spec"]
+    Kept, data_fields=["words", "source", "dynamic", "offset"], meta_fields=["spec", "form"]
 )
 
 
@@ -348,6 +356,10 @@ def _entry(spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, 
     """``combine(x, flags, realised)`` of every mask drawn: a ``"fast"`` mask that keeps
     its packed words draws them apart. With ``combine=kept``, the mask as a
     :class:`Kept`."""
+    if combine is kept and spec.impl == "fast":
+        flags = _kept_on_tpu(spec, source, dynamic, offset)
+        if flags is not None:
+            return Kept(spec, flags, None, dynamic, offset, form="bytes")
     if spec.impl == "fast" and spec.save_words and spec.shape and default_path() != "per_element":
         words = _words_jit(spec, source, dynamic, offset)
         if combine is kept:
@@ -356,6 +368,29 @@ def _entry(spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, 
     if combine is kept:
         return Kept(spec, None, source, dynamic, offset)
     return _draw_and_combine_jit(spec, combine, x, source, dynamic, offset)
+
+
+def _kept_on_tpu(spec: MaskSpec, source: Any, dynamic: Any, offset: Any) -> jax.Array | None:
+    """A kept mask's flags as bytes, drawn once by the dropout kernel where the kernels
+    are traced (``_tpu_flags``), or None where it does not serve: a block of a sharded
+    mask, a mesh of explicit axes (where a kernel needs ``shard_map``)."""
+    if not tpu_kernels_run() or spec.global_shape is not None:
+        return None
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types):
+        return None
+    value, realised = (spec.value, spec.realised) if dynamic is None else dynamic
+    thr = Threshold(value, realised)
+    kernel = flags_kernel_for(spec.shape, thr, interpret=tpu_interpret())
+    if kernel is None:
+        return None
+    return _keep_bytes_jit(kernel, spec.shape, source, dynamic)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _keep_bytes_jit(kernel: Any, shape: tuple[int, ...], source: Any, dynamic: Any) -> jax.Array:
+    value, realised = (kernel.value, kernel.realised) if dynamic is None else dynamic
+    return keep_bytes(words_of(source), shape, Threshold(value, realised), kernel)
 
 
 def _packs_words() -> bool:

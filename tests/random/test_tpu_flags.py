@@ -1,0 +1,115 @@
+"""The kept mask's flags drawn as bytes by the TPU kernel (``_random/_tpu_flags.py``), run
+in Pallas's TPU interpreter on a CPU.
+
+Where the kernels run, dense attention keeps its weights' mask as ``int8`` flags that
+the dropout kernel draws once; the flags, and attention's outputs and gradients, must
+equal the default path's bit for bit.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dropmask
+from dropmask import testing
+from dropmask._random import _draw, _tpu_flags, threshold
+
+KEY = jax.random.key(9)
+
+
+def _kept(shape, p):
+    return _draw.draw(KEY, shape, p, "fast", _draw.kept, caller="test")
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 3, 197, 197),  # ViT's 197 keys: the kernel's columns padded to 256
+        (2, 1, 64, 64),  # one mask for every head
+        (3, 77, 200),  # rows and columns both partial
+        (1, 40, 1100),  # column blocks of 1152
+        (5, 40),  # rank 2
+    ],
+)
+@pytest.mark.parametrize("p", [0.9, 0.3])
+def test_kept_flags_are_the_keep_mask(shape, p):
+    want = dropmask.keep_mask(KEY, shape, 1.0 - p)
+    with testing.tpu_kernels():
+        kept = jax.jit(lambda p: _kept(shape, p))(jnp.float32(p))
+        static = _kept(shape, p)
+    assert kept.form == static.form == "bytes"
+    assert kept.words.dtype == jnp.int8
+    np.testing.assert_array_equal(np.asarray(kept.flags()), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(static.flags()), np.asarray(want))
+
+
+def test_a_kernel_that_fails_to_lower_falls_back_to_the_same_flags(monkeypatch):
+    def broken(*args, **kwargs):
+        raise NotImplementedError("no such Mosaic op")
+
+    want = dropmask.keep_mask(KEY, (3, 197, 197), 0.1)
+    monkeypatch.setattr(_tpu_flags, "_pallas", broken)
+    with testing.tpu_kernels():
+        got = jax.jit(lambda: _kept((3, 197, 197), 0.9).flags())()
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_batched_keys_draw_each_keys_flags():
+    keys = jax.random.split(KEY, 3)
+    draw = lambda k: _draw.draw(k, (4, 197), 0.9, "fast", _draw.kept, caller="t").flags()  # noqa: E731
+    want = jnp.stack([dropmask.keep_mask(k, (4, 197), 0.1) for k in keys])
+    with testing.tpu_kernels():
+        got = jax.vmap(draw)(keys)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (5, 1), (2, 7, 1), ()])
+def test_shapes_the_flags_kernel_does_not_take(shape):
+    assert _tpu_flags.flags_kernel_for(shape, threshold(0.9), interpret=True) is None
+
+
+def _attention(q, k, v, broadcast):
+    return dropmask.dot_product_attention(
+        q,
+        k,
+        v,
+        dropout_rate=0.1,
+        key=KEY,
+        deterministic=False,
+        broadcast_dropout=broadcast,
+        algorithm="dense",
+    )
+
+
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_dense_attention_outputs_and_gradients_equal_the_default_path(broadcast):
+    q, k, v, g = (
+        jax.random.normal(kk, (2, 19, 3, 16), jnp.float32) for kk in jax.random.split(KEY, 4)
+    )
+
+    def loss(q, k, v):
+        return jnp.sum(_attention(q, k, v, broadcast) * g)
+
+    run = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    want = run(q, k, v)
+    with testing.tpu_kernels():
+        jaxpr = str(jax.make_jaxpr(run)(q, k, v))
+        got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    assert jaxpr.count("dropmask_tpu_keep_flags") == 1  # drawn once, kept for the backward
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_dense_attention_lowers_the_flags_kernel_for_a_tpu(lowering_for_a_tpu):
+    """Lowered for a TPU on this CPU: one Mosaic call, the flags' (the forward draws them,
+    the backward reads them), not XLA's path its lowering falls back to."""
+    q = jnp.ones((4, 197, 2, 64), jnp.bfloat16)
+
+    def loss(q, k, v):
+        return jnp.sum(_attention(q, k, v, False).astype(jnp.float32))
+
+    with testing.tpu_kernels():
+        exported = jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=["tpu"])
+        text = exported(q, q, q).mlir_module()
+    assert text.count("tpu_custom_call(") == 1
