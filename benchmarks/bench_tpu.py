@@ -153,9 +153,9 @@ def _check_cases() -> dict[str, Callable[[], Any]]:
     cases["grad (3, 100)"] = lambda: grad_of((3, 100))
     cases["grad (4, 197, 768)"] = lambda: grad_of((4, 197, 768))
 
-    def dropped(rate: Any, one_mask: bool) -> jax.Array:
+    def dropped(rate: Any, one_mask: bool, length: int = 1024) -> jax.Array:
         # v the identity over keys: the output is each query's weights, 0 where dropped.
-        b, length, h, d = 1, 1024, 2, 64
+        b, h, d = 1, 2, 64
         q, k = jax.random.normal(jax.random.key(12), (2, b, length, h, d))
         v = jnp.broadcast_to(jnp.eye(length)[None, :, None], (b, length, h, length))
         out = dropmask.dot_product_attention(
@@ -167,6 +167,10 @@ def _check_cases() -> dict[str, Callable[[], Any]]:
         cases[f"attention dropped weights, {label} (1, 1024, 2, 64)"] = lambda m=one_mask: dropped(
             RATE, m
         )
+    # 197 tokens take the dense path, whose kept mask the dropout kernel draws as bytes.
+    cases["attention dropped weights, a mask per head (1, 197, 2, 64)"] = lambda: dropped(
+        RATE, False, 197
+    )
     cases["attention dropped weights, traced rate 0.3"] = lambda: jax.jit(
         lambda r: dropped(r, True)
     )(jnp.float32(0.3))
