@@ -43,12 +43,14 @@ ALGORITHMS = ("auto", "dense", "blockwise", "pallas")
 # blockwise one from 512 on; in f32 the dense path is faster through 2048 tokens.
 AUTO_BLOCKWISE_SCORES = {2: 512 * 512, 4: 4096 * 4096}
 # Where the Pallas TPU kernels run (a TPU, see ``_random.tpu_kernels_run``), "auto" takes
-# them from this many scores on, in either dtype. On a v5e (bf16, dropout 0.1, forward
-# and backward; a one-off comparison, not one of bench_tpu's rows) they took 0.72x the
-# dense path's time at [4, 1024, 16, 64] and 0.68x at 2048 tokens, and in the 4-layer
-# train step of benchmarks/bench_tpu.py (1024 tokens, 16 heads of 64) 0.42x; the dense
-# path was faster only with few heads of 128 (0.97x the kernels' time at [1, 512, 8,
-# 128] causal, 0.76x at 1024).
+# them from this many scores on, in either dtype. On a v5e (bf16, dropout 0.1, a mask
+# per head, forward and backward, medians; one-process runs of 2026-12-06 after the
+# dense path's mask was drawn by the dropout kernel, docs/dropout_speed.md): the dense
+# path against the kernels, ms, at [16, L, 8, 64] causal L = 128: 1.03 / 1.26, 256:
+# 1.27 / 1.45, 512: 2.62 / 2.08; ViT-B's [64, 197, 12, 64]: 4.37 / 4.58 (the kernels'
+# and the dense path's times from two processes of one machine). Earlier, the dense
+# path's mask drawn by XLA, the kernels took 0.72x the dense path's time at [4, 1024,
+# 16, 64], 0.68x at 2048 tokens, 0.42x in bench_tpu's 4-layer step.
 AUTO_FLASH_SCORES = 512 * 512
 
 
