@@ -3,7 +3,7 @@
 Run on a machine with a TPU (a v5e chip was measured), flax installed::
 
     python -m benchmarks.bench_tpu --out DIR [--quick] [--step-dtypes bfloat16,float32]
-        [--parts checks,per_call,attention,step,models,anchors,mesh]
+        [--parts checks,per_call,attention,step,models,anchors,short,mesh]
         [--model-rows none,residual,all,flax]
 
 It writes ``DIR/tpu_results.json`` after each row, so a run cut short still reports what
@@ -58,6 +58,11 @@ and lists every run. What it measures, in order:
    causal depth 128 at 4096, 8192 and 32768 tokens, and at 8192 depth 64, full
    attention and 8 query heads over 2 (``ANCHOR_CASES``): time, temporaries and the
    share of the chip's bf16 peak.
+6b. Short attention: the lengths the models of 5. attend over and a little beyond,
+   bf16 [16, L, 8, 64] causal for L = 128, 197, 256, 512, 1024 and 2048 (and float32
+   at 197 and 512), dropout on the weights with a mask per head, forward + backward:
+   dropmask's ``"auto"`` (its path named), its dense path, its TPU kernels and Flax's
+   dense ``dot_product_attention`` with dropout; time, temporaries and compile time.
 7. Mesh: attention and the step over a one-device mesh of explicit axes against the
    same programs unsharded.
 """
@@ -794,6 +799,87 @@ def anchor_rows(cases: dict[str, Any], reps: int) -> Iterator[dict[str, Any]]:
 
 # --- 5. on a one-device mesh ----------------------------------------------------------
 
+# --- short attention ----------------------------------------------------------------
+
+SHORT_LENGTHS = {"bfloat16": (128, 197, 256, 512, 1024, 2048), "float32": (197, 512)}
+QUICK_SHORT_LENGTHS = {"bfloat16": (16, 40)}
+SHORT_SHAPE = {"batch": 16, "heads": 8, "depth": 64}
+SHORT_AUTO, SHORT_DENSE, SHORT_KERNELS = (
+    "dropmask (auto)",
+    "dropmask, algorithm='dense'",
+    "dropmask, algorithm='pallas' (TPU kernels)",
+)
+SHORT_TARGET = 1.0  # most dropmask's auto may take of Flax's dense attention with dropout
+
+
+def short_contestants() -> dict[str, Callable[..., Any]]:
+    """``(q, k, v) -> out``, causal, dropout ``RATE`` with a mask per head (as Flax's
+    ``MultiHeadDotProductAttention(broadcast_dropout=False)`` draws it)."""
+    import flax.linen as nn
+
+    key = jax.random.key(4)
+
+    def ours(algorithm: str) -> Callable[..., Any]:
+        return lambda q, k, v: dropmask.dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            dropout_rate=RATE,
+            key=key,
+            deterministic=False,
+            broadcast_dropout=False,
+            algorithm=algorithm,  # pyright: ignore[reportArgumentType]
+        )
+
+    def flax_dense(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        mask = nn.make_causal_mask(jnp.ones((1, q.shape[1])))
+        return nn.dot_product_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            dropout_rng=key,
+            dropout_rate=RATE,
+            deterministic=False,
+            broadcast_dropout=False,
+        )
+
+    out = {SHORT_AUTO: ours("auto"), SHORT_DENSE: ours("dense")}
+    if jax.default_backend() == "tpu":
+        out[SHORT_KERNELS] = ours("pallas")
+    out[FLAX_DENSE] = flax_dense
+    return out
+
+
+def short_rows(lengths: dict[str, tuple[int, ...]], reps: int) -> Iterator[dict[str, Any]]:
+    """Forward + backward of each contestant in one program at ``SHORT_SHAPE``: the
+    median of ``reps`` calls after a warm-up, XLA's temporaries and the compile time."""
+    s = SHORT_SHAPE
+    for dtype, dtype_lengths in lengths.items():
+        for length in dtype_lengths:
+            shape = (s["batch"], length, s["heads"], s["depth"])
+            keys = jax.random.split(jax.random.key(length), 4)
+            q, k, v, g = (jax.random.normal(kk, shape, dtype) for kk in keys)
+            for name, f in short_contestants().items():
+
+                def loss(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, f=f):
+                    return jnp.sum((f(q, k, v) * g).astype(jnp.float32))
+
+                row: dict[str, Any] = {"dtype": dtype, "length": length, "name": name}
+                if name != FLAX_DENSE:
+                    row["path"] = attention_path(f, q, k, v)
+                t = time.perf_counter()
+                exe = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v, g).compile()
+                row["compile_s"] = time.perf_counter() - t
+                row["temp_mib"] = (
+                    int(getattr(exe.memory_analysis(), "temp_size_in_bytes", 0)) / 2**20
+                )
+                row["fwd_bwd_ms"] = _median_ms(exe, (q, k, v, g), reps)
+                print(row, flush=True)
+                yield row
+
+
 MESH_ATTENTION_LENGTHS = (4096, 8192)
 MESH_STEP_ROWS = (NO_DROPOUT, SWAPPED_ALL)
 
@@ -938,6 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
         "step_dtypes": list(args.step_dtypes),
         "model_shapes": QUICK_MODEL_SHAPES if args.quick else MODEL_SHAPES,
         "anchor_cases": QUICK_ANCHOR_CASES if args.quick else ANCHOR_CASES,
+        "short_lengths": QUICK_SHORT_LENGTHS if args.quick else SHORT_LENGTHS,
         "parts": list(args.parts),
     }
 
@@ -969,6 +1056,7 @@ def main(argv: list[str] | None = None) -> int:
             "anchors",
             lambda: anchor_rows(result["anchor_cases"], 3 if args.quick else 10),
         ),
+        ("short", lambda: short_rows(result["short_lengths"], 3 if args.quick else 10)),
         (
             "mesh",
             lambda: mesh_rows(
@@ -997,12 +1085,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-PARTS = ("checks", "per_call", "attention", "step", "models", "anchors", "mesh")
+PARTS = ("checks", "per_call", "attention", "step", "models", "anchors", "short", "mesh")
 PART_KEYS = {
     "per_call": ("per_call_shape", "default_path"),
     "step": ("step_size", "step_dtypes"),
     "models": ("model_shapes",),
     "anchors": ("anchor_cases",),
+    "short": ("short_lengths",),
 }
 
 
@@ -1407,6 +1496,63 @@ def _anchors(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
     return text, targets
 
 
+def _short(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
+    """The short-attention table (each row over Flax's dense attention with dropout at its
+    dtype and length) and its targets: dropmask's ``auto`` no slower than Flax's."""
+    rows = [r for r in result.get("short", []) if "fwd_bwd_ms" in r]
+    if not result.get("short") and "short_error" not in result:
+        return "", []
+    table, targets = [], []
+    lengths = result.get("short_lengths", SHORT_LENGTHS)
+    for dtype, dtype_lengths in lengths.items():
+        for length in dtype_lengths:
+            at = [r for r in rows if r["dtype"] == dtype and r["length"] == length]
+            flax = next((r for r in at if r["name"] == FLAX_DENSE), None)
+            for r in at:
+                table.append(
+                    {
+                        "dtype": dtype,
+                        "length": str(length),
+                        "name": r["name"] + (f" ({r['path']})" if "path" in r else ""),
+                        "ms": _num(r["fwd_bwd_ms"], ".3f"),
+                        "x": _num(r["fwd_bwd_ms"] / flax["fwd_bwd_ms"] if flax else None, ".3f"),
+                        "temp": _num(r["temp_mib"], ".1f"),
+                        "compile": _num(r["compile_s"], ".1f"),
+                    }
+                )
+            ours = next((r for r in at if r["name"] == SHORT_AUTO), None)
+            value = ours["fwd_bwd_ms"] / flax["fwd_bwd_ms"] if ours and flax else None
+            targets.append(
+                _target(
+                    f"short attention, {dtype}, {length} tokens: {SHORT_AUTO} / Flax's dense "
+                    f"attention, dropout {RATE} <= {SHORT_TARGET}x",
+                    value,
+                    SHORT_TARGET,
+                )
+            )
+    s = SHORT_SHAPE
+    text = (
+        "### Short attention\n\n"
+        f"[{s['batch']}, L, {s['heads']}, {s['depth']}], causal, dropout {RATE} on the "
+        "weights with a mask per head, forward + backward in one program: the median of 10 "
+        "calls, ms; each row's time over Flax's dense attention with dropout; temporaries by "
+        "XLA's memory analysis; compile time. `auto` names the path it took.\n\n"
+        + markdown_table(
+            table,
+            [
+                ("dtype", "dtype"),
+                ("L", "length"),
+                ("contestant", "name"),
+                ("ms", "ms"),
+                ("/ Flax's", "x"),
+                ("temporaries MiB", "temp"),
+                ("compile s", "compile"),
+            ],
+        )
+    )
+    return text, targets
+
+
 MODEL_TARGET = 1.10  # most a model shape's step, every site swapped, may take of the step without
 
 
@@ -1523,6 +1669,7 @@ def render(result: dict[str, Any]) -> str:
     mesh, mesh_targets = _mesh(result)
     models, model_targets = _models(result)
     anchors, anchor_targets = _anchors(result)
+    short, short_targets = _short(result)
     lines.append(
         "Targets:\n\n"
         + markdown_table(
@@ -1531,6 +1678,7 @@ def render(result: dict[str, Any]) -> str:
             + model_targets
             + attention_targets
             + anchor_targets
+            + short_targets
             + mesh_targets,
             [("target", "target"), ("measured", "measured"), ("verdict", "verdict")],
         )
@@ -1538,6 +1686,7 @@ def render(result: dict[str, Any]) -> str:
     lines.extend(
         [per_call, steps, *([models] if models else []), attention]
         + ([anchors] if anchors else [])
+        + ([short] if short else [])
         + [mesh]
     )
     lines.extend(f"\n{note}" for note in result.get("notes", []))

@@ -317,6 +317,12 @@ def test_quick_runs_every_part_and_renders_it(tmp_path: Path, monkeypatch):
     assert [(r["model"], r["name"]) for r in result["models"]] == [
         (model, name) for model in bt.QUICK_MODEL_SHAPES for name in bt.MODEL_ROWS.values()
     ]
+    # Off a TPU the short part has no kernels row: auto, dense and Flax's per length.
+    assert [(r["length"], r["name"]) for r in result["short"]] == [
+        (length, name)
+        for length in bt.QUICK_SHORT_LENGTHS["bfloat16"]
+        for name in (bt.SHORT_AUTO, bt.SHORT_DENSE, bt.FLAX_DENSE)
+    ]
     # The mesh part: attention, then the steps it names, each also over a one-device mesh.
     mesh = result["mesh"]
     assert [r["kind"] for r in mesh] == ["attention"] + ["step"] * len(bt.MESH_STEP_ROWS)
@@ -465,3 +471,40 @@ def test_the_splash_anchor_computes_dropmasks_attention(causal, kv_heads):
     got = bt._splash(length, depth, causal, kv_heads, 128)(q, k, v)
     want = dropmask.dot_product_attention(q, k, v, is_causal=causal)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6)
+
+
+def _short_rows(auto_ms: float) -> list[dict[str, Any]]:
+    rows = []
+    for dtype, lengths in bt.SHORT_LENGTHS.items():
+        for length in lengths:
+            if length == 2048:
+                continue  # a run cut short
+            scale = length / 128
+            times = {bt.SHORT_AUTO: auto_ms, bt.SHORT_DENSE: 1.1, bt.FLAX_DENSE: 1.0}
+            for name, ms in times.items():
+                row = {"dtype": dtype, "length": length, "name": name, "compile_s": 2.0}
+                row.update(fwd_bwd_ms=ms * scale, temp_mib=1.5)
+                if name != bt.FLAX_DENSE:
+                    row["path"] = "XLA"
+                rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize(("auto_ms", "verdict"), [(0.9, "met"), (1.2, "missed")])
+def test_short_attention_holds_auto_to_flaxs_dense_attention(auto_ms, verdict):
+    md = bt.render({**_payload(), "short": _short_rows(auto_ms)})
+    targets = {k: v for k, v in _targets(md).items() if k.startswith("short attention")}
+    assert len(targets) == sum(len(v) for v in bt.SHORT_LENGTHS.values())
+    assert {k for k, v in targets.items() if v == "not run"} == {
+        f"short attention, bfloat16, 2048 tokens: {bt.SHORT_AUTO} / Flax's dense attention, "
+        f"dropout {bt.RATE} <= 1.0x"
+    }
+    assert {v for v in targets.values() if v != "not run"} == {verdict}
+    assert "### Short attention" in md
+    assert f"| bfloat16 | 197 | {bt.SHORT_AUTO} (XLA) | {auto_ms * 197 / 128:.3f} |" in md
+
+
+def test_a_run_without_the_short_part_renders_no_short_table():
+    md = bt.render(_payload())
+    assert "### Short attention" not in md
+    assert not [k for k in _targets(md) if k.startswith("short attention")]
