@@ -113,3 +113,48 @@ def test_dense_attention_lowers_the_flags_kernel_for_a_tpu(lowering_for_a_tpu):
         exported = jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=["tpu"])
         text = exported(q, q, q).mlir_module()
     assert text.count("tpu_custom_call(") == 1
+
+
+def _drawn_by_flags(f, *args):
+    jaxpr = str(jax.make_jaxpr(f)(*args))
+    return "dropmask_tpu_keep_flags" in jaxpr and "dropmask_tpu_masked_linear" not in jaxpr
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "dims"),
+    [
+        ((3, 100), "float32", ()),  # a last axis that is not whole registers
+        ((2, 197, 96), "bfloat16", ()),
+        ((4, 16, 256), "float32", (1,)),  # broadcast_dims: the mask drawn at (4, 1, 256)
+        ((64, 128), "float16", ()),  # a dtype the dropout kernel does not take
+    ],
+)
+def test_dropout_the_kernel_does_not_take_selects_with_the_flags_kernels_bytes(shape, dtype, dims):
+    x = jax.random.normal(KEY, shape, jnp.float32).astype(dtype)
+
+    def f(x):
+        return dropmask.dropout(x, 0.1, KEY, broadcast_dims=dims)
+
+    def loss(x):
+        return jnp.sum(f(x).astype(jnp.float32) * jnp.cos(x.astype(jnp.float32)))
+
+    want, want_grad = f(x), jax.grad(loss)(x)
+    with testing.tpu_kernels():
+        assert _drawn_by_flags(f, x)
+        got, got_grad = f(x), jax.grad(loss)(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(got_grad), np.asarray(want_grad))
+
+
+def test_dropout_by_the_flags_kernel_lowers_for_a_tpu(lowering_for_a_tpu):
+    """The forward pass draws the flags, the backward pass draws them again (the
+    dropout keeps no residual but the key): two Mosaic calls."""
+    x = jnp.ones((64, 200), jnp.bfloat16)
+
+    def loss(x):
+        return jnp.sum(dropmask.dropout(x, 0.1, KEY).astype(jnp.float32))
+
+    with testing.tpu_kernels():
+        exported = jax.export.export(jax.jit(jax.value_and_grad(loss)), platforms=["tpu"])
+        text = exported(x).mlir_module()
+    assert text.count("tpu_custom_call(") == 2

@@ -3,7 +3,7 @@
 Inside ``dropmask.testing.tpu_kernels()`` (and by default on a TPU with one device)
 dropout draws its mask in the kernel; every output, gradient, tangent and batched result
 must equal the default path's bit for bit, on the shapes the kernel serves and on those
-it hands back to the XLA path.
+it hands back (to the flags kernel's bytes, ``test_tpu_flags.py``, or XLA's path).
 """
 
 import contextlib

@@ -185,33 +185,46 @@ class Linear:
 def _on_tpu(
     spec: MaskSpec, combine: Combine, x: Any, thr: Threshold, source: Any, offset: Any
 ) -> Any:
-    """``combine(x, flags, realised)`` by the TPU kernel, or None where it does not serve:
-    a linear combine over an array of the mask's own shape, where the kernels are
-    traced (``_placement``), not in a program XLA partitions itself. Under a mesh of
-    explicit axes the kernel runs on each device's block (:func:`_per_device`); a block
-    the caller placed (``global_shape``/``offset`` inside ``shard_map``) is served where
-    it does not split the last axis (whose offset must be a whole number of words)."""
+    """``combine(x, flags, realised)`` with the TPU kernels, or None where they do not
+    serve: a linear combine, where the kernels are traced (``_placement``), not in a
+    program XLA partitions itself. Over an array of the mask's own shape whose last axis
+    is whole registers, the dropout kernel draws and combines at once; under a mesh of
+    explicit axes on each device's block (:func:`_per_device`); a block the caller placed
+    (``global_shape``/``offset`` inside ``shard_map``) where it does not split the last
+    axis (whose offset must be a whole number of words). Elsewhere (a last axis that is
+    not whole registers, ``broadcast_dims``, float16) :func:`_by_flags`."""
     if not (isinstance(combine, Linear) and isinstance(x, jax.Array)):
         return None
-    if x.shape != spec.shape or not tpu_kernels_run() or auto_partitioned(x):
+    if not tpu_kernels_run() or auto_partitioned(x):
         return None
     words = words_of(source)
     split = explicit_split(x)
     if split is not None:
-        return (
-            None if spec.global_shape is not None else _per_device(combine, x, thr, words, *split)
-        )
+        if spec.global_shape is not None or x.shape != spec.shape:
+            return None
+        return _per_device(combine, x, thr, words, *split)
     block = _block(spec, offset)
-    if block is not None and block.global_shape[-1] != spec.shape[-1]:
-        return None
-    global_shape = None if block is None else block.global_shape
-    kernel = kernel_for(
-        spec.shape, x.dtype, thr, interpret=tpu_interpret(), global_shape=global_shape
-    )
+    if x.shape == spec.shape and (block is None or block.global_shape[-1] == spec.shape[-1]):
+        global_shape = None if block is None else block.global_shape
+        kernel = kernel_for(
+            spec.shape, x.dtype, thr, interpret=tpu_interpret(), global_shape=global_shape
+        )
+        if kernel is not None:
+            scalars = scalars_of(words, thr, () if block is None else block.offset)
+            return masked_linear(x, scalars, spec=kernel, combine=combine)
+    return None if block is not None else _by_flags(spec, combine, x, thr, words)
+
+
+def _by_flags(spec: MaskSpec, combine: Combine, x: Any, thr: Threshold, words: Any) -> Any:
+    """``combine`` by XLA with flags the kernel drew as bytes (``_tpu_flags``), at the
+    mask's shape (broadcast against ``x`` by ``combine``): XLA's select reads a byte a
+    flag inside its own fusion, where XLA's draw would compute a Threefry call for every
+    element. None where that kernel does not serve (a packing axis that is not the last)."""
+    kernel = flags_kernel_for(spec.shape, thr, interpret=tpu_interpret())
     if kernel is None:
         return None
-    scalars = scalars_of(words, thr, () if block is None else block.offset)
-    return masked_linear(x, scalars, spec=kernel, combine=combine)
+    flags = lax.ne(keep_bytes(words, spec.shape, thr, kernel), jnp.int8(0))
+    return combine(x, flags, thr.realised)
 
 
 def _per_device(

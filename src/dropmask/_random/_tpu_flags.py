@@ -1,4 +1,5 @@
-"""The ``"fast"`` keep-flags on a TPU as bytes, for a caller that keeps the mask.
+"""The ``"fast"`` keep-flags on a TPU as bytes: for a caller that keeps the mask, and for
+dropout the dropout kernel does not take.
 
 Dense attention keeps its weights' mask for the backward pass (``_draw.Kept``). Off a
 TPU it keeps the packed words; on a TPU XLA's paths draw each flag compute-bound (each
@@ -6,7 +7,10 @@ element computes a Threefry call of its own), in the forward pass and again in t
 backward. Here the dropout kernel (``_tpu_mask``) draws them once, each call computed
 once and its 8 flags spread by the matrix unit, and writes them as ``int8`` (1 byte a
 flag, as the ``bool`` mask Flax's dropout keeps), which XLA reads inside the fusions
-that select the weights, forward and backward.
+that select the weights, forward and backward. Dropout over an array the dropout kernel
+does not take (a last axis that is not whole registers, ``broadcast_dims``, float16)
+selects with the same bytes inside XLA's fusion (``_draw._by_flags``), drawn in the
+forward pass and again in the backward, where XLA's draw computed a call per element.
 
 The kernel's columns are whole vector registers: a last axis that is not a multiple of
 128 long (197 keys) is padded in the output, whose padding's flags are garbage (they

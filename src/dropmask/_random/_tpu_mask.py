@@ -181,7 +181,9 @@ def kernel_for(
     block is shorter (197 tokens), Pallas reads it padded and writes back only its rows;
     the padding's rows are computed and dropped (at most 31 a block). The kernel body
     would pad a short last axis the same way, but a block that overhangs the lanes has
-    not been run through Mosaic on a TPU, so such widths take XLA's path.
+    not been run through Mosaic on a TPU, so such widths (and the shapes and dtypes this
+    kernel does not take) draw their flags with ``_tpu_flags``' kernel, whose output pads
+    its columns, and XLA's select reads them (``_draw._by_flags``).
 
     ``global_shape``: ``shape`` is one device's block of an array of that shape (same
     rank). The caller guarantees that the block's offset along the last axis is a
