@@ -51,14 +51,17 @@ __all__ = ["flags_kernel_for", "keep_bytes"]
 _U32 = np.uint32
 _CHUNK = 32  # rows an int8 vector register holds
 _FLAGS_DTYPE = jnp.dtype(jnp.int8)
+_MIN_WIDTH = 64  # a last axis this long or shorter: padded to 128 columns, over half waste
 
 
 def flags_kernel_for(
     shape: tuple[int, ...], thr: Threshold, *, interpret: bool
 ) -> TpuKernel | None:
     """The kernel that writes the flags of a mask of ``shape`` (a whole mask, its packing
-    axis the last), or None where it does not serve (an empty mask, a last axis of 1)."""
-    if len(shape) == 0 or math.prod(shape) == 0 or shape[-1] == 1:
+    axis the last), or None where it does not serve: an empty mask, a last axis of 1
+    (another packing axis), or of 64 or less, which the kernel's 128 columns would pad to
+    more than twice its size (XLA's draw is cheap at such widths' few words a row)."""
+    if len(shape) == 0 or math.prod(shape) == 0 or shape[-1] <= _MIN_WIDTH:
         return None
     cols = shape[-1]
     rows = shape[-2] if len(shape) > 1 else 1
