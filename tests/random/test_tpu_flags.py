@@ -158,3 +158,25 @@ def test_dropout_by_the_flags_kernel_lowers_for_a_tpu(lowering_for_a_tpu):
         exported = jax.export.export(jax.jit(jax.value_and_grad(loss)), platforms=["tpu"])
         text = exported(x).mlir_module()
     assert text.count("tpu_custom_call(") == 2
+
+
+def test_inside_shard_map_the_bytes_kernel_steps_aside_for_xlas_draw():
+    """Manual axes: the bytes kernel's type carries no varying axes, so XLA draws."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    x = jax.random.normal(KEY, (16, 100), jnp.float32)
+    x = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+    f = jax.shard_map(
+        lambda block: dropmask.dropout(block, 0.1, KEY),
+        mesh=mesh,
+        in_specs=jax.sharding.PartitionSpec("data"),
+        out_specs=jax.sharding.PartitionSpec("data"),
+    )
+    with jax.set_mesh(mesh):
+        with testing.tpu_kernels(False):
+            want = jax.jit(f)(x)
+        with testing.tpu_kernels():
+            assert "dropmask_tpu_keep_flags" not in str(jax.make_jaxpr(f)(x))
+            got = jax.jit(f)(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

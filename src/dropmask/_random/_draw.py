@@ -219,7 +219,10 @@ def _by_flags(spec: MaskSpec, combine: Combine, x: Any, thr: Threshold, words: A
     """``combine`` by XLA with flags the kernel drew as bytes (``_tpu_flags``), at the
     mask's shape (broadcast against ``x`` by ``combine``): XLA's select reads a byte a
     flag inside its own fusion, where XLA's draw would compute a Threefry call for every
-    element. None where that kernel does not serve (a packing axis that is not the last)."""
+    element. None where that kernel does not serve (a packing axis that is not the last,
+    a mesh of explicit or manual axes)."""
+    if _in_explicit_or_manual_mesh():
+        return None
     kernel = flags_kernel_for(spec.shape, thr, interpret=tpu_interpret())
     if kernel is None:
         return None
@@ -389,8 +392,7 @@ def _kept_on_tpu(spec: MaskSpec, source: Any, dynamic: Any, offset: Any) -> jax.
     mask, a mesh of explicit axes (where a kernel needs ``shard_map``)."""
     if not tpu_kernels_run() or spec.global_shape is not None:
         return None
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types):
+    if _in_explicit_or_manual_mesh():
         return None
     value, realised = (spec.value, spec.realised) if dynamic is None else dynamic
     thr = Threshold(value, realised)
@@ -398,6 +400,13 @@ def _kept_on_tpu(spec: MaskSpec, source: Any, dynamic: Any, offset: Any) -> jax.
     if kernel is None:
         return None
     return _keep_bytes_jit(kernel, spec.shape, source, dynamic)
+
+
+def _in_explicit_or_manual_mesh() -> bool:
+    """Whether values are traced under a mesh with an explicit or a manual axis, where
+    the bytes kernel (one device's program, typed without a sharding) does not go."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
