@@ -6,6 +6,8 @@ the dropout kernel draws once; the flags, and attention's outputs and gradients,
 equal the default path's bit for bit.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,8 +20,10 @@ from dropmask._random import _draw, _tpu_flags, threshold
 KEY = jax.random.key(9)
 
 
-def _kept(shape, p):
-    return _draw.draw(KEY, shape, p, "fast", _draw.kept, caller="test")
+def _kept(shape, p, key=KEY):
+    # The array traced beside the mask: unsharded, so the bytes kernel may draw it.
+    beside = jnp.zeros(())
+    return _draw.draw(key, shape, p, "fast", _draw.kept, beside, caller="test")
 
 
 @pytest.mark.parametrize(
@@ -57,7 +61,7 @@ def test_a_kernel_that_fails_to_lower_falls_back_to_the_same_flags(monkeypatch):
 
 def test_batched_keys_draw_each_keys_flags():
     keys = jax.random.split(KEY, 3)
-    draw = lambda k: _draw.draw(k, (4, 197), 0.9, "fast", _draw.kept, caller="t").flags()  # noqa: E731
+    draw = lambda k: _kept((4, 197), 0.9, k).flags()  # noqa: E731
     want = jnp.stack([dropmask.keep_mask(k, (4, 197), 0.1) for k in keys])
     with testing.tpu_kernels():
         got = jax.vmap(draw)(keys)
@@ -179,4 +183,27 @@ def test_inside_shard_map_the_bytes_kernel_steps_aside_for_xlas_draw():
         with testing.tpu_kernels():
             assert "dropmask_tpu_keep_flags" not in str(jax.make_jaxpr(f)(x))
             got = jax.jit(f)(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_program_xla_partitions_itself_keeps_xlas_draw_and_adds_no_collective():
+    """Automatic axes: the bytes kernel's output has no sharding rule (XLA would gather
+    it), so dense attention draws its mask by XLA there, as without the kernels."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    q = jax.device_put(jax.random.normal(KEY, (8, 80, 2, 16), jnp.float32), sharding)
+    grad = jax.grad(lambda q: jnp.sum(_attention(q, q, q, False)))
+
+    def collectives(f, x):
+        text = jax.jit(f).lower(x).compile().as_text()
+        return sorted(set(re.findall(r"\b(all-gather|all-to-all|collective-permute)", text)))
+
+    with testing.tpu_kernels(False):
+        want, want_collectives = grad(q), collectives(grad, q)
+    with testing.tpu_kernels():
+        assert "dropmask_tpu_keep_flags" not in str(jax.make_jaxpr(grad)(q))
+        got, got_collectives = grad(q), collectives(grad, q)
+    assert got_collectives == want_collectives == []
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -89,7 +89,7 @@ def dense(
         if module is not None:
             _sow(module, attention_weights(score, q, k, bias_arr, *structure, dtype)[0])
         p = probability(dropout_rate, spec.rate, keep=True, caller=call_name())
-        mask = draw(rng, mask_shape(logits_shape, dims), p, "fast", kept, caller=call_name())
+        mask = draw(rng, mask_shape(logits_shape, dims), p, "fast", kept, q, caller=call_name())
         # The kept weights' 1/keep goes onto v, [*b, kv_len, kv_heads, depth], not onto
         # the weights: the gradient's matching multiply then also lands on a small array.
         # An invalid run-time rate's NaN scale reaches every output through v.

@@ -47,7 +47,6 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.experimental import checkify
 
 from .._checks import (
@@ -71,7 +70,7 @@ from ._fast_mask import (
 )
 from ._placement import auto_partitioned, tpu_interpret, tpu_kernels_run
 from ._sharding import Block, explicit_split, local_block, local_shape
-from ._tpu_flags import flags_kernel_for, keep_bytes
+from ._tpu_flags import flags_kernel_for, flags_of, keep_bytes
 from ._tpu_mask import kernel_for, masked_linear, scalars_of
 
 __all__ = ["Impl", "Kept", "Linear", "Residual", "keep_mask", "kept"]
@@ -226,8 +225,7 @@ def _by_flags(spec: MaskSpec, combine: Combine, x: Any, thr: Threshold, words: A
     kernel = flags_kernel_for(spec.shape, thr, interpret=tpu_interpret())
     if kernel is None:
         return None
-    flags = lax.ne(keep_bytes(words, spec.shape, thr, kernel), jnp.int8(0))
-    return combine(x, flags, thr.realised)
+    return combine(x, flags_of(keep_bytes(words, spec.shape, thr, kernel)), thr.realised)
 
 
 def _per_device(
@@ -343,7 +341,7 @@ class Kept:
     def flags(self) -> jax.Array:
         """``bool[spec.shape]``, the flags ``draw`` hands a ``combine`` for the same key."""
         if self.form == "bytes":
-            return lax.ne(self.words, jnp.zeros((), self.words.dtype))
+            return flags_of(self.words)
         if self.words is not None:
             return unpack_words(self.words, self.spec.shape, _block(self.spec, self.offset))
         return _draw_and_combine_jit(
@@ -363,7 +361,9 @@ jax.tree_util.register_dataclass(
 
 def kept(x: Any, flags: jax.Array, realised: Any) -> Any:
     """A ``combine`` for :func:`draw` that returns the mask as a :class:`Kept` instead
-    of flags (``"fast"`` only): for callers with a backward pass of their own."""
+    of flags (``"fast"`` only): for callers with a backward pass of their own. ``x``, an
+    array traced beside the mask, tells whether XLA partitions the program (where the
+    TPU's bytes kernel does not go)."""
     del x, flags, realised
     raise AssertionError("draw hands this combine a Kept, never flags")
 
@@ -373,7 +373,7 @@ def _entry(spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, 
     its packed words draws them apart. With ``combine=kept``, the mask as a
     :class:`Kept`."""
     if combine is kept and spec.impl == "fast":
-        flags = _kept_on_tpu(spec, source, dynamic, offset)
+        flags = _kept_on_tpu(spec, x, source, dynamic)
         if flags is not None:
             return Kept(spec, flags, None, dynamic, offset, form="bytes")
     if spec.impl == "fast" and spec.save_words and spec.shape and default_path() != "per_element":
@@ -386,11 +386,14 @@ def _entry(spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, 
     return _draw_and_combine_jit(spec, combine, x, source, dynamic, offset)
 
 
-def _kept_on_tpu(spec: MaskSpec, source: Any, dynamic: Any, offset: Any) -> jax.Array | None:
+def _kept_on_tpu(spec: MaskSpec, x: Any, source: Any, dynamic: Any) -> jax.Array | None:
     """A kept mask's flags as bytes, drawn once by the dropout kernel where the kernels
     are traced (``_tpu_flags``), or None where it does not serve: a block of a sharded
-    mask, a mesh of explicit axes (where a kernel needs ``shard_map``)."""
+    mask, a mesh of explicit or manual axes, a program XLA partitions itself (told by
+    ``x``, an array traced beside the mask; none given, none served)."""
     if not tpu_kernels_run() or spec.global_shape is not None:
+        return None
+    if not isinstance(x, jax.Array) or auto_partitioned(x):
         return None
     if _in_explicit_or_manual_mesh():
         return None

@@ -35,7 +35,6 @@ from typing import Any
 import jax
 import jax.core
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -44,11 +43,17 @@ from jax.interpreters import batching, mlir
 
 from ._fast_mask import LANES, Threshold, check_word_count, keep_from_words
 from ._placement import mosaic_lowers_here
-from ._tpu_mask import _BLOCK_BYTES, _SPAN, TpuKernel, _kernel, scalars_of
+from ._tpu_mask import (
+    _BLOCK_BYTES,
+    _SPAN,
+    TpuKernel,
+    _kernel,
+    scalars_of,
+    words_and_threshold,
+)
 
-__all__ = ["flags_kernel_for", "keep_bytes"]
+__all__ = ["flags_kernel_for", "flags_of", "keep_bytes"]
 
-_U32 = np.uint32
 _CHUNK = 32  # rows an int8 vector register holds
 _FLAGS_DTYPE = jnp.dtype(jnp.int8)
 _MIN_WIDTH = 64  # a last axis this long or shorter: padded to 128 columns, over half waste
@@ -92,6 +97,11 @@ def keep_bytes(
     return flags[..., : shape[-1]].reshape(shape)
 
 
+def flags_of(keep: jax.Array) -> jax.Array:
+    """``bool``: :func:`keep_bytes`' bytes as flags."""
+    return lax.ne(keep, jnp.zeros((), keep.dtype))
+
+
 def _as_byte(x: Any, flags: jax.Array, realised: Any) -> jax.Array:
     del x, realised
     return jnp.where(flags, 1, 0)
@@ -115,11 +125,7 @@ def _pallas(spec: TpuKernel, scalars: jax.Array, *, interpret: bool) -> jax.Arra
 
 def _xla_path(scalars: jax.Array, spec: TpuKernel) -> jax.Array:
     """The kernel's output by XLA: the same flags, the padding's columns 0."""
-    words = lax.bitcast_convert_type(scalars[:4], _U32)
-    if spec.value is None:
-        thr = Threshold(scalars[4].astype(_U32), lax.bitcast_convert_type(scalars[5], jnp.float32))
-    else:
-        thr = Threshold(spec.value, spec.realised)
+    words, thr = words_and_threshold(scalars, spec)
     lead, rows, cols = spec.view
     width = spec.width or cols
     flags = keep_from_words(words, (lead, rows, width), thr, None, path="per_element")

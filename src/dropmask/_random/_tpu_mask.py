@@ -387,19 +387,24 @@ def scalars_of(words: jax.Array, thr: Threshold, offset: tuple[Any, ...] = ()) -
     return jnp.concatenate(parts)
 
 
+def words_and_threshold(scalars: jax.Array, spec: TpuKernel) -> tuple[jax.Array, Threshold]:
+    """The key words (``uint32[4]``) and the threshold in :func:`scalars_of`'s operands
+    for ``spec``."""
+    words = lax.bitcast_convert_type(scalars[:4], _U32)
+    if spec.value is not None:
+        return words, Threshold(spec.value, spec.realised)
+    at = 4 + spec.offsets
+    realised = lax.bitcast_convert_type(scalars[at + 1], jnp.float32)
+    return words, Threshold(scalars[at].astype(_U32), realised)
+
+
 def _xla_path(x: jax.Array, scalars: jax.Array, spec: TpuKernel, combine: Combine) -> jax.Array:
     """What the kernel computes, by XLA (the same bits): under ``vmap``, and where the
     kernel fails to lower. ``scalars`` as :func:`scalars_of` made them; with
     ``spec.split``, the whole array's mask (no block)."""
     if spec.split is not None:
         spec = dataclasses.replace(spec, shape=x.shape, global_shape=None, split=None)
-    words = lax.bitcast_convert_type(scalars[:4], _U32)
-    at = 4 + spec.offsets
-    if spec.value is None:
-        realised = lax.bitcast_convert_type(scalars[at + 1], jnp.float32)
-        thr = Threshold(scalars[at].astype(_U32), realised)
-    else:
-        thr = Threshold(spec.value, spec.realised)
+    words, thr = words_and_threshold(scalars, spec)
     block = None
     if spec.global_shape is not None:
         block = Block(spec.global_shape, tuple(scalars[4 + a] for a in range(spec.offsets)))
