@@ -465,7 +465,7 @@ def step_rows(
                 "dtype": dtype,
                 "name": name,
                 "compile_s": time.perf_counter() - t,
-                "temp_mib": int(getattr(exe.memory_analysis(), "temp_size_in_bytes", 0)) / 2**20,
+                "temp_mib": temp_mib(exe),
             }
             if swap is not None:
                 row["path"] = path
@@ -561,24 +561,55 @@ def attention_path(f: Callable[..., Any], *args: Any) -> str:
     return "TPU kernels" if FLASH_NAME in str(jax.make_jaxpr(f)(*args)) else "XLA"
 
 
-def attention_contestants(length: int) -> dict[str, Callable[..., Any]]:
-    """``(q, k, v) -> out`` for ``[batch, length, heads, depth]`` inputs, causal, with
-    attention dropout at ``RATE`` (JAX's kernel: none)."""
-    key = jax.random.key(4)
+ATTENTION_SEED = 4  # every attention contestant's dropout key
 
-    def ours(one_mask: bool) -> Callable[..., Any]:
-        return lambda q, k, v: dropmask.dot_product_attention(
+
+def dropmask_attention(one_mask: bool, algorithm: str = "auto") -> Callable[..., Any]:
+    """dropmask's causal attention, dropout ``RATE``, one mask for every head or one per
+    head, by ``algorithm``."""
+    key = jax.random.key(ATTENTION_SEED)
+    return lambda q, k, v: dropmask.dot_product_attention(
+        q,
+        k,
+        v,
+        is_causal=True,
+        dropout_rate=RATE,
+        key=key,
+        deterministic=False,
+        broadcast_dropout=one_mask,
+        algorithm=algorithm,  # pyright: ignore[reportArgumentType]
+    )
+
+
+def flax_attention(one_mask: bool) -> Callable[..., Any]:
+    """Flax's dense causal attention, dropout ``RATE``, one mask or one per head."""
+    import flax.linen as nn
+
+    key = jax.random.key(ATTENTION_SEED)
+
+    def attend(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        mask = nn.make_causal_mask(jnp.ones((1, q.shape[1])))
+        return nn.dot_product_attention(
             q,
             k,
             v,
-            is_causal=True,
+            mask=mask,
+            dropout_rng=key,
             dropout_rate=RATE,
-            key=key,
             deterministic=False,
             broadcast_dropout=one_mask,
         )
 
-    out: dict[str, Callable[..., Any]] = {AUTO: ours(True), AUTO_PER_HEAD: ours(False)}
+    return attend
+
+
+def attention_contestants(length: int) -> dict[str, Callable[..., Any]]:
+    """``(q, k, v) -> out`` for ``[batch, length, heads, depth]`` inputs, causal, with
+    attention dropout at ``RATE`` (JAX's kernel: none)."""
+    out: dict[str, Callable[..., Any]] = {
+        AUTO: dropmask_attention(True),
+        AUTO_PER_HEAD: dropmask_attention(False),
+    }
     if jax.default_backend() == "tpu":
         from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
 
@@ -592,13 +623,14 @@ def attention_contestants(length: int) -> dict[str, Callable[..., Any]]:
 
         out[JAX_FLASH] = jax_flash
     if length <= DENSE_MAX:
-        import flax.linen as nn
-
-        mask = nn.make_causal_mask(jnp.ones((1, length)))
-        out[FLAX_DENSE] = lambda q, k, v: nn.dot_product_attention(
-            q, k, v, mask=mask, dropout_rng=key, dropout_rate=RATE, deterministic=False
-        )
+        out[FLAX_DENSE] = flax_attention(True)
     return out
+
+
+def temp_mib(exe: Any) -> float:
+    """A compiled program's temporaries by XLA's memory analysis, MiB (0 where the
+    backend reports none)."""
+    return int(getattr(exe.memory_analysis(), "temp_size_in_bytes", 0)) / 2**20
 
 
 def _median_ms(exe: Any, args: tuple[Any, ...], reps: int) -> float:
@@ -630,7 +662,7 @@ def attention_rows(lengths: tuple[int, ...], reps: int) -> Iterator[dict[str, An
             if name in (AUTO, AUTO_PER_HEAD):
                 row["path"] = attention_path(f, q, k, v)
             exe = jax.jit(grads).lower(q, k, v, g).compile()
-            row["temp_mib"] = int(getattr(exe.memory_analysis(), "temp_size_in_bytes", 0)) / 2**20
+            row["temp_mib"] = temp_mib(exe)
             row["fwd_bwd_ms"] = _median_ms(exe, (q, k, v, g), reps)
             print(row, flush=True)
             yield row
@@ -789,7 +821,7 @@ def anchor_rows(cases: dict[str, Any], reps: int) -> Iterator[dict[str, Any]]:
                     continue
                 if name in (OURS_DROPOUT, OURS_PLAIN):
                     row["path"] = attention_path(f, q, k, v)
-                row["temp_mib"] = exe.memory_analysis().temp_size_in_bytes / 2**20
+                row["temp_mib"] = temp_mib(exe)
                 row["fwd_bwd_ms"] = _median_ms(exe, (q, k, v, g), reps)
                 flops = attention_flops(length, depth, causal)
                 row["peak_fraction"] = flops / (row["fwd_bwd_ms"] * 1e-3) / V5E_BF16_PEAK
@@ -815,40 +847,10 @@ SHORT_TARGET = 1.0  # most dropmask's auto may take of Flax's dense attention wi
 def short_contestants() -> dict[str, Callable[..., Any]]:
     """``(q, k, v) -> out``, causal, dropout ``RATE`` with a mask per head (as Flax's
     ``MultiHeadDotProductAttention(broadcast_dropout=False)`` draws it)."""
-    import flax.linen as nn
-
-    key = jax.random.key(4)
-
-    def ours(algorithm: str) -> Callable[..., Any]:
-        return lambda q, k, v: dropmask.dot_product_attention(
-            q,
-            k,
-            v,
-            is_causal=True,
-            dropout_rate=RATE,
-            key=key,
-            deterministic=False,
-            broadcast_dropout=False,
-            algorithm=algorithm,  # pyright: ignore[reportArgumentType]
-        )
-
-    def flax_dense(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        mask = nn.make_causal_mask(jnp.ones((1, q.shape[1])))
-        return nn.dot_product_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            dropout_rng=key,
-            dropout_rate=RATE,
-            deterministic=False,
-            broadcast_dropout=False,
-        )
-
-    out = {SHORT_AUTO: ours("auto"), SHORT_DENSE: ours("dense")}
+    out = {SHORT_AUTO: dropmask_attention(False), SHORT_DENSE: dropmask_attention(False, "dense")}
     if jax.default_backend() == "tpu":
-        out[SHORT_KERNELS] = ours("pallas")
-    out[FLAX_DENSE] = flax_dense
+        out[SHORT_KERNELS] = dropmask_attention(False, "pallas")
+    out[FLAX_DENSE] = flax_attention(False)
     return out
 
 
@@ -872,9 +874,7 @@ def short_rows(lengths: dict[str, tuple[int, ...]], reps: int) -> Iterator[dict[
                 t = time.perf_counter()
                 exe = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v, g).compile()
                 row["compile_s"] = time.perf_counter() - t
-                row["temp_mib"] = (
-                    int(getattr(exe.memory_analysis(), "temp_size_in_bytes", 0)) / 2**20
-                )
+                row["temp_mib"] = temp_mib(exe)
                 row["fwd_bwd_ms"] = _median_ms(exe, (q, k, v, g), reps)
                 print(row, flush=True)
                 yield row
