@@ -102,17 +102,20 @@ QUICK_STEP = {"batch": 2, "length": 64, "width": 128, "heads": 2, "mlp_dim": 256
 DTYPES = ("float32", "bfloat16")
 STEP_DTYPES = ("bfloat16",)
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
-KERNEL, XLA = "TPU kernel", "XLA path"
-# The kernel's primitive as a jaxpr names it: how a row tells what drew its mask.
-KERNEL_PRIMITIVE = "dropmask_tpu_masked_linear"
+KERNEL, FLAGS, XLA = "TPU kernel", "TPU flags kernel, XLA's select", "XLA path"
+# The kernels' primitives as a jaxpr names them: how a row tells what drew its mask.
+KERNEL_PRIMITIVE, FLAGS_PRIMITIVE = "dropmask_tpu_masked_linear", "dropmask_tpu_keep_flags"
 
 
 def drawn_by() -> str:
-    """What draws ``dropmask.dropout``'s mask here by default: ``KERNEL`` or ``XLA``, read
-    from the traced program."""
+    """What draws ``dropmask.dropout``'s mask here by default: ``KERNEL`` (the dropout
+    kernel), ``FLAGS`` (the flags kernel's bytes, selected by XLA) or ``XLA``, read from
+    the traced program."""
     key, x = jax.random.key(0), jnp.ones((32, 1024))
-    jaxpr = jax.make_jaxpr(lambda x: dropmask.dropout(x, RATE, key))(x)
-    return KERNEL if KERNEL_PRIMITIVE in str(jaxpr) else XLA
+    jaxpr = str(jax.make_jaxpr(lambda x: dropmask.dropout(x, RATE, key))(x))
+    if KERNEL_PRIMITIVE in jaxpr:
+        return KERNEL
+    return FLAGS if FLAGS_PRIMITIVE in jaxpr else XLA
 
 
 # --- 1. checks ------------------------------------------------------------------------
@@ -194,6 +197,14 @@ def _check_cases() -> dict[str, Callable[[], Any]]:
     cases["one-device mesh: grad (8, 256, 1024)"] = lambda: on_mesh(
         lambda x: grad_of(x.shape), ones((8, 256, 1024))
     )
+    # Inside shard_map the dropout kernel draws and selects at once (elsewhere dropout
+    # selects with the flags kernel's bytes).
+    cases["inside shard_map: dropout (2, 197, 768) bfloat16"] = lambda: in_shard_map(
+        lambda x: dropmask.dropout(x, RATE, key), ones((2, 197, 768), "bfloat16")
+    )
+    cases["inside shard_map: grad (4, 197, 768)"] = lambda: in_shard_map(
+        lambda x: grad_of(x.shape), ones((4, 197, 768))
+    )
     return cases
 
 
@@ -221,6 +232,14 @@ def on_mesh(fn: Callable[..., Any], *args: jax.Array) -> Any:
     with jax.set_mesh(mesh):
         placed = [jax.device_put(a, jax.sharding.NamedSharding(mesh, spec)) for a in args]
         return np.asarray(jax.jit(fn)(*placed))
+
+
+def in_shard_map(fn: Callable[..., Any], *args: jax.Array) -> Any:
+    """``fn(*args)`` jitted inside ``shard_map`` over a one-device mesh, every array whole
+    on it."""
+    spec = jax.sharding.PartitionSpec()
+    mapped = jax.shard_map(fn, mesh=one_device_mesh(), in_specs=spec, out_specs=spec)
+    return np.asarray(jax.jit(mapped)(*args))
 
 
 def _bits(x: Any) -> np.ndarray:
@@ -987,6 +1006,12 @@ def main(argv: list[str] | None = None) -> int:
         default=tuple(MODEL_ROWS.values()),
         help=f"the models part's rows, comma-separated (default: {','.join(MODEL_ROWS)})",
     )
+    parser.add_argument(
+        "--model-shapes",
+        type=_model_shapes,
+        default=tuple(MODEL_SHAPES),
+        help=f"the models part's shapes, comma-separated (default: {','.join(MODEL_SHAPES)})",
+    )
     parser.add_argument("--reference", help=argparse.SUPPRESS)
     parser.add_argument(
         "--render",
@@ -1022,7 +1047,11 @@ def main(argv: list[str] | None = None) -> int:
         "per_call_shape": list(shape),
         "step_size": size,
         "step_dtypes": list(args.step_dtypes),
-        "model_shapes": QUICK_MODEL_SHAPES if args.quick else MODEL_SHAPES,
+        "model_shapes": (
+            QUICK_MODEL_SHAPES
+            if args.quick
+            else {name: MODEL_SHAPES[name] for name in args.model_shapes}
+        ),
         "anchor_cases": QUICK_ANCHOR_CASES if args.quick else ANCHOR_CASES,
         "short_lengths": QUICK_SHORT_LENGTHS if args.quick else SHORT_LENGTHS,
         "parts": list(args.parts),
@@ -1115,6 +1144,17 @@ def _model_rows(text: str) -> tuple[str, ...]:
             f"them (every row is timed against it), got {text!r}"
         )
     return tuple(row for short, row in MODEL_ROWS.items() if short in names)
+
+
+def _model_shapes(text: str) -> tuple[str, ...]:
+    """``--model-shapes``: a comma-separated subset of ``MODEL_SHAPES``' names, in its
+    order."""
+    names = set(text.split(","))
+    if not names <= set(MODEL_SHAPES):
+        raise argparse.ArgumentTypeError(
+            f"expected some of {', '.join(MODEL_SHAPES)} separated by commas, got {text!r}"
+        )
+    return tuple(name for name in MODEL_SHAPES if name in names)
 
 
 def merged(results: list[dict[str, Any]]) -> dict[str, Any]:

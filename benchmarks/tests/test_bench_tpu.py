@@ -266,7 +266,7 @@ def test_step_dtypes_takes_a_comma_list_once_each():
 def test_rows_say_what_drew_the_mask():
     assert bt.drawn_by() == bt.XLA  # the CPU's default
     with testing.tpu_kernels():
-        assert bt.drawn_by() == bt.KERNEL
+        assert bt.drawn_by() == bt.FLAGS  # over a whole mask, the flags kernel's bytes
     with testing.tpu_kernels(False):
         assert bt.drawn_by() == bt.XLA
 
@@ -508,3 +508,17 @@ def test_a_run_without_the_short_part_renders_no_short_table():
     md = bt.render(_payload())
     assert "### Short attention" not in md
     assert not [k for k in _targets(md) if k.startswith("short attention")]
+
+
+def test_model_shapes_refuse_a_shape_they_do_not_know_in_one_line(capsys):
+    with pytest.raises(SystemExit) as err:
+        bt.main(["--quick", "--model-shapes", "ViT-B/16,ResNet"])
+    assert err.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert "--model-shapes: expected some of ViT-B/16, BERT-base" in lines[0]
+    assert "got 'ViT-B/16,ResNet'" in lines[0]
+
+
+def test_model_shapes_keep_their_table_order():
+    assert bt._model_shapes("short,ViT-B/16") == ("ViT-B/16", "short")
