@@ -6,8 +6,10 @@ branches (no attention-weight dropout), at a model shape of ``bench_tpu.MODEL_SH
 Each variant replaces the dropout with something that keeps one cost and drops the
 others, all timed in one process against the step without dropout:
 
-* ``kernel``: ``dropmask.dropout`` (on a TPU, its Pallas kernel where it serves);
-  ``xla``: the same under ``tpu_kernels(False)``.
+* ``kernel``: ``dropmask.dropout`` (on a TPU, the flags kernel's bytes selected by XLA
+  inside its fusions); ``fused``: the same inside ``shard_map`` over one device, where
+  the dropout kernel draws and selects at once (a fusion barrier); ``xla``: the same
+  under ``tpu_kernels(False)``.
 * ``barrier``: ``x * c`` in a Pallas kernel, forward and backward: the memory passes
   and lost fusions of a kernel at each site, no generator.
 * ``bytes``: a byte per element, computed by a cheap hash and kept apart from the
@@ -278,10 +280,21 @@ def _drawn(words: Callable[..., jax.Array], keep: Callable[..., Any]):
     return lambda x, key: _selected(keep)(x, words(key, x.shape, x.dtype))
 
 
+def _fused(x: jax.Array, key: jax.Array) -> jax.Array:
+    """``dropmask.dropout`` inside ``shard_map`` over one device: the dropout kernel."""
+    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
+    spec = jax.sharding.PartitionSpec()
+    drop = jax.shard_map(
+        lambda x, k: dropmask.dropout(x, RATE, k), mesh=mesh, in_specs=spec, out_specs=spec
+    )
+    return drop(x, key)
+
+
 XLA = "xla"
 VARIANTS: dict[str, Any] = {
     "none": None,
     "kernel": lambda x, k: dropmask.dropout(x, RATE, k),
+    "fused": _fused,
     XLA: lambda x, k: dropmask.dropout(x, RATE, k),  # traced under tpu_kernels(False)
     "barrier": lambda x, k: barrier(x),
     "bytes": _bytes,
