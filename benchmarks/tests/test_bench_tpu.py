@@ -266,7 +266,7 @@ def test_step_dtypes_takes_a_comma_list_once_each():
 def test_rows_say_what_drew_the_mask():
     assert bt.drawn_by() == bt.XLA  # the CPU's default
     with testing.tpu_kernels():
-        assert bt.drawn_by() == bt.FLAGS  # over a whole mask, the flags kernel's bytes
+        assert bt.drawn_by() == bt.KERNEL
     with testing.tpu_kernels(False):
         assert bt.drawn_by() == bt.XLA
 

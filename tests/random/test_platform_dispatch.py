@@ -38,7 +38,7 @@ def _without_kernels(name):
 
 
 CASES = {
-    "dropout": (_dropout, (64, 256), "dropmask_tpu_keep_flags"),
+    "dropout": (_dropout, (64, 256), "dropmask_tpu_masked_linear"),
     "attention": (_attention, (1, 256, 2, 64), "dropmask_flash_fwd"),
 }
 

@@ -1,11 +1,9 @@
-"""The TPU kernels (``_random/_tpu_mask.py``) run in Pallas's TPU interpreter on a CPU.
+"""The TPU kernel (``_random/_tpu_mask.py``) run in Pallas's TPU interpreter on a CPU.
 
-Inside ``dropmask.testing.tpu_kernels()`` (and by default on a TPU) dropout over a whole
-mask selects with the flags kernel's bytes (``test_tpu_flags.py``); the dropout kernel,
-which draws and combines at once, serves inside ``shard_map`` and under a mesh of
-explicit axes (``test_tpu_mask_sharding.py``), here inside ``shard_map`` over one device.
-Every output, gradient, tangent and batched result must equal the default path's bit for
-bit, on the shapes a kernel serves and on those it hands back to XLA's path.
+Inside ``dropmask.testing.tpu_kernels()`` (and by default on a TPU with one device)
+dropout draws its mask in the kernel; every output, gradient, tangent and batched result
+must equal the default path's bit for bit, on the shapes the kernel serves and on those
+it hands back (to the flags kernel's bytes, ``test_tpu_flags.py``, or XLA's path).
 """
 
 import contextlib
@@ -42,29 +40,12 @@ def _x(shape, dtype):
     return jax.random.normal(jax.random.key(1), shape, jnp.float32).astype(dtype)
 
 
-DROPOUT_KERNEL, FLAGS_KERNEL = "dropmask_tpu_masked_linear", "dropmask_tpu_keep_flags"
-
-
-def _uses(kernel, f, *args):
-    return kernel in str(jax.make_jaxpr(f)(*args))
-
-
 def _uses_kernel(f, *args):
-    """Whether a TPU kernel draws the mask: the dropout kernel or the flags kernel."""
-    jaxpr = str(jax.make_jaxpr(f)(*args))
-    return DROPOUT_KERNEL in jaxpr or FLAGS_KERNEL in jaxpr
+    return "dropmask_tpu_masked_linear" in str(jax.make_jaxpr(f)(*args))
 
 
 def _dropout(x):
     return dropmask.dropout(x, RATE, KEY)
-
-
-def _in_shard_map(f):
-    """``f`` inside ``shard_map`` over one device: a manual axis, where the flags
-    kernel steps aside and the dropout kernel serves."""
-    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
-    spec = jax.sharding.PartitionSpec()
-    return jax.shard_map(f, mesh=mesh, in_specs=spec, out_specs=spec)
 
 
 def _loss(x):
@@ -76,11 +57,10 @@ def _loss(x):
 def test_the_kernel_gives_the_default_paths_outputs_and_gradients(shape, dtype):
     x = _x(shape, dtype)
     want, want_grad = _dropout(x), jax.grad(_loss)(x) if dtype != "complex64" else None
-    dropout, loss = _in_shard_map(_dropout), _in_shard_map(_loss)
     with testing.tpu_kernels():
-        served = _uses(DROPOUT_KERNEL, dropout, x)
-        got = dropout(x)
-        got_grad = jax.grad(loss)(x) if dtype != "complex64" else None
+        served = _uses_kernel(_dropout, x)
+        got = _dropout(x)
+        got_grad = jax.grad(_loss)(x) if dtype != "complex64" else None
     assert served == ((shape, dtype) in SERVED)
     assert got.dtype == x.dtype
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -96,7 +76,7 @@ def test_tangents_batches_and_run_time_rates_equal_the_default_path():
     traced = jax.jit(lambda r: dropmask.dropout(x, r, KEY))
     want = (tangent(x), batched(keys), traced(jnp.float32(0.3)), traced(jnp.float32(1.5)))
     with testing.tpu_kernels():
-        assert _uses(FLAGS_KERNEL, lambda r: dropmask.dropout(x, r, KEY), jnp.float32(0.3))
+        assert _uses_kernel(lambda r: dropmask.dropout(x, r, KEY), jnp.float32(0.3))
         got = (tangent(x), batched(keys), traced(jnp.float32(0.3)), traced(jnp.float32(1.5)))
     assert bool(jnp.isnan(got[3]).all())  # a run-time rate outside [0, 1]: NaN, not clipped
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
@@ -110,10 +90,9 @@ def test_a_kernel_that_fails_to_lower_falls_back_to_the_same_bits(monkeypatch):
     x = _x((32, 256), "float32")
     want = jax.jit(_dropout)(x)
     monkeypatch.setattr(_tpu_mask, "_pallas", broken)
-    dropout = _in_shard_map(_dropout)
     with testing.tpu_kernels():
-        assert _uses(DROPOUT_KERNEL, dropout, x)
-        got = jax.jit(dropout)(x)
+        assert _uses_kernel(_dropout, x)
+        got = jax.jit(_dropout)(x)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
@@ -123,7 +102,7 @@ def test_layers_draw_through_the_kernel():
     apply = lambda x: layer.apply({}, x, rngs={"dropout": KEY})  # noqa: E731
     want = apply(x)
     with testing.tpu_kernels():
-        assert _uses(FLAGS_KERNEL, apply, x)
+        assert _uses_kernel(apply, x)
         got = apply(x)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
@@ -227,22 +206,17 @@ def test_keep_tile_is_the_fast_masks_tile_either_way_round(transposed, cols):
     np.testing.assert_array_equal(np.asarray(got).T if transposed else got, want)
 
 
-@pytest.mark.parametrize("kernel", [FLAGS_KERNEL, DROPOUT_KERNEL])
-def test_the_kernel_lowers_for_a_tpu_rather_than_falling_back(lowering_for_a_tpu, kernel):
-    """Lowered for a TPU on this CPU: the kernel's custom calls, forward and backward,
-    not the XLA path its lowering falls back to; the dropout kernel inside
-    ``shard_map``."""
+def test_the_kernel_lowers_for_a_tpu_rather_than_falling_back(lowering_for_a_tpu):
+    """Lowered for a TPU on this CPU: the kernel's custom calls, not the XLA path its
+    lowering falls back to."""
     key = jax.random.key(0)
 
     def loss(x, rate):
         return jnp.sum(dropmask.dropout(x, rate, key).astype(jnp.float32))
 
-    if kernel == DROPOUT_KERNEL:
-        loss = _in_shard_map(loss)
     for dtype, rate in [(jnp.float32, 0.1), (jnp.bfloat16, jnp.float32(0.3))]:
         x = jnp.ones((256, 2048), dtype)
         with testing.tpu_kernels():
-            assert _uses(kernel, loss, x, rate)
             lowered = jax.export.export(jax.jit(jax.value_and_grad(loss)), platforms=["tpu"])
             text = lowered(x, rate).mlir_module()
         assert text.count("tpu_custom_call(") == 2, dtype  # forward and backward

@@ -186,22 +186,12 @@ def _on_tpu(
 ) -> Any:
     """``combine(x, flags, realised)`` with the TPU kernels, or None where they do not
     serve: a linear combine, where the kernels are traced (``_placement``), not in a
-    program XLA partitions itself.
-
-    A whole mask (no mesh of explicit or manual axes) takes :func:`_by_flags`: the flags
-    kernel writes a byte a flag and XLA selects with them inside the fusions of the
-    neighbouring ops, forward and backward. Inside a model's step that is what costs
-    least; the dropout kernel, which draws and combines at once, runs at ``x * c``'s
-    speed per call but is a fusion barrier: on a v5e, the residual and MLP sites of a
-    4-layer encoder step cost 1.146x / 1.100x / 1.053x the step without dropout at ViT-B,
-    BERT-base and [8, 128, 768] this way, 1.312x / 1.246x / 1.306x by the dropout
-    kernel (docs/dropout_speed.md, "Dropout that XLA fuses").
-
-    The dropout kernel serves where the bytes do not: under a mesh of explicit axes on
-    each device's block (:func:`_per_device`), inside ``shard_map`` (a block the caller
-    placed with ``global_shape``/``offset``, where it does not split the last axis, whose
-    offset must be a whole number of words, or the whole mask), its last axis whole
-    registers."""
+    program XLA partitions itself. Over an array of the mask's own shape whose last axis
+    is whole registers, the dropout kernel draws and combines at once; under a mesh of
+    explicit axes on each device's block (:func:`_per_device`); a block the caller placed
+    (``global_shape``/``offset`` inside ``shard_map``) where it does not split the last
+    axis (whose offset must be a whole number of words). Elsewhere (a last axis that is
+    not whole registers, ``broadcast_dims``, float16) :func:`_by_flags`."""
     if not (isinstance(combine, Linear) and isinstance(x, jax.Array)):
         return None
     if not tpu_kernels_run() or auto_partitioned(x):
@@ -213,10 +203,6 @@ def _on_tpu(
             return None
         return _per_device(combine, x, thr, words, *split)
     block = _block(spec, offset)
-    if block is None:
-        out = _by_flags(spec, combine, x, thr, words)
-        if out is not None:
-            return out
     if x.shape == spec.shape and (block is None or block.global_shape[-1] == spec.shape[-1]):
         global_shape = None if block is None else block.global_shape
         kernel = kernel_for(
@@ -225,7 +211,7 @@ def _on_tpu(
         if kernel is not None:
             scalars = scalars_of(words, thr, () if block is None else block.offset)
             return masked_linear(x, scalars, spec=kernel, combine=combine)
-    return None
+    return None if block is not None else _by_flags(spec, combine, x, thr, words)
 
 
 def _by_flags(spec: MaskSpec, combine: Combine, x: Any, thr: Threshold, words: Any) -> Any:

@@ -1,5 +1,5 @@
 """The ``"fast"`` keep-flags on a TPU as bytes: for a caller that keeps the mask, and for
-dropout over a whole mask.
+dropout the dropout kernel does not take.
 
 Dense attention keeps its weights' mask for the backward pass (``_draw.Kept``). Off a
 TPU it keeps the packed words; on a TPU XLA's paths draw each flag compute-bound (each
@@ -7,16 +7,10 @@ element computes a Threefry call of its own), in the forward pass and again in t
 backward. Here the dropout kernel (``_tpu_mask``) draws them once, each call computed
 once and its 8 flags spread by the matrix unit, and writes them as ``int8`` (1 byte a
 flag, as the ``bool`` mask Flax's dropout keeps), which XLA reads inside the fusions
-that select the weights, forward and backward. Dropout over a whole mask (outside
-``shard_map`` and meshes of explicit axes; any dtype, ``broadcast_dims``, any width over
-64) selects with the same bytes inside XLA's fusions (``_draw._by_flags``), drawn in the
-forward pass and again in the backward: XLA's draw computed a call per element, and the
-dropout kernel, which draws and selects at once, is a fusion barrier in a model's step.
-On a v5e, the residual and MLP sites of a 4-layer encoder step (bf16, rate 0.1) cost
-1.146x / 1.100x / 1.053x the step without dropout at ViT-B, BERT-base and [8, 128, 768]
-this way, against 1.312x / 1.246x / 1.306x by the dropout kernel; keeping the bytes for
-the backward pass instead of drawing them again gave 1.143x / 1.101x / 1.142x, so the
-bytes are not kept.
+that select the weights, forward and backward. Dropout over an array the dropout kernel
+does not take (a last axis that is not whole registers, ``broadcast_dims``, float16)
+selects with the same bytes inside XLA's fusion (``_draw._by_flags``), drawn in the
+forward pass and again in the backward, where XLA's draw computed a call per element.
 
 The kernel's columns are whole vector registers: a last axis that is not a multiple of
 128 long (197 keys) is padded in the output, whose padding's flags are garbage (they
