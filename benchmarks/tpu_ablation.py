@@ -6,10 +6,10 @@ branches (no attention-weight dropout), at a model shape of ``bench_tpu.MODEL_SH
 Each variant replaces the dropout with something that keeps one cost and drops the
 others, all timed in one process against the step without dropout:
 
-* ``kernel``: ``dropmask.dropout`` (on a TPU, the flags kernel's bytes selected by XLA
-  inside its fusions); ``fused``: the same inside ``shard_map`` over one device, where
-  the dropout kernel draws and selects at once (a fusion barrier); ``xla``: the same
-  under ``tpu_kernels(False)``.
+* ``kernel``: ``dropmask.dropout`` (on a TPU, its Pallas kernel where it serves);
+  ``fused``: the same inside ``shard_map`` over one device, where the dropout kernel
+  draws and selects at once whatever the default chooses for a whole mask; ``xla``:
+  the same under ``tpu_kernels(False)``.
 * ``barrier``: ``x * c`` in a Pallas kernel, forward and backward: the memory passes
   and lost fusions of a kernel at each site, no generator.
 * ``bytes``: a byte per element, computed by a cheap hash and kept apart from the
