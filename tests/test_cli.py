@@ -182,6 +182,10 @@ def test_compare_rates_with_num_seeds(capsys, tmp_path):
     _one_line_error(err, "--num-seeds applies to --compare-rates")
 
 
+# A training run per rate: the loop's sampled evaluation is in
+# tests/training/test_uncertainty_eval.py, and --mc-samples's refusal in
+# test_bad_flag_and_config_values_are_one_line.
+@pytest.mark.slow
 def test_mc_samples_with_compare_rates(capsys, tmp_path):
     args = ("--no-progress", f"--workdir={tmp_path}", "--compare-rates=0.5", "--mc-samples=3")
     status, out, err = _train(capsys, *args, steps=4, checkpoint_every=0)
@@ -204,10 +208,11 @@ def test_mc_samples_with_compare_rates(capsys, tmp_path):
 
 
 def test_progress_bar_and_no_progress(capsys, tmp_path):
-    status, _, err = _train(capsys, f"--workdir={tmp_path / 'a'}")
+    # Four steps: an evaluation and a checkpoint each, as in a longer run.
+    status, _, err = _train(capsys, f"--workdir={tmp_path / 'a'}", steps=4)
     assert status == 0
-    assert "loss=" in err and "ex_per_s=" in err and "12/12" in err
-    status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path / 'b'}")
+    assert "loss=" in err and "ex_per_s=" in err and "4/4" in err
+    status, _, err = _train(capsys, "--no-progress", f"--workdir={tmp_path / 'b'}", steps=4)
     assert status == 0 and err == ""
 
 
@@ -398,6 +403,10 @@ def test_workdir_that_is_a_file(capsys, tmp_path):
         _one_line_error(err, "workdir must be a directory", f"{afile} is a file", "--workdir")
 
 
+# A training run: the loop refuses alike and changes nothing in
+# tests/training/test_loop.py, and a refusal's one line is
+# test_every_kind_of_user_mistake_exits_2_in_one_line's.
+@pytest.mark.slow
 def test_resume_with_steps_below_the_checkpoint_changes_nothing(capsys, tmp_path):
     base = ("--no-progress", f"--workdir={tmp_path}")
     assert _train(capsys, *base, "--steps=8")[0] == 0
@@ -408,6 +417,10 @@ def test_resume_with_steps_below_the_checkpoint_changes_nothing(capsys, tmp_path
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+# Training runs: the loop stops alike in tests/training/test_loop.py, and an error
+# after the run started exits 1 in one line in
+# test_a_save_that_fails_once_the_run_started_exits_1.
+@pytest.mark.slow
 def test_a_nonfinite_loss_stops_the_run(capsys, tmp_path, monkeypatch):
     def nan_loss_at_step_6(state, new, metrics):
         return new, {**metrics, "loss": jnp.where(state.step == 5, jnp.nan, metrics["loss"])}
@@ -424,6 +437,9 @@ def test_a_nonfinite_loss_stops_the_run(capsys, tmp_path, monkeypatch):
     assert status == 0, err
 
 
+# Training runs: the loop sets the damaged checkpoint aside alike and notes it in one
+# line in tests/training/test_loop.py.
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_noted_and_resume_uses_the_previous(capsys, tmp_path):
     base = ("--no-progress", f"--workdir={tmp_path}")
     assert _train(capsys, *base, "--steps=8")[0] == 0
@@ -543,6 +559,7 @@ def test_config_values_of_the_wrong_kind(capsys, override, words):
         (["--config.learning_rate=-1"], 2, ["config.learning_rate must be > 0", "-1.0"]),
         (["--config.label_noise=2"], 2, ["config.label_noise must be in [0, 1]", "got 2.0"]),
         (["--config.data_seed=-3"], 2, ["config.data_seed must be an int >= 0", "got -3"]),
+        (["--mc-samples=-1"], 2, ["--mc-samples must be >= 0"]),
     ],
 )
 def test_bad_flag_and_config_values_are_one_line(capsys, tmp_path, args, status, words):
@@ -573,6 +590,10 @@ def test_ctrl_c_during_compare_rates_names_each_saved_run(capsys, tmp_path, monk
     assert list(_summary(tmp_path)["rates"]) == ["0", "0.5"]
 
 
+# A fresh process; in this one, the same refusal is one line in
+# test_every_kind_of_user_mistake_exits_2_in_one_line, and comes before any checkpointer
+# (whose threads printed at exit) in tests/training/test_loop.py.
+@pytest.mark.slow
 def test_a_config_refused_by_the_example_is_one_line_in_a_fresh_process(tmp_path):
     # In-process tests cannot see what threads print at interpreter exit: orbax's
     # cleanup thread once added a 30-line traceback after the refusal.

@@ -161,10 +161,19 @@ def _checkout_example(name):
 
 CHECKOUT = {"seq2seq": SEQ2SEQ, "sst2": SST2, "lm": LM, "translate": TRANSLATE}
 
+# The entries digits_nnx reads through digits' own data pipeline (its load_data and
+# train_batch are digits', which test_nnx_twin_shares_the_data_pipeline checks): run
+# once, for digits.
+SHARED_DATA_ENTRIES = {"data_path", "data_seed", "train_size", "label_noise", "batch_size"}
+
 CASES = [
     *[(digits.example, name, *spec) for name, spec in DIGITS.items()],
     *[(digits.example, name, *spec) for name, spec in DIGITS_REFUSALS.items()],
-    *[(digits_nnx.example, name, *spec) for name, spec in DIGITS_NNX.items()],
+    *[
+        (digits_nnx.example, name, *spec)
+        for name, spec in DIGITS_NNX.items()
+        if name not in SHARED_DATA_ENTRIES
+    ],
 ]
 SLOW_CASES = [
     (example, name, *spec) for example, table in CHECKOUT.items() for name, spec in table.items()
@@ -186,6 +195,12 @@ def test_every_entry_has_a_case(example, tables):
     config = example.get_tiny_config()
     covered = set().union(*tables)
     assert set(config) - LOOP_ENTRIES == covered, set(config) - LOOP_ENTRIES ^ covered
+
+
+def test_nnx_twin_shares_the_data_pipeline():
+    for field in ("load_data", "train_batch"):
+        assert getattr(digits_nnx.example, field) is getattr(digits.example, field), field
+    assert SHARED_DATA_ENTRIES <= set(DIGITS_NNX)
 
 
 _BASE_RUNS: dict = {}

@@ -80,11 +80,17 @@ def test_config_errors_name_the_entry(config):
         input_pipeline.load(bad)
 
 
+# The whole model's train step, slow as the other checkout examples' are; the check is
+# the digits example's too (tests/examples/test_digits.py).
+@pytest.mark.slow
 def test_train_step_changes_every_parameter_and_uses_the_key(state, data, config):
     batch = input_pipeline.train_batch(config, data, jax.random.key(0), 0)
     assert_step_changes_every_parameter_and_uses_the_key(train.train_step, state, batch)
 
 
+# Three whole models, slow as translate's dense-against-blockwise test is; the attention
+# paths are compared on their own in tests/attention/.
+@pytest.mark.slow
 def test_flax_and_dropmask_attention_compute_the_same_model(config, data):
     tokens = jnp.asarray(input_pipeline.train_batch(config, data, jax.random.key(0), 0)["tokens"])
     outs = []
@@ -220,6 +226,9 @@ def test_the_sample_command_names_an_example_that_does_not_generate(tmp_path, ca
     ]
 
 
+# An audit of the whole model; the command audits the digits examples in
+# tests/audit/test_audit.py, and attention weights as sites of their own there.
+@pytest.mark.slow
 def test_the_tiny_config_audits_clean_with_attention_weights_seen():
     report = audit_target(target_from_example(train.example))
     assert report.ok, str(report)

@@ -172,6 +172,9 @@ def test_causality_holds_on_the_subset(data, tokens):
     assert np.all(np.any(a[:, later] != b[:, later], axis=-1))
 
 
+# The whole model's train step, slow as the lm example's is; what token drop changes in
+# the forward pass is checked above.
+@pytest.mark.slow
 def test_the_jitted_train_step_trains_every_parameter(data):
     config = _config(0.5)
     batch = input_pipeline.train_batch(config, data, jax.random.key(0), 0)

@@ -3,8 +3,9 @@
 There an array's type carries its sharding, and JAX refuses what it cannot compute
 locally (a one-element slice of a sharded axis, a select of operands sharded apart).
 Each function and layer of ``tests/mask_sites.py`` runs on an input split over 8 CPU
-devices, eagerly, under ``jit`` with a static and a run-time rate and differentiated,
-and must give what it gives on the unsharded input.
+devices and over both axes of a 4 x 2 mesh, and must give what it gives on the
+unsharded input; the modes (eager, ``jit`` with a static and a run-time rate,
+differentiated) run as ``_cases`` lays out.
 """
 
 from __future__ import annotations
@@ -59,41 +60,93 @@ def _run(site: Site, mode: str) -> Any:
     return jax.jit(jax.grad(_loss(site, RATE)))
 
 
+# Each site runs under ``jit``, and in some of the other modes by its place in its
+# group (the functions, the Linen layers, the NNX layers), rotated so that each mode
+# runs on a share of every group. A mode exercises a path every site shares: eagerly,
+# the library's jitted draw runs on the sharded array as under ``jit``; a run-time rate
+# is a replicated scalar in the threshold; differentiated, the backward pass draws the
+# mask again. A function runs differentiated always (its own backward rule), and with a
+# run-time rate or eagerly in turn. A layer is thin over the function it calls: of the
+# Linen and NNX forms of a layer, one runs one of the three in turn (eagerly where it
+# lacks that one). A recurrent layer (its own loop) runs every mode.
+_FUNCTION_MODES = ("run-time rate", "eager")
+_LAYER_MODES = ("eager", "run-time rate", "grad")
+
+
+def _group(site: Site) -> str:
+    """``"linen"`` or ``"nnx"`` for a layer's site, ``"function"`` for a function's."""
+    return site.id.split(".")[1] if site.id.startswith("dropmask.") else "function"
+
+
+def _modes(site: Site, index: int) -> list[str]:
+    """``site``'s modes, for the ``index``-th site of its group."""
+    modes = ["eager", "jit"]
+    modes += ["run-time rate"] if site.traced_rate else []
+    modes += ["grad"] if site.differentiable else []
+    group = _group(site)
+    if site.slow:
+        return modes
+    if group == "function":
+        turn = _FUNCTION_MODES[index % len(_FUNCTION_MODES)]
+    elif (index + (group == "nnx")) % 2:
+        return ["jit"]  # the other front of this layer runs a mode in turn
+    else:
+        turn = _LAYER_MODES[index % len(_LAYER_MODES)]
+    turn = turn if turn in modes else "eager"  # a mode the site does not have
+    return [m for m in modes if m in ("jit", turn) or (m == "grad" and group == "function")]
+
+
+def _meshes(site: Site, mode: str) -> tuple[str, ...]:
+    """Each case runs on the 8-device mesh. On the 4 x 2 mesh, splitting a feature axis
+    changes which part of the mask each device draws: every site with a ``spec_2d``
+    runs there under ``jit``; eagerly, with a run-time rate or differentiated a part is
+    drawn as under ``jit``. The attention functions run there differentiated too: their
+    backward pass computes on the heads split over ``"model"``."""
+    if site.spec_2d is None or mode not in ("jit", "grad"):
+        return ("8",)
+    if mode == "grad" and not (_group(site) == "function" and "attention" in site.public):
+        return ("8",)
+    return ("8", "4x2")
+
+
 def _cases() -> list[Any]:
     cases = []
+    index = {"function": 0, "linen": 0, "nnx": 0}
     for site in SITES:
-        modes = ["eager", "jit"]
-        modes += ["run-time rate"] if site.traced_rate else []
-        modes += ["grad"] if site.differentiable else []
-        meshes = ["8"] if site.spec_2d is None else ["8", "4x2"]
+        group = _group(site)
+        modes = _modes(site, index[group])
+        index[group] += 1
         for mode in modes:
             marks = []
             if site.slow and mode != "jit":
                 marks.append(pytest.mark.slow)
-            for mesh in meshes:
-                case_id = f"{site.id}-{mode}-{mesh}"
-                cases.append(pytest.param(site, mode, mesh, marks=marks, id=case_id))
+            meshes = _meshes(site, mode)
+            case_id = f"{site.id}-{mode}-{'+'.join(meshes)}"
+            cases.append(pytest.param(site, mode, meshes, marks=marks, id=case_id))
     return cases
 
 
-@pytest.mark.parametrize(("site", "mode", "mesh_kind"), _cases())
-def test_a_mask_drawer_gives_the_unsharded_result_under_explicit_sharding(site, mode, mesh_kind):
+@pytest.mark.parametrize(("site", "mode", "mesh_kinds"), _cases())
+def test_a_mask_drawer_gives_the_unsharded_result_under_explicit_sharding(site, mode, mesh_kinds):
     """The same program on the input split over the batch axis of 8 devices, or over
     both axes of a 4 x 2 mesh (``site.spec_2d``), gives the unsharded result: the same
     mask, and arithmetic that may round its last bits apart (XLA compiles each
     device's part of a loop on its own)."""
     x = site_input(site)
-    mesh = _mesh(mesh_kind)
-    spec = P("data") if mesh_kind == "8" else site.spec_2d
     run = _run(site, mode)
     want = run(x)
-    with _set_mesh(mesh):
-        got = run(jax.device_put(x, NamedSharding(mesh, spec)))
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=site.id),
-        got,
-        want,
-    )
+    for mesh_kind in mesh_kinds:
+        mesh = _mesh(mesh_kind)
+        spec = P("data") if mesh_kind == "8" else site.spec_2d
+        with _set_mesh(mesh):
+            got = run(jax.device_put(x, NamedSharding(mesh, spec)))
+        jax.tree.map(
+            lambda a, b, m=mesh_kind: np.testing.assert_allclose(
+                a, b, rtol=1e-5, atol=1e-6, err_msg=f"{site.id} on mesh {m}"
+            ),
+            got,
+            want,
+        )
 
 
 def test_every_public_mask_drawer_has_a_site():

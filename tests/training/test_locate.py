@@ -105,6 +105,10 @@ def test_a_target_that_is_not_an_example_is_refused():
         load_example("tests.user_example.models:Classifier")
 
 
+# A training run: the command audits a copy of this directory in
+# test_audit_without_model_inputs_audits_the_train_step, and trains and audits the
+# user's NNX directory in the last test.
+@pytest.mark.slow
 def test_train_and_audit_a_users_directory(tmp_path, capsys):
     workdir = tmp_path / "run"
     status = cli.main(["train", str(USER_EXAMPLE), "--no-progress", f"--workdir={workdir}"])
@@ -306,12 +310,22 @@ def test_an_exception_in_the_users_model_outside_a_hook_says_whose(tmp_path, cap
 USER_NNX_EXAMPLE = USER_EXAMPLE.parent / "user_example_nnx"
 
 
-@pytest.mark.parametrize(
-    "target", [str(USER_NNX_EXAMPLE), "tests.user_example_nnx.train:example", "digits_nnx"]
-)
+# The user's directory and the bundled example run; the module:attribute target is the
+# same example as the directory (checked here without a run, as the Linen user
+# example's targets are above).
+@pytest.mark.parametrize("target", [str(USER_NNX_EXAMPLE), "digits_nnx"])
 def test_train_and_audit_a_users_nnx_directory_module_and_the_bundled_nnx_example(
     target, tmp_path, capsys
 ):
+    if target == str(USER_NNX_EXAMPLE):
+        by_module, by_dir = (
+            load_example("tests.user_example_nnx.train:example"),
+            load_example(target),
+        )
+        assert by_module.name == by_dir.name == "blobs_nnx"
+        for hook in ("create_state", "load_data"):
+            code = (getattr(e, hook).__code__ for e in (by_module, by_dir))
+            assert len({(c.co_filename, c.co_firstlineno) for c in code}) == 1, hook
     workdir = tmp_path / "run"
     argv = ["train", target, "--no-progress", f"--workdir={workdir}"]
     if target == "digits_nnx":

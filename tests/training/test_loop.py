@@ -33,7 +33,13 @@ from dropmask.training._loop import checkpoint_steps
 DEVICE_RTOL = 1e-5
 
 
-@pytest.fixture(scope="module", params=EXAMPLES)
+# Every guarantee below runs on both front ends; on the NNX twin with the slow tests,
+# as each is a training run and the loop's code is the same for both (the NNX state's
+# own checkpoint and resume are in tests/training/test_nnx_state.py).
+@pytest.fixture(
+    scope="module",
+    params=[EXAMPLES[0], *(pytest.param(name, marks=pytest.mark.slow) for name in EXAMPLES[1:])],
+)
 def example(request):
     return example_named(request.param)
 

@@ -154,7 +154,9 @@ def test_linen_sample_is_apply_with_the_key_rule() -> None:
         return uncertainty.sample_linen(model, variables, x, key=key, num_samples=6, chunk_size=4)
 
     np.testing.assert_allclose(jax.jit(draw)(variables, key), logits, rtol=1e-6, atol=1e-6)
-    grads = jax.grad(lambda v: uncertainty.mutual_information(draw(v, key)).mean())(variables)
+    grads = jax.jit(jax.grad(lambda v: uncertainty.mutual_information(draw(v, key)).mean()))(
+        variables
+    )
     assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
 
 

@@ -228,14 +228,14 @@ def test_each_function_is_one_jitted_computation(call) -> None:
 def test_nll_gradient_matches_finite_differences() -> None:
     samples = jax.random.normal(jax.random.key(1), (3, 2, 4))
     labels = jnp.array([1, 3])
-    check_grads(
-        lambda s: unc.nll(unc.predictive_log_probs(s), labels),
+    check_grads(  # jit: the numerical check evaluates the function many times
+        jax.jit(lambda s: unc.nll(unc.predictive_log_probs(s), labels)),
         (samples,),
         order=1,
         atol=1e-2,
         rtol=1e-2,
     )
-    check_grads(unc.mutual_information, (samples,), order=1, atol=1e-2, rtol=1e-2)
+    check_grads(jax.jit(unc.mutual_information), (samples,), order=1, atol=1e-2, rtol=1e-2)
 
 
 def test_reliability_diagram_draws_the_non_empty_bins() -> None:

@@ -21,12 +21,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 VERDICTS = {why.HOLDS, why.NOT, why.DEPENDS}
 
 
-@pytest.fixture(scope="module")
-def timed() -> why.WhyReport:
-    return why.check_claims(timing=True, size=1 << 14, repeats=3)
+def test_the_timed_report():
+    """One timed report (seconds of measurement) for every check below: as a fixture of
+    several tests, each pytest-xdist worker that ran one of them measured it again."""
+    timed = why.check_claims(timing=True, size=1 << 14, repeats=3)
+    _every_claim_has_a_verdict_and_evidence(timed)
+    _timing_claims_report_positive_times_and_ratios(timed)
+    _report_prints_a_table_and_round_trips_through_json(timed)
 
 
-def test_every_claim_has_a_verdict_and_evidence(timed):
+def _every_claim_has_a_verdict_and_evidence(timed):
     ids = [c.id for c in timed.claims]
     assert len(ids) == len(set(ids)) == 16
     for claim in timed.claims:
@@ -35,7 +39,7 @@ def test_every_claim_has_a_verdict_and_evidence(timed):
     assert timed.jax_version and timed.backend and timed.seconds > 0
 
 
-def test_timing_claims_report_positive_times_and_ratios(timed):
+def _timing_claims_report_positive_times_and_ratios(timed):
     claims = {c.id: c for c in timed.claims}
     for cid in ("where-slower", "multiply-slower"):
         ratios = claims[cid].data["ratios"]
@@ -50,7 +54,7 @@ def test_timing_claims_report_positive_times_and_ratios(timed):
     assert cond["vmap cond keeps a cond"] is False
 
 
-def test_report_prints_a_table_and_round_trips_through_json(timed):
+def _report_prints_a_table_and_round_trips_through_json(timed):
     text = str(timed)
     assert text.startswith(f"dropmask why: jax {timed.jax_version}")
     for claim in timed.claims:
