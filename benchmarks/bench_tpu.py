@@ -197,8 +197,8 @@ def _check_cases() -> dict[str, Callable[[], Any]]:
     cases["one-device mesh: grad (8, 256, 1024)"] = lambda: on_mesh(
         lambda x: grad_of(x.shape), ones((8, 256, 1024))
     )
-    # Inside shard_map the dropout kernel draws and selects at once (elsewhere dropout
-    # selects with the flags kernel's bytes).
+    # Inside shard_map the dropout kernel draws and selects at once, whatever path the
+    # default takes for a whole mask.
     cases["inside shard_map: dropout (2, 197, 768) bfloat16"] = lambda: in_shard_map(
         lambda x: dropmask.dropout(x, RATE, key), ones((2, 197, 768), "bfloat16")
     )
