@@ -102,20 +102,17 @@ QUICK_STEP = {"batch": 2, "length": 64, "width": 128, "heads": 2, "mlp_dim": 256
 DTYPES = ("float32", "bfloat16")
 STEP_DTYPES = ("bfloat16",)
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
-KERNEL, FLAGS, XLA = "TPU kernel", "TPU flags kernel, XLA's select", "XLA path"
-# The kernels' primitives as a jaxpr names them: how a row tells what drew its mask.
-KERNEL_PRIMITIVE, FLAGS_PRIMITIVE = "dropmask_tpu_masked_linear", "dropmask_tpu_keep_flags"
+KERNEL, XLA = "TPU kernel", "XLA path"
+# The kernel's primitive as a jaxpr names it: how a row tells what drew its mask.
+KERNEL_PRIMITIVE = "dropmask_tpu_masked_linear"
 
 
 def drawn_by() -> str:
-    """What draws ``dropmask.dropout``'s mask here by default: ``KERNEL`` (the dropout
-    kernel), ``FLAGS`` (the flags kernel's bytes, selected by XLA) or ``XLA``, read from
-    the traced program."""
+    """What draws ``dropmask.dropout``'s mask here by default: ``KERNEL`` or ``XLA``, read
+    from the traced program."""
     key, x = jax.random.key(0), jnp.ones((32, 1024))
-    jaxpr = str(jax.make_jaxpr(lambda x: dropmask.dropout(x, RATE, key))(x))
-    if KERNEL_PRIMITIVE in jaxpr:
-        return KERNEL
-    return FLAGS if FLAGS_PRIMITIVE in jaxpr else XLA
+    jaxpr = jax.make_jaxpr(lambda x: dropmask.dropout(x, RATE, key))(x)
+    return KERNEL if KERNEL_PRIMITIVE in str(jaxpr) else XLA
 
 
 # --- 1. checks ------------------------------------------------------------------------

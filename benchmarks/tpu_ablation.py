@@ -48,7 +48,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import dropmask
-from benchmarks.bench_tpu import MODEL_SHAPES, _step_ms
+from benchmarks.bench_tpu import MODEL_SHAPES, _step_ms, one_device_mesh
 from benchmarks.bench_transformer_step import step_fn
 from dropmask import testing
 from dropmask.testing import LANES, key_words, threshold, tpu_keep_tile
@@ -282,10 +282,12 @@ def _drawn(words: Callable[..., jax.Array], keep: Callable[..., Any]):
 
 def _fused(x: jax.Array, key: jax.Array) -> jax.Array:
     """``dropmask.dropout`` inside ``shard_map`` over one device: the dropout kernel."""
-    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
     spec = jax.sharding.PartitionSpec()
     drop = jax.shard_map(
-        lambda x, k: dropmask.dropout(x, RATE, k), mesh=mesh, in_specs=spec, out_specs=spec
+        lambda x, k: dropmask.dropout(x, RATE, k),
+        mesh=one_device_mesh(),
+        in_specs=spec,
+        out_specs=spec,
     )
     return drop(x, key)
 
