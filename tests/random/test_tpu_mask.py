@@ -206,9 +206,34 @@ def test_keep_tile_is_the_fast_masks_tile_either_way_round(transposed, cols):
     np.testing.assert_array_equal(np.asarray(got).T if transposed else got, want)
 
 
+def _uses_bytes(f, *args):
+    jaxpr = str(jax.make_jaxpr(f)(*args))
+    return "dropmask_tpu_bytes_linear" in jaxpr and "dropmask_tpu_masked_linear" not in jaxpr
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [((64, 256), "float32"), ((2, 77, 384), "bfloat16")])
+def test_differentiated_dropout_selects_bytes_by_xla_and_keeps_only_the_key(shape, dtype):
+    """Alone, the dropout kernel; under ``grad`` and ``jvp``, the flags kernel's bytes
+    selected by XLA in both passes (fusible with the ops around them), the same values,
+    and the backward pass keeps the key's words and threshold, nothing of ``x``'s size."""
+    x = _x(shape, dtype)
+    tangent = lambda x: jax.jvp(_dropout, (x,), (jnp.cos(x),))  # noqa: E731
+    want = (_dropout(x), tangent(x), jax.grad(_loss)(x))
+    with testing.tpu_kernels():
+        assert _uses_kernel(_dropout, x)
+        assert _uses_bytes(jax.grad(_loss), x)
+        assert _uses_bytes(tangent, x)
+        got = (_dropout(x), tangent(x), jax.grad(_loss)(x))
+        _, vjp = jax.vjp(_dropout, x)
+    assert [leaf.shape for leaf in jax.tree.leaves(vjp)] == [(4,)]
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
 def test_the_kernel_lowers_for_a_tpu_rather_than_falling_back(lowering_for_a_tpu):
-    """Lowered for a TPU on this CPU: the kernel's custom calls, not the XLA path its
-    lowering falls back to."""
+    """Lowered for a TPU on this CPU: the kernels' custom calls, not the XLA path their
+    lowering falls back to; differentiated, the flags kernel's in each pass, with no
+    ``optimization_barrier`` (a checkpoint's) to keep XLA from fusing the selects."""
     key = jax.random.key(0)
 
     def loss(x, rate):
@@ -219,4 +244,7 @@ def test_the_kernel_lowers_for_a_tpu_rather_than_falling_back(lowering_for_a_tpu
         with testing.tpu_kernels():
             lowered = jax.export.export(jax.jit(jax.value_and_grad(loss)), platforms=["tpu"])
             text = lowered(x, rate).mlir_module()
+            alone = jax.export.export(jax.jit(loss), platforms=["tpu"])(x, rate).mlir_module()
+        assert alone.count("tpu_custom_call(") == 1, dtype
         assert text.count("tpu_custom_call(") == 2, dtype  # forward and backward
+        assert "optimization_barrier" not in text, dtype

@@ -1,5 +1,5 @@
-"""The ``"fast"`` keep-flags on a TPU as bytes: for a caller that keeps the mask, and for
-dropout the dropout kernel does not take.
+"""The ``"fast"`` keep-flags on a TPU as bytes: for a caller that keeps the mask, for
+differentiated dropout, and for dropout the dropout kernel does not take.
 
 Dense attention keeps its weights' mask for the backward pass (``_draw.Kept``). Off a
 TPU it keeps the packed words; on a TPU XLA's paths draw each flag compute-bound (each
@@ -11,6 +11,11 @@ that select the weights, forward and backward. Dropout over an array the dropout
 does not take (a last axis that is not whole registers, ``broadcast_dims``, float16)
 selects with the same bytes inside XLA's fusion (``_draw._by_flags``), drawn in the
 forward pass and again in the backward, where XLA's draw computed a call per element.
+So does differentiated dropout over the arrays the dropout kernel takes
+(``_draw._kernel_or_bytes``): in a train step that kernel is a fusion barrier, where
+XLA fuses the select into the ops around it. The select is bound as one primitive
+linear in ``x`` (:func:`bytes_linear`), so that neither pass keeps a residual of
+``x``'s size or stands behind a ``jax.checkpoint``'s barrier.
 
 The kernel's columns are whole vector registers: a last axis that is not a multiple of
 128 long (197 keys) is padded in the output, whose padding's flags are garbage (they
@@ -39,7 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.extend import core as jex_core
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 from ._fast_mask import LANES, Threshold, check_word_count, keep_from_words
 from ._placement import mosaic_lowers_here
@@ -52,7 +57,7 @@ from ._tpu_mask import (
     words_and_threshold,
 )
 
-__all__ = ["flags_kernel_for", "flags_of", "keep_bytes"]
+__all__ = ["bytes_linear", "flags_kernel_for", "flags_of", "keep_bytes"]
 
 _CHUNK = 32  # rows an int8 vector register holds
 _FLAGS_DTYPE = jnp.dtype(jnp.int8)
@@ -164,3 +169,64 @@ keep_flags_p.def_abstract_eval(_abstract)
 mlir.register_lowering(keep_flags_p, functools.partial(_lower, kernel=False))
 mlir.register_lowering(keep_flags_p, functools.partial(_lower, kernel=True), platform="tpu")
 batching.primitive_batchers[keep_flags_p] = _batch
+
+
+def _selected(
+    x: jax.Array, scalars: jax.Array, *, spec: TpuKernel, shape: tuple[int, ...], combine: Any
+):
+    """``combine(x, flags, realised)`` with the flags the kernel ``spec`` draws as bytes
+    (a mask of ``shape``, broadcast against ``x`` by ``combine``), selected by XLA."""
+    _, thr = words_and_threshold(scalars, spec)
+    keep = keep_flags_p.bind(scalars, spec=spec)[..., : shape[-1]].reshape(shape)
+    return combine(x, flags_of(keep), thr.realised)
+
+
+# Dropout's select by XLA over the bytes, bound as one primitive linear in ``x``: its
+# tangent and cotangent are the same select applied to ``t`` or ``g`` with the bytes
+# drawn again from the key's words, so neither pass keeps a residual the size of ``x``,
+# and no ``jax.checkpoint`` (whose backward pass recomputes behind an
+# ``optimization_barrier`` over its inputs, the cotangent among them) stands between
+# the select and the ops XLA fuses it with.
+bytes_linear_p = jex_core.Primitive("dropmask_tpu_bytes_linear")
+
+
+def bytes_linear(
+    x: jax.Array, scalars: jax.Array, *, spec: TpuKernel, shape: tuple[int, ...], combine: Any
+) -> jax.Array:
+    """``combine(x, flags, realised)`` with the flags of a mask of ``shape`` drawn as bytes
+    by the kernel ``spec`` (:func:`flags_kernel_for`) and selected by XLA, inside its
+    fusions. ``combine`` must be linear in ``x`` and diagonal (dropout's select and
+    scale), so that it is its own transpose."""
+    return bytes_linear_p.bind(x, scalars, spec=spec, shape=shape, combine=combine)
+
+
+def _linear_jvp(primals: Any, tangents: Any, **params: Any) -> Any:
+    x, scalars = primals
+    tx, _ = tangents
+    out = bytes_linear_p.bind(x, scalars, **params)
+    if type(tx) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)  # pyright: ignore[reportAttributeAccessIssue]
+    return out, bytes_linear_p.bind(tx, scalars, **params)
+
+
+def _linear_transpose(ct: Any, x: Any, scalars: Any, **params: Any) -> Any:
+    del x
+    if type(ct) is ad.Zero:
+        return [ad.Zero(ct.aval), None]
+    return [bytes_linear_p.bind(ct, scalars, **params), None]
+
+
+def _linear_batch(args: Any, dims: Any, **params: Any) -> Any:
+    return jax.vmap(functools.partial(_selected, **params), in_axes=dims)(*args), 0
+
+
+bytes_linear_p.def_abstract_eval(lambda x, scalars, **params: x)
+mlir.register_lowering(
+    bytes_linear_p,
+    lambda ctx, x, scalars, **params: mlir.lower_fun(
+        functools.partial(_selected, **params), multiple_results=False
+    )(ctx, x, scalars),
+)
+ad.primitive_jvps[bytes_linear_p] = _linear_jvp
+ad.primitive_transposes[bytes_linear_p] = _linear_transpose
+batching.primitive_batchers[bytes_linear_p] = _linear_batch
