@@ -102,17 +102,24 @@ QUICK_STEP = {"batch": 2, "length": 64, "width": 128, "heads": 2, "mlp_dim": 256
 DTYPES = ("float32", "bfloat16")
 STEP_DTYPES = ("bfloat16",)
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
-KERNEL, XLA = "TPU kernel", "XLA path"
-# The kernel's primitive as a jaxpr names it: how a row tells what drew its mask.
-KERNEL_PRIMITIVE = "dropmask_tpu_masked_linear"
+KERNEL, BYTES, XLA = "TPU kernel", "TPU bytes, XLA's select", "XLA path"
+# The kernels' primitives as a jaxpr names them: how a row tells what drew its masks.
+PATH_PRIMITIVES = {"dropmask_tpu_masked_linear": KERNEL, "dropmask_tpu_bytes_linear": BYTES}
 
 
-def drawn_by() -> str:
-    """What draws ``dropmask.dropout``'s mask here by default: ``KERNEL`` or ``XLA``, read
-    from the traced program."""
+def dropout_path(f: Callable[..., Any], *args: Any) -> str:
+    """What draws and applies dropmask's dropout masks in ``f``: ``KERNEL``, ``BYTES``
+    (both, joined by " + "), or ``XLA``, read from the traced program."""
+    text = str(jax.make_jaxpr(f)(*args))
+    return " + ".join(v for k, v in PATH_PRIMITIVES.items() if k in text) or XLA
+
+
+def drawn_by(differentiated: bool = False) -> str:
+    """What draws ``dropmask.dropout``'s mask here by default (:func:`dropout_path`),
+    called alone or, with ``differentiated``, under ``jax.grad``."""
     key, x = jax.random.key(0), jnp.ones((32, 1024))
-    jaxpr = jax.make_jaxpr(lambda x: dropmask.dropout(x, RATE, key))(x)
-    return KERNEL if KERNEL_PRIMITIVE in str(jaxpr) else XLA
+    f = lambda x: jnp.sum(dropmask.dropout(x, RATE, key))  # noqa: E731
+    return dropout_path(jax.grad(f) if differentiated else f, x)
 
 
 # --- 1. checks ------------------------------------------------------------------------
@@ -379,7 +386,10 @@ def per_call_rows(shape: tuple[int, ...], reps: int) -> Iterator[dict[str, Any]]
             row: dict[str, Any] = {"dtype": dtype, "name": name}
             with _way(name):
                 if name == DEFAULT:
-                    row["path"] = drawn_by()
+                    alone, differentiated = drawn_by(), drawn_by(differentiated=True)
+                    row["path"] = alone
+                    if differentiated != alone:
+                        row["path"] += f"; differentiated: {differentiated}"
                 row["forward_ms"] = _slope(_looped(forward, x, c), reps)
                 row["fwd_bwd_ms"] = _slope(_looped(both, x, g, c), reps)
                 row["dispatch_forward_ms"] = _dispatch_ms(forward, x, c)
@@ -460,7 +470,6 @@ def step_rows(
                 )(x, deterministic)
             return x
 
-    path = drawn_by()
     for dtype in dtypes:
         shape = (size["batch"], size["length"], size["width"])
         x = jax.random.normal(jax.random.key(0), shape, dtype)
@@ -484,7 +493,7 @@ def step_rows(
                 "temp_mib": temp_mib(exe),
             }
             if swap is not None:
-                row["path"] = path
+                row["path"] = dropout_path(step, params, x, jax.random.key(2))
             if swap:
                 row["attention_path"] = attention_path(step, params, x, jax.random.key(2))
             if base is None:

@@ -6,10 +6,10 @@ branches (no attention-weight dropout), at a model shape of ``bench_tpu.MODEL_SH
 Each variant replaces the dropout with something that keeps one cost and drops the
 others, all timed in one process against the step without dropout:
 
-* ``kernel``: ``dropmask.dropout`` (on a TPU, its Pallas kernel where it serves);
-  ``fused``: the same inside ``shard_map`` over one device, where the dropout kernel
-  draws and selects at once whatever the default chooses for a whole mask; ``xla``:
-  the same under ``tpu_kernels(False)``.
+* ``default``: ``dropmask.dropout`` as it is (on a TPU, differentiated: the flags
+  kernel's bytes, selected by XLA); ``kernel``: the same inside ``shard_map`` over one
+  device, where the dropout kernel draws and selects at once in both passes (what
+  ``default`` was before the bytes); ``xla``: ``default`` under ``tpu_kernels(False)``.
 * ``barrier``: ``x * c`` in a Pallas kernel, forward and backward: the memory passes
   and lost fusions of a kernel at each site, no generator.
 * ``bytes``: a byte per element, computed by a cheap hash and kept apart from the
@@ -280,8 +280,9 @@ def _drawn(words: Callable[..., jax.Array], keep: Callable[..., Any]):
     return lambda x, key: _selected(keep)(x, words(key, x.shape, x.dtype))
 
 
-def _fused(x: jax.Array, key: jax.Array) -> jax.Array:
-    """``dropmask.dropout`` inside ``shard_map`` over one device: the dropout kernel."""
+def _kernel(x: jax.Array, key: jax.Array) -> jax.Array:
+    """``dropmask.dropout`` inside ``shard_map`` over one device: the dropout kernel, in
+    both passes."""
     spec = jax.sharding.PartitionSpec()
     drop = jax.shard_map(
         lambda x, k: dropmask.dropout(x, RATE, k),
@@ -295,8 +296,8 @@ def _fused(x: jax.Array, key: jax.Array) -> jax.Array:
 XLA = "xla"
 VARIANTS: dict[str, Any] = {
     "none": None,
-    "kernel": lambda x, k: dropmask.dropout(x, RATE, k),
-    "fused": _fused,
+    "default": lambda x, k: dropmask.dropout(x, RATE, k),
+    "kernel": _kernel,
     XLA: lambda x, k: dropmask.dropout(x, RATE, k),  # traced under tpu_kernels(False)
     "barrier": lambda x, k: barrier(x),
     "bytes": _bytes,

@@ -267,8 +267,10 @@ def test_rows_say_what_drew_the_mask():
     assert bt.drawn_by() == bt.XLA  # the CPU's default
     with testing.tpu_kernels():
         assert bt.drawn_by() == bt.KERNEL
+        assert bt.drawn_by(differentiated=True) == bt.BYTES
     with testing.tpu_kernels(False):
         assert bt.drawn_by() == bt.XLA
+        assert bt.drawn_by(differentiated=True) == bt.XLA
 
 
 def test_quick_saves_each_row_and_reports_a_part_that_fails(tmp_path, monkeypatch):

@@ -8,9 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from benchmarks import bench_tpu
 from benchmarks import tpu_ablation as ta
 
 import dropmask
+from dropmask import testing
 
 
 @pytest.mark.parametrize(
@@ -44,3 +46,16 @@ def test_every_variant_runs_at_a_tiny_shape(tmp_path):
     rows = json.loads(out.read_text())
     assert [r["variant"] for r in rows] == list(ta.VARIANTS)
     assert all(r["step_ms"] > 0 and r["ratio"] > 0 for r in rows)
+
+
+def test_the_default_and_kernel_variants_differ_only_in_what_draws_differentiated():
+    """Under ``grad``: ``default`` selects the flags kernel's bytes by XLA, ``kernel``
+    runs the dropout kernel in both passes; the same gradients."""
+    x, key = jax.random.normal(jax.random.key(0), (64, 256)), jax.random.key(1)
+    grads = {}
+    with testing.tpu_kernels():
+        for name, path in [("default", bench_tpu.BYTES), ("kernel", bench_tpu.KERNEL)]:
+            grad = jax.grad(lambda x, f=ta.VARIANTS[name]: jnp.sum(jnp.sin(f(x, key))))
+            assert bench_tpu.dropout_path(grad, x) == path
+            grads[name] = grad(x)
+    np.testing.assert_array_equal(np.asarray(grads["default"]), np.asarray(grads["kernel"]))
