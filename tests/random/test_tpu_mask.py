@@ -230,6 +230,27 @@ def test_differentiated_dropout_selects_bytes_by_xla_and_keeps_only_the_key(shap
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+def test_differentiated_bytes_under_vmap_and_a_run_time_rate_equal_the_default_path():
+    """Per-example gradients (``vmap`` of ``grad``, over ``x`` and over keys) and a traced
+    rate, through the bytes: the default path's values."""
+    x = _x((3, 64, 256), "float32")
+    keys = jax.random.split(KEY, 3)
+
+    def loss(x, key, rate):
+        return jnp.sum(jnp.sin(dropmask.dropout(x, rate, key)))
+
+    per_x = jax.vmap(jax.grad(loss), in_axes=(0, None, None))
+    per_key = jax.vmap(jax.grad(loss), in_axes=(None, 0, None))
+    traced = jax.jit(jax.grad(loss))
+    run = lambda: (per_x(x, KEY, 0.1), per_key(x[0], keys, 0.1), traced(x, KEY, jnp.float32(0.3)))  # noqa: E731
+    want = run()
+    with testing.tpu_kernels():
+        assert _uses_bytes(per_x, x, KEY, 0.1)
+        got = run()
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
 def test_the_kernel_lowers_for_a_tpu_rather_than_falling_back(lowering_for_a_tpu):
     """Lowered for a TPU on this CPU: the kernels' custom calls, not the XLA path their
     lowering falls back to; differentiated, the flags kernel's in each pass, with no

@@ -173,7 +173,7 @@ batching.primitive_batchers[keep_flags_p] = _batch
 
 def _selected(
     x: jax.Array, scalars: jax.Array, *, spec: TpuKernel, shape: tuple[int, ...], combine: Any
-):
+) -> jax.Array:
     """``combine(x, flags, realised)`` with the flags the kernel ``spec`` draws as bytes
     (a mask of ``shape``, broadcast against ``x`` by ``combine``), selected by XLA."""
     _, thr = words_and_threshold(scalars, spec)
@@ -217,16 +217,29 @@ def _linear_transpose(ct: Any, x: Any, scalars: Any, **params: Any) -> Any:
 
 
 def _linear_batch(args: Any, dims: Any, **params: Any) -> Any:
+    """Over ``x`` alone (per-example gradients), the same primitive, the mask broadcast
+    along the batch axis; over keys, each key's bytes by XLA's draw (the flags
+    primitive's own batching)."""
+    (x, scalars), (x_dim, scalars_dim) = args, dims
+    if scalars_dim is None:  # not mapped
+        return bytes_linear_p.bind(jnp.moveaxis(x, x_dim, 0), scalars, **params), 0
     return jax.vmap(functools.partial(_selected, **params), in_axes=dims)(*args), 0
 
 
-bytes_linear_p.def_abstract_eval(lambda x, scalars, **params: x)
-mlir.register_lowering(
-    bytes_linear_p,
-    lambda ctx, x, scalars, **params: mlir.lower_fun(
-        functools.partial(_selected, **params), multiple_results=False
-    )(ctx, x, scalars),
-)
+def _linear_abstract(x: Any, scalars: Any, **params: Any) -> Any:
+    del scalars, params
+    return x
+
+
+def _linear_lower(ctx: Any, x: Any, scalars: Any, **params: Any) -> Any:
+    """For any platform: the flags primitive (the kernel where it runs, else XLA's draw,
+    chosen by its own lowering) and XLA's select."""
+    selected = functools.partial(_selected, **params)
+    return mlir.lower_fun(selected, multiple_results=False)(ctx, x, scalars)
+
+
+bytes_linear_p.def_abstract_eval(_linear_abstract)
+mlir.register_lowering(bytes_linear_p, _linear_lower)
 ad.primitive_jvps[bytes_linear_p] = _linear_jvp
 ad.primitive_transposes[bytes_linear_p] = _linear_transpose
 batching.primitive_batchers[bytes_linear_p] = _linear_batch
