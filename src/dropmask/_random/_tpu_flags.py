@@ -44,7 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.extend import core as jex_core
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import batching, mlir
 
 from ._fast_mask import LANES, Threshold, check_word_count, keep_from_words
 from ._placement import mosaic_lowers_here
@@ -54,6 +54,7 @@ from ._tpu_mask import (
     TpuKernel,
     _kernel,
     scalars_of,
+    self_transposed,
     words_and_threshold,
 )
 
@@ -200,22 +201,6 @@ def bytes_linear(
     return bytes_linear_p.bind(x, scalars, spec=spec, shape=shape, combine=combine)
 
 
-def _linear_jvp(primals: Any, tangents: Any, **params: Any) -> Any:
-    x, scalars = primals
-    tx, _ = tangents
-    out = bytes_linear_p.bind(x, scalars, **params)
-    if type(tx) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)  # pyright: ignore[reportAttributeAccessIssue]
-    return out, bytes_linear_p.bind(tx, scalars, **params)
-
-
-def _linear_transpose(ct: Any, x: Any, scalars: Any, **params: Any) -> Any:
-    del x
-    if type(ct) is ad.Zero:
-        return [ad.Zero(ct.aval), None]
-    return [bytes_linear_p.bind(ct, scalars, **params), None]
-
-
 def _linear_batch(args: Any, dims: Any, **params: Any) -> Any:
     """Over ``x`` alone (per-example gradients), the same primitive, the mask broadcast
     along the batch axis; over keys, each key's bytes by XLA's draw (the flags
@@ -240,6 +225,5 @@ def _linear_lower(ctx: Any, x: Any, scalars: Any, **params: Any) -> Any:
 
 bytes_linear_p.def_abstract_eval(_linear_abstract)
 mlir.register_lowering(bytes_linear_p, _linear_lower)
-ad.primitive_jvps[bytes_linear_p] = _linear_jvp
-ad.primitive_transposes[bytes_linear_p] = _linear_transpose
+self_transposed(bytes_linear_p)
 batching.primitive_batchers[bytes_linear_p] = _linear_batch

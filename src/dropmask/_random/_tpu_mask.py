@@ -75,7 +75,7 @@ from ._placement import mosaic_lowers_here
 from ._sharding import Block, block_from_spec
 from ._threefry import threefry4x32
 
-__all__ = ["TpuKernel", "kernel_for", "masked_linear", "scalars_of"]
+__all__ = ["TpuKernel", "kernel_for", "masked_linear", "scalars_of", "self_transposed"]
 
 _SPAN = 1024  # columns per delivery: 128 calls, one per lane
 _CALLS = _SPAN // FIELDS.per_call  # 128
@@ -487,20 +487,26 @@ def _lower_elsewhere(ctx: Any, x: Any, scalars: Any, *, spec: Any, combine: Any)
     return _lower_xla(ctx, x, scalars, spec=spec, combine=combine)
 
 
-def _jvp(primals: Any, tangents: Any, **params: Any) -> Any:
-    x, scalars = primals
-    tx, _ = tangents
-    out = masked_linear_p.bind(x, scalars, **params)
-    if type(tx) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)  # pyright: ignore[reportAttributeAccessIssue]
-    return out, masked_linear_p.bind(tx, scalars, **params)
+def self_transposed(prim: jex_core.Primitive) -> None:
+    """Registers the autodiff rules of ``prim(x, scalars, **params)``, linear in ``x`` and
+    diagonal (``scalars`` not differentiated): its tangent and its cotangent are ``prim``
+    applied to ``t`` or ``g`` with the same ``scalars``."""
 
+    def jvp(primals: Any, tangents: Any, **params: Any) -> Any:
+        (x, scalars), (tx, _) = primals, tangents
+        out = prim.bind(x, scalars, **params)
+        if type(tx) is ad.Zero:
+            return out, ad.Zero.from_primal_value(out)  # pyright: ignore[reportAttributeAccessIssue]
+        return out, prim.bind(tx, scalars, **params)
 
-def _transpose(ct: Any, x: Any, scalars: Any, **params: Any) -> Any:
-    del x
-    if type(ct) is ad.Zero:
-        return [ad.Zero(ct.aval), None]
-    return [masked_linear_p.bind(ct, scalars, **params), None]
+    def transpose(ct: Any, x: Any, scalars: Any, **params: Any) -> Any:
+        del x
+        if type(ct) is ad.Zero:
+            return [ad.Zero(ct.aval), None]
+        return [prim.bind(ct, scalars, **params), None]
+
+    ad.primitive_jvps[prim] = jvp
+    ad.primitive_transposes[prim] = transpose
 
 
 def _batch(args: Any, dims: Any, *, spec: Any, combine: Any) -> Any:
@@ -511,6 +517,5 @@ def _batch(args: Any, dims: Any, *, spec: Any, combine: Any) -> Any:
 masked_linear_p.def_abstract_eval(_abstract)
 mlir.register_lowering(masked_linear_p, _lower_elsewhere)
 mlir.register_lowering(masked_linear_p, _lower_tpu, platform="tpu")
-ad.primitive_jvps[masked_linear_p] = _jvp
-ad.primitive_transposes[masked_linear_p] = _transpose
+self_transposed(masked_linear_p)
 batching.primitive_batchers[masked_linear_p] = _batch
