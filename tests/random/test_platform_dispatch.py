@@ -37,8 +37,14 @@ def _without_kernels(name):
     return (lambda q: _attention(q, "blockwise")) if name == "attention" else fn
 
 
+def _dropout_grad(x):
+    return jax.grad(lambda x: jnp.sum(jnp.sin(_dropout(x))))(x)
+
+
 CASES = {
     "dropout": (_dropout, (64, 256), "dropmask_tpu_masked_linear"),
+    # differentiated: the bytes the flags kernel draws, selected by XLA
+    "dropout, differentiated": (_dropout_grad, (64, 256), "dropmask_tpu_bytes_linear"),
     "attention": (_attention, (1, 256, 2, 64), "dropmask_flash_fwd"),
 }
 

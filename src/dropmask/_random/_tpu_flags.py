@@ -99,8 +99,13 @@ def keep_bytes(
 ) -> jax.Array:
     """``int8[*shape]``: 1 where kept, for the key words ``words`` (``uint32[4]``), drawn
     by the kernel ``spec`` (:func:`flags_kernel_for`) where it is lowered for a TPU."""
-    flags = keep_flags_p.bind(scalars_of(words, thr), spec=spec)
-    return flags[..., : shape[-1]].reshape(shape)
+    return _bytes(scalars_of(words, thr), shape, spec)
+
+
+def _bytes(scalars: jax.Array, shape: tuple[int, ...], spec: TpuKernel) -> jax.Array:
+    """:func:`keep_bytes` from :func:`scalars_of`'s operands: the kernel's output, its
+    padding's columns sliced off."""
+    return keep_flags_p.bind(scalars, spec=spec)[..., : shape[-1]].reshape(shape)
 
 
 def flags_of(keep: jax.Array) -> jax.Array:
@@ -178,16 +183,11 @@ def _selected(
     """``combine(x, flags, realised)`` with the flags the kernel ``spec`` draws as bytes
     (a mask of ``shape``, broadcast against ``x`` by ``combine``), selected by XLA."""
     _, thr = words_and_threshold(scalars, spec)
-    keep = keep_flags_p.bind(scalars, spec=spec)[..., : shape[-1]].reshape(shape)
-    return combine(x, flags_of(keep), thr.realised)
+    return combine(x, flags_of(_bytes(scalars, shape, spec)), thr.realised)
 
 
-# Dropout's select by XLA over the bytes, bound as one primitive linear in ``x``: its
-# tangent and cotangent are the same select applied to ``t`` or ``g`` with the bytes
-# drawn again from the key's words, so neither pass keeps a residual the size of ``x``,
-# and no ``jax.checkpoint`` (whose backward pass recomputes behind an
-# ``optimization_barrier`` over its inputs, the cotangent among them) stands between
-# the select and the ops XLA fuses it with.
+# Dropout's select by XLA over the bytes, as one self-transposed primitive (the module
+# docstring says why).
 bytes_linear_p = jex_core.Primitive("dropmask_tpu_bytes_linear")
 
 
