@@ -62,7 +62,8 @@ and lists every run. What it measures, in order:
    bf16 [16, L, 8, 64] causal for L = 128, 197, 256, 512, 1024 and 2048 (and float32
    at 197 and 512), dropout on the weights with a mask per head, forward + backward:
    dropmask's ``"auto"`` (its path named), its dense path, its TPU kernels and Flax's
-   dense ``dot_product_attention`` with dropout; time, temporaries and compile time.
+   dense ``dot_product_attention`` with dropout, timed in rotating rounds against each
+   other; time, temporaries and compile time.
 7. Mesh: attention and the step over a one-device mesh of explicit axes against the
    same programs unsharded.
 """
@@ -880,14 +881,19 @@ def short_contestants() -> dict[str, Callable[..., Any]]:
 
 
 def short_rows(lengths: dict[str, tuple[int, ...]], reps: int) -> Iterator[dict[str, Any]]:
-    """Forward + backward of each contestant in one program at ``SHORT_SHAPE``: the
-    median of ``reps`` calls after a warm-up, XLA's temporaries and the compile time."""
+    """Forward + backward of each contestant in one program at ``SHORT_SHAPE``, XLA's
+    temporaries and the compile time. At each length every contestant is compiled first,
+    then timed in ``reps`` rounds, each contestant once a round in a rotating order
+    (:func:`_rounds`): ``fwd_bwd_ms`` is the median of its rounds, ``ratio`` the median
+    of its round-by-round ratios to Flax's dense attention, so that a drift of the
+    machine between contestants cancels."""
     s = SHORT_SHAPE
     for dtype, dtype_lengths in lengths.items():
         for length in dtype_lengths:
             shape = (s["batch"], length, s["heads"], s["depth"])
             keys = jax.random.split(jax.random.key(length), 4)
-            q, k, v, g = (jax.random.normal(kk, shape, dtype) for kk in keys)
+            args = tuple(jax.random.normal(kk, shape, dtype) for kk in keys)
+            rows, exes = [], []
             for name, f in short_contestants().items():
 
                 def loss(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, f=f):
@@ -895,14 +901,41 @@ def short_rows(lengths: dict[str, tuple[int, ...]], reps: int) -> Iterator[dict[
 
                 row: dict[str, Any] = {"dtype": dtype, "length": length, "name": name}
                 if name != FLAX_DENSE:
-                    row["path"] = attention_path(f, q, k, v)
+                    row["path"] = attention_path(f, *args[:3])
                 t = time.perf_counter()
-                exe = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v, g).compile()
+                exe = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
                 row["compile_s"] = time.perf_counter() - t
                 row["temp_mib"] = temp_mib(exe)
-                row["fwd_bwd_ms"] = _median_ms(exe, (q, k, v, g), reps)
+                rows.append(row)
+                exes.append(exe)
+            times = _rounds(exes, args, reps)
+            flax = times[[r["name"] for r in rows].index(FLAX_DENSE)]
+            for row, mine in zip(rows, times, strict=True):
+                row["fwd_bwd_ms"] = float(np.median(mine))
+                row["ratio"] = float(np.median(np.array(mine) / np.array(flax)))
                 print(row, flush=True)
                 yield row
+
+
+SHORT_CALLS = 5  # back-to-back calls per timing: one call's dispatch is not what is timed
+
+
+def _rounds(exes: list[Any], args: tuple[Any, ...], reps: int) -> list[list[float]]:
+    """Per compiled program, ``reps`` timings (ms per call, the mean of ``SHORT_CALLS``
+    calls dispatched back to back), one per round; round ``r`` starts at program ``r``
+    (mod their number), so that none is always timed first or after the same one."""
+    for exe in exes:
+        jax.block_until_ready(exe(*args))
+    times: list[list[float]] = [[] for _ in exes]
+    for r in range(reps):
+        for i in range(len(exes)):
+            j = (r + i) % len(exes)
+            t = time.perf_counter()
+            for _ in range(SHORT_CALLS):
+                out = exes[j](*args)
+            jax.block_until_ready(out)
+            times[j].append((time.perf_counter() - t) / SHORT_CALLS * 1e3)
+    return times
 
 
 MESH_ATTENTION_LENGTHS = (4096, 8192)
@@ -1542,6 +1575,24 @@ def _anchors(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
     return text, targets
 
 
+def _with_path(row: dict[str, Any]) -> str:
+    """A short-attention row's contestant with the path it took, unless its name says it."""
+    path = row.get("path")
+    return (
+        row["name"]
+        if path is None or row["name"].endswith(f"({path})")
+        else (f"{row['name']} ({path})")
+    )
+
+
+def _over_flax(row: dict[str, Any], flax: dict[str, Any] | None) -> float | None:
+    """A short-attention row's time over Flax's: its paired ``ratio`` where the run timed
+    in rounds, else the ratio of the medians (runs before the rounds)."""
+    if flax is None:
+        return None
+    return row.get("ratio", row["fwd_bwd_ms"] / flax["fwd_bwd_ms"])
+
+
 def _short(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
     """The short-attention table (each row over Flax's dense attention with dropout at its
     dtype and length) and its targets: dropmask's ``auto`` no slower than Flax's."""
@@ -1559,15 +1610,15 @@ def _short(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
                     {
                         "dtype": dtype,
                         "length": str(length),
-                        "name": r["name"] + (f" ({r['path']})" if "path" in r else ""),
+                        "name": _with_path(r),
                         "ms": _num(r["fwd_bwd_ms"], ".3f"),
-                        "x": _num(r["fwd_bwd_ms"] / flax["fwd_bwd_ms"] if flax else None, ".3f"),
+                        "x": _num(_over_flax(r, flax), ".3f"),
                         "temp": _num(r["temp_mib"], ".1f"),
                         "compile": _num(r["compile_s"], ".1f"),
                     }
                 )
             ours = next((r for r in at if r["name"] == SHORT_AUTO), None)
-            value = ours["fwd_bwd_ms"] / flax["fwd_bwd_ms"] if ours and flax else None
+            value = _over_flax(ours, flax) if ours else None
             targets.append(
                 _target(
                     f"short attention, {dtype}, {length} tokens: {SHORT_AUTO} / Flax's dense "
@@ -1577,12 +1628,19 @@ def _short(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
                 )
             )
     s = SHORT_SHAPE
+    timing = (
+        f"ms per call: {SHORT_CALLS} calls dispatched back to back, the median of rounds in "
+        "which each contestant runs once in a rotating order; over Flax's dense attention "
+        "with dropout: the median of the round-by-round ratios"
+        if any("ratio" in r for r in rows)
+        else "the median of 10 calls, ms; each row's time over Flax's dense attention with dropout"
+    )
     text = (
         "### Short attention\n\n"
         f"[{s['batch']}, L, {s['heads']}, {s['depth']}], causal, dropout {RATE} on the "
-        "weights with a mask per head, forward + backward in one program: the median of 10 "
-        "calls, ms; each row's time over Flax's dense attention with dropout; temporaries by "
-        "XLA's memory analysis; compile time. `auto` names the path it took.\n\n"
+        f"weights with a mask per head, forward + backward in one program: {timing}; "
+        "temporaries by XLA's memory analysis; compile time. `auto` names the path it "
+        "took.\n\n"
         + markdown_table(
             table,
             [

@@ -48,9 +48,12 @@ AUTO_BLOCKWISE_SCORES = {2: 512 * 512, 4: 4096 * 4096}
 # dense path's mask was drawn by the dropout kernel, docs/dropout_speed.md): the dense
 # path against the kernels, ms, at [16, L, 8, 64] causal L = 128: 1.03 / 1.26, 256:
 # 1.27 / 1.45, 512: 2.62 / 2.08; ViT-B's [64, 197, 12, 64]: 4.37 / 4.58 (the kernels'
-# and the dense path's times from two processes of one machine). Earlier, the dense
-# path's mask drawn by XLA, the kernels took 0.72x the dense path's time at [4, 1024,
-# 16, 64], 0.68x at 2048 tokens, 0.42x in bench_tpu's 4-layer step.
+# and the dense path's times from two processes of one machine). Again on 2026-12-07
+# (bench_tpu's short part, calls back to back in rotating rounds), dense / kernels,
+# ms: bf16 128: 0.325 / 0.475, 197: 0.527 / 0.632, 256: 0.600 / 0.719, 512: 1.904 /
+# 1.338; f32 197: 0.599 / 0.781, 512: 2.092 / 1.735. Earlier, the dense path's mask
+# drawn by XLA, the kernels took 0.72x the dense path's time at [4, 1024, 16, 64],
+# 0.68x at 2048 tokens, 0.42x in bench_tpu's 4-layer step.
 AUTO_FLASH_SCORES = 512 * 512
 
 
