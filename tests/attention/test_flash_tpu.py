@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from tests.covering import covering
 
 import dropmask as dm
 from dropmask import testing
@@ -77,7 +78,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# Fast: a mask per head with segments, and a run-time rate with causal structure; the
+# stored-flags cases below take window and kv_lengths.
+@pytest.mark.parametrize("name", covering(CASES, ["segments, dropout", "run-time rate"]))
 def test_values_and_gradients_equal_the_dense_paths(name):
     kw = dict(CASES[name])
     if "dropout_rate" in kw:
@@ -98,7 +101,9 @@ def test_grouped_query_heads_and_wider_value_depth():
     _assert_same(_on_tpu_kernels("pallas", q, k, v, kw), _run("dense", q, k, v, kw), TOL)
 
 
-@pytest.mark.parametrize("name", ["segments, dropout", "grouped heads"])
+@pytest.mark.parametrize(
+    "name", covering(["segments, dropout", "grouped heads"], ["grouped heads"])
+)
 def test_dq_by_its_own_kernel_where_the_parts_would_not_fit(name, monkeypatch):
     """The cases above take dq from the dk/dv kernel (accumulated in VMEM); here the
     dq kernel computes it."""
@@ -138,7 +143,7 @@ def test_dq_is_fused_while_a_group_of_heads_rows_fit_in_vmem():
     assert not fc.fuses_dq(dataclasses.replace(grouped, q_len=16384), 128)
 
 
-@pytest.mark.parametrize("block_k", [128, 256])
+@pytest.mark.parametrize("block_k", covering([128, 256], [128]))
 def test_drops_the_dense_paths_weights_for_any_tile(block_k):
     """With ``v`` the identity over keys, the output is each query's dropped weights."""
     lk = 256
@@ -161,7 +166,7 @@ def test_bfloat16_agrees_with_the_dense_path_to_its_round_off():
     _assert_same(f32(got), f32(want), {"rtol": 3e-2, "atol": 3e-2})
 
 
-@pytest.mark.parametrize("only_v", [False, True])
+@pytest.mark.parametrize("only_v", covering([False, True], [False]))
 def test_non_finite_inputs_give_nan_in_the_dense_paths_places(only_v):
     """With a non-finite value alone the call is not clean either (``clean`` reads the
     positions of non-finite keys and values alike)."""
@@ -297,7 +302,8 @@ STORED_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(STORED_CASES))
+# Fast: the case with the most structure; the other two differ in the rate and tiles.
+@pytest.mark.parametrize("name", covering(STORED_CASES, ["per-head, window, kv_lengths"]))
 def test_stored_flags_give_the_drawn_values_and_the_dense_paths(name, stores_spy, monkeypatch):
     kw, (block_q, block_k) = STORED_CASES[name]
     kw = {**kw, "key": KEY, "deterministic": False}
@@ -312,7 +318,8 @@ def test_stored_flags_give_the_drawn_values_and_the_dense_paths(name, stores_spy
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("tiles", [(112, 640), (16, 128)])  # stored, drawn in each kernel
+# Stored flags, and flags drawn in each kernel (fast: the stored-flags cases above are).
+@pytest.mark.parametrize("tiles", covering([(112, 640), (16, 128)], [(16, 128)]))
 def test_vmap_over_keys_draws_each_keys_mask(tiles, stores_spy):
     q, k, v = _qkv(13, lq=224, lk=640)
     keys = jax.random.split(jax.random.key(1), 3)
@@ -368,7 +375,10 @@ CLEAN_CASES = {  # name: (keywords, tiles); stored flags, flags drawn in each ke
 }
 
 
-@pytest.mark.parametrize("name", list(CLEAN_CASES))
+# Fast: stored flags with dropout, and a call without dropout.
+@pytest.mark.parametrize(
+    "name", covering(CLEAN_CASES, ["causal, one mask, stored", "no dropout, kv_lengths"])
+)
 def test_a_clean_call_skips_the_checks_and_gives_what_they_give(name, monkeypatch):
     """On finite scores the checks change nothing: with them forced on (``clean`` 0),
     the outputs and gradients are the same bits."""
@@ -475,7 +485,14 @@ LOWERED = {  # name: (keywords, shapes, whether the flags are stored, whether dq
 }
 
 
-@pytest.mark.parametrize("name", list(LOWERED))
+# Fast: stored flags and fused dq, flags drawn in each kernel with the dq kernel, and no
+# dropout; the slow cases add structure, which the interpreted tests above cover.
+@pytest.mark.parametrize(
+    "name",
+    covering(
+        LOWERED, ["causal, one mask", "grouped heads, flags drawn in each kernel", "no dropout"]
+    ),
+)
 def test_the_kernels_lower_for_a_tpu(name, lowering_for_a_tpu):
     kw, shapes, stored, fused = LOWERED[name]
     text = _lowered(kw, **shapes)

@@ -11,6 +11,7 @@ import optax
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.covering import covering
 
 import dropmask
 from dropmask import linen as dl
@@ -69,7 +70,15 @@ MODELS = {"plain": Block, "scan": Scanned, "remat": Remat, "vmap": Vmapped}
 # Every model under jit; eagerly, the plain block. The swap acts when a module is
 # called, at trace time, the same with or without jit around it: the eager case checks
 # that nothing depends on being traced, and the transforms add only the jitted programs.
-@pytest.mark.parametrize(("name", "jit"), [(name, True) for name in MODELS] + [("plain", False)])
+# Fast: a scanned model and the eager call; the other transforms are slow.
+@pytest.mark.parametrize(
+    ("name", "jit"),
+    covering(
+        [(name, True) for name in MODELS] + [("plain", False)],
+        [("scan", True), ("plain", False)],
+        unpack=True,
+    ),
+)
 def test_impl_flax_is_bit_identical_to_not_swapping(name, jit):
     model = MODELS[name]()
     x = jax.random.normal(jax.random.key(0), (4, 6, 8))
@@ -447,7 +456,8 @@ def _attention_value_and_grad(module, params, inputs, mask, cotangent, rate, det
 
 # Flax warns that SelfAttention will be deprecated; the swap reaches it while it exists.
 @pytest.mark.filterwarnings("ignore:SelfAttention will be deprecated:DeprecationWarning")
-@pytest.mark.parametrize("name", list(ATTENTION))
+# Fast: Flax's class itself; its two subclasses (slow) reach the same swap.
+@pytest.mark.parametrize("name", covering(ATTENTION, ["MultiHeadDotProductAttention"]))
 @settings(max_examples=3)
 @given(
     seed=st.integers(0, 2**16),

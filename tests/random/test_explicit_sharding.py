@@ -121,8 +121,15 @@ def _cases() -> list[Any]:
             if site.slow and mode != "jit":
                 marks.append(pytest.mark.slow)
             meshes = _meshes(site, mode)
-            case_id = f"{site.id}-{mode}-{'+'.join(meshes)}"
-            cases.append(pytest.param(site, mode, meshes, marks=marks, id=case_id))
+            if group != "function" and len(meshes) > 1:
+                # A layer splits its input as the function it calls does: the fast suite
+                # runs it on the 8-device mesh, the slow one on the 4 x 2 mesh too.
+                split = [(meshes[:1], marks), (meshes[1:], [*marks, pytest.mark.slow])]
+            else:
+                split = [(meshes, marks)]
+            for kinds, kind_marks in split:
+                case_id = f"{site.id}-{mode}-{'+'.join(kinds)}"
+                cases.append(pytest.param(site, mode, kinds, marks=kind_marks, id=case_id))
     return cases
 
 

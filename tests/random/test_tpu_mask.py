@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from tests.covering import covering
 
 import dropmask
 from dropmask import _random, testing
@@ -53,7 +54,22 @@ def _loss(x):
     return jnp.sum(_dropout(x).astype(jnp.float32) * w)
 
 
-@pytest.mark.parametrize(("shape", "dtype"), SERVED + FALLBACK + FALLBACK_DTYPE)
+# Fast: partial chunks, row blocks and column blocks, rank 1, a fallback by shape and
+# by each dtype; the slow cases repeat those layouts at other sizes and ranks.
+FAST_CASES = [
+    ((2, 16, 5120), "float32"),
+    ((48, 384), "float32"),
+    ((3, 197, 256), "bfloat16"),
+    ((2, 3000, 512), "float32"),
+    ((128,), "bfloat16"),
+    ((3, 100), "float32"),
+    *FALLBACK_DTYPE,
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"), covering(SERVED + FALLBACK + FALLBACK_DTYPE, FAST_CASES, unpack=True)
+)
 def test_the_kernel_gives_the_default_paths_outputs_and_gradients(shape, dtype):
     x = _x(shape, dtype)
     want, want_grad = _dropout(x), jax.grad(_loss)(x) if dtype != "complex64" else None
@@ -129,12 +145,16 @@ def pretend_tpu(monkeypatch):
 
 @pytest.mark.parametrize(
     ("devices", "enabled", "served"),
-    [
-        (1, None, True),  # the default on a TPU
-        (8, None, True),  # with any number of devices
-        (1, False, False),
-        (8, True, True),
-    ],
+    covering(
+        [
+            (1, None, True),  # the default on a TPU
+            (8, None, True),  # with any number of devices
+            (1, False, False),
+            (8, True, True),
+        ],
+        [(8, None, True), (1, False, False)],
+        unpack=True,
+    ),
 )
 def test_the_default_draws_by_the_kernel_on_a_tpu(pretend_tpu, devices, enabled, served):
     x = _x((32, 256), "float32")
@@ -189,7 +209,7 @@ def test_kernel_for_serves_whole_registers_of_float32_and_bfloat16(shape, dtype,
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-@pytest.mark.parametrize("cols", [128, 256, 1024])
+@pytest.mark.parametrize("cols", covering([128, 256, 1024], [256]))
 def test_keep_tile_is_the_fast_masks_tile_either_way_round(transposed, cols):
     """The delivery the attention kernels share: a tile of rows at any word offset."""
     key, shape = jax.random.key(11), (3, 40, 2 * cols)
