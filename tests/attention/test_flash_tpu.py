@@ -549,6 +549,34 @@ def test_highest_reaches_every_float32_product_in_the_kernels(dtype):
         assert "HIGHEST" in context
 
 
+def test_a_highest_default_precision_asks_no_bfloat16_product_for_more():
+    """Under ``jax.default_matmul_precision("highest")`` a product whose precision is
+    left unnamed asks for a float32 contraction, which Mosaic refuses for bfloat16
+    operands ("Bad lhs type" when the program compiles on a v5e): every product of the
+    attention kernels and the dropout kernels' spreading of bytes names its own. Read
+    from the interpreted kernels' lowering, where each product is a ``dot_general``."""
+    q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(23))
+    kw = {"is_causal": True, "dropout_rate": 0.1, "dropout_rng": jax.random.key(0)}
+
+    def step(q, k, v):
+        attend = lambda q, k, v: dm.dot_product_attention(  # noqa: E731
+            q, k, v, algorithm="pallas", block_q=16, block_k=128, **kw
+        )
+        out, pull = jax.vjp(attend, q, k, v)
+        x = jnp.ones((64, 1024), jnp.bfloat16)
+        dropped = dm.dropout(x, 0.1, jax.random.key(1))  # the dropout kernel
+        grads = jax.grad(lambda x: jnp.sum(dm.dropout(x, 0.1, jax.random.key(2))))(x)  # bytes
+        return out, pull(out), dropped, grads
+
+    with testing.tpu_kernels(), jax.default_matmul_precision("highest"):
+        text = jax.jit(step).lower(q, k, v).as_text()
+    products = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+    narrow = [line for line in products if "bf16>" in line.split(" : ")[-1].split("->")[0]]
+    assert len(narrow) >= 8, products  # the attention kernels' and the bytes' spreading
+    asking = [line.strip() for line in narrow if "precision = [DEFAULT, DEFAULT]" not in line]
+    assert not asking, asking
+
+
 def test_a_precision_the_kernels_cannot_honour_takes_the_blockwise_path():
     q, k, v = _qkv(22)
     kw = {"precision": lax.DotAlgorithmPreset.F32_F32_F32}

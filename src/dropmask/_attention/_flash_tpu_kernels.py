@@ -24,10 +24,12 @@ __all__ = ["dkdv_kernel", "dq_kernel", "flags_kernel", "forward_kernel"]
 
 def _dot(flash: Flash, a: jax.Array, b: jax.Array, dims: Any) -> jax.Array:
     """A product in float32; of float32 operands at the call's precision (bfloat16
-    operands are exact in one pass)."""
+    operands are exact in one pass). Named either way: a precision of None would take a
+    user's ``jax.default_matmul_precision`` inside the kernel, where "highest" asks
+    Mosaic for a float32 contraction of bfloat16 operands, which it refuses."""
     f32 = jnp.dtype(jnp.float32)
     exact = flash.precision == lax.Precision.HIGHEST and a.dtype == f32 and b.dtype == f32
-    precision = lax.Precision.HIGHEST if exact else None
+    precision = lax.Precision.HIGHEST if exact else lax.Precision.DEFAULT
     return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
@@ -166,7 +168,9 @@ def forward_kernel(flash: Flash, *refs: Any) -> None:
             acc_sc[...] = alpha * acc_sc[...] + _dot(flash, p, v_ref[...], NN)
         else:  # p stays float32, v is widened (not p's tile narrowed): one pass rounds
             v = v_ref[...].astype(jnp.float32)  # both as they enter the matrix unit
-            pv = lax.dot_general(p, v, NN, preferred_element_type=jnp.float32)
+            pv = lax.dot_general(
+                p, v, NN, precision=lax.Precision.DEFAULT, preferred_element_type=jnp.float32
+            )
             acc_sc[...] = alpha * acc_sc[...] + pv
 
     _when_visited(flash, sc, (j >= lo) & (j < hi), step)

@@ -83,6 +83,8 @@ _CALLS = _SPAN // FIELDS.per_call  # 128
 # kernel's 16 MiB of scoped VMEM.
 _BLOCK_BYTES = 2 * 2**20
 _U32 = np.uint32
+# The spreading product of bytes (integers below 256, exact in bfloat16) on the matrix unit.
+_ONE_PASS = lax.Precision.DEFAULT
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 Combine = Callable[[Any, jax.Array, Any], Any]
@@ -282,10 +284,13 @@ def keep_tile(
     packed = call_bytes(word, m & _U32(FIELDS.calls - 1), key, thr)
     packed = packed.astype(jnp.float32).astype(jnp.bfloat16)
     spread = spread_matrix(calls, transposed=transposed)
+    # One pass is exact for bytes; named, so that a user's jax.default_matmul_precision
+    # ("highest": a float32 contraction, which Mosaic refuses for bfloat16 operands)
+    # does not reach it.
     if transposed:
-        values = jnp.dot(spread, packed, preferred_element_type=jnp.float32)
+        values = jnp.dot(spread, packed, precision=_ONE_PASS, preferred_element_type=jnp.float32)
     else:
-        values = jnp.dot(packed, spread, preferred_element_type=jnp.float32)
+        values = jnp.dot(packed, spread, precision=_ONE_PASS, preferred_element_type=jnp.float32)
     return own_bits(values.astype(jnp.int32), along)
 
 
@@ -338,6 +343,7 @@ def _kernel(spec: TpuKernel, combine: Combine, scalars_ref: Any, *refs: Any) -> 
             values = jnp.dot(
                 packed.astype(jnp.float32).astype(jnp.bfloat16),
                 spread,
+                precision=_ONE_PASS,
                 preferred_element_type=jnp.float32,
             ).astype(jnp.int32)
             cols_ = pl.ds(s0, width)
