@@ -183,7 +183,7 @@ def _check(case: dict, paths: tuple[str, ...]) -> None:
 
 # The fast suite's sample; the slow marker's ``_many`` twins draw 1000 (50 for the TPU
 # kernels) from the same strategies.
-_FAST = settings(max_examples=8, suppress_health_check=[HealthCheck.too_slow])
+_FAST = settings(max_examples=4, suppress_health_check=[HealthCheck.too_slow])
 _MANY = settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -205,7 +205,7 @@ def _key_padding(case: dict) -> dict:
     return {**case, "mask": case["mask"][:, 0, 0, :], "options": options}
 
 
-@settings(max_examples=5, suppress_health_check=[HealthCheck.too_slow])  # interpreted
+@settings(max_examples=3, suppress_health_check=[HealthCheck.too_slow])  # interpreted
 @given(_cases(bias=False))
 def test_dense_and_the_tpu_kernels_agree_on_adversarial_inputs(case):
     # float16 takes the blockwise path there: it is checked all the same.
