@@ -318,7 +318,8 @@ def test_stored_flags_give_the_drawn_values_and_the_dense_paths(name, stores_spy
         np.testing.assert_array_equal(got, want)
 
 
-# Stored flags, and flags drawn in each kernel (fast: the stored-flags cases above are).
+# Stored flags, and flags drawn in each kernel: the fast suite draws them (the cases
+# above store them).
 @pytest.mark.parametrize("tiles", covering([(112, 640), (16, 128)], [(16, 128)]))
 def test_vmap_over_keys_draws_each_keys_mask(tiles, stores_spy):
     q, k, v = _qkv(13, lq=224, lk=640)
