@@ -210,7 +210,25 @@ def _check_cases() -> dict[str, Callable[[], Any]]:
     cases["inside shard_map: grad (4, 197, 768)"] = lambda: in_shard_map(
         lambda x: grad_of(x.shape), ones((4, 197, 768))
     )
+    # A float32 user's context: the kernels' bfloat16 products must not take it (Mosaic
+    # refuses a float32 contraction of bfloat16 operands).
+    highest = functools.partial(jax.default_matmul_precision, "highest")
+    cases["default precision highest: dropout (8, 256, 1024) bfloat16"] = lambda: _within(
+        highest, lambda: dropmask.dropout(ones((8, 256, 1024), "bfloat16"), RATE, key)
+    )
+    cases["default precision highest: grad (4, 197, 768)"] = lambda: _within(
+        highest, lambda: grad_of((4, 197, 768))
+    )
+    cases["default precision highest: attention dropped weights (1, 1024, 2, 64)"] = lambda: (
+        _within(highest, lambda: dropped(RATE, True))
+    )
     return cases
+
+
+def _within(context: Callable[[], Any], f: Callable[[], Any]) -> Any:
+    """``f()`` inside a fresh ``context()``."""
+    with context():
+        return f()
 
 
 def on_host_cpu(fn: Callable[[], Any]) -> Any:
