@@ -287,9 +287,9 @@ def tpu_kernels(enabled: bool = True) -> contextlib.AbstractContextManager[None]
     ``tpu_kernels(False)`` is also the way around a kernel that Mosaic fails to compile.
     See ``docs/dropout_speed.md``, "The TPU", and ``docs/attention.md``, "On a TPU".
 
-    The choice is made when a mask is traced, and a traced draw does not record it, so
-    JAX's caches are cleared on entry and on exit where the choice changes there: trace
-    (or ``jit``) the function inside it.
+    The choice is made when a mask is traced, and JAX's caches key on it: a function
+    jitted outside and called inside is traced again inside, once (where JAX lacks
+    ``jax.make_user_context``, its caches are cleared on entry and on exit instead).
 
     Args:
       enabled: True for the kernel, False for XLA's path.

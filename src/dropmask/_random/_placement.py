@@ -43,7 +43,13 @@ __all__ = [
 ]
 
 
-_CHOSEN: list[bool] = []  # inside ``enabled(...)``: each entry's choice, innermost last
+# The choice :func:`enabled` makes, as a context JAX's caches key on (as they key on
+# ``jax.default_matmul_precision``): a function traced inside ``enabled(True)`` and
+# outside it is two cache entries, and nothing is cleared. JAX versions without
+# ``jax.make_user_context`` get the same separation by clearing JAX's caches where the
+# choice changes.
+_STATE = jax.make_user_context(None) if hasattr(jax, "make_user_context") else None
+_CHOSEN: list[bool] = []  # without ``_STATE``: each ``enabled`` entry's choice, innermost last
 
 
 def tpu_kernels_run() -> bool:
@@ -51,7 +57,8 @@ def tpu_kernels_run() -> bool:
     of ``_attention._flash_tpu``): the innermost :func:`enabled`'s choice, else where
     JAX's default backend is a TPU, with any number of devices. Which platform then runs
     a kernel is decided when the program is lowered (see the module's docstring)."""
-    return _CHOSEN[-1] if _CHOSEN else jax.default_backend() == "tpu"
+    chosen = _STATE.value if _STATE is not None else (_CHOSEN[-1] if _CHOSEN else None)
+    return jax.default_backend() == "tpu" if chosen is None else chosen
 
 
 def auto_partitioned(x: Any) -> bool:
@@ -93,9 +100,13 @@ def tpu_interpret() -> bool:
 def enabled(on: bool = True) -> Iterator[None]:
     """Draws dropout's masks by the kernel (``on``) or by XLA's path (not ``on``) while
     tracing inside it, whatever the backend and devices: the kernel compiled on a TPU,
-    in Pallas's TPU interpreter elsewhere (tests on a CPU). A traced draw does not
-    record which way it was drawn, so JAX's caches are cleared on entry and on exit
-    where the choice changes there."""
+    in Pallas's TPU interpreter elsewhere (tests on a CPU). The choice is part of JAX's
+    cache keys (``_STATE``); where this JAX has no user contexts, JAX's caches are
+    cleared on entry and on exit where the choice changes there."""
+    if _STATE is not None:
+        with _STATE(on):
+            yield
+        return
     before = tpu_kernels_run()
     if on != before:
         jax.clear_caches()
