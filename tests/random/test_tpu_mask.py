@@ -179,6 +179,26 @@ def test_leaving_tpu_kernels_restores_the_choice_for_the_next_trace(pretend_tpu)
     assert _uses_kernel(_dropout, x)
 
 
+@pytest.mark.skipif(not hasattr(jax, "make_user_context"), reason="clears caches instead")
+def test_a_function_jitted_outside_is_traced_once_more_inside_and_kept_for_both():
+    traces = []
+
+    @jax.jit
+    def f(x):
+        traces.append(_placement.tpu_kernels_run())
+        return _dropout(x)
+
+    x = _x((32, 256), "float32")
+    outside = f(x)
+    with testing.tpu_kernels():
+        inside = f(x)
+    f(x)
+    with testing.tpu_kernels():
+        f(x)
+    assert traces == [False, True]  # one trace each way, each kept for the next call
+    np.testing.assert_array_equal(np.asarray(inside), np.asarray(outside))
+
+
 @pytest.mark.parametrize("enabled", ["yes", 1, None])
 def test_tpu_kernels_refuses_an_enabled_that_is_not_a_bool(enabled):
     with pytest.raises(dropmask.DropmaskTypeError) as err:
