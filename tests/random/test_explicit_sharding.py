@@ -120,6 +120,10 @@ def _cases() -> list[Any]:
             marks = []
             if site.slow and mode != "jit":
                 marks.append(pytest.mark.slow)
+            if group != "function" and modes == ["jit"]:
+                # Of a layer's Linen and NNX fronts, the one that runs a mode in turn is
+                # the fast suite's; this one, thin over the same function, is slow.
+                marks.append(pytest.mark.slow)
             meshes = _meshes(site, mode)
             if group != "function" and len(meshes) > 1:
                 # A layer splits its input as the function it calls does: the fast suite
