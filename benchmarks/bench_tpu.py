@@ -1596,11 +1596,9 @@ def _anchors(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
 def _with_path(row: dict[str, Any]) -> str:
     """A short-attention row's contestant with the path it took, unless its name says it."""
     path = row.get("path")
-    return (
-        row["name"]
-        if path is None or row["name"].endswith(f"({path})")
-        else (f"{row['name']} ({path})")
-    )
+    if path is None or row["name"].endswith(f"({path})"):
+        return row["name"]
+    return f"{row['name']} ({path})"
 
 
 def _over_flax(row: dict[str, Any], flax: dict[str, Any] | None) -> float | None:
