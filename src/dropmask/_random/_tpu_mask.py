@@ -83,7 +83,9 @@ _CALLS = _SPAN // FIELDS.per_call  # 128
 # kernel's 16 MiB of scoped VMEM.
 _BLOCK_BYTES = 2 * 2**20
 _U32 = np.uint32
-# The spreading product of bytes (integers below 256, exact in bfloat16) on the matrix unit.
+# The spreading product of bytes (integers below 256, exact in bfloat16 in one pass) on
+# the matrix unit, named: a user's jax.default_matmul_precision("highest") would otherwise
+# reach it and ask Mosaic for a float32 contraction of bfloat16 operands, which it refuses.
 _ONE_PASS = lax.Precision.DEFAULT
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
@@ -284,9 +286,6 @@ def keep_tile(
     packed = call_bytes(word, m & _U32(FIELDS.calls - 1), key, thr)
     packed = packed.astype(jnp.float32).astype(jnp.bfloat16)
     spread = spread_matrix(calls, transposed=transposed)
-    # One pass is exact for bytes; named, so that a user's jax.default_matmul_precision
-    # ("highest": a float32 contraction, which Mosaic refuses for bfloat16 operands)
-    # does not reach it.
     if transposed:
         values = jnp.dot(spread, packed, precision=_ONE_PASS, preferred_element_type=jnp.float32)
     else:
