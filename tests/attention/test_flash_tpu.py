@@ -143,6 +143,22 @@ def test_dq_is_fused_while_a_group_of_heads_rows_fit_in_vmem():
     assert not fc.fuses_dq(dataclasses.replace(grouped, q_len=16384), 128)
 
 
+@pytest.mark.parametrize("dq", covering(["fused", "own kernel"], ["own kernel"]))
+def test_query_tiles_of_128_draw_their_flags_with_the_rows_along_lanes(dq, monkeypatch):
+    """Tiles of 128 queries and fewer than 1024 keys: the forward and dq kernels compute
+    the flags with the queries along lanes (``rows_along_lanes``), dk/dv transposed."""
+    if dq == "own kernel":
+        monkeypatch.setattr(fc, "fuses_dq", lambda *_: False)
+    q, k, v = _qkv(5, lq=200)
+    kw = {"is_causal": True, "dropout_rate": 0.3, "broadcast_dropout": False}
+    kw.update(key=KEY, deterministic=False)
+    tiles = {"block_q": 128, "block_k": 256}
+    assert fd.rows_along_lanes(tiles["block_q"], tiles["block_k"])
+    _assert_same(
+        _on_tpu_kernels("pallas", q, k, v, {**kw, **tiles}), _run("dense", q, k, v, kw), TOL
+    )
+
+
 @pytest.mark.parametrize("block_k", covering([128, 256], [128]))
 def test_drops_the_dense_paths_weights_for_any_tile(block_k):
     """With ``v`` the identity over keys, the output is each query's dropped weights."""

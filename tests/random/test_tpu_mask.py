@@ -228,22 +228,42 @@ def test_kernel_for_serves_whole_registers_of_float32_and_bfloat16(shape, dtype,
         assert rows >= min(shape[0], 32)
 
 
-@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("layout", ["calls along lanes", "rows along lanes", "transposed"])
 @pytest.mark.parametrize("cols", covering([128, 256, 1024], [256]))
-def test_keep_tile_is_the_fast_masks_tile_either_way_round(transposed, cols):
-    """The delivery the attention kernels share: a tile of rows at any word offset."""
+def test_keep_tile_is_the_fast_masks_tile_in_every_layout(layout, cols):
+    """The delivery the kernels share: a tile of rows at any word offset, its calls laid
+    out by ``row_word``'s shape, given either way round."""
     key, shape = jax.random.key(11), (3, 40, 2 * cols)
     want = np.asarray(dropmask.keep_mask(key, shape, 0.5)).reshape(120, 2 * cols)[8:40, cols:]
     words = [w for w in _random.key_words(key)]
-    rows = lax.broadcasted_iota(
-        np.uint32, (1, 32) if transposed else (32, 1), 1 if transposed else 0
-    )
+    on_lanes = layout != "calls along lanes"
+    rows = lax.broadcasted_iota(np.uint32, (1, 32) if on_lanes else (32, 1), 1 if on_lanes else 0)
     row_word = (rows + np.uint32(8)) * np.uint32(2 * cols // 32)
     thr = np.int32(_random.threshold(0.5).value)  # keep_mask takes the rate
+    transposed = layout == "transposed"
     got = _random.keep_tile(
         words, thr, row_word, np.uint32(cols // 32), (32, cols), transposed=transposed
     )
     np.testing.assert_array_equal(np.asarray(got).T if transposed else got, want)
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "dtype", "chunk"),
+    [
+        (197, 256, "float32", 128),  # 197 x 197 weights' flags: 256 x 32 calls, not 224 x 128
+        (197, 768, "bfloat16", 128),
+        (48, 384, "float32", 16),  # 128 rows would pad 48 too far
+        (8, 1024, "float32", 32),  # a whole delivery a row: its calls fill the lanes
+        (130, 768, "float32", 32),
+    ],
+)
+def test_a_narrow_block_is_drawn_with_its_rows_along_lanes_where_that_computes_less(
+    rows, cols, dtype, chunk
+):
+    kernel = _tpu_mask.kernel_for((2, rows, cols), jnp.dtype(dtype), threshold(0.9))
+    assert kernel is not None and kernel.chunk == chunk
+    assert kernel.narrow == (chunk == 128)
+    assert kernel.block[0] % chunk == 0
 
 
 def _uses_bytes(f, *args):

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._random import LANES, keep_tile, threshold
+from .._random import LANES, keep_tile, rows_along_lanes, threshold
 from . import _blockwise as bw
 
 __all__ = ["Bits", "Place", "Scalars", "drawn_flags", "stores"]
@@ -121,7 +121,8 @@ def drawn_flags(
         head_row: Any = _U32(0)
     else:
         head_row = jnp.asarray(sc.head_row(bh)).astype(_U32) * _U32(plan.q_len)
-    rows = lax.broadcasted_iota(_U32, (1, bq) if transposed else (bq, 1), 1 if transposed else 0)
+    on_lanes = transposed or rows_along_lanes(bq, bk)
+    rows = lax.broadcasted_iota(_U32, (1, bq) if on_lanes else (bq, 1), 1 if on_lanes else 0)
     row_word = (head_row + row0.astype(_U32) + rows) * _U32(words_per_row)
     first_word = (col0 // LANES).astype(_U32)
     thr, _ = sc.threshold()

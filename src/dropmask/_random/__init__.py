@@ -49,6 +49,7 @@ from ._threefry import threefry4x32 as threefry4x32
 from ._tile_mask import TileGeometry as TileGeometry
 from ._tile_mask import tile_keep_flags as tile_keep_flags
 from ._tpu_mask import keep_tile as keep_tile
+from ._tpu_mask import rows_along_lanes as rows_along_lanes
 
 __all__ = [
     "DEFAULT_IMPL",
@@ -89,6 +90,7 @@ __all__ = [
     "tile_keep_flags",
     "tpu_kernels",
     "keep_tile",
+    "rows_along_lanes",
     "tpu_interpret",
     "tpu_kernels_run",
     "tpu_only",

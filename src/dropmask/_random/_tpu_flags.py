@@ -53,6 +53,7 @@ from ._tpu_mask import (
     _SPAN,
     TpuKernel,
     _kernel,
+    chunk_rows,
     scalars_of,
     self_transposed,
     words_and_threshold,
@@ -80,15 +81,16 @@ def flags_kernel_for(
     check_word_count((math.prod(shape[:-1]) * -(-cols // LANES),))
     padded = -(-cols // 128) * 128
     block_cols = padded if padded <= 4 * _SPAN else 2 * _SPAN
-    fit = max(_CHUNK, _BLOCK_BYTES // block_cols // _CHUNK * _CHUNK)
+    chunk = chunk_rows(rows, block_cols, _CHUNK)
+    fit = max(chunk, _BLOCK_BYTES // block_cols // chunk * chunk)
     static = isinstance(thr.value, int)
     return TpuKernel(
         (lead, rows, padded),
         _FLAGS_DTYPE,
         thr.value if static else None,
         thr.realised if static else None,
-        (min(-(-rows // _CHUNK) * _CHUNK, fit), block_cols),
-        _CHUNK,
+        (min(-(-rows // chunk) * chunk, fit), block_cols),
+        chunk,
         interpret,
         width=cols,
     )
