@@ -51,7 +51,10 @@ AUTO_BLOCKWISE_SCORES = {2: 512 * 512, 4: 4096 * 4096}
 # and the dense path's times from two processes of one machine). Again on 2026-12-07
 # (bench_tpu's short part, calls back to back in rotating rounds), dense / kernels,
 # ms: bf16 128: 0.325 / 0.475, 197: 0.527 / 0.632, 256: 0.600 / 0.719, 512: 1.904 /
-# 1.338; f32 197: 0.599 / 0.781, 512: 2.092 / 1.735. Earlier, the dense path's mask
+# 1.338; f32 197: 0.599 / 0.781, 512: 2.092 / 1.735; and after the narrow rows' flags
+# were drawn with the rows along lanes (60aa7dc): bf16 128: 0.243 / 0.424, 197: 0.439 /
+# 0.658, 256: 0.442 / 0.641, 512: 1.657 / 1.219; f32 197: 0.484 / 0.767, 512: 1.859 /
+# 1.610 (benchmarks/RESULTS.md, "Short attention"). Earlier, the dense path's mask
 # drawn by XLA, the kernels took 0.72x the dense path's time at [4, 1024, 16, 64],
 # 0.68x at 2048 tokens, 0.42x in bench_tpu's 4-layer step.
 AUTO_FLASH_SCORES = 512 * 512
