@@ -207,6 +207,7 @@ def test_mc_samples_with_compare_rates(capsys, tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow  # two training runs
 def test_progress_bar_and_no_progress(capsys, tmp_path):
     # Four steps: an evaluation and a checkpoint each, as in a longer run.
     status, _, err = _train(capsys, f"--workdir={tmp_path / 'a'}", steps=4)
@@ -277,6 +278,7 @@ def test_a_named_config_is_the_start_and_overrides_apply_on_top(capsys, tmp_path
     _one_line_error(err, "digits's configs (none besides the default)")
 
 
+@pytest.mark.slow  # two training runs
 def test_resuming_a_named_config_run_without_it_says_to_pass_it_again(
     capsys, tmp_path, monkeypatch
 ):
@@ -569,6 +571,7 @@ def test_bad_flag_and_config_values_are_one_line(capsys, tmp_path, args, status,
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow  # runs at two rates; a run's Ctrl-C stays in the fast suite
 def test_ctrl_c_during_compare_rates_names_each_saved_run(capsys, tmp_path, monkeypatch):
     calls = []
 

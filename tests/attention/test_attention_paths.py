@@ -183,7 +183,7 @@ def _check(case: dict, paths: tuple[str, ...]) -> None:
 
 # The fast suite's sample; the slow marker's ``_many`` twins draw 1000 (50 for the TPU
 # kernels) from the same strategies.
-_FAST = settings(max_examples=4, suppress_health_check=[HealthCheck.too_slow])
+_FAST = settings(max_examples=3, suppress_health_check=[HealthCheck.too_slow])
 _MANY = settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -128,6 +128,7 @@ def test_predict_scores_every_held_out_byte_with_keyed_samples(state, config, da
     assert not np.array_equal(samples[0], samples[1])
 
 
+@pytest.mark.slow  # a program per sampling setting
 def test_greedy_temperature_and_top_k_sampling_are_keyed(state):
     greedy = sample.generate(state, "The ", 12)
     assert greedy.startswith("The ") and greedy == sample.generate(state, "The ", 12)

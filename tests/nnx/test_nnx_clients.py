@@ -158,6 +158,7 @@ def _assert_params_equal(a, b, **tolerance):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow  # a training run on 8 devices; test_nnx_swap holds impl="flax" unsharded
 def test_gemma_style_transformer_under_a_mesh_is_bit_identical_with_impl_flax(mesh):
     flax_losses, flax_params = _train(FLAX)
     ours_losses, ours_params = _train(DROPMASK_FLAX_BITS)

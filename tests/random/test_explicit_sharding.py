@@ -70,6 +70,7 @@ def _run(site: Site, mode: str) -> Any:
 # Linen and NNX forms of a layer, one runs one of the three in turn (eagerly where it
 # lacks that one). A recurrent layer (its own loop) runs every mode.
 _FUNCTION_MODES = ("run-time rate", "eager")
+_EAGER_FAST = 6  # the functions (by place) whose eager mode runs in the fast suite
 _LAYER_MODES = ("eager", "run-time rate", "grad")
 
 
@@ -120,14 +121,20 @@ def _cases() -> list[Any]:
             marks = []
             if site.slow and mode != "jit":
                 marks.append(pytest.mark.slow)
+            if group == "function" and mode == "eager" and index[group] > _EAGER_FAST:
+                # Eagerly every function's draw is the library's jitted one (as under
+                # jit): the first few functions run it in the fast suite, all in the slow.
+                marks.append(pytest.mark.slow)
             if group != "function" and modes == ["jit"]:
                 # Of a layer's Linen and NNX fronts, the one that runs a mode in turn is
                 # the fast suite's; this one, thin over the same function, is slow.
                 marks.append(pytest.mark.slow)
             meshes = _meshes(site, mode)
-            if group != "function" and len(meshes) > 1:
-                # A layer splits its input as the function it calls does: the fast suite
-                # runs it on the 8-device mesh, the slow one on the 4 x 2 mesh too.
+            if len(meshes) > 1 and (group != "function" or mode == "jit"):
+                # A layer splits its input as the function it calls does, and a function
+                # under jit as differentiated: the fast suite runs these on the 8-device
+                # mesh, the slow one on the 4 x 2 mesh too (the attention functions'
+                # backward passes on 4 x 2 stay fast).
                 split = [(meshes[:1], marks), (meshes[1:], [*marks, pytest.mark.slow])]
             else:
                 split = [(meshes, marks)]

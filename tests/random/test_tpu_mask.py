@@ -152,7 +152,7 @@ def pretend_tpu(monkeypatch):
             (1, False, False),
             (8, True, True),
         ],
-        [(8, None, True), (1, False, False)],
+        [(1, None, True), (1, False, False)],
         unpack=True,
     ),
 )

@@ -321,6 +321,7 @@ def test_a_directory_that_is_a_file_is_refused(tmp_path):
             Checkpointer(directory)
 
 
+@pytest.mark.slow  # waits on the checkpointer's threads
 def test_a_checkpointer_closed_before_any_save_leaves_no_thread_behind(tmp_path):
     # Orbax removes earlier partial saves on a thread; left running at exit, it printed
     # a traceback after a command's one-line refusal.

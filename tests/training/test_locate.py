@@ -313,7 +313,9 @@ USER_NNX_EXAMPLE = USER_EXAMPLE.parent / "user_example_nnx"
 # The user's directory and the bundled example run; the module:attribute target is the
 # same example as the directory (checked here without a run, as the Linen user
 # example's targets are above).
-@pytest.mark.parametrize("target", [str(USER_NNX_EXAMPLE), "digits_nnx"])
+@pytest.mark.parametrize(
+    "target", [pytest.param(str(USER_NNX_EXAMPLE), marks=pytest.mark.slow), "digits_nnx"]
+)
 def test_train_and_audit_a_users_nnx_directory_module_and_the_bundled_nnx_example(
     target, tmp_path, capsys
 ):

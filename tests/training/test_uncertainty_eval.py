@@ -6,6 +6,7 @@ import json
 
 import pytest
 from digits_tiny import EXAMPLES, example_named, tiny_config
+from tests.covering import covering
 
 from dropmask import DropmaskValueError
 from dropmask.training import train
@@ -13,7 +14,7 @@ from dropmask.training import train
 MC = ("nll", "ece", "mc_accuracy", "mc_nll", "mc_ece")
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("name", covering(EXAMPLES, ["digits_nnx"]))  # two runs each
 def test_resumed_run_is_reevaluated_with_samples(name, tmp_path):
     example = example_named(name)
     config = tiny_config()

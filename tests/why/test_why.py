@@ -21,6 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 VERDICTS = {why.HOLDS, why.NOT, why.DEPENDS}
 
 
+@pytest.mark.slow  # seconds of measurement
 def test_the_timed_report():
     """One timed report (seconds of measurement) for every check below: as a fixture of
     several tests, each pytest-xdist worker that ran one of them measured it again."""
