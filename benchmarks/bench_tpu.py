@@ -166,13 +166,20 @@ def _check_cases() -> dict[str, Callable[[], Any]]:
     cases["grad (3, 100)"] = lambda: grad_of((3, 100))
     cases["grad (4, 197, 768)"] = lambda: grad_of((4, 197, 768))
 
-    def dropped(rate: Any, one_mask: bool, length: int = 1024) -> jax.Array:
+    def dropped(rate: Any, one_mask: bool, length: int = 1024, **tiles: Any) -> jax.Array:
         # v the identity over keys: the output is each query's weights, 0 where dropped.
         b, h, d = 1, 2, 64
         q, k = jax.random.normal(jax.random.key(12), (2, b, length, h, d))
         v = jnp.broadcast_to(jnp.eye(length)[None, :, None], (b, length, h, length))
         out = dropmask.dot_product_attention(
-            q, k, v, dropout_rate=rate, key=key, deterministic=False, broadcast_dropout=one_mask
+            q,
+            k,
+            v,
+            dropout_rate=rate,
+            key=key,
+            deterministic=False,
+            broadcast_dropout=one_mask,
+            **tiles,
         )
         return out != 0
 
@@ -183,6 +190,11 @@ def _check_cases() -> dict[str, Callable[[], Any]]:
     # 197 tokens take the dense path, whose kept mask the dropout kernel draws as bytes.
     cases["attention dropped weights, a mask per head (1, 197, 2, 64)"] = lambda: dropped(
         RATE, False, 197
+    )
+    # Query tiles of 128 and key tiles under 1024: the kernels draw with the rows along
+    # lanes (the default tiles at 1024 tokens do not).
+    cases["attention dropped weights, 128 x 256 tiles (1, 512, 2, 64)"] = lambda: dropped(
+        RATE, False, 512, algorithm="pallas", block_q=128, block_k=256
     )
     cases["attention dropped weights, traced rate 0.3"] = lambda: jax.jit(
         lambda r: dropped(r, True)

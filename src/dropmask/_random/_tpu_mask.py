@@ -105,7 +105,8 @@ class TpuKernel:
       value: the threshold when static (None: a run-time one in scalar memory).
       realised: the keep probability when static.
       block: ``(rows, cols)`` of a grid step.
-      chunk: rows the kernel computes at a time (16 or 32).
+      chunk: rows the kernel computes at a time: 16 or 32, or 128 along the lanes in a
+        block narrower than 1024 columns (:func:`chunk_rows`).
       interpret: lowered for a platform other than a TPU, run the kernel in Pallas's
         TPU interpreter (tests on a CPU) rather than take XLA's path.
       global_shape: where the array is one device's block of a larger one, that
