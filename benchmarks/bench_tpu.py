@@ -4,7 +4,7 @@ Run on a machine with a TPU (a v5e chip was measured), flax installed::
 
     python -m benchmarks.bench_tpu --out DIR [--quick] [--step-dtypes bfloat16,float32]
         [--parts checks,per_call,attention,step,models,anchors,short,mesh]
-        [--model-rows none,residual,all,flax]
+        [--model-rows none,residual,all,flax] [--check-ways default,kernel,XLA]
 
 It writes ``DIR/tpu_results.json`` after each row, so a run cut short still reports what
 it finished; ``python -m benchmarks.bench_tpu --render DIR/tpu_results.json [MORE ...]``
@@ -17,8 +17,10 @@ and lists every run. What it measures, in order:
    rate, ``broadcast_dims``, ``vmap`` over keys, bf16/f16/complex, shapes the kernel
    serves and shapes that fall back) equal a CPU process's outputs for the same keys
    bit for bit, by the default path, the TPU kernel (``testing.tpu_kernels()``) and
-   XLA's path (``testing.tpu_kernels(False)``); the CPU process is this module with
-   ``--reference`` under ``JAX_PLATFORMS=cpu``. And attention's dropped weights (``v``
+   XLA's path (``testing.tpu_kernels(False)``), or the ways ``--check-ways`` names (on a v5e
+   the three ways ran past 4 minutes; ``default`` alone compiles a third of the
+   programs); the CPU process is this module with ``--reference`` under
+   ``JAX_PLATFORMS=cpu``. And attention's dropped weights (``v``
    the identity over keys, so the output is each query's weights, zero where dropped):
    on a TPU by its Pallas kernels, on the CPU by its dense path.
 2. Per call at [8192, 8192], f32 and bf16, forward and forward + backward (``jax.vjp``
@@ -297,9 +299,9 @@ CHECK_WAYS = {  # how the checks draw: the context each way's cases are traced i
 }
 
 
-def checks(out_dir: Path) -> dict[str, Any]:
-    """Each case's output on this backend, by each of ``CHECK_WAYS``, against a CPU
-    process's: ``{case: {way: same bits}}``."""
+def checks(out_dir: Path, ways: tuple[str, ...] = tuple(CHECK_WAYS)) -> dict[str, Any]:
+    """Each case's output on this backend, by each of ``ways`` (``CHECK_WAYS``' names),
+    against a CPU process's: ``{case: {way: same bits}}``."""
     ref_path = out_dir / "cpu_reference.npz"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-m", "benchmarks.bench_tpu", "--reference", str(ref_path)]
@@ -307,8 +309,8 @@ def checks(out_dir: Path) -> dict[str, Any]:
     ref = np.load(ref_path)
     want = {name: ref[str(i)] for i, name in enumerate(ref["names"])}
     results: dict[str, Any] = {name: {} for name in want}
-    for way, context in CHECK_WAYS.items():
-        with context():
+    for way in ways:
+        with CHECK_WAYS[way]():
             for name, fn in _check_cases().items():
                 got = _bits(fn())
                 same = got.shape == want[name].shape and np.array_equal(got, want[name])
@@ -1081,6 +1083,13 @@ def main(argv: list[str] | None = None) -> int:
         default=tuple(MODEL_SHAPES),
         help=f"the models part's shapes, comma-separated (default: {','.join(MODEL_SHAPES)})",
     )
+    parser.add_argument(
+        "--check-ways",
+        type=_check_ways,
+        default=tuple(CHECK_WAYS),
+        help=f"how the checks draw, comma-separated (default: {','.join(CHECK_WAYS)}; "
+        "'default' alone compiles a third of the programs)",
+    )
     parser.add_argument("--reference", help=argparse.SUPPRESS)
     parser.add_argument(
         "--render",
@@ -1132,7 +1141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     reps = 3 if args.quick else REPEATS
     parts: list[tuple[str, Callable[[], Any]]] = [
-        ("checks", lambda: checks(args.out)),
+        ("checks", lambda: checks(args.out, args.check_ways)),
         ("per_call", lambda: per_call_rows(shape, reps)),
         (
             "attention",
@@ -1201,6 +1210,16 @@ def _parts(text: str) -> tuple[str, ...]:
             f"expected some of {', '.join(PARTS)} separated by commas, got {text!r}"
         )
     return names
+
+
+def _check_ways(text: str) -> tuple[str, ...]:
+    """``--check-ways``: a comma-separated subset of ``CHECK_WAYS``' names, in its order."""
+    names = set(text.split(","))
+    if not names <= set(CHECK_WAYS):
+        raise argparse.ArgumentTypeError(
+            f"expected some of {', '.join(CHECK_WAYS)} separated by commas, got {text!r}"
+        )
+    return tuple(way for way in CHECK_WAYS if way in names)
 
 
 def _model_rows(text: str) -> tuple[str, ...]:

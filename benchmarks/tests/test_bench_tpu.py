@@ -408,6 +408,24 @@ def test_model_rows_refuses_rows_it_does_not_know_or_without_none_in_one_line(va
     assert "--model-rows: expected some of none, residual, all, flax" in lines[0]
 
 
+@pytest.mark.parametrize("value", ["fast", "default,cpu", ""])
+def test_check_ways_refuses_ways_it_does_not_know_in_one_line(value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bt.main(["--quick", "--check-ways", value])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert "--check-ways: expected some of default, kernel, XLA" in lines[0]
+
+
+def test_check_ways_run_only_the_ways_asked_for(tmp_path: Path, monkeypatch):
+    """The CPU reference (a subprocess) is this process's here; the checks' outputs too."""
+    monkeypatch.setattr(bt, "_check_cases", lambda: {"ones": lambda: np.ones(3)})
+    monkeypatch.setattr(bt.subprocess, "run", lambda cmd, **_: bt.reference(cmd[-1]))
+    got = bt.checks(tmp_path, bt._check_ways("XLA,default"))
+    assert got == {"ones": {"default": True, "XLA": True}}
+
+
 def test_model_rows_keep_the_cheapest_first():
     assert bt._model_rows("flax,all,none") == (bt.NO_DROPOUT, bt.SWAPPED_ALL, bt.FLAX_FULL)
 
