@@ -69,10 +69,12 @@ def _tile(shape, *, words=None, rows=None):
     return testing.tpu_keep_tile(words, testing.threshold(0.9).value, rows, 0, shape)
 
 
-def test_tpu_keep_tile_is_the_mask_at_any_tile_offset() -> None:
+@pytest.mark.parametrize("row_words", ["a column", "a row"])
+def test_tpu_keep_tile_is_the_mask_at_any_tile_offset(row_words) -> None:
     key, shape = jax.random.key(3), (40, 256)
     want = np.asarray(dropmask.keep_mask(key, shape, 0.3))
-    rows = (np.arange(16, 40, dtype=np.uint32) * np.uint32(256 // 32))[:, None]
+    rows = np.arange(16, 40, dtype=np.uint32) * np.uint32(256 // 32)
+    rows = rows[:, None] if row_words == "a column" else rows[None, :]
     tile = testing.tpu_keep_tile(
         testing.key_words(key), testing.threshold(0.7).value, rows, 2, (24, 64)
     )

@@ -334,15 +334,18 @@ def tpu_keep_tile(
 
     Each Threefry call is computed once and its 8 flags reach their 8 elements by a
     product on the matrix unit, so a kernel of one's own draws the same mask as
-    ``dropmask.dropout`` without a lane shuffle.
+    ``dropmask.dropout`` without a lane shuffle. A tile narrower than 1024 columns has
+    fewer than 128 calls a row, which would leave lanes idle: given ``row_words`` as a
+    row, ``[1, rows]``, it is computed with the rows along the lanes instead (worth it
+    where ``rows`` is a multiple of 128); the flags are the same either way.
 
     Args:
       key_words: the four key words (:func:`key_words`), as ``uint32`` scalars (read
         from scalar memory inside a kernel).
       threshold_value: the integer threshold (:func:`threshold`'s ``value``), an int or
         an ``int32`` scalar.
-      row_words: ``uint32[rows, 1]``: the index, among the mask's words (32 elements
-        each along its last axis), of each row's first word.
+      row_words: ``uint32[rows, 1]`` (or ``[1, rows]``): the index, among the mask's
+        words (32 elements each along its last axis), of each row's first word.
       first_word: added to every row's word: the tile's first column over 32.
       shape: ``(rows, cols)``, ``cols`` a multiple of 32.
 
@@ -362,7 +365,7 @@ def tpu_keep_tile(
     Raises:
       DropmaskValueError: ``shape`` is not two positive ints with ``cols`` a multiple
         of 32, or ``key_words`` is not four words.
-      MaskShapeError: ``row_words`` is not ``[rows, 1]``.
+      MaskShapeError: ``row_words`` is neither ``[rows, 1]`` nor ``[1, rows]``.
     """
     caller = "testing.tpu_keep_tile"
     dims = check_shape(shape, caller=caller)
@@ -382,12 +385,13 @@ def tpu_keep_tile(
             "Pass testing.key_words(key).",
             caller=caller,
         )
-    check_shape_is(
-        jax.numpy.shape(row_words),
-        (dims[0], 1),
-        caller=caller,
-        name="row_words",
-        layout="uint32[rows, 1]",
-        fix="Give each row's first word as a column.",
-    )
+    if jax.numpy.shape(row_words) != (1, dims[0]):
+        check_shape_is(
+            jax.numpy.shape(row_words),
+            (dims[0], 1),
+            caller=caller,
+            name="row_words",
+            layout="uint32[rows, 1] (or [1, rows])",
+            fix="Give each row's first word as a column, or as a row.",
+        )
     return _random.keep_tile(words, threshold_value, row_words, first_word, dims)
