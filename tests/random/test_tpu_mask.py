@@ -250,7 +250,7 @@ def test_keep_tile_is_the_fast_masks_tile_in_every_layout(layout, cols):
 @pytest.mark.parametrize(
     ("rows", "cols", "dtype", "chunk"),
     [
-        (197, 256, "float32", 128),  # 197 x 197 weights' flags: 256 x 32 calls, not 224 x 128
+        (197, 256, "float32", 128),  # 197 rows of 256 columns: 256 x 32 calls, not 224 x 128
         (197, 768, "bfloat16", 128),
         (48, 384, "float32", 16),  # 128 rows would pad 48 too far
         (8, 1024, "float32", 32),  # a whole delivery a row: its calls fill the lanes
