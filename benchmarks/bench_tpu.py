@@ -17,12 +17,12 @@ and lists every run. What it measures, in order:
    rate, ``broadcast_dims``, ``vmap`` over keys, bf16/f16/complex, shapes the kernel
    serves and shapes that fall back) equal a CPU process's outputs for the same keys
    bit for bit, by the default path, the TPU kernel (``testing.tpu_kernels()``) and
-   XLA's path (``testing.tpu_kernels(False)``), or the ways ``--check-ways`` names (on a v5e
-   the three ways ran past 4 minutes; ``default`` alone compiles a third of the
+   XLA's path (``testing.tpu_kernels(False)``), or the ways ``--check-ways`` names (on a
+   v5e the three ways ran past 4 minutes; ``default`` alone compiles a third of the
    programs); the CPU process is this module with ``--reference`` under
-   ``JAX_PLATFORMS=cpu``. And attention's dropped weights (``v``
-   the identity over keys, so the output is each query's weights, zero where dropped):
-   on a TPU by its Pallas kernels, on the CPU by its dense path.
+   ``JAX_PLATFORMS=cpu``. And attention's dropped weights (``v`` the identity over
+   keys, so the output is each query's weights, zero where dropped): on a TPU by its
+   Pallas kernels, on the CPU by its dense path.
 2. Per call at [8192, 8192], f32 and bf16, forward and forward + backward (``jax.vjp``
    with a fixed cotangent) in one program: ``x * c``, dropmask's default (on a TPU with
    one device, the kernel; rows say what ran), dropmask's XLA path and Flax's
@@ -1212,14 +1212,19 @@ def _parts(text: str) -> tuple[str, ...]:
     return names
 
 
-def _check_ways(text: str) -> tuple[str, ...]:
-    """``--check-ways``: a comma-separated subset of ``CHECK_WAYS``' names, in its order."""
+def _some_of(text: str, known: Any) -> tuple[str, ...]:
+    """A comma-separated subset of ``known``'s names, in ``known``'s order."""
     names = set(text.split(","))
-    if not names <= set(CHECK_WAYS):
+    if not names <= set(known):
         raise argparse.ArgumentTypeError(
-            f"expected some of {', '.join(CHECK_WAYS)} separated by commas, got {text!r}"
+            f"expected some of {', '.join(known)} separated by commas, got {text!r}"
         )
-    return tuple(way for way in CHECK_WAYS if way in names)
+    return tuple(name for name in known if name in names)
+
+
+def _check_ways(text: str) -> tuple[str, ...]:
+    """``--check-ways``: some of ``CHECK_WAYS``' names."""
+    return _some_of(text, CHECK_WAYS)
 
 
 def _model_rows(text: str) -> tuple[str, ...]:
@@ -1235,14 +1240,8 @@ def _model_rows(text: str) -> tuple[str, ...]:
 
 
 def _model_shapes(text: str) -> tuple[str, ...]:
-    """``--model-shapes``: a comma-separated subset of ``MODEL_SHAPES``' names, in its
-    order."""
-    names = set(text.split(","))
-    if not names <= set(MODEL_SHAPES):
-        raise argparse.ArgumentTypeError(
-            f"expected some of {', '.join(MODEL_SHAPES)} separated by commas, got {text!r}"
-        )
-    return tuple(name for name in MODEL_SHAPES if name in names)
+    """``--model-shapes``: some of ``MODEL_SHAPES``' names."""
+    return _some_of(text, MODEL_SHAPES)
 
 
 def merged(results: list[dict[str, Any]]) -> dict[str, Any]:

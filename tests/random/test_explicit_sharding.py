@@ -70,7 +70,7 @@ def _run(site: Site, mode: str) -> Any:
 # Linen and NNX forms of a layer, one runs one of the three in turn (eagerly where it
 # lacks that one). A recurrent layer (its own loop) runs every mode.
 _FUNCTION_MODES = ("run-time rate", "eager")
-_EAGER_FAST = 6  # the functions (by place) whose eager mode runs in the fast suite
+_EAGER_FAST = 6  # of the first this many functions, those that run eagerly stay fast
 _LAYER_MODES = ("eager", "run-time rate", "grad")
 
 
@@ -115,15 +115,16 @@ def _cases() -> list[Any]:
     index = {"function": 0, "linen": 0, "nnx": 0}
     for site in SITES:
         group = _group(site)
-        modes = _modes(site, index[group])
+        place = index[group]
+        modes = _modes(site, place)
         index[group] += 1
         for mode in modes:
             marks = []
             if site.slow and mode != "jit":
                 marks.append(pytest.mark.slow)
-            if group == "function" and mode == "eager" and index[group] > _EAGER_FAST:
+            if group == "function" and mode == "eager" and place >= _EAGER_FAST:
                 # Eagerly every function's draw is the library's jitted one (as under
-                # jit): the first few functions run it in the fast suite, all in the slow.
+                # jit): the first functions that run it do so in the fast suite.
                 marks.append(pytest.mark.slow)
             if group != "function" and modes == ["jit"]:
                 # Of a layer's Linen and NNX fronts, the one that runs a mode in turn is
