@@ -544,7 +544,8 @@ def step_rows(
                 row["baseline_ms"] = float(np.median(theirs))
                 row["ratio"] = float(np.median(np.array(mine) / np.array(theirs)))
             if mesh is not None:
-                row.update(_step_on_mesh(mesh, run, exe, params, x, reps))
+                with_dropmask = step if swap is not None else None
+                row.update(_step_on_mesh(mesh, run, exe, params, x, reps, with_dropmask))
             print(row, flush=True)
             yield row
 
@@ -582,21 +583,27 @@ def model_rows(
                     yield {"model": model, **row}
 
 
-def _step_on_mesh(mesh: Any, run: Any, plain: Any, params: Any, x: jax.Array, reps: int):
+def _step_on_mesh(
+    mesh: Any, run: Any, plain: Any, params: Any, x: jax.Array, reps: int, step: Any = None
+) -> dict[str, Any]:
     """The looped step compiled over ``mesh`` (the batch over ``"data"``, the parameters
-    replicated), timed in turn with ``plain``."""
+    replicated), timed in turn with ``plain``; with ``step`` (a row with dropmask's
+    dropout), what draws its masks over the mesh (``mesh_path``)."""
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    out: dict[str, Any] = {}
     with jax.set_mesh(mesh):
         placed_params = jax.device_put(params, NamedSharding(mesh, P()))
         placed_x = jax.device_put(x, NamedSharding(mesh, P("data")))
         exe = jax.jit(run).lower(jnp.int32(2), placed_params, placed_x, jax.random.key(2))
         exe = exe.compile()
+        if step is not None:
+            out["mesh_path"] = dropout_path(step, placed_params, placed_x, jax.random.key(2))
     ms, mesh_ms, ratio = _paired_ms(
         lambda: _step_ms(plain, params, x), lambda: _step_ms(exe, placed_params, placed_x), reps
     )
-    return {"plain_ms": ms, "mesh_ms": mesh_ms, "mesh_ratio": ratio}
+    return {**out, "plain_ms": ms, "mesh_ms": mesh_ms, "mesh_ratio": ratio}
 
 
 # --- 4. attention ----------------------------------------------------------------------
@@ -1774,6 +1781,8 @@ def _mesh(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
             ms, mesh_ms, ratio = r["ms"], r["mesh_ms"], r["ratio"]
         else:
             what = f"step {r['dtype']}, {r['name']}"
+            if "mesh_path" in r:
+                what += f" ({r['path']} / {r['mesh_path']})"
             ms, mesh_ms, ratio = r["plain_ms"], r["mesh_ms"], r["mesh_ratio"]
         table.append(
             {

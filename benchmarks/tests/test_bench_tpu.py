@@ -331,6 +331,7 @@ def test_quick_runs_every_part_and_renders_it(tmp_path: Path, monkeypatch):
     assert [r["name"] for r in mesh[1:]] == list(bt.MESH_STEP_ROWS)
     assert mesh[0]["path"] == mesh[0]["mesh_path"]
     assert all(isinstance(r["mesh_ratio"], float) for r in mesh[1:])
+    assert [r["mesh_path"] == r["path"] for r in mesh[1:] if "path" in r] == [True]
     written = []
     monkeypatch.setattr(bt, "write_section", lambda *args: written.append(args))
     assert bt.main(["--render", str(tmp_path / "tpu_results.json")]) == 0
