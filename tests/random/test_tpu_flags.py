@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
 
 import dropmask
 from dropmask import testing
@@ -105,6 +106,37 @@ def test_dense_attention_outputs_and_gradients_equal_the_default_path(broadcast)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_dense_attention_inside_shard_map_keeps_each_devices_bytes(check_vma):
+    """Manual axes: each device draws its batch block's mask as bytes (a mask per head,
+    its own shape's, as without the kernels) and keeps them for the backward pass."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    spec = jax.sharding.PartitionSpec("data")
+    q, k, v, g = (
+        jax.device_put(
+            jax.random.normal(kk, (8, 67, 3, 16), jnp.float32), NamedSharding(mesh, spec)
+        )
+        for kk in jax.random.split(KEY, 4)
+    )
+
+    def local(q, k, v, g):
+        loss = lambda q, k, v: jnp.sum(_attention(q, k, v, False) * g)  # noqa: E731
+        value, grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+        return value[None], grads  # each device's loss
+
+    f = jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec, check_vma=check_vma)
+    with jax.set_mesh(mesh):
+        with testing.tpu_kernels(False):
+            want = jax.jit(f)(q, k, v, g)
+        with testing.tpu_kernels():
+            assert "dropmask_tpu_keep_flags" in str(jax.make_jaxpr(f)(q, k, v, g))
+            got = jax.jit(f)(q, k, v, g)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_dense_attention_lowers_the_flags_kernel_for_a_tpu(lowering_for_a_tpu):
     """Lowered for a TPU on this CPU: one Mosaic call, the flags' (the forward draws them,
     the backward reads them), not XLA's path its lowering falls back to."""
@@ -164,28 +196,29 @@ def test_dropout_by_the_flags_kernel_lowers_for_a_tpu(lowering_for_a_tpu):
     assert text.count("tpu_custom_call(") == 2
 
 
-def test_inside_shard_map_the_bytes_kernel_steps_aside_for_xlas_draw():
-    """Manual axes: the bytes kernel's type carries no varying axes, so XLA draws."""
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_inside_shard_map_the_bytes_kernel_draws_each_devices_own_mask(check_vma):
+    """Manual axes: each device draws its block's mask (the user's call, no global
+    place) as bytes typed as varying where its scalars are, forward and backward."""
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
-    x = jax.random.normal(KEY, (16, 100), jnp.float32)
-    x = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
-    f = jax.shard_map(
-        lambda block: dropmask.dropout(block, 0.1, KEY),
-        mesh=mesh,
-        in_specs=jax.sharding.PartitionSpec("data"),
-        out_specs=jax.sharding.PartitionSpec("data"),
-    )
+    spec = jax.sharding.PartitionSpec("data")
+    x = jax.device_put(jax.random.normal(KEY, (16, 100), jnp.float32), NamedSharding(mesh, spec))
+
+    def local(block):
+        drop = lambda b: dropmask.dropout(b, 0.1, KEY)  # noqa: E731
+        return drop(block), jax.vjp(drop, block)[1](jnp.cos(block))[0]
+
+    f = jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=check_vma)
     with jax.set_mesh(mesh):
         with testing.tpu_kernels(False):
             want = jax.jit(f)(x)
         with testing.tpu_kernels():
-            jaxpr = str(jax.make_jaxpr(f)(x))
-            assert "dropmask_tpu_keep_flags" not in jaxpr
-            assert "dropmask_tpu_bytes_linear" not in jaxpr
+            assert "dropmask_tpu_bytes_linear" in str(jax.make_jaxpr(f)(x))
             got = jax.jit(f)(x)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_a_program_xla_partitions_itself_keeps_xlas_draw_and_adds_no_collective():

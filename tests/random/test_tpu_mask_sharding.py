@@ -1,9 +1,10 @@
 """The dropout kernel on many devices: 8 CPU devices, the kernel in Pallas's TPU interpreter.
 
 Under a mesh of explicit axes the kernel runs on each device's block inside
-``shard_map``; every sharding must give the unsharded call's outputs and gradients bit
-for bit, and the compiled program must move nothing between devices. What the kernel
-cannot split, and a program XLA partitions itself, take XLA's path with the same bits.
+``shard_map``, and differentiated, the flags kernel's bytes, selected by XLA; every
+sharding must give the unsharded call's outputs and gradients bit for bit, and the
+compiled program must move nothing between devices. What the kernel cannot split, and
+a program XLA partitions itself, take XLA's path with the same bits.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ def _uses_kernel(f, *args) -> bool:
     return "dropmask_tpu_masked_linear" in str(jax.make_jaxpr(f)(*args))
 
 
+def _uses_bytes(f, *args) -> bool:
+    """Whether ``f`` selects by the flags kernel's bytes alone (differentiated dropout)."""
+    jaxpr = str(jax.make_jaxpr(f)(*args))
+    return "dropmask_tpu_bytes_linear" in jaxpr and "dropmask_tpu_masked_linear" not in jaxpr
+
+
 def _collectives(f, *args) -> list[str]:
     return sorted(set(COLLECTIVES.findall(jax.jit(f).lower(*args).compile().as_text())))
 
@@ -76,7 +83,7 @@ def test_each_sharding_draws_the_unsharded_mask_with_no_collective(mesh, spec):
     put = lambda a: jax.device_put(a, NamedSharding(mesh_, spec))  # noqa: E731
     xs, cts = put(x), put(ct)
     with testing.tpu_kernels(), jax.set_mesh(mesh_):
-        assert _uses_kernel(_dropout, xs)
+        assert _uses_kernel(_dropout, xs) and _uses_bytes(_vjp, xs, cts)
         got = jax.jit(_dropout)(xs)
         got_ct = jax.jit(_vjp)(xs, cts)
         got_rate = jax.jit(_dropout)(xs, jnp.float32(RATE))
@@ -115,23 +122,48 @@ def test_a_program_xla_partitions_itself_takes_xlas_path():
 
 @pytest.mark.parametrize("check_vma", [True, False])
 def test_inside_a_users_shard_map_the_kernel_draws_its_block_of_the_global_mask(check_vma):
-    x = _x()
-    want = _dropout(x)
+    x, ct = _x(1), _x(2)
+    want, want_ct = _dropout(x), _vjp(x, ct)
     mesh = _mesh("8", AxisType.Auto)
 
-    def local(block):
+    def drop(block):
         offset = (jax.lax.axis_index("data") * block.shape[0], 0, 0)
         return dropmask.dropout(block, RATE, KEY, global_shape=SHAPE, offset=offset)
 
-    f = jax.shard_map(
-        local, mesh=mesh, in_specs=P("data"), out_specs=P("data"), check_vma=check_vma
-    )
-    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+    def shard(f, n):
+        spec = (P("data"),) * n
+        return jax.shard_map(f, mesh=mesh, in_specs=spec, out_specs=spec[0], check_vma=check_vma)
+
+    f = shard(drop, 1)
+    f_vjp = shard(lambda block, ct: jax.vjp(drop, block)[1](ct)[0], 2)
+    xs, cts = (jax.device_put(a, NamedSharding(mesh, P("data"))) for a in (x, ct))
     with testing.tpu_kernels():
-        assert _uses_kernel(f, xs)
-        got = jax.jit(f)(xs)
-        assert _collectives(f, xs) == []
+        assert _uses_kernel(f, xs) and _uses_bytes(f_vjp, xs, cts)
+        got, got_ct = jax.jit(f)(xs), jax.jit(f_vjp)(xs, cts)
+        assert _collectives(f, xs) == _collectives(f_vjp, xs, cts) == []
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(got_ct), np.asarray(want_ct))
+
+
+def test_differentiated_on_a_mesh_lowers_the_flags_kernel_on_each_devices_block(
+    lowering_for_a_tpu,
+):
+    """Lowered for a TPU on this CPU: the forward and backward passes each draw the
+    bytes of a device's block, [2, 197, 128] of [8, 197, 256] (197 rows: a partial
+    block), with the block's offsets among the kernel's scalars; no dropout kernel."""
+    mesh = _mesh("4x2")
+    x = jnp.ones((8, 197, 256), jnp.bfloat16)
+    x = jax.device_put(x, NamedSharding(mesh, P("data", None, "model")))
+
+    def loss(x):
+        return jnp.sum(_dropout(x).astype(jnp.float32))
+
+    with testing.tpu_kernels(), jax.set_mesh(mesh):
+        exported = jax.export.export(jax.jit(jax.value_and_grad(loss)), platforms=["tpu"])
+        text = exported(x).mlir_module()
+    calls = [line for line in text.splitlines() if "tpu_custom_call(" in line]
+    assert len(calls) == 2
+    assert all("(tensor<7xi32>) -> tensor<2x197x128xi8>" in call for call in calls)
 
 
 def test_under_vmap_scan_and_remat_on_a_mesh():

@@ -50,8 +50,7 @@ cotangent (``jax.grad``) are the same kernel applied to ``t`` or ``g`` with the 
 and where the kernel fails to lower, the primitive computes the same values by XLA.
 Dropout over a whole mask takes this path only where it is not differentiated; where
 it is, the flags kernel's bytes and XLA's select, which fuse into a train step's ops
-(``_draw._kernel_or_bytes``, ``_tpu_flags``); under a mesh of explicit axes and inside
-``shard_map``, this kernel in both passes.
+(``_draw._kernel_or_bytes``, ``_tpu_flags``), on each device's block too.
 """
 
 from __future__ import annotations
