@@ -137,6 +137,73 @@ def test_dense_attention_inside_shard_map_keeps_each_devices_bytes(check_vma):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def _explicit_mesh():
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    explicit = (jax.sharding.AxisType.Explicit,) * 2
+    return jax.make_mesh((4, 2), ("data", "model"), axis_types=explicit)
+
+
+@pytest.mark.parametrize(
+    "partition",
+    [
+        jax.sharding.PartitionSpec("data"),  # the batch
+        jax.sharding.PartitionSpec("data", None, "model"),  # batch and heads
+        jax.sharding.PartitionSpec(None, None, ("data", "model")),  # heads alone
+    ],
+)
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_dense_attention_on_a_mesh_keeps_each_devices_block_of_the_bytes(partition, broadcast):
+    """A mesh of explicit axes: each device draws its block of the weights' mask (sharded
+    as the weights, a broadcast axis whole) as bytes, once; the outputs and gradients
+    equal XLA's draw on the same mesh, which moves what the kernels' program moves."""
+    mesh = _explicit_mesh()
+    args = [
+        jax.device_put(jax.random.normal(kk, (8, 197, 8, 16)), NamedSharding(mesh, partition))
+        for kk in jax.random.split(KEY, 4)
+    ]
+
+    def loss(q, k, v, g):
+        return jnp.sum(_attention(q, k, v, broadcast) * g)
+
+    run = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+    def collectives():
+        text = run.lower(*args).compile().as_text()
+        return set(re.findall(r"\b(all-gather|all-to-all|collective-permute|reduce-scatter)", text))
+
+    with jax.set_mesh(mesh):
+        with testing.tpu_kernels(False):
+            want, moved = run(*args), collectives()
+        with testing.tpu_kernels():
+            assert str(jax.make_jaxpr(run)(*args)).count("dropmask_tpu_keep_flags") == 1
+            got = run(*args)
+            assert collectives() == moved
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_dense_attention_on_a_mesh_lowers_the_flags_kernel_on_each_devices_block(
+    lowering_for_a_tpu,
+):
+    """Lowered for a TPU on this CPU: one Mosaic call, drawing a device's block of a
+    mask per head ([2, 2, 197, 256] of [8, 4, 197, 197] over 4 x 2 devices, its columns
+    padded) from the key words and the block's 4 offsets."""
+    mesh = _explicit_mesh()
+    partition = jax.sharding.PartitionSpec("data", None, "model")
+    q = jax.device_put(jnp.ones((8, 197, 4, 64), jnp.bfloat16), NamedSharding(mesh, partition))
+
+    def loss(q, k, v):
+        return jnp.sum(_attention(q, k, v, False).astype(jnp.float32))
+
+    with testing.tpu_kernels(), jax.set_mesh(mesh):
+        exported = jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=["tpu"])
+        text = exported(q, q, q).mlir_module()
+    calls = [line for line in text.splitlines() if "tpu_custom_call(" in line]
+    assert len(calls) == 1
+    assert "(tensor<8xi32>) -> tensor<4x197x256xi8>" in calls[0]
+
+
 def test_dense_attention_lowers_the_flags_kernel_for_a_tpu(lowering_for_a_tpu):
     """Lowered for a TPU on this CPU: one Mosaic call, the flags' (the forward draws them,
     the backward reads them), not XLA's path its lowering falls back to."""

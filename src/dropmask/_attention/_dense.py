@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from .._dropout import dropout, scale_and_fill
 from .._errors import call_name, unnamed
 from .._masks import segment_mask, sliding_window_mask
-from .._random import Impl, draw, kept, mask_shape, probability
+from .._random import Impl, draw, explicit_split, kept, mask_shape, probability
 from .._reductions import compute_dtype
 from ._dense_dropped import dropped_attention
 from ._dense_weights import attention_weights
@@ -89,7 +89,9 @@ def dense(
         if module is not None:
             _sow(module, attention_weights(score, q, k, bias_arr, *structure, dtype)[0])
         p = probability(dropout_rate, spec.rate, keep=True, caller=call_name())
-        mask = draw(rng, mask_shape(logits_shape, dims), p, "fast", kept, q, caller=call_name())
+        shape = mask_shape(logits_shape, dims)
+        beside = _mask_type(score, q, k, shape)
+        mask = draw(rng, shape, p, "fast", kept, beside, caller=call_name())
         # The kept weights' 1/keep goes onto v, [*b, kv_len, kv_heads, depth], not onto
         # the weights: the gradient's matching multiply then also lands on a small array.
         # An invalid run-time rate's NaN scale reaches every output through v.
@@ -105,6 +107,21 @@ def dense(
 
 
 dense_jit = jax.jit(dense, static_argnums=(0, 1))
+
+
+def _mask_type(score: Any, q: jax.Array, k: jax.Array, shape: tuple[int, ...]) -> Any:
+    """What the weights' mask is drawn beside: ``q``, or under a mesh of explicit axes the
+    mask's own type, sharded as the weights (read from ``score``'s abstract evaluation)
+    on the axes it does not broadcast, so that the TPU kernels draw each device's block
+    of it (``_random._draw``)."""
+    if explicit_split(q) is None:
+        return q
+    weights = jax.eval_shape(score, q, k)
+    sharding = weights.sharding
+    entries = tuple(sharding.spec) + (None,) * (len(shape) - len(tuple(sharding.spec)))
+    spec = [part if size > 1 else None for part, size in zip(entries, shape, strict=True)]
+    partition = jax.sharding.PartitionSpec(*spec)
+    return jax.ShapeDtypeStruct(shape, jnp.int8, sharding=sharding.update(spec=partition))
 
 
 def rank(x: jax.Array, ndim: int) -> jax.Array:

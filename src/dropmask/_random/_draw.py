@@ -70,7 +70,13 @@ from ._fast_mask import (
 )
 from ._placement import auto_partitioned, tpu_interpret, tpu_kernels_run
 from ._sharding import Block, explicit_split, local_block, local_shape
-from ._tpu_flags import bytes_linear, flags_kernel_for, flags_of, keep_bytes
+from ._tpu_flags import (
+    bytes_linear,
+    flags_kernel_for,
+    flags_of,
+    keep_bytes,
+    keep_bytes_on_each_device,
+)
 from ._tpu_mask import kernel_for, masked_linear, scalars_of
 
 __all__ = ["Impl", "Kept", "Linear", "Residual", "keep_mask", "kept"]
@@ -447,20 +453,38 @@ def _entry(spec: MaskSpec, combine: Combine, x: Any, source: Any, dynamic: Any, 
 def _kept_on_tpu(spec: MaskSpec, x: Any, source: Any, dynamic: Any) -> jax.Array | None:
     """A kept mask's flags as bytes, drawn once by the dropout kernel where the kernels
     are traced (``_tpu_flags``), or None where it does not serve: a block of a sharded
-    mask, a mesh of explicit axes, a program XLA partitions itself (told by
-    ``x``, an array traced beside the mask; none given, none served)."""
+    mask, a program XLA partitions itself (told by ``x``, an array traced beside the
+    mask; none given, none served). Under a mesh of explicit axes ``x`` is the mask's
+    own type, a ``jax.ShapeDtypeStruct`` whose sharding says each device's block
+    (:func:`_kept_on_each_device`); an array there is not served."""
     if not tpu_kernels_run() or spec.global_shape is not None:
-        return None
-    if not isinstance(x, jax.Array) or auto_partitioned(x):
-        return None
-    if _in_explicit_mesh():
         return None
     value, realised = (spec.value, spec.realised) if dynamic is None else dynamic
     thr = Threshold(value, realised)
+    if _in_explicit_mesh():
+        return _kept_on_each_device(spec, x, thr, source)
+    if not isinstance(x, jax.Array) or auto_partitioned(x):
+        return None
     kernel = flags_kernel_for(spec.shape, thr, interpret=tpu_interpret())
     if kernel is None:
         return None
     return _keep_bytes_jit(kernel, spec.shape, source, dynamic)
+
+
+def _kept_on_each_device(spec: MaskSpec, x: Any, thr: Threshold, source: Any) -> Any:
+    """The bytes of a kept mask of type ``x`` (its shape and sharding over a mesh of
+    explicit axes), each device's block drawn at its global place; None where the
+    blocks are not served (uneven, or a block the flags kernel does not take)."""
+    sharding = getattr(x, "sharding", None)
+    if not isinstance(x, jax.ShapeDtypeStruct) or x.shape != spec.shape or sharding is None:
+        return None
+    local = local_shape(spec.shape, sharding.mesh, sharding.spec)
+    if local is None:
+        return None
+    kernel = flags_kernel_for(local, thr, interpret=tpu_interpret(), global_shape=spec.shape)
+    if kernel is None:
+        return None
+    return keep_bytes_on_each_device(words_of(source), thr, kernel, sharding.mesh, sharding.spec)
 
 
 def _in_explicit_mesh() -> bool:

@@ -77,7 +77,14 @@ from ._placement import mosaic_lowers_here
 from ._sharding import Block, block_from_spec
 from ._threefry import threefry4x32
 
-__all__ = ["TpuKernel", "kernel_for", "masked_linear", "scalars_of", "self_transposed"]
+__all__ = [
+    "TpuKernel",
+    "kernel_for",
+    "masked_linear",
+    "scalars_of",
+    "self_transposed",
+    "with_offsets",
+]
 
 _SPAN = 1024  # columns per delivery: 128 calls, one per lane
 _CALLS = _SPAN // FIELDS.per_call  # 128
@@ -163,14 +170,21 @@ class TpuKernel:
         local = dataclasses.replace(self, split=None)
 
         def body(x: jax.Array, scalars: jax.Array) -> Any:
-            block = block_from_spec(x.shape, spec, caller="dropout")
-            offset = jnp.stack([jnp.asarray(o, jnp.int32) for o in block.offset])
-            return run(local, x, jnp.concatenate([scalars[:4], offset, scalars[4:]]))
+            return run(local, x, with_offsets(scalars, x.shape, spec))
 
         replicated = jax.sharding.PartitionSpec()
         return jax.shard_map(
             body, mesh=mesh, in_specs=(spec, replicated), out_specs=spec, check_vma=False
         )
+
+
+def with_offsets(scalars: jax.Array, local: tuple[int, ...], spec: Any) -> jax.Array:
+    """:func:`scalars_of`'s operands made without offsets, with this device's block's
+    offsets spliced in after the key words: inside ``shard_map``, for a block of shape
+    ``local`` of an array sharded as ``spec`` (a ``PartitionSpec``)."""
+    block = block_from_spec(local, spec, caller="dropout")
+    offset = jnp.stack([jnp.asarray(o, jnp.int32) for o in block.offset])
+    return jnp.concatenate([scalars[:4], offset, scalars[4:]])
 
 
 def _view(shape: tuple[int, ...]) -> tuple[int, int, int]:
