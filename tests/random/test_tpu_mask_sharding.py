@@ -190,6 +190,30 @@ def test_under_vmap_scan_and_remat_on_a_mesh():
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("spec", [P("data"), P(None, None, "data")])
+@pytest.mark.parametrize("static", [True, False])
+def test_per_example_gradients_on_a_mesh(spec, static):
+    """``vmap`` of a gradient over a sharded batch: the bytes' batching rule draws the
+    whole mask by XLA, at a run-time rate too."""
+    weights = (jnp.arange(np.prod(SHAPE[1:])) % 7 - 3).reshape(SHAPE[1:]).astype(jnp.float32)
+
+    def per_example(x, rate):
+        # The cotangent varies by example (exact: small integers times signs).
+        grad = jax.grad(
+            lambda row: jnp.sum(dropmask.dropout(row, rate, KEY) * weights * jnp.sign(row))
+        )
+        return jax.vmap(grad)(x)
+
+    f = jax.jit(per_example, static_argnums=1 if static else ())
+    x = _x()
+    want = f(x, RATE)
+    mesh = _mesh("8")
+    xs = jax.device_put(x, NamedSharding(mesh, spec))
+    with testing.tpu_kernels(), jax.set_mesh(mesh):
+        got = f(xs, RATE)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 class _Block(nn.Module):
     @nn.compact
     def __call__(self, x, training: bool):

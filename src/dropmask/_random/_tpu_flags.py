@@ -43,6 +43,7 @@ TPU"). The price is the residual: a byte a weight, where XLA's draw kept the key
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -271,7 +272,8 @@ def _by_xla(
 ) -> jax.Array:
     """What :func:`_selected` computes over the whole mask of a ``spec`` with
     ``split`` (its scalars carry no offsets), by XLA's draw."""
-    words, thr = words_and_threshold(scalars, spec)
+    whole = dataclasses.replace(spec, global_shape=None, split=None)
+    words, thr = words_and_threshold(scalars, whole)
     flags = keep_from_words(words, shape, thr, None, path="per_element")
     return combine(x, flags, thr.realised)
 
