@@ -7,9 +7,10 @@ Each variant replaces the dropout with something that keeps one cost and drops t
 others, all timed in one process against the step without dropout:
 
 * ``default``: ``dropmask.dropout`` as it is (on a TPU, differentiated: the flags
-  kernel's bytes, selected by XLA); ``kernel``: the same inside ``shard_map`` over one
-  device, where the dropout kernel draws and selects at once in both passes (what
-  ``default`` was before the bytes); ``xla``: ``default`` under ``tpu_kernels(False)``.
+  kernel's bytes, selected by XLA); ``kernel``: the same called undifferentiated in
+  each pass of a ``custom_vjp``, where the dropout kernel draws and selects at once in
+  both passes (what ``default`` was before the bytes); ``xla``: ``default`` under
+  ``tpu_kernels(False)``.
 * ``barrier``: ``x * c`` in a Pallas kernel, forward and backward: the memory passes
   and lost fusions of a kernel at each site, no generator.
 * ``bytes``: a byte per element, computed by a cheap hash and kept apart from the
@@ -48,7 +49,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import dropmask
-from benchmarks.bench_tpu import MODEL_SHAPES, _step_ms, one_device_mesh
+from benchmarks.bench_tpu import MODEL_SHAPES, _step_ms
 from benchmarks.bench_transformer_step import step_fn
 from dropmask import testing
 from dropmask.testing import LANES, key_words, threshold, tpu_keep_tile
@@ -280,17 +281,22 @@ def _drawn(words: Callable[..., jax.Array], keep: Callable[..., Any]):
     return lambda x, key: _selected(keep)(x, words(key, x.shape, x.dtype))
 
 
+@jax.custom_vjp
 def _kernel(x: jax.Array, key: jax.Array) -> jax.Array:
-    """``dropmask.dropout`` inside ``shard_map`` over one device: the dropout kernel, in
-    both passes."""
-    spec = jax.sharding.PartitionSpec()
-    drop = jax.shard_map(
-        lambda x, k: dropmask.dropout(x, RATE, k),
-        mesh=one_device_mesh(),
-        in_specs=spec,
-        out_specs=spec,
-    )
-    return drop(x, key)
+    """``dropmask.dropout`` called undifferentiated in each pass (its own transpose, the
+    same key): the dropout kernel, in both passes."""
+    return dropmask.dropout(x, RATE, key)
+
+
+def _kernel_fwd(x: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return dropmask.dropout(x, RATE, key), key
+
+
+def _kernel_bwd(key: jax.Array, g: jax.Array) -> tuple[jax.Array, None]:
+    return dropmask.dropout(g, RATE, key), None
+
+
+_kernel.defvjp(_kernel_fwd, _kernel_bwd)
 
 
 XLA = "xla"
