@@ -107,6 +107,30 @@ def test_a_split_the_kernel_cannot_take_draws_the_same_bits_by_xlas_path():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@pytest.mark.parametrize(
+    ("shape", "dtype", "spec"),
+    [
+        ((8, 16, 100), jnp.float32, P("data")),  # a last axis that is not whole registers
+        ((4, 80, 200), jnp.bfloat16, P(None, "data")),  # rows split, columns padded
+        ((8, 16, 256), jnp.float16, P("data", None, "model")),  # a dtype the kernel lacks
+    ],
+)
+def test_a_block_the_dropout_kernel_does_not_take_selects_with_bytes(shape, dtype, spec):
+    """On each device's block, the flags kernel's bytes in both passes (as on one device);
+    the unsharded call's bits."""
+    x = jax.random.normal(jax.random.key(1), shape).astype(dtype)
+    ct = jax.random.normal(jax.random.key(2), shape).astype(dtype)
+    want, want_ct = _dropout(x), _vjp(x, ct)
+    mesh = _mesh("4x2" if "model" in spec else "8")
+    xs, cts = (jax.device_put(a, NamedSharding(mesh, spec)) for a in (x, ct))
+    with testing.tpu_kernels(), jax.set_mesh(mesh):
+        assert _uses_bytes(_dropout, xs) and _uses_bytes(_vjp, xs, cts)
+        got, got_ct = jax.jit(_dropout)(xs), jax.jit(_vjp)(xs, cts)
+        assert _collectives(_vjp, xs, cts) == []
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(got_ct), np.asarray(want_ct))
+
+
 def test_a_program_xla_partitions_itself_takes_xlas_path():
     """Automatic axes: the sharding is not known when traced, and Mosaic cannot be
     partitioned by XLA."""

@@ -267,7 +267,8 @@ def _by_flags(spec: MaskSpec, combine: Combine, x: Any, thr: Threshold, words: A
     mask's shape (broadcast against ``x`` by ``combine``), drawn again in the backward
     pass: XLA's select reads a byte a flag inside its own fusion, where XLA's draw would
     compute a Threefry call for every element. None where that kernel does not serve (a
-    packing axis that is not the last, a mesh of explicit axes)."""
+    packing axis that is not the last, a mesh of explicit axes: there a mask of ``x``'s
+    own shape takes :func:`_per_device`)."""
     if _in_explicit_mesh():
         return None
     kernel = flags_kernel_for(spec.shape, thr, interpret=tpu_interpret())
@@ -284,8 +285,10 @@ def _per_device(
     mesh of explicit axes): the dropout kernel, and differentiated the flags kernel's
     bytes and XLA's select (:func:`_kernel_or_bytes`), each lowered inside ``shard_map``,
     each block drawing at its global place, so the mask is the unsharded one, with no
-    collective. None where the blocks are not served (uneven, or a shape the dropout
-    kernel does not take).
+    collective; where the dropout kernel does not take the blocks (float16, a last axis
+    that is not whole registers), the bytes in both passes, as :func:`_by_flags` on one
+    device. None where the blocks are not served (uneven, or a shape neither kernel
+    takes).
 
     On a v5e, ViT-B's 4-layer bf16 train step (residual and MLP sites swapped) over a
     one-device mesh of explicit axes took 0.98x the same step unsharded with the bytes
@@ -295,14 +298,17 @@ def _per_device(
     if local is None:
         return None
     kernel = kernel_for(local, x.dtype, thr, interpret=tpu_interpret(), global_shape=x.shape)
-    if kernel is None:
-        return None
-    kernel = dataclasses.replace(kernel, split=(mesh, split))
-    scalars = scalars_of(words, thr)
     fusible = flags_kernel_for(local, thr, interpret=tpu_interpret(), global_shape=x.shape)
+    scalars = scalars_of(words, thr)
+    if fusible is not None:
+        fusible = dataclasses.replace(fusible, split=(mesh, split))
+    if kernel is None:  # float16, a last axis that is not whole registers: bytes alone
+        if fusible is None:
+            return None
+        return bytes_linear(x, scalars, spec=fusible, shape=x.shape, combine=combine)
+    kernel = dataclasses.replace(kernel, split=(mesh, split))
     if fusible is None:
         return masked_linear(x, scalars, spec=kernel, combine=combine)
-    fusible = dataclasses.replace(fusible, split=(mesh, split))
     return _kernel_or_bytes(combine, x, scalars, kernel, fusible, x.shape)
 
 
