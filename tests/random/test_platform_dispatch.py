@@ -90,3 +90,25 @@ def test_an_export_for_the_cpu_and_a_tpu_lowers_for_each(name, request):
     assert MOSAIC not in cpu.mlir_module()
     np.testing.assert_array_equal(np.asarray(both.call(x)), np.asarray(want))
     np.testing.assert_array_equal(np.asarray(cpu.call(x)), np.asarray(want))
+
+
+def test_on_a_mesh_a_cpu_computation_on_a_tpu_host_takes_the_cpu_path(request):
+    """Under a mesh of explicit axes the bytes are traced on each device's block inside
+    ``shard_map``; lowered for the CPU there is no Mosaic call and no collective, and
+    the values are the unsharded CPU process's."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    x = _x((64, 256))
+    want = jax.jit(_dropout_grad)(x)
+    request.getfixturevalue("tpu_host")
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    spec = jax.sharding.PartitionSpec("data")
+    xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+    with jax.set_mesh(mesh):
+        assert "dropmask_tpu_bytes_linear" in str(jax.make_jaxpr(_dropout_grad)(xs))
+        compiled = jax.jit(_dropout_grad).lower(xs).compile()
+        got = compiled(xs)
+    text = compiled.as_text()
+    assert MOSAIC not in text
+    assert not any(op in text for op in ("all-gather", "all-reduce", "all-to-all"))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -44,7 +44,6 @@ TPU"). The price is the residual: a byte a weight, where XLA's draw kept the key
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import Any
@@ -71,6 +70,9 @@ from ._tpu_mask import (
     self_transposed,
     with_offsets,
     words_and_threshold,
+)
+from ._tpu_mask import (
+    _xla_path as _masked_by_xla,
 )
 
 __all__ = [
@@ -268,25 +270,17 @@ def bytes_linear(
     return bytes_linear_p.bind(x, scalars, spec=spec, shape=shape, combine=combine)
 
 
-def _by_xla(
-    x: jax.Array, scalars: jax.Array, *, spec: TpuKernel, shape: tuple[int, ...], combine: Any
-) -> jax.Array:
-    """What :func:`_selected` computes over the whole mask of a ``spec`` with
-    ``split`` (its scalars carry no offsets), by XLA's draw."""
-    whole = dataclasses.replace(spec, global_shape=None, split=None)
-    words, thr = words_and_threshold(scalars, whole)
-    flags = keep_from_words(words, shape, thr, None, path="per_element")
-    return combine(x, flags, thr.realised)
-
-
 def _linear_batch(args: Any, dims: Any, **params: Any) -> Any:
     """Over ``x`` alone (per-example gradients), the same primitive, the mask broadcast
     along the batch axis; over keys, each key's bytes by XLA's draw (the flags
     primitive's own batching). Under a mesh's ``split``, whose ``shard_map`` takes ``x``
-    at the mask's rank, XLA's draw of the whole mask either way."""
+    at the mask's rank (its shape, as ``_draw`` binds it there), XLA's draw of the whole
+    mask either way, as the dropout kernel's batching draws it."""
     (x, scalars), (x_dim, scalars_dim) = args, dims
-    if params["spec"].split is not None:
-        return jax.vmap(functools.partial(_by_xla, **params), in_axes=dims)(*args), 0
+    spec, combine = params["spec"], params["combine"]
+    if spec.split is not None:
+        whole = functools.partial(_masked_by_xla, spec=spec, combine=combine)
+        return jax.vmap(whole, in_axes=dims)(*args), 0
     if scalars_dim is None:  # not mapped
         return bytes_linear_p.bind(jnp.moveaxis(x, x_dim, 0), scalars, **params), 0
     return jax.vmap(functools.partial(_selected, **params), in_axes=dims)(*args), 0
