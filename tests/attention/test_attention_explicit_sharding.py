@@ -54,3 +54,53 @@ def test_gradients_under_a_mesh_of_explicit_axes_equal_the_unsharded_ones(
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def _equations(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _equations(sub)
+
+
+@pytest.mark.parametrize(
+    "partition", [P("data"), P("data", None, "model"), P(None, None, ("data", "model"))]
+)
+def test_the_dense_backward_orders_its_passes_by_a_scalar_on_each_device(partition):
+    """The dense path's backward pass makes its rebuilt weights wait for a row sum (and
+    its weights' product for ``v``'s gradient) through a predicate that XLA cannot fold.
+    Under a mesh of explicit axes each device computes it from its own block, a scalar
+    inside ``shard_map``: one per batch row split the fusions that write ``v``'s gradient
+    on a TPU. The gradients stay those of the unsharded call."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    ks = jax.random.split(jax.random.key(0), 4)
+    q, k, v, g = (jax.random.normal(kk, (8, 40, 8, 16)) for kk in ks)
+
+    def loss(q, k, v, g):
+        out = dropmask.dot_product_attention(
+            q,
+            k,
+            v,
+            dropout_rate=0.1,
+            key=jax.random.key(1),
+            deterministic=False,
+            algorithm="dense",
+        )
+        return jnp.sum(out * g)
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    want = grads(q, k, v, g)
+    with jax.set_mesh(mesh):
+        args = [jax.device_put(a, NamedSharding(mesh, partition)) for a in (q, k, v, g)]
+        jaxpr = jax.make_jaxpr(grads)(*args).jaxpr
+        got = grads(*args)
+    counts = [e for e in _equations(jaxpr) if e.primitive.name == "population_count"]
+    assert len(counts) == 2  # the weights after the row sum, the product after dv
+    assert all(e.invars[0].aval.shape == () for e in counts)
+    bodies = [e for e in _equations(jaxpr) if e.primitive.name == "shard_map"]
+    inside = [e for b in bodies for e in _equations(b.params["jaxpr"])]
+    assert sum(e.primitive.name == "population_count" for e in inside) == 2
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)

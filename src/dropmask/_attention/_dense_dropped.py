@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._random import Kept, first_element, sharded_as
+from .._random import Kept, explicitly_sharded_axes, first_element, sharded_as
 from .._reductions import compute_dtype
 from ._dense_weights import Score, attention_weights, scores
 from ._nonfinite import poison, poisoned_cotangent, poisoned_gradient
@@ -156,10 +156,40 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 def _after(x: jax.Array, dependency: jax.Array) -> jax.Array:
     """``x`` unchanged (every bit), as a value XLA can compute only once ``dependency``
     exists: multiplied by 1 from a predicate that is always True but that XLA cannot
-    fold (fewer than 64 of one element's 32 bits set)."""
-    # Under a mesh of explicit axes each device tests its own first element: the
-    # predicate keeps ``dependency``'s sharded axes and broadcasts against ``x`` (same rank).
+    fold (fewer than 64 of one element's 32 bits set).
+
+    Under a mesh of explicit axes each device tests its own block's first element, a
+    scalar, inside ``shard_map`` (no collective). Outside it, the predicate would keep
+    ``dependency``'s sharded axes whole (``first_element``): on a v5e, ViT-B/16's step
+    with every dropout site swapped took 1.086x its unsharded time over a one-device mesh
+    of explicit axes with one predicate per batch row, 1.014x with a scalar (the
+    per-row factor split the fusions that write ``v``'s gradient)."""
+    axes = _explicit_axes(x, dependency)
+    if not axes:
+        return _after_here(x, dependency)
+    spec = lambda a: jax.typeof(a).sharding.spec  # noqa: E731
+    return jax.shard_map(
+        _after_here,
+        mesh=jax.typeof(x).sharding.mesh,
+        in_specs=(spec(x), spec(dependency)),
+        out_specs=spec(x),
+        axis_names=axes,
+    )(x, dependency)
+
+
+def _explicit_axes(*arrays: jax.Array) -> frozenset[str]:
+    """The explicit mesh axes that split any of ``arrays``."""
+    axes: set[str] = set()
+    for a in arrays:
+        for part in jax.typeof(a).sharding.spec if explicitly_sharded_axes(a) else ():
+            axes.update((part,) if isinstance(part, str) else part or ())
+    return frozenset(axes)
+
+
+def _after_here(x: jax.Array, dependency: jax.Array) -> jax.Array:
+    """:func:`_after` where ``dependency``'s first element is a scalar: unsharded, or
+    each device's block inside ``shard_map``."""
     first = lax.convert_element_type(first_element(dependency), jnp.float32)
     bits = lax.population_count(lax.bitcast_convert_type(first, jnp.uint32))
     one = lax.convert_element_type(lax.lt(bits, jnp.uint32(64)), x.dtype)
-    return x * (one.reshape((1,) * x.ndim) if one.ndim == 0 else one)
+    return x * one
