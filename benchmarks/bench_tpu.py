@@ -216,6 +216,15 @@ def _check_cases() -> dict[str, Callable[[], Any]]:
     cases["one-device mesh: grad (8, 256, 1024)"] = lambda: on_mesh(
         lambda x: grad_of(x.shape), ones((8, 256, 1024))
     )
+
+    def shared_grad(x: jax.Array) -> jax.Array:  # a mask shared along the rows
+        w = (jnp.arange(x.size, dtype=jnp.float32) % 7 - 3).reshape(x.shape)
+        loss = lambda x: jnp.sum(dropmask.dropout(x, RATE, key, broadcast_dims=(1,)) * w)  # noqa: E731
+        return jax.grad(loss)(x)
+
+    cases["one-device mesh: grad broadcast_dims=(1,) (8, 256, 1024)"] = lambda: on_mesh(
+        shared_grad, ones((8, 256, 1024))
+    )
     # Inside shard_map the dropout kernel draws and selects at once, whatever path the
     # default takes for a whole mask.
     cases["inside shard_map: dropout (2, 197, 768) bfloat16"] = lambda: in_shard_map(

@@ -131,6 +131,38 @@ def test_a_block_the_dropout_kernel_does_not_take_selects_with_bytes(shape, dtyp
     np.testing.assert_array_equal(np.asarray(got_ct), np.asarray(want_ct))
 
 
+@pytest.mark.parametrize(
+    ("shape", "dims", "spec", "dtype"),
+    [
+        ((8, 16, 256), (1,), P("data", None, "model"), jnp.float32),  # shared along rows
+        ((8, 16, 256), (0,), P("data"), jnp.bfloat16),  # along the split batch axis
+        ((4, 8, 16, 256), (1, 2), P("data", "model"), jnp.float32),  # along a split axis
+    ],
+)
+def test_a_broadcast_mask_draws_each_devices_block_of_it_as_bytes(shape, dims, spec, dtype):
+    """``broadcast_dims``: each device draws its block of the mask, whole along the axes
+    it broadcasts (where the array's block has a non-zero offset, the mask's is 0), as
+    bytes in both passes; the unsharded call's bits, no collective."""
+    x = jax.random.normal(jax.random.key(1), shape).astype(dtype)
+    ct = jax.random.normal(jax.random.key(2), shape).astype(dtype)
+
+    def f(x):
+        return dropmask.dropout(x, RATE, KEY, broadcast_dims=dims)
+
+    def vjp(x, ct):
+        return jax.vjp(f, x)[1](ct)[0]
+
+    want, want_ct = f(x), vjp(x, ct)
+    mesh = _mesh("4x2")
+    xs, cts = (jax.device_put(a, NamedSharding(mesh, spec)) for a in (x, ct))
+    with testing.tpu_kernels(), jax.set_mesh(mesh):
+        assert _uses_bytes(f, xs) and _uses_bytes(vjp, xs, cts)
+        got, got_ct = jax.jit(f)(xs), jax.jit(vjp)(xs, cts)
+        assert _collectives(f, xs) == [] and _collectives(vjp, xs, cts) == []
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(got_ct), np.asarray(want_ct))
+
+
 def test_a_program_xla_partitions_itself_takes_xlas_path():
     """Automatic axes: the sharding is not known when traced, and Mosaic cannot be
     partitioned by XLA."""
@@ -190,6 +222,24 @@ def test_differentiated_on_a_mesh_lowers_the_flags_kernel_on_each_devices_block(
     assert all("(tensor<7xi32>) -> tensor<2x197x128xi8>" in call for call in calls)
 
 
+def test_a_broadcast_mask_on_a_mesh_lowers_the_flags_kernel_on_its_block(lowering_for_a_tpu):
+    """Lowered for a TPU on this CPU: a mask shared along the rows ([8, 1, 256] for [8,
+    197, 256] on 4 x 2) draws a device's block of it, [2, 1, 128], in each pass."""
+    mesh = _mesh("4x2")
+    x = jnp.ones((8, 197, 256), jnp.bfloat16)
+    x = jax.device_put(x, NamedSharding(mesh, P("data", None, "model")))
+
+    def loss(x):
+        return jnp.sum(dropmask.dropout(x, RATE, KEY, broadcast_dims=1).astype(jnp.float32))
+
+    with testing.tpu_kernels(), jax.set_mesh(mesh):
+        exported = jax.export.export(jax.jit(jax.value_and_grad(loss)), platforms=["tpu"])
+        text = exported(x).mlir_module()
+    calls = [line for line in text.splitlines() if "tpu_custom_call(" in line]
+    assert len(calls) == 2
+    assert all("(tensor<7xi32>) -> tensor<2x1x128xi8>" in call for call in calls)
+
+
 def test_under_vmap_scan_and_remat_on_a_mesh():
     x = _x()
     keys = jax.random.split(KEY, 2)
@@ -216,15 +266,18 @@ def test_under_vmap_scan_and_remat_on_a_mesh():
 
 @pytest.mark.parametrize("spec", [P("data"), P(None, None, "data")])
 @pytest.mark.parametrize("static", [True, False])
-def test_per_example_gradients_on_a_mesh(spec, static):
+@pytest.mark.parametrize("dims", [(), (0,)])
+def test_per_example_gradients_on_a_mesh(spec, static, dims):
     """``vmap`` of a gradient over a sharded batch: the bytes' batching rule draws the
-    whole mask by XLA, at a run-time rate too."""
+    whole mask by XLA, at a run-time rate too, and a mask broadcast along the rows."""
     weights = (jnp.arange(np.prod(SHAPE[1:])) % 7 - 3).reshape(SHAPE[1:]).astype(jnp.float32)
 
     def per_example(x, rate):
         # The cotangent varies by example (exact: small integers times signs).
         grad = jax.grad(
-            lambda row: jnp.sum(dropmask.dropout(row, rate, KEY) * weights * jnp.sign(row))
+            lambda row: jnp.sum(
+                dropmask.dropout(row, rate, KEY, broadcast_dims=dims) * weights * jnp.sign(row)
+            )
         )
         return jax.vmap(grad)(x)
 

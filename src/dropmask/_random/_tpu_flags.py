@@ -81,6 +81,7 @@ __all__ = [
     "flags_of",
     "keep_bytes",
     "keep_bytes_on_each_device",
+    "mask_block",
 ]
 
 _CHUNK = 32  # rows an int8 vector register holds
@@ -286,6 +287,13 @@ def _linear_batch(args: Any, dims: Any, **params: Any) -> Any:
     return jax.vmap(functools.partial(_selected, **params), in_axes=dims)(*args), 0
 
 
+def mask_block(mask: tuple[int, ...], block: tuple[int, ...]) -> tuple[int, ...]:
+    """The block of a mask of shape ``mask`` (1 along the axes it broadcasts) that a
+    device holding ``block`` of the masked array draws: the block, whole (1) along the
+    broadcast axes."""
+    return tuple(1 if whole == 1 else n for whole, n in zip(mask, block, strict=True))
+
+
 def _linear_abstract(x: Any, scalars: Any, **params: Any) -> Any:
     del scalars, params
     return x
@@ -302,7 +310,9 @@ def _linear_lower(
         selected = functools.partial(_selected, spec=spec, shape=shape, combine=combine)
     else:
         selected = spec.on_each_device(
-            lambda local, x, s: _selected(x, s, spec=local, shape=x.shape, combine=combine)
+            lambda local, x, s: _selected(
+                x, s, spec=local, shape=mask_block(shape, x.shape), combine=combine
+            )
         )
     return mlir.lower_fun(selected, multiple_results=False)(ctx, x, scalars)
 

@@ -170,7 +170,7 @@ class TpuKernel:
         local = dataclasses.replace(self, split=None)
 
         def body(x: jax.Array, scalars: jax.Array) -> Any:
-            return run(local, x, with_offsets(scalars, x.shape, spec))
+            return run(local, x, with_offsets(scalars, x.shape, spec, self.global_shape))
 
         replicated = jax.sharding.PartitionSpec()
         return jax.shard_map(
@@ -178,12 +178,21 @@ class TpuKernel:
         )
 
 
-def with_offsets(scalars: jax.Array, local: tuple[int, ...], spec: Any) -> jax.Array:
+def with_offsets(
+    scalars: jax.Array, local: tuple[int, ...], spec: Any, mask: tuple[int, ...] | None = None
+) -> jax.Array:
     """:func:`scalars_of`'s operands made without offsets, with this device's block's
     offsets spliced in after the key words: inside ``shard_map``, for a block of shape
-    ``local`` of an array sharded as ``spec`` (a ``PartitionSpec``)."""
+    ``local`` of an array sharded as ``spec`` (a ``PartitionSpec``). ``mask``: the whole
+    mask's shape where it broadcasts along some of the array's axes (1 there), whose
+    offsets are then 0 (each device draws the mask whole along them)."""
     block = block_from_spec(local, spec, caller="dropout")
-    offset = jnp.stack([jnp.asarray(o, jnp.int32) for o in block.offset])
+    offsets = (
+        block.offset
+        if mask is None
+        else [0 if size == 1 else o for size, o in zip(mask, block.offset, strict=True)]
+    )
+    offset = jnp.stack([jnp.asarray(o, jnp.int32) for o in offsets])
     return jnp.concatenate([scalars[:4], offset, scalars[4:]])
 
 
@@ -480,8 +489,8 @@ def _xla_path(x: jax.Array, scalars: jax.Array, spec: TpuKernel, combine: Combin
     """What the kernel computes, by XLA (the same bits): under ``vmap``, and where the
     kernel fails to lower. ``scalars`` as :func:`scalars_of` made them; with
     ``spec.split``, the whole array's mask (no block)."""
-    if spec.split is not None:
-        spec = dataclasses.replace(spec, shape=x.shape, global_shape=None, split=None)
+    if spec.split is not None:  # the whole mask: its global shape (x's, or broadcast)
+        spec = dataclasses.replace(spec, shape=spec.global_shape, global_shape=None, split=None)
     words, thr = words_and_threshold(scalars, spec)
     block = None
     if spec.global_shape is not None:
