@@ -282,7 +282,7 @@ def _by_flags(spec: MaskSpec, combine: Combine, x: Any, thr: Threshold, words: A
 def _broadcasts_to(mask: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     """Whether a mask of shape ``mask`` is ``shape`` or broadcasts along some of its axes
     (``broadcast_dims``: 1 there, same rank)."""
-    return len(mask) == len(shape) and all(m in (1, n) for m, n in zip(mask, shape, strict=False))
+    return len(mask) == len(shape) and all(m in (1, n) for m, n in zip(mask, shape, strict=True))
 
 
 def _per_device(
