@@ -988,6 +988,7 @@ def _rounds(exes: list[Any], args: tuple[Any, ...], reps: int) -> list[list[floa
 
 MESH_ATTENTION_LENGTHS = (4096, 8192)
 MESH_STEP_ROWS = (NO_DROPOUT, SWAPPED_ALL)
+MESH_MODELS = ("ViT-B/16",)  # model shapes the mesh part steps at too (MODEL_SHAPES)
 
 
 def _paired_ms(plain: Callable[[], float], meshed: Callable[[], float], reps: int):
@@ -1010,12 +1011,17 @@ def _call_ms(exe: Any, *args: Any) -> float:
 
 
 def mesh_rows(
-    lengths: tuple[int, ...], size: dict[str, int], reps: int
+    lengths: tuple[int, ...],
+    size: dict[str, int],
+    reps: int,
+    models: dict[str, dict[str, int]] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """dropmask's attention and the train step as they are and jitted over a one-device
-    mesh of explicit axes, inputs placed by ``NamedSharding``: each pair timed in turn.
-    The mesh takes the same kernels (the rows say what ran); a slower mesh row would be
-    a cost of the sharding machinery."""
+    """dropmask's attention and the train step (at ``size``, then at each of ``models``'
+    shapes, 4 layers) as they are and jitted over a one-device mesh of explicit axes,
+    inputs placed by ``NamedSharding``: each pair timed in turn. The mesh takes the same
+    kernels (the rows say what ran); a slower mesh row would be a cost of the sharding
+    machinery. ViT-B/16's shape takes the dense attention path, whose backward pass
+    under a mesh once cost 1.086x the unsharded step."""
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -1056,6 +1062,10 @@ def mesh_rows(
         yield row
     for step_row in step_rows(size, reps, ("bfloat16",), names=MESH_STEP_ROWS, mesh=mesh):
         yield {"kind": "step", **step_row}
+    for model, shape in (models or {}).items():
+        model_size = {**shape, "layers": 4}
+        for step_row in step_rows(model_size, reps, ("bfloat16",), names=MESH_STEP_ROWS, mesh=mesh):
+            yield {"kind": "step", "model": model, **step_row}
 
 
 # --- driver ---------------------------------------------------------------------------
@@ -1186,6 +1196,9 @@ def main(argv: list[str] | None = None) -> int:
                 QUICK_ATTENTION_LENGTHS if args.quick else MESH_ATTENTION_LENGTHS,
                 size,
                 3 if args.quick else 10,
+                QUICK_MODEL_SHAPES
+                if args.quick
+                else {model: MODEL_SHAPES[model] for model in MESH_MODELS},
             ),
         ),
     ]
@@ -1790,6 +1803,8 @@ def _mesh(result: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
             ms, mesh_ms, ratio = r["ms"], r["mesh_ms"], r["ratio"]
         else:
             what = f"step {r['dtype']}, {r['name']}"
+            if "model" in r:
+                what = f"{r['model']} {what}"
             if "mesh_path" in r:
                 what += f" ({r['path']} / {r['mesh_path']})"
             ms, mesh_ms, ratio = r["plain_ms"], r["mesh_ms"], r["mesh_ratio"]

@@ -305,7 +305,7 @@ def test_quick_saves_each_row_and_reports_a_part_that_fails(tmp_path, monkeypatc
     assert all(isinstance(r[k], float) for r in result["per_call"] for k in timed)
 
 
-@pytest.mark.slow  # about a minute: every part at --quick size, the checks' CPU process too
+@pytest.mark.slow  # about 5 min on 2 cores: every part at --quick size, the CPU checks too
 def test_quick_runs_every_part_and_renders_it(tmp_path: Path, monkeypatch):
     assert bt.main(["--quick", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "tpu_results.json").read_text())
@@ -325,13 +325,16 @@ def test_quick_runs_every_part_and_renders_it(tmp_path: Path, monkeypatch):
         for length in bt.QUICK_SHORT_LENGTHS["bfloat16"]
         for name in (bt.SHORT_AUTO, bt.SHORT_DENSE, bt.FLAX_DENSE)
     ]
-    # The mesh part: attention, then the steps it names, each also over a one-device mesh.
+    # The mesh part: attention, then the steps it names, each also over a one-device mesh,
+    # at the step's size and at each model shape.
     mesh = result["mesh"]
-    assert [r["kind"] for r in mesh] == ["attention"] + ["step"] * len(bt.MESH_STEP_ROWS)
-    assert [r["name"] for r in mesh[1:]] == list(bt.MESH_STEP_ROWS)
+    steps = len(bt.MESH_STEP_ROWS) * (1 + len(bt.QUICK_MODEL_SHAPES))
+    assert [r["kind"] for r in mesh] == ["attention"] + ["step"] * steps
+    assert [r["name"] for r in mesh[1:]] == list(bt.MESH_STEP_ROWS) * (steps // 2)
+    assert [r.get("model") for r in mesh[1:]] == [None, None, *["ViT-like"] * (steps - 2)]
     assert mesh[0]["path"] == mesh[0]["mesh_path"]
     assert all(isinstance(r["mesh_ratio"], float) for r in mesh[1:])
-    assert [r["mesh_path"] == r["path"] for r in mesh[1:] if "path" in r] == [True]
+    assert [r["mesh_path"] == r["path"] for r in mesh[1:] if "path" in r] == [True, True]
     written = []
     monkeypatch.setattr(bt, "write_section", lambda *args: written.append(args))
     assert bt.main(["--render", str(tmp_path / "tpu_results.json")]) == 0
