@@ -104,3 +104,29 @@ def test_the_dense_backward_orders_its_passes_by_a_scalar_on_each_device(partiti
     assert sum(e.primitive.name == "population_count" for e in inside) == 2
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["dense", "blockwise"])
+def test_a_vjp_jitted_without_set_mesh_takes_the_mesh_from_its_input(algorithm):
+    """Inputs on a mesh of explicit axes, jitted without ``jax.set_mesh``: the backward
+    pass's reshards name the cotangent's mesh themselves; the unsharded values."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    q = jax.random.normal(jax.random.key(0), (8, 40, 4, 16))
+
+    def f(x):
+        return dropmask.dot_product_attention(
+            x,
+            x,
+            x,
+            dropout_rate=0.1,
+            key=jax.random.key(1),
+            deterministic=False,
+            algorithm=algorithm,
+        )
+
+    vjp = jax.jit(lambda x, ct: jax.vjp(f, x)[1](ct)[0])
+    want = vjp(q, q)
+    placed = jax.device_put(q, NamedSharding(mesh, P("data", None, "model")))
+    np.testing.assert_allclose(vjp(placed, placed), want, rtol=1e-5, atol=1e-5)

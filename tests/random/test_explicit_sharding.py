@@ -174,3 +174,19 @@ def test_every_public_mask_drawer_has_a_site():
     covered = {site.public for site in SITES}
     assert public_mask_drawers() - covered == set()
     assert covered - public_mask_drawers() == set()  # no stale site
+
+
+@pytest.mark.parametrize("site", [s for s in SITES if _group(s) == "function"], ids=lambda s: s.id)
+def test_jitted_without_set_mesh_a_mask_drawer_takes_the_mesh_from_its_input(site):
+    """An input placed by ``NamedSharding`` on a mesh of explicit axes and jitted without
+    ``jax.set_mesh``: JAX's own ops take the mesh from their operands, and so does each
+    public function (its reshards and ``shard_map``s need one); the unsharded result."""
+    x = site_input(site)
+    want = _run(site, "jit")(x)
+    mesh = _mesh("8")
+    got = _run(site, "jit")(jax.device_put(x, NamedSharding(mesh, P("data"))))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=site.id),
+        got,
+        want,
+    )

@@ -121,7 +121,7 @@ def _as_output(ct: jax.Array, out: Any) -> jax.Array:
     have = jax.typeof(ct).sharding
     if want is None or have.mesh.empty or have.spec == want.spec:
         return ct
-    return jax.sharding.reshard(ct, want.spec)
+    return jax.sharding.reshard(ct, want)
 
 
 def _attend_bwd(score, product, dtype, residuals, g):

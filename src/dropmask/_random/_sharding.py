@@ -241,4 +241,4 @@ def sharded_as(y: jax.Array, x: jax.Array) -> jax.Array:
     """
     if not explicitly_sharded_axes(x):
         return y
-    return jax.sharding.reshard(jnp.broadcast_to(y, x.shape), jax.typeof(x).sharding.spec)
+    return jax.sharding.reshard(jnp.broadcast_to(y, x.shape), jax.typeof(x).sharding)
