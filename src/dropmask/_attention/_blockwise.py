@@ -450,8 +450,8 @@ def _typed_as(d: jax.Array, x: jax.Array) -> jax.Array:
     """A cotangent ``d`` as ``x``'s type: its dtype, and under a mesh of explicit axes its
     sharding (a reshape drops the split of a size-1 axis)."""
     d = d.astype(x.dtype)
-    want = jax.typeof(x).sharding.spec
-    if not explicitly_sharded_axes(x) or jax.typeof(d).sharding.spec == want:
+    want = jax.typeof(x).sharding
+    if not explicitly_sharded_axes(x) or jax.typeof(d).sharding.spec == want.spec:
         return d
     return jax.sharding.reshard(d, want)
 
@@ -484,7 +484,9 @@ def blockwise_attention(
     out, taint = _attend(plan, q5, k4, v4, side, dropout)
     out = out[:, :, :, : plan.q_len].transpose(0, 3, 1, 2, 4)
     out = out.reshape(*plan.batch, plan.q_len, plan.heads, v.shape[-1])
-    taint = taint[..., : plan.q_len].reshape(*plan.batch, plan.heads, plan.q_len, 1)
+    # Heads merged before the trailing axis is added: JAX infers the merged heads' split
+    # (key-value heads split over a mesh axis) for a reshape that merges alone.
+    taint = taint[..., : plan.q_len].reshape(*plan.batch, plan.heads, plan.q_len)[..., None]
     return out, taint
 
 
@@ -499,7 +501,9 @@ def _split_as_keys(q5: jax.Array, k4: jax.Array) -> jax.Array:
     q_entries = tuple(q_spec) + (None,) * (5 - len(tuple(q_spec)))
     k_entries = tuple(k_spec) + (None,) * (4 - len(tuple(k_spec)))
     want = (k_entries[0], k_entries[1], *q_entries[2:])
-    return q5 if want == q_entries else jax.sharding.reshard(q5, P(*want))
+    if want == q_entries:
+        return q5
+    return jax.sharding.reshard(q5, jax.typeof(q5).sharding.update(spec=P(*want)))
 
 
 def _pad(x: jax.Array, axis: int, size: int, value: Any) -> jax.Array:

@@ -184,7 +184,12 @@ def _heads_major_scores(
     logits = jnp.einsum(
         "...mn,...np->...mp", qg, k_t, precision=precision, preferred_element_type=accumulate
     )
-    return logits.reshape(logits.shape[:-3] + (kv_heads * groups, q_len, logits.shape[-1]))
+    if groups == 1:
+        return logits
+    # Split, then merge: a reshape that does one of them keeps the heads' split under a
+    # mesh of explicit axes (JAX infers it); one that does both is refused.
+    logits = logits.reshape(logits.shape[:-2] + (groups, q_len, logits.shape[-1]))
+    return logits.reshape(logits.shape[:-4] + (kv_heads * groups, q_len, logits.shape[-1]))
 
 
 def _heads_major_values(
@@ -192,7 +197,10 @@ def _heads_major_values(
 ) -> jax.Array:
     """``weights @ v`` as ``[*b, q_len, heads, v_depth]``, heads-major as the scores."""
     q_len, kv_len = weights.shape[-2:]
-    wg = weights.reshape(weights.shape[:-3] + (kv_heads, groups * q_len, kv_len))
+    wg = weights  # one group: already [*b, kv_heads, q_len, kv_len]
+    if groups > 1:  # split, then merge (as in _heads_major_scores)
+        wg = wg.reshape(wg.shape[:-3] + (kv_heads, groups, q_len, kv_len))
+        wg = wg.reshape(wg.shape[:-4] + (kv_heads, groups * q_len, kv_len))
     vb = jnp.swapaxes(v, -2, -3)  # [*b, kv_heads, kv_len, v_depth]
     out = jnp.einsum("...mn,...np->...mp", wg, vb, precision=precision)
     out = out.reshape(out.shape[:-2] + (groups, q_len, out.shape[-1]))

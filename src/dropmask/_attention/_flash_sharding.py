@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._random import explicit_split, local_shape
@@ -95,11 +96,11 @@ def split_of(q: jax.Array, k: jax.Array, v: jax.Array) -> Split | None:
     return split
 
 
-def _broadcast(x: Any, shape: tuple[int, ...], spec: P) -> Any:
+def _broadcast(x: Any, shape: tuple[int, ...], mesh: Any, spec: P) -> Any:
     """``x`` (None, or broadcastable to ``shape``) broadcast and sharded as ``spec``."""
     if x is None:
         return None
-    return jax.sharding.reshard(jnp.broadcast_to(x, shape), spec)
+    return jax.sharding.reshard(jnp.broadcast_to(x, shape), NamedSharding(mesh, spec))
 
 
 def sharded_flash_attention(
@@ -116,7 +117,7 @@ def sharded_flash_attention(
     plan = flash.tiles
     batch, lq, lk = plan.batch, plan.q_len, plan.kv_len
     q_sharding = jax.typeof(q).sharding
-    q, k, v = (_resharded(x, split.spec()) for x in (q, k, v))
+    q, k, v = (_resharded(x, split.mesh, split.spec()) for x in (q, k, v))
     local_batch = local_shape(batch, split.mesh, split.rows())
     assert local_batch is not None
     heads = plan.heads // math.prod(split.mesh.shape[n] for n in _names(split.heads))
@@ -128,11 +129,11 @@ def sharded_flash_attention(
     local = dataclasses.replace(flash, tiles=local_plan, place=place)
 
     side = (
-        _broadcast(inputs.kv_valid, (*batch, lk), split.rows(None)),
-        _broadcast(inputs.q_segments, (*batch, lq), split.rows(None)),
-        _broadcast(inputs.kv_segments, (*batch, lk), split.rows(None)),
-        jax.sharding.reshard(inputs.bad_q, split.rows(None, split.heads)),
-        jax.sharding.reshard(inputs.bad_kv, split.rows(None, split.heads)),
+        _broadcast(inputs.kv_valid, (*batch, lk), split.mesh, split.rows(None)),
+        _broadcast(inputs.q_segments, (*batch, lq), split.mesh, split.rows(None)),
+        _broadcast(inputs.kv_segments, (*batch, lk), split.mesh, split.rows(None)),
+        _resharded(inputs.bad_q, split.mesh, split.rows(None, split.heads)),
+        _resharded(inputs.bad_kv, split.mesh, split.rows(None, split.heads)),
     )
     side_specs = tuple(
         None if x is None else split.rows(None, split.heads) if i >= 3 else split.rows(None)
@@ -199,14 +200,15 @@ def sharded_flash_attention(
 
     attend.defvjp(attend_fwd, attend_bwd)
     out, taint = attend(q, k, v, side, scalars)
-    return _resharded(out, q_sharding.spec), taint
+    return _resharded(out, split.mesh, q_sharding.spec), taint
 
 
-def _resharded(x: jax.Array, spec: Any) -> jax.Array:
-    """``x`` sharded as ``spec`` (no operation where it already is)."""
+def _resharded(x: jax.Array, mesh: Any, spec: Any) -> jax.Array:
+    """``x`` sharded as ``spec`` over ``mesh`` (no operation where it already is); the
+    mesh named, so that no ``jax.set_mesh`` is needed around the call."""
     if tuple(_entries(x)) == tuple(spec) + (None,) * (x.ndim - len(tuple(spec))):
         return x
-    return jax.sharding.reshard(x, spec)
+    return jax.sharding.reshard(x, NamedSharding(mesh, spec))
 
 
 def _names(entry: Any) -> tuple[str, ...]:

@@ -93,8 +93,10 @@ def taint(bad_q: jax.Array, bad_kv: jax.Array, groups: int) -> tuple[jax.Array, 
     """
     rows = jnp.swapaxes(bad_q, -1, -2)[..., None]  # [*b, heads, q, 1]
     cols = jnp.swapaxes(bad_kv, -1, -2)  # [*b, kv_heads, k]
-    if groups > 1:
-        cols = jnp.repeat(cols, groups, axis=-2)
+    if groups > 1:  # each key-value head's column for its query heads: a repeat
+        *lead, kv_heads, k = cols.shape
+        cols = jnp.broadcast_to(cols[..., None, :], (*lead, kv_heads, groups, k))
+        cols = cols.reshape(*lead, kv_heads * groups, k)  # keeps a split of the heads
     return rows, cols[..., None, :]
 
 
