@@ -109,7 +109,10 @@ def test_the_dense_backward_orders_its_passes_by_a_scalar_on_each_device(partiti
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("algorithm", ["dense", "blockwise", "pallas"])
+@pytest.mark.parametrize(
+    "algorithm",
+    ["dense", pytest.param("blockwise", marks=pytest.mark.slow), "pallas"],
+)
 def test_a_vjp_jitted_without_set_mesh_takes_the_mesh_from_its_input(algorithm):
     """Inputs on a mesh of explicit axes, jitted without ``jax.set_mesh``: the reshards
     (and the TPU kernels' ``shard_map``, in the interpreter) name the inputs' mesh
@@ -139,8 +142,10 @@ def test_a_vjp_jitted_without_set_mesh_takes_the_mesh_from_its_input(algorithm):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("set_mesh", [True, False])
-@pytest.mark.parametrize("algorithm", ["dense", "blockwise", "pallas"])
+@pytest.mark.parametrize("set_mesh", [True, pytest.param(False, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "algorithm", ["dense", "blockwise", pytest.param("pallas", marks=pytest.mark.slow)]
+)
 def test_grouped_heads_split_over_a_mesh_give_the_unsharded_gradients(algorithm, set_mesh):
     """4 query heads over 2 key-value heads, the heads split over ``"model"``: merging
     a key-value head's query heads keeps the split (the dense path's products and its

@@ -176,7 +176,14 @@ def test_every_public_mask_drawer_has_a_site():
     assert covered - public_mask_drawers() == set()  # no stale site
 
 
-@pytest.mark.parametrize("site", [s for s in SITES if _group(s) == "function"], ids=lambda s: s.id)
+@pytest.mark.parametrize(
+    "site",
+    [
+        # The first few in the fast suite (each function reshards its mask the same way).
+        pytest.param(s, marks=[pytest.mark.slow] if i >= _EAGER_FAST else [], id=s.id)
+        for i, s in enumerate(s for s in SITES if _group(s) == "function")
+    ],
+)
 def test_jitted_without_set_mesh_a_mask_drawer_takes_the_mesh_from_its_input(site):
     """An input placed by ``NamedSharding`` on a mesh of explicit axes and jitted without
     ``jax.set_mesh``: JAX's own ops take the mesh from their operands, and so does each

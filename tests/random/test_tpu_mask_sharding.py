@@ -266,7 +266,7 @@ def test_under_vmap_scan_and_remat_on_a_mesh():
 
 @pytest.mark.parametrize("spec", [P("data"), P(None, None, "data")])
 @pytest.mark.parametrize("static", [True, False])
-@pytest.mark.parametrize("dims", [(), (0,)])
+@pytest.mark.parametrize("dims", [(), pytest.param((0,), marks=pytest.mark.slow)])
 def test_per_example_gradients_on_a_mesh(spec, static, dims):
     """``vmap`` of a gradient over a sharded batch: the bytes' batching rule draws the
     whole mask by XLA, at a run-time rate too, and a mask broadcast along the rows."""
