@@ -347,6 +347,7 @@ def _run_tiled(
     if path == "flash":
         from . import _flash_sharding as fs
         from . import _flash_tpu as ft
+        from ._split import split_of
 
         flash = ft.Flash(
             plan,
@@ -354,7 +355,7 @@ def _run_tiled(
             interpret=tpu_interpret(),
             precision=ft.kernel_precision(precision) or lax.Precision.DEFAULT,
         )
-        split = fs.split_of(q, k, v)
+        split = split_of(q, k, v)
         if split is not None:
             out, tainted = fs.sharded_flash_attention(split, flash, q, k, v, kernel_inputs)
         else:

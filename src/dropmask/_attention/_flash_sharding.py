@@ -12,7 +12,7 @@ no tile depends on its batch row or head; with a mask per head each block draws 
 rows at their global place (``_flash_dropout.Place``).
 
 A call that splits the query or key axis, or head depths, needs communication whatever
-computes it: :func:`split_of` gathers those axes (the inputs resharded to ``q``'s batch
+computes it: ``_split.split_of`` gathers those axes (the inputs resharded to ``q``'s batch
 and heads split, the output back to ``q``'s sharding), and the kernels run on whole
 rows; the mask is the same. Inside a user's ``shard_map`` the kernels
 take each device's block as the whole call (as every path does there). In a program
@@ -28,72 +28,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .._random import explicit_split, local_shape
+from .._random import local_shape
 from . import _flash_dropout as fd
 from . import _flash_tpu as ft
 from . import _kernel_inputs as ki
+from ._split import Split, parts, resharded
 
-__all__ = ["Split", "sharded_flash_attention", "split_of"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Split:
-    """How a call is split over a mesh of explicit axes: the mesh, the entry of each
-    batch axis and the heads' entry (``None``, a mesh axis name or a tuple of names)."""
-
-    mesh: Any
-    batch: tuple[Any, ...]
-    heads: Any
-
-    def spec(self) -> P:
-        """``q``, ``k``, ``v`` and the output: ``[*batch, L, H, D]``."""
-        return P(*self.batch, None, self.heads, None)
-
-    def rows(self, *tail: Any) -> P:
-        """An array of the batch axes, then ``tail``."""
-        return P(*self.batch, *tail)
-
-    def every_device(self) -> P:
-        """Per-device pieces stacked along their first axis (residuals between the
-        forward and backward ``shard_map``)."""
-        return P(tuple(self.mesh.axis_names))
-
-    def offsets(self, local_batch: tuple[int, ...], local_heads: int) -> jax.Array:
-        """``int32[len(batch) + 1]``: this device's first batch index on each batch axis
-        and its first head (inside ``shard_map``)."""
-        out = []
-        pairs = (*zip(local_batch, self.batch, strict=True), (local_heads, self.heads))
-        for size, names in pairs:
-            out.append(0 if names is None else lax.axis_index(names) * size)
-        return jnp.stack([jnp.asarray(o, jnp.int32) for o in out])
-
-
-def _entries(x: jax.Array) -> tuple[Any, ...]:
-    """``x``'s partition entries, one per axis."""
-    spec = tuple(jax.typeof(x).sharding.spec)
-    return spec + (None,) * (x.ndim - len(spec))
-
-
-def split_of(q: jax.Array, k: jax.Array, v: jax.Array) -> Split | None:
-    """How the kernels split a call: None where ``q`` is not traced under a mesh of
-    explicit axes (one device, or inside ``shard_map``: the kernels take the call as it
-    is); else ``q``'s split of its batch axes and heads. An input split otherwise (a
-    sharded length or depth, ``k`` or ``v`` split unlike ``q``) is gathered to that
-    split first, and where it does not divide the inputs evenly, to none: the kernels
-    need whole rows of keys and queries, and the mask is the same either way."""
-    found = explicit_split(q)
-    if found is None:
-        return None
-    mesh, _ = found
-    q_spec = _entries(q)
-    split = Split(mesh, q_spec[:-3], q_spec[-2])
-    if any(local_shape(x.shape, mesh, split.spec()) is None for x in (q, k, v)):
-        split = Split(mesh, (None,) * (q.ndim - 3), None)
-    return split
+__all__ = ["sharded_flash_attention"]
 
 
 def _broadcast(x: Any, shape: tuple[int, ...], mesh: Any, spec: P) -> Any:
@@ -112,16 +56,16 @@ def sharded_flash_attention(
     inputs: ki.KernelInputs,
 ) -> tuple[jax.Array, jax.Array]:
     """``_flash_tpu.flash_attention`` on each device's block of a call split as ``split``
-    (:func:`split_of`): the unsharded call's values and gradients (bit for bit on a CPU;
+    (``_split.split_of``): the unsharded call's values and gradients (bit for bit on a CPU;
     on a TPU as two compilations of the unsharded call agree)."""
     plan = flash.tiles
     batch, lq, lk = plan.batch, plan.q_len, plan.kv_len
     q_sharding = jax.typeof(q).sharding
-    q, k, v = (_resharded(x, split.mesh, split.spec()) for x in (q, k, v))
+    q, k, v = (resharded(x, split.mesh, split.spec()) for x in (q, k, v))
     local_batch = local_shape(batch, split.mesh, split.rows())
     assert local_batch is not None
-    heads = plan.heads // math.prod(split.mesh.shape[n] for n in _names(split.heads))
-    kv_heads = plan.kv_heads // math.prod(split.mesh.shape[n] for n in _names(split.heads))
+    heads = plan.heads // parts(split.mesh, split.heads)
+    kv_heads = plan.kv_heads // parts(split.mesh, split.heads)
     local_plan = dataclasses.replace(plan, batch=local_batch, kv_heads=kv_heads)
     place = None
     if plan.dropout and not plan.broadcast_dropout:
@@ -132,8 +76,8 @@ def sharded_flash_attention(
         _broadcast(inputs.kv_valid, (*batch, lk), split.mesh, split.rows(None)),
         _broadcast(inputs.q_segments, (*batch, lq), split.mesh, split.rows(None)),
         _broadcast(inputs.kv_segments, (*batch, lk), split.mesh, split.rows(None)),
-        _resharded(inputs.bad_q, split.mesh, split.rows(None, split.heads)),
-        _resharded(inputs.bad_kv, split.mesh, split.rows(None, split.heads)),
+        resharded(inputs.bad_q, split.mesh, split.rows(None, split.heads)),
+        resharded(inputs.bad_kv, split.mesh, split.rows(None, split.heads)),
     )
     side_specs = tuple(
         None if x is None else split.rows(None, split.heads) if i >= 3 else split.rows(None)
@@ -200,19 +144,7 @@ def sharded_flash_attention(
 
     attend.defvjp(attend_fwd, attend_bwd)
     out, taint = attend(q, k, v, side, scalars)
-    return _resharded(out, split.mesh, q_sharding.spec), taint
-
-
-def _resharded(x: jax.Array, mesh: Any, spec: Any) -> jax.Array:
-    """``x`` sharded as ``spec`` over ``mesh`` (no operation where it already is); the
-    mesh named, so that no ``jax.set_mesh`` is needed around the call."""
-    if tuple(_entries(x)) == tuple(spec) + (None,) * (x.ndim - len(tuple(spec))):
-        return x
-    return jax.sharding.reshard(x, NamedSharding(mesh, spec))
-
-
-def _names(entry: Any) -> tuple[str, ...]:
-    return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+    return resharded(out, split.mesh, q_sharding.spec), taint
 
 
 def _stacked(x: jax.Array) -> jax.Array:

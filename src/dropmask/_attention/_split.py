@@ -1,0 +1,98 @@
+"""How a call is split over a mesh of explicit axes: by ``q``'s batch axes and heads.
+
+Under such a mesh the types of ``q``, ``k`` and ``v`` carry their sharding when traced.
+Every path computes a call on whole rows of queries and keys: batch axes (data
+parallelism) and heads (tensor parallelism; the key-value heads split alike, so each
+device keeps whole groups of grouped-query heads) split with no collective, and
+:func:`split_of` says how. A split the paths cannot take (a query, key or depth axis,
+``k`` or ``v`` split unlike ``q``, an uneven split) needs communication whatever
+computes it: the inputs are resharded to ``q``'s split of batch and heads first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from .._random import explicit_split, local_shape
+
+__all__ = ["Split", "entries", "names", "resharded", "split_of"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """How a call is split over a mesh of explicit axes: the mesh, the entry of each
+    batch axis and the heads' entry (``None``, a mesh axis name or a tuple of names)."""
+
+    mesh: Any
+    batch: tuple[Any, ...]
+    heads: Any
+
+    def spec(self) -> P:
+        """``q``, ``k``, ``v`` and the output: ``[*batch, L, H, D]``."""
+        return P(*self.batch, None, self.heads, None)
+
+    def rows(self, *tail: Any) -> P:
+        """An array of the batch axes, then ``tail``."""
+        return P(*self.batch, *tail)
+
+    def every_device(self) -> P:
+        """Per-device pieces stacked along their first axis (residuals between the
+        forward and backward ``shard_map``)."""
+        return P(tuple(self.mesh.axis_names))
+
+    def offsets(self, local_batch: tuple[int, ...], local_heads: int) -> jax.Array:
+        """``int32[len(batch) + 1]``: this device's first batch index on each batch axis
+        and its first head (inside ``shard_map``)."""
+        out = []
+        pairs = (*zip(local_batch, self.batch, strict=True), (local_heads, self.heads))
+        for size, group in pairs:
+            out.append(0 if group is None else lax.axis_index(group) * size)
+        return jnp.stack([jnp.asarray(o, jnp.int32) for o in out])
+
+
+def entries(x: jax.Array) -> tuple[Any, ...]:
+    """``x``'s partition entries, one per axis."""
+    spec = tuple(jax.typeof(x).sharding.spec)
+    return spec + (None,) * (x.ndim - len(spec))
+
+
+def split_of(q: jax.Array, k: jax.Array, v: jax.Array) -> Split | None:
+    """How a call is split: None where ``q`` is not traced under a mesh of explicit
+    axes (one device, or inside ``shard_map``: a path takes the call as it is); else
+    ``q``'s split of its batch axes and heads, or none where that split does not
+    divide ``q``, ``k`` and ``v`` evenly."""
+    found = explicit_split(q)
+    if found is None:
+        return None
+    mesh, _ = found
+    q_spec = entries(q)
+    split = Split(mesh, q_spec[:-3], q_spec[-2])
+    if any(local_shape(x.shape, mesh, split.spec()) is None for x in (q, k, v)):
+        split = Split(mesh, (None,) * (q.ndim - 3), None)
+    return split
+
+
+def resharded(x: jax.Array, mesh: Any, spec: Any) -> jax.Array:
+    """``x`` sharded as ``spec`` over ``mesh`` (no operation where it already is); the
+    mesh named, so that no ``jax.set_mesh`` is needed around the call."""
+    if tuple(entries(x)) == tuple(spec) + (None,) * (x.ndim - len(tuple(spec))):
+        return x
+    return jax.sharding.reshard(x, NamedSharding(mesh, spec))
+
+
+def names(entry: Any) -> tuple[str, ...]:
+    """The mesh axis names of one partition entry."""
+    return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+
+
+def parts(mesh: Any, entry: Any) -> int:
+    """How many blocks one partition entry splits an axis into."""
+    return math.prod(mesh.shape[n] for n in names(entry))
