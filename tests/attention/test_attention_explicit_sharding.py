@@ -17,6 +17,8 @@ from jax.sharding import PartitionSpec as P
 import dropmask
 from dropmask import testing
 
+SLOW = pytest.mark.slow
+
 
 def _mesh(devices: int):
     if len(jax.devices()) < devices:
@@ -177,3 +179,82 @@ def test_grouped_heads_split_over_a_mesh_give_the_unsharded_gradients(algorithm,
             got = vjp(put(q), put(kv), put(q))
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("q_spec", "kv_spec"),
+    [
+        pytest.param(P("data", "model"), P("data", "model"), id="query and key axes"),
+        pytest.param(P("data", None, "model"), P("data", "model"), id="keys unlike queries"),
+        pytest.param(
+            P("data", None, None, "model"), P("data", None, None, "model"), id="depth", marks=SLOW
+        ),
+    ],
+)
+@pytest.mark.parametrize("algorithm", ["dense", "blockwise", pytest.param("pallas", marks=SLOW)])
+def test_a_split_the_paths_cannot_take_is_gathered_and_split_back(algorithm, q_spec, kv_spec):
+    """A query, key or depth axis split over devices, or keys split unlike queries:
+    JAX's ``dot_general`` refuses the products (Flax's attention raises), so the call
+    is resharded to ``q``'s split of batch and heads first; the output and gradients
+    come back split as the inputs, with the unsharded values."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    ks = jax.random.split(jax.random.key(0), 4)
+    q, k, v, ct = (jax.random.normal(kk, (8, 128, 4, 64)) for kk in ks)
+
+    def f(q, k, v):
+        return dropmask.dot_product_attention(
+            q,
+            k,
+            v,
+            dropout_rate=0.1,
+            key=jax.random.key(1),
+            deterministic=False,
+            algorithm=algorithm,
+            is_causal=True,
+        )
+
+    vjp = jax.jit(lambda q, k, v, ct: jax.vjp(f, q, k, v)[1](ct))
+    on = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    args = (on(q, q_spec), on(k, kv_spec), on(v, kv_spec))
+    with testing.tpu_kernels(algorithm == "pallas"):
+        want, want_grads = jax.jit(f)(q, k, v), vjp(q, k, v, ct)
+        got = jax.jit(f)(*args)
+        grads = vjp(*args, on(ct, q_spec))
+    assert got.sharding.is_equivalent_to(args[0].sharding, got.ndim)
+    for g, arg in zip(grads, args, strict=True):
+        assert g.sharding.is_equivalent_to(arg.sharding, g.ndim)
+    for a, b in zip((got, *grads), (want, *want_grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["dense", "blockwise", pytest.param("pallas", marks=SLOW)])
+def test_segment_ids_split_along_their_length_are_gathered(algorithm):
+    """``[batch, length]`` segment ids split over both mesh axes (the batch split as
+    ``q``'s): compared across the whole key axis, they are gathered along it first,
+    where JAX refused the comparison of two split axes."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    q = jax.random.normal(jax.random.key(0), (8, 128, 4, 64))
+    ids = jnp.broadcast_to(jnp.arange(128) // 48, (8, 128))
+
+    def f(q, ids):
+        return dropmask.dot_product_attention(
+            q,
+            q,
+            q,
+            q_segment_ids=ids,
+            dropout_rate=0.1,
+            key=jax.random.key(1),
+            deterministic=False,
+            algorithm=algorithm,
+        )
+
+    vjp = jax.jit(lambda q, ids: jax.vjp(lambda q: f(q, ids), q)[1](q)[0])
+    on = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    with testing.tpu_kernels(algorithm == "pallas"):
+        want = vjp(q, ids)
+        got = vjp(on(q, P("data")), on(ids, P("data", "model")))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

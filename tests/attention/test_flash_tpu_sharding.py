@@ -111,18 +111,24 @@ def test_each_split_gives_the_unsharded_values_and_gradients_with_no_collective(
 
 
 def test_a_split_length_is_gathered_for_the_kernels_and_the_output_split_back():
-    q, k, v, _ = _qkv_ct()
+    """The query and key axes split over ``"model"``: the kernels run on whole rows, and
+    the output and gradients come back split as the inputs (a cotangent split so is
+    the output's type)."""
+    q, k, v, ct = _qkv_ct()
     f = _attention(per_head=True)
+    vjp = lambda q, k, v, ct: jax.vjp(f, q, k, v)[1](ct)  # noqa: E731
     mesh = _mesh("4x2")
-    spec = P("data", "model")  # the query and key axes split over "model"
+    spec = P("data", "model")
     put = lambda a: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
     with testing.tpu_kernels():
-        want = jax.jit(f)(q, k, v)
+        want, want_grads = jax.jit(f)(q, k, v), jax.jit(vjp)(q, k, v, ct)
         with jax.set_mesh(mesh):
             args = [put(a) for a in (q, k, v)]
             assert _kernels_in(f, *args)
-            got = jax.jit(f)(*args)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+            got, grads = jax.jit(f)(*args), jax.jit(vjp)(*args, put(ct))
+    for out, w in ((got, want), *zip(grads, want_grads, strict=True)):
+        assert out.sharding.is_equivalent_to(args[0].sharding, out.ndim)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(w))
 
 
 def test_a_program_xla_partitions_itself_takes_the_blockwise_path_with_the_same_mask():

@@ -11,6 +11,7 @@ einsums (forward and backward).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,7 @@ from ._paths import (
     pallas_block_sizes,
 )
 from ._paths import Algorithm as Algorithm
+from ._split import on_whole_rows, whole_length
 
 __all__ = ["Algorithm", "dot_product_attention"]
 
@@ -211,6 +213,11 @@ def dot_product_attention(
         einsums=(qk_attn_weights_einsum, attn_weights_value_einsum),
         impl=impl,
     )
+    # Under a mesh of explicit axes: q, k and v split by q's batch axes and heads, the
+    # segment ids' lengths whole.
+    q3, k3, v3, restore = on_whole_rows(c.q, c.k, c.v)
+    q_seg, kv_seg = whole_length(c.q_seg), whole_length(c.kv_seg)
+    c = dataclasses.replace(c, q=q3, k=k3, v=v3, q_seg=q_seg, kv_seg=kv_seg)
     scores = c.q_len * c.kv_len
 
     def choose(flash: bool, on_tpu: bool) -> str:
@@ -257,11 +264,13 @@ def dot_product_attention(
 
             options = (sizes, dropout_rate, broadcast_dropout, str(precision))
             if lowering_error(c, by_kernels, *options) is not None:
-                return run(other, other_sizes)
-            return lax.platform_dependent(
-                tpu=lambda: run(path, sizes), default=lambda: run(other, other_sizes)
+                return restore(run(other, other_sizes))
+            return restore(
+                lax.platform_dependent(
+                    tpu=lambda: run(path, sizes), default=lambda: run(other, other_sizes)
+                )
             )
-        return run(path, sizes)
+        return restore(run(path, sizes))
     except TypeError as err:
         forward = _forward_mode_error(err, path, algorithm, impl, c.drops)
         if forward is None:

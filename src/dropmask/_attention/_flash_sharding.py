@@ -11,9 +11,9 @@ dropout mask stays the unsharded call's: with one mask for every head (Flax's de
 no tile depends on its batch row or head; with a mask per head each block draws its
 rows at their global place (``_flash_dropout.Place``).
 
-A call that splits the query or key axis, or head depths, needs communication whatever
-computes it: ``_split.split_of`` gathers those axes (the inputs resharded to ``q``'s batch
-and heads split, the output back to ``q``'s sharding), and the kernels run on whole
+A call that splits the query or key axis, or head depths, is gathered before any path
+runs (``_split.on_whole_rows``: the inputs resharded to ``q``'s batch and heads split,
+the output back to ``q``'s sharding), and the kernels run on whole
 rows; the mask is the same. Inside a user's ``shard_map`` the kernels
 take each device's block as the whole call (as every path does there). In a program
 XLA partitions itself (automatic axes) the sharding is not known when traced, and the
@@ -28,14 +28,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._random import local_shape
 from . import _flash_dropout as fd
 from . import _flash_tpu as ft
 from . import _kernel_inputs as ki
-from ._split import Split, parts, resharded
+from ._split import Split, entries, parts, resharded
 
 __all__ = ["sharded_flash_attention"]
 
@@ -44,7 +43,7 @@ def _broadcast(x: Any, shape: tuple[int, ...], mesh: Any, spec: P) -> Any:
     """``x`` (None, or broadcastable to ``shape``) broadcast and sharded as ``spec``."""
     if x is None:
         return None
-    return jax.sharding.reshard(jnp.broadcast_to(x, shape), NamedSharding(mesh, spec))
+    return resharded(jnp.broadcast_to(x, shape), mesh, spec)
 
 
 def sharded_flash_attention(
@@ -60,8 +59,7 @@ def sharded_flash_attention(
     on a TPU as two compilations of the unsharded call agree)."""
     plan = flash.tiles
     batch, lq, lk = plan.batch, plan.q_len, plan.kv_len
-    q_sharding = jax.typeof(q).sharding
-    q, k, v = (resharded(x, split.mesh, split.spec()) for x in (q, k, v))
+    assert all(entries(x) == tuple(split.spec()) for x in (q, k, v)), "split first"
     local_batch = local_shape(batch, split.mesh, split.rows())
     assert local_batch is not None
     heads = plan.heads // parts(split.mesh, split.heads)
@@ -144,7 +142,7 @@ def sharded_flash_attention(
 
     attend.defvjp(attend_fwd, attend_bwd)
     out, taint = attend(q, k, v, side, scalars)
-    return resharded(out, split.mesh, q_sharding.spec), taint
+    return out, taint
 
 
 def _stacked(x: jax.Array) -> jax.Array:

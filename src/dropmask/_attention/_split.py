@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -23,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from .._random import explicit_split, local_shape
 
-__all__ = ["Split", "entries", "names", "resharded", "split_of"]
+__all__ = ["Split", "entries", "names", "on_whole_rows", "resharded", "split_of", "whole_length"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,45 @@ def split_of(q: jax.Array, k: jax.Array, v: jax.Array) -> Split | None:
     if any(local_shape(x.shape, mesh, split.spec()) is None for x in (q, k, v)):
         split = Split(mesh, (None,) * (q.ndim - 3), None)
     return split
+
+
+def on_whole_rows(
+    q: jax.Array, k: jax.Array, v: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array, Callable[[jax.Array], jax.Array]]:
+    """``q``, ``k`` and ``v`` split as :func:`split_of` says (each as it is where it
+    already is, or off a mesh of explicit axes), and a function that gives the output
+    ``q``'s sharding back (where it divides the output evenly).
+
+    A query or key axis split over devices is gathered: every path computes whole
+    rows of scores (sequence parallelism, which splits them, is not implemented), as
+    JAX's and Flax's attention need too, whose ``dot_general`` refuses such a split.
+    """
+    split = split_of(q, k, v)
+    if split is None:
+        return q, k, v, _same
+    q_spec = P(*entries(q))
+    q, k, v = (resharded(x, split.mesh, split.spec()) for x in (q, k, v))
+
+    def restore(out: jax.Array) -> jax.Array:
+        if local_shape(out.shape, split.mesh, q_spec) is None:
+            return out
+        return resharded(out, split.mesh, q_spec)
+
+    return q, k, v, restore
+
+
+def _same(x: jax.Array) -> jax.Array:
+    return x
+
+
+def whole_length(ids: jax.Array | None) -> jax.Array | None:
+    """Segment ids (``[*batch, length]``, or broadcastable to it) with their length axis
+    gathered where a mesh of explicit axes splits it, as :func:`on_whole_rows` gathers
+    ``q``'s; each as it is elsewhere."""
+    found = None if ids is None else explicit_split(ids)
+    if ids is None or found is None or ids.ndim == 0 or entries(ids)[-1] is None:
+        return ids
+    return resharded(ids, found[0], P(*entries(ids)[:-1], None))
 
 
 def resharded(x: jax.Array, mesh: Any, spec: Any) -> jax.Array:
