@@ -61,6 +61,26 @@ def test_gradients_under_a_mesh_of_explicit_axes_equal_the_unsharded_ones(
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
+def test_a_one_device_mesh_without_set_mesh_gives_the_unsharded_gradients():
+    """On a one-device mesh an einsum's rule drops the size-1 axis's split from the
+    dense backward's products, so the cotangent that arrives is resharded to the
+    product's type; jitted without ``jax.set_mesh``, by the sharding it names."""
+    ks = jax.random.split(jax.random.key(0), 4)
+    q, k, v, g = (jax.random.normal(kk, (1, 64, 2, 32)) for kk in ks)
+
+    def f(q, k, v):
+        return dropmask.dot_product_attention(
+            q, k, v, is_causal=True, dropout_rate=0.1, key=jax.random.key(1), deterministic=False
+        )
+
+    vjp = jax.jit(lambda q, k, v, g: jax.vjp(f, q, k, v)[1](g))
+    mesh = _mesh(1)
+    want = vjp(q, k, v, g)
+    got = vjp(*[jax.device_put(a, NamedSharding(mesh, P("data"))) for a in (q, k, v, g)])
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 def _equations(jaxpr):
     for eqn in jaxpr.eqns:
         yield eqn
@@ -229,32 +249,63 @@ def test_a_split_the_paths_cannot_take_is_gathered_and_split_back(algorithm, q_s
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("algorithm", ["dense", "blockwise", pytest.param("pallas", marks=SLOW)])
-def test_segment_ids_split_along_their_length_are_gathered(algorithm):
-    """``[batch, length]`` segment ids split over both mesh axes (the batch split as
-    ``q``'s): compared across the whole key axis, they are gathered along it first,
-    where JAX refused the comparison of two split axes."""
+def _side_inputs():
+    ids = jnp.broadcast_to(jnp.arange(128) // 48, (8, 128))
+    return {
+        "mask": (jax.random.bernoulli(jax.random.key(2), 0.8, (8, 1, 128, 128)), "mask"),
+        "bias": (jax.random.normal(jax.random.key(3), (8, 4, 128, 128)), "bias"),
+        "kv_mask": (jax.random.bernoulli(jax.random.key(4), 0.8, (8, 128)), "kv_mask"),
+        "segment ids": (ids, "q_segment_ids"),
+    }
+
+
+SIDE_SPLITS = [  # (input, its split, whether make test runs it on the dense path)
+    ("mask", P("data", None, None, "model"), "mask along keys", True),
+    ("mask", P(None, None, "model"), "mask along queries", False),
+    ("bias", P(None, None, None, "model"), "bias along keys", True),
+    ("bias", P("data", "model"), "bias as the scores", False),
+    ("kv_mask", P(None, "model"), "key mask along keys", True),
+    ("segment ids", P("data", "model"), "segment ids along their length", True),
+]
+# The TPU kernels take no mask or bias (the blockwise path runs those).
+SIDE_CASES = [
+    pytest.param(algorithm, side, spec, id=f"{algorithm}-{name}", marks=() if fast else SLOW)
+    for algorithm in ("dense", "blockwise", "pallas")
+    for side, spec, name, dense_fast in SIDE_SPLITS
+    if not (algorithm == "pallas" and side in ("mask", "bias"))
+    for fast in [dense_fast and algorithm == "dense"]
+]
+
+
+@pytest.mark.parametrize(("algorithm", "side", "spec"), SIDE_CASES)
+def test_side_inputs_split_otherwise_than_the_scores_are_resharded(algorithm, side, spec):
+    """A mask, bias, key mask or segment ids split otherwise than the scores
+    (``[batch@data, heads@model, q, k]``): JAX refused the elementwise ops that combine
+    them (as with Flax's attention); each is resharded to the scores' split first, with
+    the unsharded values and gradients."""
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    value, name = _side_inputs()[side]
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
     q = jax.random.normal(jax.random.key(0), (8, 128, 4, 64))
-    ids = jnp.broadcast_to(jnp.arange(128) // 48, (8, 128))
 
-    def f(q, ids):
+    def f(q, side):
         return dropmask.dot_product_attention(
             q,
             q,
             q,
-            q_segment_ids=ids,
             dropout_rate=0.1,
             key=jax.random.key(1),
             deterministic=False,
             algorithm=algorithm,
+            **{name: side},
         )
 
-    vjp = jax.jit(lambda q, ids: jax.vjp(lambda q: f(q, ids), q)[1](q)[0])
+    vjp = jax.jit(lambda q, side: jax.vjp(lambda q: f(q, side), q)[1](q)[0])
     on = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
     with testing.tpu_kernels(algorithm == "pallas"):
-        want = vjp(q, ids)
-        got = vjp(on(q, P("data")), on(ids, P("data", "model")))
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        want = jax.jit(f)(q, value), vjp(q, value)
+        got = jax.jit(f)(on(q, P("data", None, "model")), on(value, spec))
+        got = got, vjp(on(q, P("data", None, "model")), on(value, spec))
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

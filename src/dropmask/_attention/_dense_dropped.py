@@ -115,8 +115,10 @@ def _pulled(f: Any, primals: tuple[Any, ...], ct: jax.Array) -> tuple[Any, ...]:
 
 def _as_output(ct: jax.Array, out: Any) -> jax.Array:
     """``ct`` resharded as ``out``: under a mesh of explicit axes an einsum's rule can
-    shard a product otherwise than the cotangent that arrives for it (the weights' mask
-    is drawn whole), which JAX's transposition refuses; elsewhere ``ct`` itself."""
+    shard a product otherwise than the cotangent that arrives for it (on a one-device
+    mesh it drops the size-1 axis's split), which JAX's transposition refuses; by the
+    sharding the type names, so no ``jax.set_mesh`` is needed; elsewhere ``ct``
+    itself."""
     want = out.sharding if isinstance(out, jax.ShapeDtypeStruct) else jax.typeof(out).sharding
     have = jax.typeof(ct).sharding
     if want is None or have.mesh.empty or have.spec == want.spec:

@@ -11,7 +11,6 @@ einsums (forward and backward).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +49,7 @@ from ._paths import (
     pallas_block_sizes,
 )
 from ._paths import Algorithm as Algorithm
-from ._split import on_whole_rows, whole_length
+from ._split import on_split
 
 __all__ = ["Algorithm", "dot_product_attention"]
 
@@ -213,11 +212,8 @@ def dot_product_attention(
         einsums=(qk_attn_weights_einsum, attn_weights_value_einsum),
         impl=impl,
     )
-    # Under a mesh of explicit axes: q, k and v split by q's batch axes and heads, the
-    # segment ids' lengths whole.
-    q3, k3, v3, restore = on_whole_rows(c.q, c.k, c.v)
-    q_seg, kv_seg = whole_length(c.q_seg), whole_length(c.kv_seg)
-    c = dataclasses.replace(c, q=q3, k=k3, v=v3, q_seg=q_seg, kv_seg=kv_seg)
+    # Under a mesh of explicit axes: the call split by q's batch axes and heads.
+    c, restore = on_split(c)
     scores = c.q_len * c.kv_len
 
     def choose(flash: bool, on_tpu: bool) -> str:

@@ -23,8 +23,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._random import explicit_split, local_shape
+from ._checked import Checked
 
-__all__ = ["Split", "entries", "names", "on_whole_rows", "resharded", "split_of", "whole_length"]
+__all__ = ["Split", "entries", "names", "on_split", "parts", "resharded", "split_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,43 +82,65 @@ def split_of(q: jax.Array, k: jax.Array, v: jax.Array) -> Split | None:
     return split
 
 
-def on_whole_rows(
-    q: jax.Array, k: jax.Array, v: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array, Callable[[jax.Array], jax.Array]]:
-    """``q``, ``k`` and ``v`` split as :func:`split_of` says (each as it is where it
-    already is, or off a mesh of explicit axes), and a function that gives the output
-    ``q``'s sharding back (where it divides the output evenly).
+def on_split(c: Checked) -> tuple[Checked, Callable[[jax.Array], jax.Array]]:
+    """A checked call with ``q``, ``k`` and ``v`` split as :func:`split_of` says, and
+    its masks, bias, key lengths and segment ids split alike (each as it is where it
+    already is, unsplit, or off a mesh of explicit axes); and a function that gives
+    the output ``q``'s sharding back (where it divides the output evenly).
 
     A query or key axis split over devices is gathered: every path computes whole
     rows of scores (sequence parallelism, which splits them, is not implemented), as
-    JAX's and Flax's attention need too, whose ``dot_general`` refuses such a split.
+    JAX's and Flax's attention need too, whose ``dot_general`` refuses such a split. A
+    mask or bias split otherwise than the scores, which JAX's elementwise ops refuse,
+    is resharded to the scores' split.
     """
-    split = split_of(q, k, v)
+    split = split_of(c.q, c.k, c.v)
     if split is None:
-        return q, k, v, _same
-    q_spec = P(*entries(q))
-    q, k, v = (resharded(x, split.mesh, split.spec()) for x in (q, k, v))
+        return c, _same
+    q_spec = P(*entries(c.q))
+    q, k, v = (resharded(x, split.mesh, split.spec()) for x in (c.q, c.k, c.v))
+    scores = (split.heads, None, None)  # [*batch, heads, q_len, kv_len]
+    c = dataclasses.replace(
+        c,
+        q=q,
+        k=k,
+        v=v,
+        mask=_as_rows(c.mask, split, scores),
+        bias=_as_rows(c.bias, split, scores),
+        kv_valid=_as_rows(c.kv_valid, split, (None,)),
+        q_seg=_as_rows(c.q_seg, split, (None,)),
+        kv_seg=_as_rows(c.kv_seg, split, (None,)),
+    )
 
     def restore(out: jax.Array) -> jax.Array:
         if local_shape(out.shape, split.mesh, q_spec) is None:
             return out
         return resharded(out, split.mesh, q_spec)
 
-    return q, k, v, restore
+    return c, restore
 
 
 def _same(x: jax.Array) -> jax.Array:
     return x
 
 
-def whole_length(ids: jax.Array | None) -> jax.Array | None:
-    """Segment ids (``[*batch, length]``, or broadcastable to it) with their length axis
-    gathered where a mesh of explicit axes splits it, as :func:`on_whole_rows` gathers
-    ``q``'s; each as it is elsewhere."""
-    found = None if ids is None else explicit_split(ids)
-    if ids is None or found is None or ids.ndim == 0 or entries(ids)[-1] is None:
-        return ids
-    return resharded(ids, found[0], P(*entries(ids)[:-1], None))
+def _as_rows(x: Any, split: Split, tail: tuple[Any, ...]) -> Any:
+    """``x``, broadcastable to ``[*batch, *tail]``, split as ``split`` splits the batch
+    and ``tail`` the rest (an axis of size 1 whole) where a mesh of explicit axes
+    splits it; each as it is elsewhere (unsplit, it broadcasts to any split)."""
+    if not isinstance(x, jax.Array) or not any(e is not None for e in _spec_of(x)):
+        return x
+    want = (*split.batch, *tail)[-x.ndim :] if x.ndim else ()
+    want = (None,) * (x.ndim - len(want)) + tuple(want)
+    spec = P(*(None if n == 1 else e for n, e in zip(x.shape, want, strict=True)))
+    if local_shape(x.shape, split.mesh, spec) is None:
+        spec = P()
+    return resharded(x, split.mesh, spec)
+
+
+def _spec_of(x: jax.Array) -> tuple[Any, ...]:
+    """``x``'s partition entries under a mesh of explicit axes; none elsewhere."""
+    return () if explicit_split(x) is None else entries(x)
 
 
 def resharded(x: jax.Array, mesh: Any, spec: Any) -> jax.Array:
