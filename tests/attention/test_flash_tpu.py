@@ -121,6 +121,36 @@ def test_dq_by_its_own_kernel_where_the_parts_would_not_fit(name, monkeypatch):
     _assert_same(_on_tpu_kernels("pallas", q, k, v, tiled), _run("dense", q, k, v, kw), TOL)
 
 
+@pytest.mark.parametrize(
+    ("stored", "kw"),
+    [
+        (True, {"is_causal": True}),
+        (False, {"broadcast_dropout": False, "window": (90, 7), "kv_lengths": [640, 333]}),
+    ],
+    ids=["causal, stored flags", "a mask per head, window, kv_lengths, drawn flags"],
+)
+def test_the_forward_computes_a_key_tile_in_pieces_with_the_whole_tiles_values(
+    stored, kw, monkeypatch
+):
+    """Key tiles of 512 in pieces of 256 (each piece's flags unpacked or drawn at its
+    keys) give the values and gradients of the tile computed whole, and the dense
+    path's."""
+    from dropmask._attention import _flash_tpu_plan as fp
+
+    q, k, v = _qkv(10, lq=640, lk=640)  # every piece of both key tiles has a query
+    kw = {**kw, "dropout_rate": 0.2, "key": KEY, "deterministic": False}
+    if "kv_lengths" in kw:
+        kw["kv_lengths"] = jnp.array(kw["kv_lengths"])
+    tiled = {**kw, "block_q": 112, "block_k": 512}
+    monkeypatch.setattr(fd, "stores", lambda *args, **kwargs: stored)
+    assert fp.FORWARD_CHUNK == 256
+    pieces = _on_tpu_kernels("pallas", q, k, v, tiled)
+    monkeypatch.setattr(fp, "FORWARD_CHUNK", 512)
+    whole = _on_tpu_kernels("pallas", q, k, v, tiled)
+    _assert_same(pieces, whole, TOL)
+    _assert_same(pieces, _run("dense", q, k, v, kw), TOL)
+
+
 def test_fused_dq_is_zero_on_query_tiles_no_key_tile_reaches():
     """200 queries, 40 keys, each query seeing only keys up to 3 before it: no key tile
     reaches the query tiles past 128, whose dq is the aliased zeros."""

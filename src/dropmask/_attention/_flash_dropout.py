@@ -196,17 +196,22 @@ class Bits:
             words[w] = piece if words[w] is None else words[w] | piece
         return words[0] if len(words) == 1 else jnp.concatenate(words, axis=0)
 
-    def unpack(self, words: jax.Array, transposed: bool) -> jax.Array:
+    def unpack(self, words: jax.Array, transposed: bool, keys: slice | None = None) -> jax.Array:
         """``bool``: the flags of ``words``, as ``[block_q, block_k]``, or as ``[block_k,
-        block_q]`` when ``transposed``."""
+        block_q]`` when ``transposed``; of the keys ``keys`` alone where given (a slice of
+        whole 128-lane blocks)."""
         r = self.rows
         blocks = [words[w * r : (w + 1) * r] for w in range(self.words)]
         if transposed:
             blocks = [b.T for b in blocks]
+        lanes = range(self.lane_slabs)
+        if keys is not None:
+            lanes = range(keys.start // 128, keys.stop // 128)
         grid: dict[tuple[int, int], jax.Array] = {}
         for t, s, w, u in self._blocks():
-            grid[t, s] = (blocks[w] << np.int32(31 - u)) < 0
-        rows_, lanes = range(self.row_slabs), range(self.lane_slabs)
+            if s in lanes:
+                grid[t, s] = (blocks[w] << np.int32(31 - u)) < 0
+        rows_ = range(self.row_slabs)
         if transposed:  # a block is [128 keys, rows queries]: keys down, queries across
             strips = [[grid[t, s] for t in rows_] for s in lanes]
         else:

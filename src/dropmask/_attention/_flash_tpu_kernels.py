@@ -67,17 +67,25 @@ class _Refs:
 
 
 def _tile_flags(
-    flash: Flash, sc: fd.Scalars, flags_ref: Any, bh: Any, i: Any, j: Any, transposed: bool
+    flash: Flash,
+    sc: fd.Scalars,
+    flags_ref: Any,
+    bh: Any,
+    i: Any,
+    j: Any,
+    transposed: bool,
+    keys: slice | None = None,
 ) -> jax.Array | None:
-    """The keep-flags of tile ``(i, j)`` of head row ``bh``: unpacked from the stored
-    bits, or drawn; None without dropout."""
+    """The keep-flags of tile ``(i, j)`` of head row ``bh`` (of its keys ``keys`` alone
+    where given): unpacked from the stored bits, or drawn; None without dropout."""
     if not flash.dropout:
         return None
     if flags_ref is not None:
-        return flash.bits.unpack(flags_ref[...], transposed)
+        return flash.bits.unpack(flags_ref[...], transposed, keys)
     plan = flash.tiles
-    shape = (plan.block_q, plan.block_k)
-    return fd.drawn_flags(sc, bh, i * plan.block_q, j * plan.block_k, shape, transposed)
+    first, width = (0, plan.block_k) if keys is None else (keys.start, keys.stop - keys.start)
+    shape = (plan.block_q, width)
+    return fd.drawn_flags(sc, bh, i * plan.block_q, j * plan.block_k + first, shape, transposed)
 
 
 def _allowed(plan: bw.Plan, rows: Any, cols: Any, state: Any, q_seg: Any, kv_seg: Any) -> Any:
@@ -102,12 +110,12 @@ def _when_visited(flash: Flash, sc: fd.Scalars, visited: Any, step: Any) -> None
     pl.when(visited & jnp.logical_not(clean))(functools.partial(step, True))
 
 
-def _state(flash: Flash, careful: bool, ref: Any, column: bool = False) -> Any:
-    """The key states a tile masks by: None (every key valid) in a clean call without
-    key padding."""
+def _state(flash: Flash, careful: bool, ref: Any, column: bool = False, keys: Any = None) -> Any:
+    """The key states a tile masks by (of its keys ``keys`` alone where given): None
+    (every key valid) in a clean call without key padding."""
     if not (careful or flash.key_padding):
         return None
-    return _column(ref) if column else ref[...]
+    return _column(ref) if column else ref[...] if keys is None else ref[:, keys]
 
 
 def forward_kernel(flash: Flash, *refs: Any) -> None:
@@ -128,13 +136,15 @@ def forward_kernel(flash: Flash, *refs: Any) -> None:
 
     lo, hi = key_range(plan, i, sc.key_tiles[bh // plan.heads])
 
-    def step(careful: bool) -> None:
-        s = _dot(flash, q_ref[...], k_ref[...], NT)  # [bq, bk]
+    def piece(careful: bool, q: jax.Array, keys: slice) -> None:
+        """The online softmax over the tile's keys ``keys``."""
+        width = keys.stop - keys.start
+        s = _dot(flash, q, k_ref[keys, :], NT)  # [bq, width]
         rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
-        cols = j * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
-        state = _state(flash, careful, kv_state_ref)  # [1, bk]
+        cols = j * bk + keys.start + lax.broadcasted_iota(jnp.int32, (1, width), 1)
+        state = _state(flash, careful, kv_state_ref, keys=keys)  # [1, width]
         q_seg = None if q_seg_ref is None else _column(q_seg_ref)
-        kv_seg = None if kv_seg_ref is None else kv_seg_ref[...]
+        kv_seg = None if kv_seg_ref is None else kv_seg_ref[:, keys]
         ok = _allowed(plan, rows, cols, state, q_seg, kv_seg)
         if careful:
             bad = _nonfinite(s) | (state == ki.NONFINITE)
@@ -151,27 +161,33 @@ def forward_kernel(flash: Flash, *refs: Any) -> None:
         m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
         shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         alpha = jnp.exp(jnp.where(m == -jnp.inf, -jnp.inf, m - shift))
-        p = jnp.exp(s - jnp.tile(shift, (1, bk // ROW)))
+        p = jnp.exp(s - jnp.tile(shift, (1, width // ROW)))
         m_sc[...] = m_new
         l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
         alpha = _lanes(alpha, acc_sc.shape[-1])
-        flags = _tile_flags(flash, sc, flags_ref, bh, i, j, False)
+        flags = _tile_flags(flash, sc, flags_ref, bh, i, j, False, keys)
         if flags is not None:
             p = jnp.where(flags, p, 0.0)
+        v = v_ref[keys, :]
         if flash.consistent:  # see ``consistent``
-            v = v_ref[...] if not flash.dropout else _scaled(v_ref, sc.inverse_keep())
+            v = v if not flash.dropout else _scaled(v, sc.inverse_keep())
             high = _bfloat16_high(p)
             acc_sc[...] = (
                 alpha * acc_sc[...] + _dot(flash, high, v, NN) + _dot(flash, p - high, v, NN)
             )
-        elif v_ref.dtype == jnp.float32:
-            acc_sc[...] = alpha * acc_sc[...] + _dot(flash, p, v_ref[...], NN)
+        elif v.dtype == jnp.float32:
+            acc_sc[...] = alpha * acc_sc[...] + _dot(flash, p, v, NN)
         else:  # p stays float32, v is widened (not p's tile narrowed): one pass rounds
-            v = v_ref[...].astype(jnp.float32)  # both as they enter the matrix unit
+            v = v.astype(jnp.float32)  # both as they enter the matrix unit
             pv = lax.dot_general(
                 p, v, NN, precision=lax.Precision.DEFAULT, preferred_element_type=jnp.float32
             )
             acc_sc[...] = alpha * acc_sc[...] + pv
+
+    def step(careful: bool) -> None:
+        q = q_ref[...]
+        for first in range(0, bk, flash.chunk):  # in pieces (``FORWARD_CHUNK``)
+            piece(careful, q, slice(first, first + flash.chunk))
 
     _when_visited(flash, sc, (j >= lo) & (j < hi), step)
 
@@ -210,9 +226,8 @@ def _weights(careful: bool, live: Any, s: jax.Array, lse: jax.Array) -> jax.Arra
     return jnp.where(live, jnp.exp(s - lse), 0.0)
 
 
-def _scaled(ref: Any, by: Any) -> jax.Array:
-    """A tile of ``ref`` multiplied by ``by``, in the tile's dtype."""
-    x = ref[...]
+def _scaled(x: jax.Array, by: Any) -> jax.Array:
+    """A tile ``x`` multiplied by ``by``, in the tile's dtype."""
     return (x.astype(jnp.float32) * by).astype(x.dtype)
 
 
@@ -244,7 +259,7 @@ def dkdv_kernel(flash: Flash, *refs: Any) -> None:
         dk_sc[...] = jnp.zeros(dk_sc.shape, jnp.float32)
         dv_sc[...] = jnp.zeros(dv_sc.shape, jnp.float32)
         if v_kept_sc:  # v / keep: dP of the kept weights, scaled once a key tile
-            v_kept_sc[0][...] = _scaled(v_ref, sc.inverse_keep())
+            v_kept_sc[0][...] = _scaled(v_ref[...], sc.inverse_keep())
 
     lo, hi = query_range(plan, j, sc.key_tiles[b])
 
@@ -296,7 +311,7 @@ def dq_kernel(flash: Flash, *refs: Any) -> None:
     def _init() -> None:
         dq_sc[...] = jnp.zeros(dq_sc.shape, jnp.float32)
         if do_kept_sc:  # dO / keep: dP of the kept weights, scaled once a query tile
-            do_kept_sc[0][...] = _scaled(do_ref, sc.inverse_keep())
+            do_kept_sc[0][...] = _scaled(do_ref[...], sc.inverse_keep())
 
     lo, hi = key_range(plan, i, sc.key_tiles[bh // plan.heads])
 
@@ -314,7 +329,7 @@ def dq_kernel(flash: Flash, *refs: Any) -> None:
         if flags is None:
             d_p = _dot(flash, do_ref[...], v, NT)
         elif flash.consistent:  # dP with v / keep, as the dk/dv kernel's (``consistent``)
-            d_p = _dot(flash, do_ref[...], _scaled(v_ref, sc.inverse_keep()), NT)
+            d_p = _dot(flash, do_ref[...], _scaled(v_ref[...], sc.inverse_keep()), NT)
         else:
             d_p = _dot(flash, do_kept_sc[0][...], v, NT)
         if flags is not None:
