@@ -309,3 +309,42 @@ def test_side_inputs_split_otherwise_than_the_scores_are_resharded(algorithm, si
         got = got, vjp(on(q, P("data", None, "model")), on(value, spec))
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["dense", pytest.param("blockwise", marks=SLOW), "pallas"])
+def test_inside_a_shard_map_over_some_axes_the_rest_stay_split(algorithm):
+    """Inside a ``shard_map`` manual over ``"data"`` only, ``"model"`` (explicit) still
+    splits the heads: each data block is a call of its own (as in any ``shard_map``),
+    the heads split within it. The TPU kernels' own ``shard_map`` maps over the explicit
+    axes alone (over every axis, XLA refused the nested map), and their gradients vary
+    over ``"data"`` as their inputs do (else ``custom_vjp`` refused them)."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    q = jax.random.normal(jax.random.key(0), (8, 256, 4, 64))
+
+    def attend(x):
+        return dropmask.dot_product_attention(
+            x,
+            x,
+            x,
+            dropout_rate=0.1,
+            key=jax.random.key(1),
+            deterministic=False,
+            algorithm=algorithm,
+            is_causal=True,
+        )
+
+    def f(x):
+        return jax.shard_map(
+            attend, mesh=mesh, in_specs=P("data"), out_specs=P("data"), axis_names={"data"}
+        )(x)
+
+    vjp = lambda f: jax.jit(lambda x: (f(x), jax.vjp(f, x)[1](x)[0]))  # noqa: E731
+    with testing.tpu_kernels(algorithm == "pallas"):
+        with jax.set_mesh(mesh):
+            got = vjp(f)(jax.device_put(q, NamedSharding(mesh, P("data", None, "model"))))
+        blocks = [vjp(attend)(q[i : i + 2]) for i in range(0, 8, 2)]
+    want = [jnp.concatenate(parts) for parts in zip(*blocks, strict=True)]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from .._random import local_shape
@@ -105,9 +106,10 @@ def sharded_flash_attention(
             mesh=split.mesh,
             in_specs=(spec, spec, spec, side_specs, P()),
             out_specs=(spec, taint_spec, every),
+            axis_names=set(split.free),
             check_vma=False,
         )(q, k, v, side, scalars)
-        return (out, taint), saved
+        return (_varying_as(out, q), _varying_as(taint, q)), saved
 
     def backward(saved, d_out):
         residuals = jax.tree.map(_unstacked, saved)
@@ -126,12 +128,13 @@ def sharded_flash_attention(
             mesh=split.mesh,
             in_specs=(every, spec),
             out_specs=(spec, spec, spec),
+            axis_names=set(split.free),
             check_vma=False,
         )(saved, d_out)
         return (
-            d_q,
-            d_k,
-            d_v,
+            _varying_as(d_q, q),
+            _varying_as(d_k, k),
+            _varying_as(d_v, v),
             jax.tree.map(lambda _: None, side),
             jax.tree.map(lambda _: None, scalars),
         )
@@ -143,6 +146,29 @@ def sharded_flash_attention(
     attend.defvjp(attend_fwd, attend_bwd)
     out, taint = attend(q, k, v, side, scalars)
     return out, taint
+
+
+def _varying_as(x: jax.Array, like: jax.Array) -> jax.Array:
+    """``x`` varying over the manual mesh axes ``like`` varies over. Inside a
+    ``shard_map`` over some of a mesh's axes, the kernels' own ``shard_map`` over the
+    rest (which does not check these types) returns values typed as the same on every
+    device of those axes: an output typed so, JAX marks varying itself, and the
+    transpose of that mark sums the cotangent over the axes (gradients silently
+    wrong); a gradient typed so, ``custom_vjp`` refuses."""
+    missing = tuple(sorted(_varying(like) - _varying(x)))
+    if not missing:
+        return x
+    if hasattr(lax, "pcast"):
+        return lax.pcast(x, missing, to="varying")
+    return lax.pvary(x, missing)  # JAX before pcast  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _varying(x: jax.Array) -> frozenset[str]:
+    """The manual mesh axes ``x``'s type varies over (JAX's ``vma``, renamed
+    ``manual_axis_type.varying`` in later versions)."""
+    aval = jax.typeof(x)
+    manual = getattr(aval, "manual_axis_type", None)
+    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
 
 
 def _stacked(x: jax.Array) -> jax.Array:

@@ -45,10 +45,18 @@ class Split:
         """An array of the batch axes, then ``tail``."""
         return P(*self.batch, *tail)
 
+    @property
+    def free(self) -> tuple[str, ...]:
+        """The mesh axes a ``shard_map`` of the call's own maps over: the explicit ones
+        (inside a ``shard_map`` over some of the mesh's axes, those are manual already)."""
+        explicit = jax.sharding.AxisType.Explicit
+        pairs = zip(self.mesh.axis_names, self.mesh.axis_types, strict=True)
+        return tuple(name for name, kind in pairs if kind == explicit)
+
     def every_device(self) -> P:
         """Per-device pieces stacked along their first axis (residuals between the
         forward and backward ``shard_map``)."""
-        return P(tuple(self.mesh.axis_names))
+        return P(self.free)
 
     def offsets(self, local_batch: tuple[int, ...], local_heads: int) -> jax.Array:
         """``int32[len(batch) + 1]``: this device's first batch index on each batch axis
