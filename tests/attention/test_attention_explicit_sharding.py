@@ -26,6 +26,35 @@ def _mesh(devices: int):
     return jax.make_mesh((devices,), ("data",), axis_types=(AxisType.Explicit,))
 
 
+def _mesh_4x2():
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+
+
+def _attention(algorithm):
+    """Causal attention with dropout 0.1 by ``algorithm``."""
+
+    def f(q, k, v):
+        return dropmask.dot_product_attention(
+            q,
+            k,
+            v,
+            dropout_rate=0.1,
+            key=jax.random.key(1),
+            deterministic=False,
+            algorithm=algorithm,
+            is_causal=True,
+        )
+
+    return f
+
+
+def _self_attention(algorithm):
+    attention = _attention(algorithm)
+    return lambda x: attention(x, x, x)
+
+
 @pytest.mark.parametrize("devices", [1, 8])
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("algorithm", ["dense", "blockwise"])
@@ -97,9 +126,7 @@ def test_the_dense_backward_orders_its_passes_by_a_scalar_on_each_device(partiti
     Under a mesh of explicit axes each device computes it from its own block, a scalar
     inside ``shard_map``: one per batch row split the fusions that write ``v``'s gradient
     on a TPU. The gradients stay those of the unsharded call."""
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    mesh = _mesh_4x2()
     ks = jax.random.split(jax.random.key(0), 4)
     q, k, v, g = (jax.random.normal(kk, (8, 40, 8, 16)) for kk in ks)
 
@@ -139,22 +166,10 @@ def test_a_vjp_jitted_without_set_mesh_takes_the_mesh_from_its_input(algorithm):
     """Inputs on a mesh of explicit axes, jitted without ``jax.set_mesh``: the reshards
     (and the TPU kernels' ``shard_map``, in the interpreter) name the inputs' mesh
     themselves; the unsharded values."""
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    mesh = _mesh_4x2()
     q = jax.random.normal(jax.random.key(0), (8, 128, 4, 64))
 
-    def f(x):
-        return dropmask.dot_product_attention(
-            x,
-            x,
-            x,
-            dropout_rate=0.1,
-            key=jax.random.key(1),
-            deterministic=False,
-            algorithm=algorithm,
-            is_causal=True,
-        )
+    f = _self_attention(algorithm)
 
     vjp = jax.jit(lambda x, ct: jax.vjp(f, x)[1](ct)[0])
     placed = jax.device_put(q, NamedSharding(mesh, P("data", None, "model")))
@@ -173,9 +188,7 @@ def test_grouped_heads_split_over_a_mesh_give_the_unsharded_gradients(algorithm,
     a key-value head's query heads keeps the split (the dense path's products and its
     non-finite columns, the blockwise path's taint), where a reshape that split and
     merged at once, or ``jnp.repeat``, was refused."""
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    mesh = _mesh_4x2()
     q = jax.random.normal(jax.random.key(0), (4, 128, 4, 64))
     kv = jax.random.normal(jax.random.key(1), (4, 128, 2, 64))
 
@@ -217,24 +230,11 @@ def test_a_split_the_paths_cannot_take_is_gathered_and_split_back(algorithm, q_s
     JAX's ``dot_general`` refuses the products (Flax's attention raises), so the call
     is resharded to ``q``'s split of batch and heads first; the output and gradients
     come back split as the inputs, with the unsharded values."""
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    mesh = _mesh_4x2()
     ks = jax.random.split(jax.random.key(0), 4)
     q, k, v, ct = (jax.random.normal(kk, (8, 128, 4, 64)) for kk in ks)
 
-    def f(q, k, v):
-        return dropmask.dot_product_attention(
-            q,
-            k,
-            v,
-            dropout_rate=0.1,
-            key=jax.random.key(1),
-            deterministic=False,
-            algorithm=algorithm,
-            is_causal=True,
-        )
-
+    f = _attention(algorithm)
     vjp = jax.jit(lambda q, k, v, ct: jax.vjp(f, q, k, v)[1](ct))
     on = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
     args = (on(q, q_spec), on(k, kv_spec), on(v, kv_spec))
@@ -316,24 +316,13 @@ def test_inside_a_shard_map_over_some_axes_the_rest_stay_split(algorithm):
     """Inside a ``shard_map`` manual over ``"data"`` only, ``"model"`` (explicit) still
     splits the heads: each data block is a call of its own (as in any ``shard_map``),
     the heads split within it. The TPU kernels' own ``shard_map`` maps over the explicit
-    axes alone (over every axis, XLA refused the nested map), and their gradients vary
-    over ``"data"`` as their inputs do (else ``custom_vjp`` refused them)."""
-    if len(jax.devices()) < 8:
-        pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    axes alone (over every axis, XLA refused the nested map), and their outputs and
+    gradients vary over ``"data"`` as their inputs do (typed as the same on every
+    block, JAX's transpose summed the cotangents over ``"data"``)."""
+    mesh = _mesh_4x2()
     q = jax.random.normal(jax.random.key(0), (8, 256, 4, 64))
 
-    def attend(x):
-        return dropmask.dot_product_attention(
-            x,
-            x,
-            x,
-            dropout_rate=0.1,
-            key=jax.random.key(1),
-            deterministic=False,
-            algorithm=algorithm,
-            is_causal=True,
-        )
+    attend = _self_attention(algorithm)
 
     def f(x):
         return jax.shard_map(
