@@ -6,7 +6,9 @@ running state in scratch memory, as TPUs run Pallas kernels.
 
 * forward, grid ``(batch * heads, query tiles, key tiles)``: a running maximum, sum
   and unnormalised output per query row; writes the output and one log-sum-exp per
-  row (``+inf`` for a tainted row, which saw a non-finite input or score);
+  row (``+inf`` for a tainted row, which saw a non-finite input or score); a key tile
+  is computed in pieces of ``FORWARD_CHUNK`` keys, so its float32 scores and weights
+  stay small values (``_flash_tpu_plan``);
 * ``dk``/``dv``, grid ``(batch * kv_heads, key tiles, groups * query tiles)``: works on
   the transposed scores ``k q^T`` ``[block_k, block_q]``, so the log-sum-exps and
   ``rowsum(dO * O)`` arrive as lane vectors and every product but dq's is a plain one;
