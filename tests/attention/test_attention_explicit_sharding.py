@@ -6,7 +6,9 @@ arrives; the blockwise path fills its loops from a 0 that keeps the sharded axes
 from __future__ import annotations
 
 import contextlib
+import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -337,3 +339,31 @@ def test_inside_a_shard_map_over_some_axes_the_rest_stay_split(algorithm):
     want = [jnp.concatenate(parts) for parts in zip(*blocks, strict=True)]
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["dense", pytest.param("blockwise", marks=SLOW), "pallas"])
+def test_a_flax_attention_layer_on_a_data_parallel_mesh_gives_the_unsharded_gradients(algorithm):
+    """Linen's ``MultiHeadDotProductAttention`` with dropmask's ``attention_fn`` and
+    attention dropout, its batch split over a 4 x 2 mesh of explicit axes (parameters
+    replicated): the loss and the parameters' gradients of the unsharded step."""
+    mesh = _mesh_4x2()
+    x = jax.random.normal(jax.random.key(0), (8, 128, 256))
+    layer = nn.MultiHeadDotProductAttention(
+        num_heads=4,
+        dropout_rate=0.1,
+        deterministic=False,
+        attention_fn=functools.partial(dropmask.dot_product_attention, algorithm=algorithm),
+    )
+    params = layer.init({"params": jax.random.key(1), "dropout": jax.random.key(2)}, x)
+
+    def loss(params, x):
+        return jnp.sum(layer.apply(params, x, rngs={"dropout": jax.random.key(3)}) ** 2)
+
+    step = jax.jit(jax.value_and_grad(loss))
+    with testing.tpu_kernels(algorithm == "pallas"):
+        want = step(params, x)
+        with jax.set_mesh(mesh):
+            on = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+            got = step(jax.tree.map(lambda a: on(a, P()), params), on(x, P("data")))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
