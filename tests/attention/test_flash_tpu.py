@@ -124,7 +124,7 @@ def test_dq_by_its_own_kernel_where_the_parts_would_not_fit(name, monkeypatch):
 @pytest.mark.parametrize(
     ("stored", "kw"),
     [
-        (True, {"is_causal": True}),
+        pytest.param(True, {"is_causal": True}, marks=pytest.mark.slow),
         (False, {"broadcast_dropout": False, "window": (90, 7), "kv_lengths": [640, 333]}),
     ],
     ids=["causal, stored flags", "a mask per head, window, kv_lengths, drawn flags"],
