@@ -151,6 +151,44 @@ def test_the_forward_computes_a_key_tile_in_pieces_with_the_whole_tiles_values(
     _assert_same(pieces, _run("dense", q, k, v, kw), TOL)
 
 
+@pytest.mark.parametrize(
+    ("stored", "kw"),
+    [
+        pytest.param(True, {"is_causal": True}, marks=pytest.mark.slow),
+        (
+            False,
+            {
+                "broadcast_dropout": False,
+                "window": (300, 7),
+                "kv_lengths": [1024, 700],
+                "q_segment_ids": [[1] * 600 + [2] * 424, [1] * 1024],
+                "kv_segment_ids": [[1] * 600 + [2] * 424, [1] * 1024],
+            },
+        ),
+    ],
+    ids=["causal, stored flags", "a mask per head, window, segments, drawn flags"],
+)
+def test_the_dkdv_kernel_computes_a_query_tile_in_pieces_with_the_whole_tiles_values(
+    stored, kw, monkeypatch
+):
+    """Query tiles of 512 in pieces of 256 (each piece's flags unpacked or drawn at its
+    queries, its segment ids, log-sum-exp and row sums sliced, its dq rows summed) give
+    the values and gradients of the tile computed whole, and the dense path's."""
+    from dropmask._attention import _flash_tpu_plan as fp
+
+    q, k, v = _qkv(11, lq=1024, lk=1024)  # every piece of both query tiles has a key
+    kw = {k_: jnp.array(x) if isinstance(x, list) else x for k_, x in kw.items()}
+    kw = {**kw, "dropout_rate": 0.2, "key": KEY, "deterministic": False}
+    tiled = {**kw, "block_q": 512, "block_k": 128}
+    monkeypatch.setattr(fd, "stores", lambda *args, **kwargs: stored)
+    assert fp.BACKWARD_CHUNK == 256
+    pieces = _on_tpu_kernels("pallas", q, k, v, tiled)
+    monkeypatch.setattr(fp, "BACKWARD_CHUNK", 512)
+    whole = _on_tpu_kernels("pallas", q, k, v, tiled)
+    _assert_same(pieces, whole, TOL)
+    _assert_same(pieces, _run("dense", q, k, v, kw), TOL)
+
+
 def test_fused_dq_is_zero_on_query_tiles_no_key_tile_reaches():
     """200 queries, 40 keys, each query seeing only keys up to 3 before it: no key tile
     reaches the query tiles past 128, whose dq is the aliased zeros."""

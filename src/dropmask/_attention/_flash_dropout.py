@@ -196,22 +196,30 @@ class Bits:
             words[w] = piece if words[w] is None else words[w] | piece
         return words[0] if len(words) == 1 else jnp.concatenate(words, axis=0)
 
-    def unpack(self, words: jax.Array, transposed: bool, keys: slice | None = None) -> jax.Array:
+    def unpack(
+        self,
+        words: jax.Array,
+        transposed: bool,
+        keys: slice | None = None,
+        queries: slice | None = None,
+    ) -> jax.Array:
         """``bool``: the flags of ``words``, as ``[block_q, block_k]``, or as ``[block_k,
-        block_q]`` when ``transposed``; of the keys ``keys`` alone where given (a slice of
-        whole 128-lane blocks)."""
+        block_q]`` when ``transposed``; of the keys ``keys`` (a slice of whole 128-lane
+        blocks) and the queries ``queries`` (of whole ``rows`` blocks) alone where given."""
         r = self.rows
-        blocks = [words[w * r : (w + 1) * r] for w in range(self.words)]
-        if transposed:
-            blocks = [b.T for b in blocks]
-        lanes = range(self.lane_slabs)
+        lanes, rows_ = range(self.lane_slabs), range(self.row_slabs)
         if keys is not None:
             lanes = range(keys.start // 128, keys.stop // 128)
+        if queries is not None:
+            rows_ = range(queries.start // r, queries.stop // r)
+        blocks: dict[int, jax.Array] = {}  # the word blocks needed, each transposed once
         grid: dict[tuple[int, int], jax.Array] = {}
         for t, s, w, u in self._blocks():
-            if s in lanes:
+            if s in lanes and t in rows_:
+                if w not in blocks:
+                    block = words[w * r : (w + 1) * r]
+                    blocks[w] = block.T if transposed else block
                 grid[t, s] = (blocks[w] << np.int32(31 - u)) < 0
-        rows_ = range(self.row_slabs)
         if transposed:  # a block is [128 keys, rows queries]: keys down, queries across
             strips = [[grid[t, s] for t in rows_] for s in lanes]
         else:

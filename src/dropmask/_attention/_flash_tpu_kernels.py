@@ -75,17 +75,21 @@ def _tile_flags(
     j: Any,
     transposed: bool,
     keys: slice | None = None,
+    queries: slice | None = None,
 ) -> jax.Array | None:
-    """The keep-flags of tile ``(i, j)`` of head row ``bh`` (of its keys ``keys`` alone
-    where given): unpacked from the stored bits, or drawn; None without dropout."""
+    """The keep-flags of tile ``(i, j)`` of head row ``bh`` (of its keys ``keys`` and
+    queries ``queries`` alone where given): unpacked from the stored bits, or drawn;
+    None without dropout."""
     if not flash.dropout:
         return None
     if flags_ref is not None:
-        return flash.bits.unpack(flags_ref[...], transposed, keys)
+        return flash.bits.unpack(flags_ref[...], transposed, keys, queries)
     plan = flash.tiles
-    first, width = (0, plan.block_k) if keys is None else (keys.start, keys.stop - keys.start)
-    shape = (plan.block_q, width)
-    return fd.drawn_flags(sc, bh, i * plan.block_q, j * plan.block_k + first, shape, transposed)
+    keys = slice(0, plan.block_k) if keys is None else keys
+    queries = slice(0, plan.block_q) if queries is None else queries
+    row0, col0 = i * plan.block_q + queries.start, j * plan.block_k + keys.start
+    shape = (queries.stop - queries.start, keys.stop - keys.start)
+    return fd.drawn_flags(sc, bh, row0, col0, shape, transposed)
 
 
 def _allowed(plan: bw.Plan, rows: Any, cols: Any, state: Any, q_seg: Any, kv_seg: Any) -> Any:
@@ -263,28 +267,35 @@ def dkdv_kernel(flash: Flash, *refs: Any) -> None:
 
     lo, hi = query_range(plan, j, sc.key_tiles[b])
 
-    def step(careful: bool) -> None:
-        q, k, d_out = q_ref[...], k_ref[...], do_ref[...]
-        s = _dot(flash, k, q, NT)  # [bk, bq]
+    def piece(careful: bool, k: jax.Array, queries: slice) -> None:
+        """The tile's part from its queries ``queries``."""
+        width = queries.stop - queries.start
+        q, d_out = q_ref[queries, :], do_ref[queries, :]
+        s = _dot(flash, k, q, NT)  # [bk, width]
         cols = j * bk + lax.broadcasted_iota(jnp.int32, (bk, 1), 0)  # keys, down
-        rows = i * bq + lax.broadcasted_iota(jnp.int32, (1, bq), 1)  # queries, across
+        rows = i * bq + queries.start + lax.broadcasted_iota(jnp.int32, (1, width), 1)
         state = _state(flash, careful, kv_state_ref, column=True)
-        q_seg = None if q_seg_ref is None else q_seg_ref[...]
+        q_seg = None if q_seg_ref is None else q_seg_ref[:, queries]
         kv_seg = None if kv_seg_ref is None else _column(kv_seg_ref)
         live = _allowed(plan, rows, cols, state, q_seg, kv_seg)
-        p = _weights(careful, live, s, lse_ref[...])
-        flags = _tile_flags(flash, sc, flags_ref, bh, i, j, True)
+        p = _weights(careful, live, s, lse_ref[:, queries])
+        flags = _tile_flags(flash, sc, flags_ref, bh, i, j, True, queries=queries)
         kept = p if flags is None else jnp.where(flags, p, 0.0)
         dv_sc[...] += _dot(flash, kept.astype(d_out.dtype), d_out, NN)
         v = v_ref[...] if flags is None else v_kept_sc[0][...]
-        d_p = _dot(flash, v, d_out, NT)  # [bk, bq]
+        d_p = _dot(flash, v, d_out, NT)  # [bk, width]
         if flags is not None:
             d_p = jnp.where(flags, d_p, 0.0)
-        d_s = (p * (d_p - delta_ref[...])).astype(q.dtype)
+        d_s = (p * (d_p - delta_ref[:, queries])).astype(q.dtype)
         dk_sc[...] += _dot(flash, d_s, q, NN)
         if dq_sc is not None:  # this key tile's part of dq: d_s^T k
-            rows = pl.ds(pl.multiple_of(i * bq, bq), bq)
-            dq_sc[group, rows, :] += _dot(flash, d_s, k, TN)
+            at = pl.ds(pl.multiple_of(i * bq + queries.start, width), width)
+            dq_sc[group, at, :] += _dot(flash, d_s, k, TN)
+
+    def step(careful: bool) -> None:
+        k = k_ref[...]
+        for first in range(0, bq, flash.backward_chunk):  # in pieces (``BACKWARD_CHUNK``)
+            piece(careful, k, slice(first, first + flash.backward_chunk))
 
     _when_visited(flash, sc, (i >= lo) & (i < hi), step)
     if dq_ref is not None and dq_sc is not None:  # the tile the index map names, as summed
