@@ -143,6 +143,7 @@ def test_the_forward_computes_a_key_tile_in_pieces_with_the_whole_tiles_values(
         kw["kv_lengths"] = jnp.array(kw["kv_lengths"])
     tiled = {**kw, "block_q": 112, "block_k": 512}
     monkeypatch.setattr(fd, "stores", lambda *args, **kwargs: stored)
+    monkeypatch.setattr(fp, "PIECES_FROM", 112 * 512)  # tiles this small are computed whole
     assert fp.FORWARD_CHUNK == 256
     pieces = _on_tpu_kernels("pallas", q, k, v, tiled)
     monkeypatch.setattr(fp, "FORWARD_CHUNK", 512)
@@ -181,12 +182,34 @@ def test_the_dkdv_kernel_computes_a_query_tile_in_pieces_with_the_whole_tiles_va
     kw = {**kw, "dropout_rate": 0.2, "key": KEY, "deterministic": False}
     tiled = {**kw, "block_q": 512, "block_k": 128}
     monkeypatch.setattr(fd, "stores", lambda *args, **kwargs: stored)
+    monkeypatch.setattr(fp, "PIECES_FROM", 512 * 128)
     assert fp.BACKWARD_CHUNK == 256
     pieces = _on_tpu_kernels("pallas", q, k, v, tiled)
     monkeypatch.setattr(fp, "BACKWARD_CHUNK", 512)
     whole = _on_tpu_kernels("pallas", q, k, v, tiled)
     _assert_same(pieces, whole, TOL)
     _assert_same(pieces, _run("dense", q, k, v, kw), TOL)
+
+
+@pytest.mark.parametrize(
+    ("tiles", "dropout", "forward", "backward"),
+    [
+        ((1024, 1024), True, 256, 256),
+        ((1024, 1024), False, 256, 1024),  # the backward in pieces only with dropout
+        ((512, 512), True, 512, 512),  # fewer scores than PIECES_FROM: whole
+        ((1024, 768), True, 768, 1024),
+        ((2048, 512), True, 256, 256),
+        ((512, 2048), True, 256, 256),
+        ((4096, 384), True, 384, 256),  # 384 keys are not pieces of 256
+    ],
+)
+def test_tiles_are_computed_in_pieces_from_a_million_scores(tiles, dropout, forward, backward):
+    from dropmask._attention import _flash_tpu_plan as fp
+
+    bq, bk = tiles
+    plan = ft.bw.Plan((1,), 8, 1, 8192, 8192, bq, bk, None, 0, 0.9, dropout, True, None)
+    flash = fp.Flash(plan, segments=False, interpret=False)
+    assert (flash.chunk, flash.backward_chunk) == (forward, backward)
 
 
 def test_fused_dq_is_zero_on_query_tiles_no_key_tile_reaches():
