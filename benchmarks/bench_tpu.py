@@ -56,7 +56,8 @@ and lists every run. What it measures, in order:
    every dtype's bf16 rows first.
 6. Anchors: attention against the public kernels a TPU user would pick, at tuned
    tiles: splash attention with its fused backward kernel and JAX's flash attention,
-   each with every block 1024 and 512, against dropmask with and without dropout;
+   each with every block 1024 and 512 (splash at 1024 also computing 512 and 256 keys
+   at once, ``SPLASH_COMPUTE``), against dropmask with and without dropout;
    causal depth 128 at 4096, 8192 and 32768 tokens, and at 8192 depth 64, full
    attention and 8 query heads over 2 (``ANCHOR_CASES``): time, temporaries and the
    share of the chip's bf16 peak.
@@ -756,12 +757,16 @@ ANCHOR_CASES = {
 QUICK_ANCHOR_CASES = {"causal, depth 128": (128, True, 8, (512,))}
 ANCHOR_HEADS = 8
 ANCHOR_TILES = (1024, 512)
+# Splash attention's 1024 tiles computed in pieces too, as dropmask's kernels compute
+# theirs (``_flash_tpu_plan.FORWARD_CHUNK``): its own knob for it, tuned alike.
+SPLASH_COMPUTE = (512, 256)
 OURS_DROPOUT, OURS_PLAIN = "dropmask (auto), dropout 0.1", "dropmask (auto), no dropout"
 V5E_BF16_PEAK = 197e12  # FLOP/s, a v5e chip's bf16 matrix peak
 
 
-def splash_name(tile: int) -> str:
-    return f"splash attention, fused backward, {tile} tiles"
+def splash_name(tile: int, compute: int | None = None) -> str:
+    name = f"splash attention, fused backward, {tile} tiles"
+    return name if compute is None else f"{name}, {compute} keys computed at once"
 
 
 def jax_flash_name(tile: int) -> str:
@@ -776,21 +781,25 @@ def attention_flops(length: int, depth: int, causal: bool, heads: int = ANCHOR_H
     return 3.5 * forward
 
 
-def _splash(length: int, depth: int, causal: bool, kv_heads: int, tile: int) -> Callable[..., Any]:
+def _splash(
+    length: int, depth: int, causal: bool, kv_heads: int, tile: int, compute: int | None = None
+) -> Callable[..., Any]:
     """Splash attention on ``[batch, L, heads, depth]`` inputs, fused backward, ``tile``
-    for every block (clamped to ``length``); grouped heads by its MQA kernel per
-    key-value head. Interpreted off a TPU."""
+    for every block (clamped to ``length``), its key blocks computed ``compute`` keys at
+    a time where given (``block_kv_compute``, ``block_kv_dkv_compute``); grouped heads by
+    its MQA kernel per key-value head. Interpreted off a TPU."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
     t = min(tile, length)
+    c = t if compute is None else min(compute, t)
     sizes = sk.BlockSizes(
         block_q=t,
         block_kv=t,
-        block_kv_compute=t,
+        block_kv_compute=c,
         block_q_dkv=t,
         block_kv_dkv=t,
-        block_kv_dkv_compute=t,
+        block_kv_dkv_compute=c,
         use_fused_bwd_kernel=True,
     )
     groups = ANCHOR_HEADS // kv_heads
@@ -862,6 +871,9 @@ def anchor_contestants(
     out: dict[str, Callable[..., Any]] = {OURS_DROPOUT: ours(RATE), OURS_PLAIN: ours(0.0)}
     for tile in ANCHOR_TILES:
         out[splash_name(tile)] = _splash(length, depth, causal, kv_heads, tile)
+    for compute in SPLASH_COMPUTE:  # as dropmask's kernels compute their 1024 tiles
+        name = splash_name(ANCHOR_TILES[0], compute)
+        out[name] = _splash(length, depth, causal, kv_heads, ANCHOR_TILES[0], compute)
     if jax.default_backend() == "tpu" and kv_heads == ANCHOR_HEADS:
         for tile in ANCHOR_TILES:
             out[jax_flash_name(tile)] = _jax_flash(length, depth, causal, tile)

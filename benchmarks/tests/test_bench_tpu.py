@@ -484,15 +484,19 @@ def test_attention_flops_count_the_forward_three_and_a_half_times():
     assert bt.attention_flops(1024, 128, causal=True, heads=2) == 3.5 * 4 * 1024 * 1024 * 128
 
 
-@pytest.mark.parametrize(("causal", "kv_heads"), [(True, 2), (False, 8)])
-def test_the_splash_anchor_computes_dropmasks_attention(causal, kv_heads):
+@pytest.mark.parametrize(
+    ("causal", "kv_heads", "tile", "compute"),
+    [(True, 2, 128, None), (False, 8, 128, None), (True, 8, 256, 128)],
+)
+def test_the_splash_anchor_computes_dropmasks_attention(causal, kv_heads, tile, compute):
     """Splash attention as the anchors call it (interpreted here): grouped heads by its
-    MQA kernel, the scale applied to q, the same function as dropmask's."""
+    MQA kernel, the scale applied to q, its tiles computed whole or in pieces
+    (``compute``), the same function as dropmask's."""
     length, depth = 256, 64
     keys = jax.random.split(jax.random.key(0), 3)
     q = jax.random.normal(keys[0], (1, length, bt.ANCHOR_HEADS, depth), jnp.float32)
     k, v = (jax.random.normal(kk, (1, length, kv_heads, depth), jnp.float32) for kk in keys[1:])
-    got = bt._splash(length, depth, causal, kv_heads, 128)(q, k, v)
+    got = bt._splash(length, depth, causal, kv_heads, tile, compute)(q, k, v)
     want = dropmask.dot_product_attention(q, k, v, is_causal=causal)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6)
 
