@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from .._dropout import flags_and_realised, scale_and_fill
 from .._errors import call_name
-from .._random import Block, draw, explicitly_sharded_axes, loop_zero, mask_shape
+from .._random import Block, draw, explicitly_sharded_axes, loop_zero, mask_shape, resharded_to
 
 __all__ = [
     "Dropout",
@@ -450,10 +450,7 @@ def _typed_as(d: jax.Array, x: jax.Array) -> jax.Array:
     """A cotangent ``d`` as ``x``'s type: its dtype, and under a mesh of explicit axes its
     sharding (a reshape drops the split of a size-1 axis)."""
     d = d.astype(x.dtype)
-    want = jax.typeof(x).sharding
-    if not explicitly_sharded_axes(x) or jax.typeof(d).sharding.spec == want.spec:
-        return d
-    return jax.sharding.reshard(d, want)
+    return resharded_to(d, jax.typeof(x).sharding) if explicitly_sharded_axes(x) else d
 
 
 _attend = jax.custom_vjp(_attend_impl, nondiff_argnums=(0,))

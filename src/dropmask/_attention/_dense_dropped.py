@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._random import Kept, explicitly_sharded_axes, first_element, sharded_as
+from .._random import Kept, explicitly_sharded_axes, first_element, resharded_to, sharded_as
 from .._reductions import compute_dtype
 from ._dense_weights import Score, attention_weights, scores
 from ._nonfinite import poison, poisoned_cotangent, poisoned_gradient
@@ -120,10 +120,7 @@ def _as_output(ct: jax.Array, out: Any) -> jax.Array:
     sharding the type names, so no ``jax.set_mesh`` is needed; elsewhere ``ct``
     itself."""
     want = out.sharding if isinstance(out, jax.ShapeDtypeStruct) else jax.typeof(out).sharding
-    have = jax.typeof(ct).sharding
-    if want is None or have.mesh.empty or have.spec == want.spec:
-        return ct
-    return jax.sharding.reshard(ct, want)
+    return ct if jax.typeof(ct).sharding.mesh.empty else resharded_to(ct, want)
 
 
 def _attend_bwd(score, product, dtype, residuals, g):

@@ -22,7 +22,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .._random import explicit_split, local_shape
+from .._random import explicit_split, local_shape, resharded_to
 from ._checked import Checked
 
 __all__ = ["Split", "entries", "names", "on_split", "parts", "resharded", "split_of"]
@@ -152,11 +152,8 @@ def _spec_of(x: jax.Array) -> tuple[Any, ...]:
 
 
 def resharded(x: jax.Array, mesh: Any, spec: Any) -> jax.Array:
-    """``x`` sharded as ``spec`` over ``mesh`` (no operation where it already is); the
-    mesh named, so that no ``jax.set_mesh`` is needed around the call."""
-    if tuple(entries(x)) == tuple(spec) + (None,) * (x.ndim - len(tuple(spec))):
-        return x
-    return jax.sharding.reshard(x, NamedSharding(mesh, spec))
+    """``x`` sharded as ``spec`` over ``mesh`` (no operation where it already is)."""
+    return resharded_to(x, NamedSharding(mesh, spec))
 
 
 def names(entry: Any) -> tuple[str, ...]:

@@ -44,6 +44,7 @@ from ._sharding import explicit_split as explicit_split
 from ._sharding import explicitly_sharded_axes as explicitly_sharded_axes
 from ._sharding import local_block as local_block
 from ._sharding import local_shape as local_shape
+from ._sharding import resharded_to as resharded_to
 from ._sharding import sharded_as as sharded_as
 from ._threefry import threefry4x32 as threefry4x32
 from ._tile_mask import TileGeometry as TileGeometry
@@ -84,6 +85,7 @@ __all__ = [
     "packed_keep_words",
     "probability",
     "random_bits",
+    "resharded_to",
     "sharded_as",
     "threefry4x32",
     "threshold",

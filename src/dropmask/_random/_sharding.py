@@ -32,6 +32,7 @@ __all__ = [
     "explicitly_sharded_axes",
     "local_block",
     "local_shape",
+    "resharded_to",
     "sharded_as",
 ]
 
@@ -241,4 +242,20 @@ def sharded_as(y: jax.Array, x: jax.Array) -> jax.Array:
     """
     if not explicitly_sharded_axes(x):
         return y
-    return jax.sharding.reshard(jnp.broadcast_to(y, x.shape), jax.typeof(x).sharding)
+    return resharded_to(jnp.broadcast_to(y, x.shape), jax.typeof(x).sharding)
+
+
+def resharded_to(x: jax.Array, sharding: Any) -> jax.Array:
+    """``x`` resharded to ``sharding`` (a ``NamedSharding``; its mesh named, so that no
+    ``jax.set_mesh`` is needed around the call); ``x`` itself, and no operation in the
+    program, where ``x`` is already split so or ``sharding`` is None."""
+    have = _entries(jax.typeof(x).sharding.spec, x.ndim)
+    if sharding is None or have == _entries(sharding.spec, x.ndim):
+        return x
+    return jax.sharding.reshard(x, sharding)
+
+
+def _entries(spec: Any, ndim: int) -> tuple[Any, ...]:
+    """A partition spec's entries, one per axis (trailing axes unsplit)."""
+    entries = tuple(spec)
+    return entries + (None,) * (ndim - len(entries))
