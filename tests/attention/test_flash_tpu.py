@@ -135,21 +135,11 @@ def test_the_forward_computes_a_key_tile_in_pieces_with_the_whole_tiles_values(
     """Key tiles of 512 in pieces of 256 (each piece's flags unpacked or drawn at its
     keys) give the values and gradients of the tile computed whole, and the dense
     path's."""
-    from dropmask._attention import _flash_tpu_plan as fp
-
     q, k, v = _qkv(10, lq=640, lk=640)  # every piece of both key tiles has a query
-    kw = {**kw, "dropout_rate": 0.2, "key": KEY, "deterministic": False}
-    if "kv_lengths" in kw:
-        kw["kv_lengths"] = jnp.array(kw["kv_lengths"])
-    tiled = {**kw, "block_q": 112, "block_k": 512}
-    monkeypatch.setattr(fd, "stores", lambda *args, **kwargs: stored)
-    monkeypatch.setattr(fp, "PIECES_FROM", 112 * 512)  # tiles this small are computed whole
-    assert fp.FORWARD_CHUNK == 256
-    pieces = _on_tpu_kernels("pallas", q, k, v, tiled)
-    monkeypatch.setattr(fp, "FORWARD_CHUNK", 512)
-    whole = _on_tpu_kernels("pallas", q, k, v, tiled)
-    _assert_same(pieces, whole, TOL)
-    _assert_same(pieces, _run("dense", q, k, v, kw), TOL)
+    tiles = {"block_q": 112, "block_k": 512}
+    _assert_pieces_give_the_whole_tiles_values(
+        "FORWARD_CHUNK", q, k, v, kw, tiles, stored, monkeypatch
+    )
 
 
 @pytest.mark.parametrize(
@@ -175,17 +165,27 @@ def test_the_dkdv_kernel_computes_a_query_tile_in_pieces_with_the_whole_tiles_va
     """Query tiles of 512 in pieces of 256 (each piece's flags unpacked or drawn at its
     queries, its segment ids, log-sum-exp and row sums sliced, its dq rows summed) give
     the values and gradients of the tile computed whole, and the dense path's."""
+    q, k, v = _qkv(11, lq=1024, lk=1024)  # every piece of both query tiles has a key
+    tiles = {"block_q": 512, "block_k": 128}
+    _assert_pieces_give_the_whole_tiles_values(
+        "BACKWARD_CHUNK", q, k, v, kw, tiles, stored, monkeypatch
+    )
+
+
+def _assert_pieces_give_the_whole_tiles_values(chunk, q, k, v, kw, tiles, stored, monkeypatch):
+    """The kernels with tiles ``tiles`` computed in pieces of 256 (``chunk``, of the keys
+    or the queries) against the tiles computed whole, and against the dense path; the
+    flags stored as bits or drawn by each kernel (``stored``)."""
     from dropmask._attention import _flash_tpu_plan as fp
 
-    q, k, v = _qkv(11, lq=1024, lk=1024)  # every piece of both query tiles has a key
     kw = {k_: jnp.array(x) if isinstance(x, list) else x for k_, x in kw.items()}
     kw = {**kw, "dropout_rate": 0.2, "key": KEY, "deterministic": False}
-    tiled = {**kw, "block_q": 512, "block_k": 128}
+    tiled = {**kw, **tiles}
     monkeypatch.setattr(fd, "stores", lambda *args, **kwargs: stored)
-    monkeypatch.setattr(fp, "PIECES_FROM", 512 * 128)
-    assert fp.BACKWARD_CHUNK == 256
+    monkeypatch.setattr(fp, "PIECES_FROM", tiles["block_q"] * tiles["block_k"])  # else whole
+    assert getattr(fp, chunk) == 256
     pieces = _on_tpu_kernels("pallas", q, k, v, tiled)
-    monkeypatch.setattr(fp, "BACKWARD_CHUNK", 512)
+    monkeypatch.setattr(fp, chunk, max(tiles.values()))
     whole = _on_tpu_kernels("pallas", q, k, v, tiled)
     _assert_same(pieces, whole, TOL)
     _assert_same(pieces, _run("dense", q, k, v, kw), TOL)
