@@ -22,7 +22,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .._random import explicit_split, local_shape, resharded_to
+from .._random import explicit_split, local_shape, resharded_to, spec_entries
 from ._checked import Checked
 
 __all__ = ["Split", "entries", "names", "on_split", "parts", "resharded", "split_of"]
@@ -70,8 +70,7 @@ class Split:
 
 def entries(x: jax.Array) -> tuple[Any, ...]:
     """``x``'s partition entries, one per axis."""
-    spec = tuple(jax.typeof(x).sharding.spec)
-    return spec + (None,) * (x.ndim - len(spec))
+    return spec_entries(jax.typeof(x).sharding.spec, x.ndim)
 
 
 def split_of(q: jax.Array, k: jax.Array, v: jax.Array) -> Split | None:

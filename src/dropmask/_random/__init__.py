@@ -46,6 +46,7 @@ from ._sharding import local_block as local_block
 from ._sharding import local_shape as local_shape
 from ._sharding import resharded_to as resharded_to
 from ._sharding import sharded_as as sharded_as
+from ._sharding import spec_entries as spec_entries
 from ._threefry import threefry4x32 as threefry4x32
 from ._tile_mask import TileGeometry as TileGeometry
 from ._tile_mask import tile_keep_flags as tile_keep_flags
@@ -87,6 +88,7 @@ __all__ = [
     "random_bits",
     "resharded_to",
     "sharded_as",
+    "spec_entries",
     "threefry4x32",
     "threshold",
     "tile_keep_flags",

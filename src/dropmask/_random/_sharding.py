@@ -34,6 +34,7 @@ __all__ = [
     "local_shape",
     "resharded_to",
     "sharded_as",
+    "spec_entries",
 ]
 
 
@@ -249,13 +250,13 @@ def resharded_to(x: jax.Array, sharding: Any) -> jax.Array:
     """``x`` resharded to ``sharding`` (a ``NamedSharding``; its mesh named, so that no
     ``jax.set_mesh`` is needed around the call); ``x`` itself, and no operation in the
     program, where ``x`` is already split so or ``sharding`` is None."""
-    have = _entries(jax.typeof(x).sharding.spec, x.ndim)
-    if sharding is None or have == _entries(sharding.spec, x.ndim):
+    have = spec_entries(jax.typeof(x).sharding.spec, x.ndim)
+    if sharding is None or have == spec_entries(sharding.spec, x.ndim):
         return x
     return jax.sharding.reshard(x, sharding)
 
 
-def _entries(spec: Any, ndim: int) -> tuple[Any, ...]:
+def spec_entries(spec: Any, ndim: int) -> tuple[Any, ...]:
     """A partition spec's entries, one per axis (trailing axes unsplit)."""
     entries = tuple(spec)
     return entries + (None,) * (ndim - len(entries))
