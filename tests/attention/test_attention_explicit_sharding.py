@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from tests.jaxprs import equations
 
 import dropmask
 from dropmask import testing
@@ -112,13 +113,6 @@ def test_a_one_device_mesh_without_set_mesh_gives_the_unsharded_gradients():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-def _equations(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            yield from _equations(sub)
-
-
 @pytest.mark.parametrize(
     "partition", [P("data"), P("data", None, "model"), P(None, None, ("data", "model"))]
 )
@@ -150,11 +144,11 @@ def test_the_dense_backward_orders_its_passes_by_a_scalar_on_each_device(partiti
         args = [jax.device_put(a, NamedSharding(mesh, partition)) for a in (q, k, v, g)]
         jaxpr = jax.make_jaxpr(grads)(*args).jaxpr
         got = grads(*args)
-    counts = [e for e in _equations(jaxpr) if e.primitive.name == "population_count"]
+    counts = [e for e in equations(jaxpr) if e.primitive.name == "population_count"]
     assert len(counts) == 2  # the weights after the row sum, the product after dv
     assert all(e.invars[0].aval.shape == () for e in counts)
-    bodies = [e for e in _equations(jaxpr) if e.primitive.name == "shard_map"]
-    inside = [e for b in bodies for e in _equations(b.params["jaxpr"])]
+    bodies = [e for e in equations(jaxpr) if e.primitive.name == "shard_map"]
+    inside = [e for b in bodies for e in equations(b.params["jaxpr"])]
     assert sum(e.primitive.name == "population_count" for e in inside) == 2
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
