@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from jax import lax
 from tests.covering import covering
+from tests.jaxprs import equations
 
 import dropmask as dm
 from dropmask import testing
@@ -286,6 +287,36 @@ def test_non_finite_inputs_give_nan_in_the_dense_paths_places(only_v):
     got, want = _on_tpu_kernels("pallas", q, k, v, kw), _run("dense", q, k, v, kw)
     assert np.isnan(got[0]).any()
     _assert_same(got, want, TOL)
+
+
+def test_the_nan_rows_are_written_only_where_a_row_is_tainted():
+    """The kernels' output is poisoned under a ``cond`` on any tainted row: the branch
+    a clean call takes is the output as it is; the other writes the NaNs."""
+    q, k, v = _qkv(4)
+    attend = functools.partial(dm.dot_product_attention, is_causal=True, algorithm="pallas")
+    with testing.tpu_kernels():
+        jaxpr = jax.make_jaxpr(attend)(q, k, v).jaxpr
+    passes = [
+        eqn
+        for eqn in equations(jaxpr)
+        if eqn.primitive.name == "cond"
+        and eqn.outvars  # not a kernel's pl.when
+        and not eqn.params["branches"][0].jaxpr.eqns
+    ]
+    assert len(passes) == 1  # the output, untouched where no row is tainted
+    poisoned = [e.primitive.name for e in passes[0].params["branches"][1].jaxpr.eqns]
+    assert "select_n" in poisoned and "div" in poisoned
+    # Batched, the condition is per batch entry: a NaN in one leaves the other exact.
+    bad = q.copy()
+    bad[0, 3, 1, 2] = np.nan
+    both = np.stack([bad, q])
+    with testing.tpu_kernels():
+        got = jax.vmap(attend)(both, np.stack([k, k]), np.stack([v, v]))
+        one = [attend(x, k, v) for x in (bad, q)]
+    for g, w in zip(got, one, strict=True):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_allclose(g, w, **TOL)
+    assert np.isnan(got[0]).any() and not np.isnan(got[1]).any()
 
 
 def test_a_row_with_no_valid_key_is_zero():

@@ -37,7 +37,7 @@ from . import _kernel_inputs as ki
 from ._checked import Checked, validate
 from ._dense import Dense, dense, dense_jit, rank
 from ._flash_fallback import lowering_error
-from ._nonfinite import poison, prepared
+from ._nonfinite import poison, poison_where_tainted, prepared
 from ._paths import ALGORITHMS as ALGORITHMS
 from ._paths import (
     AUTO_BLOCKWISE_SCORES,
@@ -363,9 +363,9 @@ def _run_tiled(
         split = split_of(q, k, v)
         if split is not None:
             out, tainted = fs.sharded_flash_attention(split, flash, q, k, v, kernel_inputs)
-        else:
-            out, tainted = ft.flash_attention(flash, q, k, v, kernel_inputs)
-        return poison(out, q, tainted)
+            return poison(out, q, tainted)
+        out, tainted = ft.flash_attention(flash, q, k, v, kernel_inputs)
+        return poison_where_tainted(out, q, tainted)
     if path == "pallas":
         # Imported here: jax.experimental.pallas loads only for the path that runs it.
         from . import _flash_triton as pa
