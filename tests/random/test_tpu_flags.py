@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
+from tests.covering import covering
 
 import dropmask
 from dropmask import testing
@@ -27,17 +28,24 @@ def _kept(shape, p, key=KEY):
     return _draw.draw(key, shape, p, "fast", _draw.kept, beside, caller="test")
 
 
+_FLAG_SHAPES = [
+    (2, 3, 197, 197),  # ViT's 197 keys: the kernel's columns padded to 256
+    (2, 1, 96, 96),  # one mask for every head
+    (3, 77, 200),  # rows and columns both partial
+    (1, 40, 1100),  # column blocks of 1152
+    (5, 80),  # rank 2
+]
+
+
+# Fast: each shape once, the two rates in turn.
 @pytest.mark.parametrize(
-    "shape",
-    [
-        (2, 3, 197, 197),  # ViT's 197 keys: the kernel's columns padded to 256
-        (2, 1, 96, 96),  # one mask for every head
-        (3, 77, 200),  # rows and columns both partial
-        (1, 40, 1100),  # column blocks of 1152
-        (5, 80),  # rank 2
-    ],
+    ("shape", "p"),
+    covering(
+        [(shape, p) for shape in _FLAG_SHAPES for p in (0.9, 0.3)],
+        [(shape, (0.9, 0.3)[i % 2]) for i, shape in enumerate(_FLAG_SHAPES)],
+        unpack=True,
+    ),
 )
-@pytest.mark.parametrize("p", [0.9, 0.3])
 def test_kept_flags_are_the_keep_mask(shape, p):
     want = dropmask.keep_mask(KEY, shape, 1.0 - p)
     with testing.tpu_kernels():
@@ -144,15 +152,21 @@ def _explicit_mesh():
     return jax.make_mesh((4, 2), ("data", "model"), axis_types=explicit)
 
 
+_BATCH = jax.sharding.PartitionSpec("data")
+_BATCH_AND_HEADS = jax.sharding.PartitionSpec("data", None, "model")
+_HEADS = jax.sharding.PartitionSpec(None, None, ("data", "model"))
+
+
+# Fast: each split once and both masks, one mask for every head (a broadcast axis kept
+# whole) where the heads are split over every device.
 @pytest.mark.parametrize(
-    "partition",
-    [
-        jax.sharding.PartitionSpec("data"),  # the batch
-        jax.sharding.PartitionSpec("data", None, "model"),  # batch and heads
-        jax.sharding.PartitionSpec(None, None, ("data", "model")),  # heads alone
-    ],
+    ("partition", "broadcast"),
+    covering(
+        [(p, b) for p in (_BATCH, _BATCH_AND_HEADS, _HEADS) for b in (True, False)],
+        [(_BATCH, True), (_BATCH_AND_HEADS, False), (_HEADS, True)],
+        unpack=True,
+    ),
 )
-@pytest.mark.parametrize("broadcast", [True, False])
 def test_dense_attention_on_a_mesh_keeps_each_devices_block_of_the_bytes(partition, broadcast):
     """A mesh of explicit axes: each device draws its block of the weights' mask (sharded
     as the weights, a broadcast axis whole) as bytes, once; the outputs and gradients
