@@ -48,7 +48,8 @@ class Site:
       refuses: the rates within ``2**-17`` of 0 or 1 that it refuses (those it draws
         with the ``"fast"`` generator, whose threshold would round them to 0 or 1).
       slow: its properties run with the slow tests only, but under ``jit`` on 8
-        devices (a recurrent layer: an eager call dispatches every step's ops).
+        devices in one of its Linen and NNX forms (a recurrent layer: an eager call
+        dispatches every step's ops).
     """
 
     id: str

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tests.covering import covering
 
 import dropmask
 
@@ -134,8 +135,19 @@ def test_bf16_fast_scaling_is_not_rounded_to_bf16_first():
     np.testing.assert_array_equal(kept, expected)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("broadcast_dims", [(0,), (1,), (-1,), (0, 2)])
+_BROADCAST_DIMS = [(0,), (1,), (-1,), (0, 2)]
+
+
+# Fast: each broadcast_dims once, the generators in turn.
+@pytest.mark.parametrize(
+    ("broadcast_dims", "impl"),
+    covering(
+        [(dims, impl) for dims in _BROADCAST_DIMS for impl in IMPLS],
+        [(dims, IMPLS[i % 2]) for i, dims in enumerate(_BROADCAST_DIMS)],
+        unpack=True,
+    ),
+    ids=[f"broadcast_dims{i}-{impl}" for i in range(len(_BROADCAST_DIMS)) for impl in IMPLS],
+)
 def test_broadcast_dims_share_mask_exactly(impl, broadcast_dims):
     x = jnp.ones((6, 7, 8))
     y = np.asarray(
@@ -357,8 +369,19 @@ def test_python_float_and_jax_scalar_rates_are_each_one_encoding():
         assert abs(float(mask.mean()) - 0.9) < 4 * np.sqrt(0.09 / 256**2)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("rate", [-0.5, 1.5, float("nan")])
+_OUT_OF_RANGE = (-0.5, 1.5, float("nan"))
+
+
+# Fast: each rate once, the generators in turn.
+@pytest.mark.parametrize(
+    ("rate", "impl"),
+    covering(
+        [(rate, impl) for rate in _OUT_OF_RANGE for impl in IMPLS],
+        [(rate, IMPLS[i % 2]) for i, rate in enumerate(_OUT_OF_RANGE)],
+        unpack=True,
+    ),
+    ids=[f"{rate}-{impl}" for rate in _OUT_OF_RANGE for impl in IMPLS],
+)
 def test_traced_rate_out_of_range_drops_everything_in_integer_and_bool_outputs(impl, rate):
     key, tokens = jax.random.key(0), jnp.arange(64, dtype=jnp.int32).reshape(4, 16)
     mask = jax.jit(lambda r: dropmask.keep_mask(key, (4, 16), r, impl=impl))(jnp.float32(rate))
@@ -394,8 +417,15 @@ def test_traced_rate_out_of_range_is_a_checkify_error(fn):
 # --- complex inputs ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("rate", [0.3, "traced"])
+# Fast: each generator once, a static and a run-time rate in turn.
+@pytest.mark.parametrize(
+    ("rate", "impl"),
+    covering(
+        [(rate, impl) for rate in (0.3, "traced") for impl in IMPLS],
+        [(0.3, "fast"), ("traced", "flax")],
+        unpack=True,
+    ),
+)
 def test_complex_input_one_mask_for_real_and_imaginary_parts(impl, rate):
     re, im = _x((8, 40)), _x((8, 40)) * 3.0 + 1.0
     z, key = jax.lax.complex(re, im), jax.random.key(4)

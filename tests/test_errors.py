@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tests.covering import covering
 from tests.mask_sites import SITES, site_input
 
 import dropmask
@@ -144,8 +145,27 @@ def test_errors_name_the_function_called_not_an_internal_one():
         dl.AlphaDropout(0.5, deterministic=False).apply({}, X * 1j, rngs={"dropout": key})
 
 
-@pytest.mark.parametrize("rate", [1e-6, 1 - 1e-6])
-@pytest.mark.parametrize("site", SITES, ids=[site.id for site in SITES])
+_ROUNDING = (1e-6, 1 - 1e-6)
+
+
+def _fast_rounding(index, site):
+    """The ``index``-th site's rate in the fast suite: the two in turn, or the one it
+    refuses where it refuses one only."""
+    turn = _ROUNDING[index % 2]
+    return turn if turn in site.refuses or not site.refuses else site.refuses[0]
+
+
+# Fast: each site once, the two rates in turn (a site that refuses one only, with that
+# one; a site that refuses neither, accepting its rate in turn).
+@pytest.mark.parametrize(
+    ("rate", "site"),
+    covering(
+        [(rate, site) for rate in _ROUNDING for site in SITES],
+        [(_fast_rounding(i, site), site) for i, site in enumerate(SITES)],
+        unpack=True,
+    ),
+    ids=[f"{site.id}-{rate}" for rate in _ROUNDING for site in SITES],
+)
 def test_a_rate_that_would_round_to_0_or_1_names_the_caller_and_its_argument(site, rate):
     """The "fast" generator draws probabilities to 2**-16, so a rate within 2**-17 of 0
     or 1 is refused; the error names the function or layer called and the rate as its

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax import random
+from tests.covering import covering
 
 from dropmask import linen as dl
 from dropmask import nnx as dnnx
@@ -89,6 +90,13 @@ def test_dropout(Dropout):  # noqa: N803
     assert np.all(y1 == y2)
 
 
+# Fast: each impl once, as dropmask's layer and swapped in, in turn (a swapped layer is
+# dropmask's with the same draw); Flax's reference and the other two are slow.
+@pytest.mark.parametrize(
+    "Dropout",
+    covering(["flax", "dropmask-fast", "dropmask-flax", *SWAPS], ["dropmask-flax", "swapped-fast"]),
+    indirect=True,
+)
 def test_dropout_rate_stats(Dropout):  # noqa: N803
     rootkey = random.key(0)
     for rate in np.arange(0.1, 1.0, 0.1):

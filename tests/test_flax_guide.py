@@ -578,7 +578,9 @@ def test_swap_sst2_word_dropout_bit_identical():
     np.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.parametrize("call_time_key", [False, True])
+# Fast: with a call-time key first, which leaves the stream as it is: the calls after it
+# are the whole of the case without one (slow).
+@pytest.mark.parametrize("call_time_key", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_swap_nnx_outputs_and_grads_bit_identical(call_time_key):
     x = _normal((5, 4), seed=0)
     their_model = NnxModel(4, 8, rngs=nnx.Rngs(params=0, dropout=1), dropout=nnx.Dropout)

@@ -26,12 +26,13 @@ def _valid(lengths, steps):
 
 # Every direction, each cell in two of them: the carry's structure (LSTM's pair, GRU's
 # array) and the direction reach the masked scan apart, and the NNX test below runs the
-# LSTM in all three directions.
+# LSTM in all three directions. Fast: every direction once, each cell; the LSTM reversed
+# in order is slow.
 @pytest.mark.parametrize(
     ("cell", "reverse", "keep_order"),
     [
         (nn.LSTMCell, False, False),
-        (nn.LSTMCell, True, True),
+        pytest.param(nn.LSTMCell, True, True, marks=pytest.mark.slow),
         (nn.GRUCell, True, False),
         (nn.GRUCell, True, True),
     ],

@@ -318,7 +318,8 @@ def _nnx_lstm_like(params, **kw):
     return dn.MaskedRNN(nnx.merge(graphdef, state), return_carry=True, **kw)
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
+# Fast: drawing; deterministic (slow), each form equals Flax's RNN in tests/test_rnn.py.
+@pytest.mark.parametrize("deterministic", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_linen_and_nnx_agree_for_the_same_key(deterministic):
     kw = {"zoneout": (0.3, 0.1), "weight_dropout": 0.4}
     rnn, params = _lstm(**kw)

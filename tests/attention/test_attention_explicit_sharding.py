@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from tests.covering import covering
 from tests.jaxprs import equations
 
 import dropmask
@@ -58,9 +59,21 @@ def _self_attention(algorithm):
     return lambda x: attention(x, x, x)
 
 
-@pytest.mark.parametrize("devices", [1, 8])
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("algorithm", ["dense", "blockwise"])
+_GRADIENT_CASES = [
+    (algorithm, dtype, devices)
+    for algorithm in ("dense", "blockwise")
+    for dtype in ("float32", "bfloat16")
+    for devices in (1, 8)
+]
+
+
+# Fast: float32 on each path once, the mesh sizes in turn (the one-device mesh's dense
+# backward also in test_a_one_device_mesh_without_set_mesh_gives_the_unsharded_gradients).
+@pytest.mark.parametrize(
+    ("algorithm", "dtype", "devices"),
+    covering(_GRADIENT_CASES, [("dense", "float32", 1), ("blockwise", "float32", 8)], unpack=True),
+    ids=["-".join(map(str, case)) for case in _GRADIENT_CASES],
+)
 def test_gradients_under_a_mesh_of_explicit_axes_equal_the_unsharded_ones(
     devices, dtype, algorithm
 ):
@@ -113,8 +126,14 @@ def test_a_one_device_mesh_without_set_mesh_gives_the_unsharded_gradients():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+# Fast: the batch and heads split and the heads split over both axes; the batch split
+# alone (slow) is a part of the first.
 @pytest.mark.parametrize(
-    "partition", [P("data"), P("data", None, "model"), P(None, None, ("data", "model"))]
+    "partition",
+    covering(
+        [P("data"), P("data", None, "model"), P(None, None, ("data", "model"))],
+        [P("data", None, "model"), P(None, None, ("data", "model"))],
+    ),
 )
 def test_the_dense_backward_orders_its_passes_by_a_scalar_on_each_device(partition):
     """The dense path's backward pass makes its rebuilt weights wait for a row sum (and

@@ -121,13 +121,23 @@ def _close(got, want, atol, rtol):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=atol, rtol=rtol)
 
 
-# Fast: self-attention causal and cross-attention padded (a mask of each kind, each
-# length relation); the slow suite adds no mask and the other pairings.
+# The fast suite's cases: self-attention causal and cross-attention padded (a mask of
+# each kind, each length relation); the slow suite adds no mask and the other pairings.
 FAST_CASES = [("self", "causal"), ("cross", "padding")]
+_NAMES = list(ATTENTION_FNS)
 
 
-@pytest.mark.parametrize("case", covering(CASES, FAST_CASES), ids=["-".join(c) for c in CASES])
-@pytest.mark.parametrize("name", ATTENTION_FNS)
+# Fast: each function with one of FAST_CASES, in turn (Linen passes the same keywords
+# in every case; both mask kinds and length relations still reach its module).
+@pytest.mark.parametrize(
+    ("name", "case"),
+    covering(
+        [(name, case) for name in _NAMES for case in CASES],
+        [(name, FAST_CASES[i % 2]) for i, name in enumerate(_NAMES)],
+        unpack=True,
+    ),
+    ids=[f"{name}-{'-'.join(case)}" for name in _NAMES for case in CASES],
+)
 def test_linen_module_matches_flax_attention(name, case):
     cross, mask_kind = case[0] == "cross", case[1]
     xq, xkv = _inputs(cross)
@@ -177,12 +187,24 @@ def _nnx_layer(fn, decode=False):
     )
 
 
+_NNX_CASES = [*CASES, ("self", "is_causal")]
+
+
+# Fast: the functions with is_causal (a keyword NNX alone passes; the blockwise path is
+# dot_product_attention's own function, slow), and each with the one of FAST_CASES that
+# Linen's test above does not run it with: each function meets both.
 @pytest.mark.parametrize(
-    "case",
-    covering(CASES + [("self", "is_causal")], [*FAST_CASES, ("self", "is_causal")]),
-    ids=["-".join(c) for c in [*CASES, ("self", "is_causal")]],
+    ("name", "case"),
+    covering(
+        [(name, case) for name in _NAMES for case in _NNX_CASES],
+        [
+            *[(name, ("self", "is_causal")) for name in _NAMES if "blockwise" not in name],
+            *[(name, FAST_CASES[(i + 1) % 2]) for i, name in enumerate(_NAMES)],
+        ],
+        unpack=True,
+    ),
+    ids=[f"{name}-{'-'.join(case)}" for name in _NAMES for case in _NNX_CASES],
 )
-@pytest.mark.parametrize("name", ATTENTION_FNS)
 def test_nnx_module_matches_flax_attention(name, case):
     cross, mask_kind = case[0] == "cross", case[1]
     xq, xkv = _inputs(cross)
@@ -205,7 +227,9 @@ def test_nnx_module_matches_flax_attention(name, case):
     _close(got[1:], want[1:], GRAD_ATOL, GRAD_RTOL)
 
 
-@pytest.mark.parametrize("name", ATTENTION_FNS)
+# Fast: the dense functions; the blockwise path decodes one query a step in
+# test_nnx_decode_cache_matches_flax_attention.
+@pytest.mark.parametrize("name", covering(_NAMES, ["dot_product_attention", "drop_head_attention"]))
 def test_linen_decode_cache_matches_flax_attention(name):
     x, _ = _inputs(False)
 

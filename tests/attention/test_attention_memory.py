@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tests.covering import covering
 
 import dropmask as dm
 
@@ -62,8 +63,16 @@ def test_dropout_keeps_no_dropped_copy_of_the_weights(dtype, broadcast):
     assert got == [(jnp.dtype(dtype).name, (B, H, T, T))]
 
 
-@pytest.mark.parametrize("run_time_rate", [False, True], ids=["static", "run_time"])
-@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+# Fast: a static rate without a bias and a run-time rate with one.
+@pytest.mark.parametrize(
+    ("with_bias", "run_time_rate"),
+    covering(
+        [(b, r) for b in (False, True) for r in (False, True)],
+        [(False, False), (True, True)],
+        unpack=True,
+    ),
+    ids=[f"{b}-{r}" for b in ("", "bias") for r in ("static", "run_time")],
+)
 def test_dropout_gradient_is_unchanged_by_the_recomputation(run_time_rate, with_bias):
     rng = np.random.default_rng(1)
     q, k, v = (jnp.asarray(rng.normal(size=(B, T, H, D)), jnp.float32) for _ in range(3))

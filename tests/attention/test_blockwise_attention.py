@@ -111,7 +111,9 @@ def test_structure_arguments_equal_an_explicit_mask():
         np.testing.assert_allclose(got, want, **TOL)
 
 
-@pytest.mark.parametrize("kv_heads", [1, 2])
+# Fast: two groups of two query heads; one key head for all four (slow) is grouped the
+# same way.
+@pytest.mark.parametrize("kv_heads", [pytest.param(1, marks=SLOW), 2])
 def test_mask_bias_and_grouped_query_heads(kv_heads):
     q, k, v, rng = _qkv(2, h=4, kv_heads=kv_heads)
     mask = rng.random((B, 1, LQ, LK)) < 0.7

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from tests.covering import covering
 
 import dropmask
 from dropmask import linen as dl
@@ -250,12 +251,18 @@ def test_attention_dropout_shared_across_batch_and_heads_has_its_own_code():
     assert report.sites[0].broadcast_dims == (0, 1)
 
 
+_ATTENTION_FNS = [
+    dropmask.dot_product_attention,
+    functools.partial(dropmask.dot_product_attention, algorithm="blockwise", block_k=2),
+]
+
+
+# Fast: the dense path. The blockwise path, a functools.partial of the function, is read
+# by the same weights function; test_audit_nnx.py's
+# test_dropmask_attention_weights_are_a_site_of_their_own runs it fast.
 @pytest.mark.parametrize(
     "attention_fn",
-    [
-        dropmask.dot_product_attention,
-        functools.partial(dropmask.dot_product_attention, algorithm="blockwise", block_k=2),
-    ],
+    covering(_ATTENTION_FNS, _ATTENTION_FNS[:1]),
     ids=["dense", "blockwise_partial"],
 )
 def test_dropmask_attention_as_attention_fn_is_an_attention_site(attention_fn):
@@ -383,7 +390,9 @@ def test_correct_train_step_has_no_finding(jit, tuple_out):
     assert len(report.sites) == 2
 
 
-@pytest.mark.parametrize("jit", [True, False], ids=["jit", "plain"])
+# Fast: the jitted step, whose trace the audit opens; a plain step (slow) is audited
+# in test_correct_train_step_has_no_finding's plain-state case.
+@pytest.mark.parametrize("jit", covering([True, False], [True]), ids=["jit", "plain"])
 def test_step_without_fold_in_is_caught(jit):
     report = audit_step(_step(False, jit, True), _state(), [X, X, X])
     assert report.codes == {"same-mask-across-steps"}, str(report)
@@ -411,7 +420,9 @@ def _loss_and_grads(state, batch, key):
     return jax.value_and_grad(loss_fn)(state.params)
 
 
-@pytest.mark.parametrize("jit", [True, False], ids=["jit", "plain"])
+# Fast: a plain step calling the jitted loss; a jitted step around it (slow) is opened as
+# in test_step_without_fold_in_is_caught's jit case.
+@pytest.mark.parametrize("jit", covering([True, False], [False]), ids=["jit", "plain"])
 def test_a_step_calling_a_jitted_loss_is_audited_in_full_every_time(jit):
     # JAX caches the jitted loss's trace by function: a cached trace hides its modules.
     def train_step(state, batch):

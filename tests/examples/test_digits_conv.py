@@ -3,12 +3,15 @@
 import jax
 import numpy as np
 import pytest
+from tests.covering import covering
 
 from dropmask import DropmaskValueError
 from dropmask.examples.digits import configs, input_pipeline, train
 
 
-@pytest.mark.parametrize("block_size", [0, 3])
+# Fast: DropBlock on the maps; with dropout there (slow), the conv model runs in
+# tests/examples/test_config_entries.py's digits-model case.
+@pytest.mark.parametrize("block_size", covering([0, 3], [3]))
 def test_conv_model_learns_with_dropout_or_drop_block(block_size):
     config = configs.get_tiny_config()
     config.model, config.hidden, config.block_size, config.rate = "conv", (8, 8), block_size, 0.2

@@ -23,6 +23,9 @@ class MLP(nn.Module):
         return nn.Dense(3)(x)
 
 
+# dl.Dropout(impl="flax") in Flax's place, outputs and gradients bit for bit, is
+# test_linen_swap.py's test_impl_flax_is_bit_identical_to_not_swapping (plain-False).
+@pytest.mark.slow
 def test_swapping_flax_dropout_gives_identical_outputs_and_gradients():
     x = jax.random.normal(jax.random.key(0), (8, 5))
     theirs = MLP(nn.Dropout, {})

@@ -20,6 +20,9 @@ class MLP(nnx.Module):
         return self.out(self.dropout(self.linear(x)))
 
 
+# dnnx.Dropout(impl="flax") in Flax's place over steps, outputs, gradients and streams bit
+# for bit, is test_nnx_swap.py's test_impl_flax_is_bit_identical_and_the_state_is_unchanged.
+@pytest.mark.slow
 def test_swapping_nnx_dropout_gives_identical_outputs_and_gradients():
     x = jax.random.normal(jax.random.key(0), (16, 4))
     ours = MLP(dnnx.Dropout, nnx.Rngs(params=0, dropout=1), impl="flax")

@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.covering import covering
 
 import dropmask
 from dropmask import nnx as dnnx
@@ -99,8 +100,15 @@ def _run(model, x, *, jit):
 # Every model under nnx.jit; eagerly, the plain block. The swap replaces layers before
 # any call, and a replaced layer draws the same when traced or not: the eager case
 # checks that nothing depends on being traced, and the transforms add only the jitted
-# programs.
-@pytest.mark.parametrize(("name", "jit"), [(name, True) for name in MODELS] + [("plain", False)])
+# programs. Fast: a scanned model and the eager call; the other transforms are slow.
+@pytest.mark.parametrize(
+    ("name", "jit"),
+    covering(
+        [(name, True) for name in MODELS] + [("plain", False)],
+        [("scan", True), ("plain", False)],
+        unpack=True,
+    ),
+)
 def test_impl_flax_is_bit_identical_and_the_state_is_unchanged(name, jit):
     x = jax.random.normal(jax.random.key(0), (4, 8, 16))
     flax, ours = (MODELS[name](nnx.Rngs(0, dropout=1)) for _ in range(2))

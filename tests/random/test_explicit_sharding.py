@@ -65,18 +65,41 @@ def _run(site: Site, mode: str) -> Any:
 # runs on a share of every group. A mode exercises a path every site shares: eagerly,
 # the library's jitted draw runs on the sharded array as under ``jit``; a run-time rate
 # is a replicated scalar in the threshold; differentiated, the backward pass draws the
-# mask again. A function runs differentiated always (its own backward rule), and with a
-# run-time rate or eagerly in turn. A layer is thin over the function it calls: of the
-# Linen and NNX forms of a layer, one runs one of the three in turn (eagerly where it
-# lacks that one). A recurrent layer (its own loop) runs every mode.
+# mask again. A function runs with a run-time rate or eagerly in turn, and
+# differentiated (its own backward rule). A layer is thin over the function it calls:
+# of the Linen and NNX forms of a layer, one runs one of the three in turn (eagerly
+# where it lacks that one), the other under ``jit`` alone. A recurrent layer (its own
+# loop) runs every mode.
+#
+# The fast suite runs a share of these, the slow suite the rest. Of a layer, the form
+# whose turn it is; of a recurrent layer, that form under ``jit`` alone (its two forms
+# call one functional core), and MaskedRNN with zoneout only inside Bidirectional,
+# whose two halves it is. A function runs differentiated at every other place (each
+# backward pass draws its mask again alike), an attention function always (its
+# backward pass is its own, on the 4 x 2 mesh too); eagerly, the first _EAGER_FAST
+# functions whose turn that is. Where a site's turn (a run-time rate, or eagerly) runs
+# fast, its ``jit`` case is slow: a run-time rate is under ``jit``, eagerly the draw is
+# the library's jitted one, and a static rate, a constant in the threshold, is in every
+# other site's ``jit`` case; an attention function runs both.
 _FUNCTION_MODES = ("run-time rate", "eager")
-_EAGER_FAST = 6  # of the first this many functions, those that run eagerly stay fast
+_EAGER_FAST = 4  # of the first this many functions, those that run eagerly stay fast
 _LAYER_MODES = ("eager", "run-time rate", "grad")
 
 
 def _group(site: Site) -> str:
     """``"linen"`` or ``"nnx"`` for a layer's site, ``"function"`` for a function's."""
     return site.id.split(".")[1] if site.id.startswith("dropmask.") else "function"
+
+
+def _attention_function(site: Site) -> bool:
+    return _group(site) == "function" and "attention" in site.public
+
+
+def _form_in_turn(site: Site, index: int) -> bool:
+    """Whether the ``index``-th layer of its group is the form of its layer (Linen or
+    NNX) that runs in the fast suite: the Linen form at the even places, the NNX form
+    at the odd ones."""
+    return not (index + (_group(site) == "nnx")) % 2
 
 
 def _modes(site: Site, index: int) -> list[str]:
@@ -89,12 +112,23 @@ def _modes(site: Site, index: int) -> list[str]:
         return modes
     if group == "function":
         turn = _FUNCTION_MODES[index % len(_FUNCTION_MODES)]
-    elif (index + (group == "nnx")) % 2:
-        return ["jit"]  # the other front of this layer runs a mode in turn
+    elif not _form_in_turn(site, index):
+        return ["jit"]  # the other form of this layer runs a mode in turn
     else:
         turn = _LAYER_MODES[index % len(_LAYER_MODES)]
     turn = turn if turn in modes else "eager"  # a mode the site does not have
     return [m for m in modes if m in ("jit", turn) or (m == "grad" and group == "function")]
+
+
+def _turn_runs_fast(site: Site, index: int, modes: list[str]) -> bool:
+    """Whether ``site`` (not an attention function's) runs a run-time rate or eagerly in
+    the fast suite, in its turn."""
+    if site.slow or _attention_function(site):
+        return False
+    if "run-time rate" in modes:
+        return True
+    eager_fast = _group(site) != "function" or index < _EAGER_FAST
+    return "eager" in modes and eager_fast
 
 
 def _meshes(site: Site, mode: str) -> tuple[str, ...]:
@@ -105,7 +139,7 @@ def _meshes(site: Site, mode: str) -> tuple[str, ...]:
     backward pass computes on the heads split over ``"model"``."""
     if site.spec_2d is None or mode not in ("jit", "grad"):
         return ("8",)
-    if mode == "grad" and not (_group(site) == "function" and "attention" in site.public):
+    if mode == "grad" and not _attention_function(site):
         return ("8",)
     return ("8", "4x2")
 
@@ -120,12 +154,22 @@ def _cases() -> list[Any]:
         index[group] += 1
         for mode in modes:
             marks = []
-            if site.slow and mode != "jit":
+            if site.slow and (mode != "jit" or not _form_in_turn(site, place)):
+                # A recurrent layer: under jit, in the form whose turn it is.
                 marks.append(pytest.mark.slow)
+            elif site.slow and site.id.endswith("MaskedRNN, zoneout"):
+                marks.append(pytest.mark.slow)  # inside Bidirectional's case
             if group == "function" and mode == "eager" and place >= _EAGER_FAST:
                 # Eagerly every function's draw is the library's jitted one (as under
                 # jit): the first functions that run it do so in the fast suite.
                 marks.append(pytest.mark.slow)
+            if group == "function" and mode == "grad" and place % 2:
+                if not _attention_function(site):
+                    # Differentiated, a function's backward pass draws its mask again
+                    # as the others' do: those at the even places run it fast.
+                    marks.append(pytest.mark.slow)
+            if mode == "jit" and _turn_runs_fast(site, place, modes):
+                marks.append(pytest.mark.slow)  # its turn runs the draw under jit
             if group != "function" and modes == ["jit"]:
                 # Of a layer's Linen and NNX fronts, the one that runs a mode in turn is
                 # the fast suite's; this one, thin over the same function, is slow.

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
+from tests.covering import covering
 
 import dropmask
 import dropmask.linen
@@ -80,7 +81,9 @@ def test_mask_layout_from_the_block_function():
 SHAPES = [(64, 128), (3, 50), (7,), (5, 33, 1), (), (2, 3, 40), (4, 70), (1, 1)]
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+# Fast: every rank, whole words, a last word partial (rank 1 and 3) and a last axis of
+# one; the slow suite adds the other partial words and one element.
+@pytest.mark.parametrize("shape", covering(SHAPES, [(64, 128), (7,), (5, 33, 1), (), (2, 3, 40)]))
 def test_all_paths_give_the_same_mask(shape):
     words = _fast_mask.key_words(jax.random.key(3))
     # The paths differ in how they lay the random fields out, which the shape decides;
@@ -196,7 +199,11 @@ def test_static_rates_that_round_to_0_or_1_are_refused():
     assert float((dropmask.dropout(x, 1e-6, key, impl="flax") == 0).mean()) == 0
 
 
-@pytest.mark.parametrize(("s0", "s1"), [(0, 1), (6, 7), (0, 2**31)])
+# Fast: the lowest and the highest bit of a key word apart; (6, 7), the lowest again, is
+# slow.
+@pytest.mark.parametrize(
+    ("s0", "s1"), covering([(0, 1), (6, 7), (0, 2**31)], [(0, 1), (0, 2**31)], unpack=True)
+)
 def test_streams_of_seeds_one_bit_apart_are_unrelated(s0, s1):
     """The raw streams of two keys whose words differ in one bit agree on each of the 32
     bit positions half the time (4 sigma), and their 16-bit fields are uncorrelated."""
@@ -368,8 +375,15 @@ def test_every_mask_caller_goes_through_the_one_entry_point(monkeypatch):
                 assert (specs[-1].value is None) == (impl == "flax" or not isinstance(rate, float))
 
 
-@pytest.mark.parametrize("rate", [0.3, "traced"])
-@pytest.mark.parametrize("impl", ["fast", "flax"])
+# Fast: each generator once, a static and a run-time rate in turn.
+@pytest.mark.parametrize(
+    ("impl", "rate"),
+    covering(
+        [(i, r) for i in ("fast", "flax") for r in (0.3, "traced")],
+        [("fast", 0.3), ("flax", "traced")],
+        unpack=True,
+    ),
+)
 def test_keep_mask_is_the_mask_every_variant_applies(rate, impl):
     x, key = jnp.ones((8, 40)), jax.random.key(6)
     r = jnp.float32(0.3) if rate == "traced" else rate
@@ -438,7 +452,12 @@ def test_a_traced_rate_compiles_to_the_program_of_a_static_one():
     assert sum(traced.values()) <= sum(static.values()) + 64, (static, traced)
 
 
-@pytest.mark.parametrize("rate", [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.123456789])
+# Fast: a small, the middle and an odd rate (test_one_precision_for_every_rate checks
+# the threshold static and traced at the others' rates); the rest are slow.
+@pytest.mark.parametrize(
+    "rate",
+    covering([0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.123456789], [0.05, 0.5, 0.123456789]),
+)
 def test_a_static_rate_and_the_same_rate_as_a_jax_scalar_draw_the_same_mask(rate):
     x, key = jax.random.normal(jax.random.key(1), (16, 300)), jax.random.key(2)
     static = dropmask.dropout(x, rate, key)

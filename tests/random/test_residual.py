@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec
+from tests.covering import covering
 
 import dropmask
 from dropmask._random import _draw, _fast_mask
@@ -47,9 +48,22 @@ def _rates():
 # --- residual bytes -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("traced", [False, True])
-@pytest.mark.parametrize("fn", [dropmask.dropout, dropmask.alpha_dropout])
+_FNS = (dropmask.dropout, dropmask.alpha_dropout)
+_DTYPES = (jnp.float32, jnp.bfloat16)
+_DEFAULT_CASES = [(fn, t, d) for fn in _FNS for t in (False, True) for d in _DTYPES]
+
+
+# Fast: each function, rate and dtype once (dropout static in float32, alpha_dropout
+# traced in bfloat16); the words are the same whatever the three.
+@pytest.mark.parametrize(
+    ("fn", "traced", "dtype"),
+    covering(
+        _DEFAULT_CASES,
+        [(dropmask.dropout, False, jnp.float32), (dropmask.alpha_dropout, True, jnp.bfloat16)],
+        unpack=True,
+    ),
+    ids=[f"{fn.__name__}-{t}-{jnp.dtype(d).name}" for fn, t, d in _DEFAULT_CASES],
+)
 def test_default_keeps_one_bit_per_element(dtype, traced, fn):
     x, key = _x(dtype=dtype), jax.random.key(0)
     rate = jnp.float32(0.1) if traced else 0.1
@@ -59,8 +73,16 @@ def test_default_keeps_one_bit_per_element(dtype, traced, fn):
     assert PARTS in _avals(leaves), _avals(leaves)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("fn", [dropmask.dropout, dropmask.alpha_dropout])
+# Fast: each function once, the dtypes in turn.
+@pytest.mark.parametrize(
+    ("fn", "dtype"),
+    covering(
+        [(fn, d) for fn in _FNS for d in _DTYPES],
+        [(dropmask.dropout, jnp.float32), (dropmask.alpha_dropout, jnp.bfloat16)],
+        unpack=True,
+    ),
+    ids=[f"{fn.__name__}-{jnp.dtype(d).name}" for fn in _FNS for d in _DTYPES],
+)
 def test_none_keeps_only_the_key_words(dtype, fn):
     x, key = _x(dtype=dtype), jax.random.key(0)
     leaves = _residuals(lambda x: fn(x, 0.1, key, residual="none"), x)
@@ -127,14 +149,18 @@ def _all_transforms(x, key, rate, mode, impl):
 
 # Each pair of values of two of (impl, rate, dtype) meets once: the generator, how the
 # threshold is computed and the dtype the mask scales each reach the saved and the
-# redrawn mask apart from the others.
+# redrawn mask apart from the others. Fast: every value of each once (the default
+# generator with both rates and both dtypes); the slow suite adds the flax generator's
+# traced rate in float32, completing the pairs.
 @pytest.mark.parametrize(
     ("impl", "rate", "dtype"),
     [
         pytest.param("fast", 0.1, jnp.float32, id="fast-static-float32"),
         pytest.param("fast", jnp.float32(0.1), jnp.bfloat16, id="fast-traced-bfloat16"),
         pytest.param("flax", 0.1, jnp.bfloat16, id="flax-static-bfloat16"),
-        pytest.param("flax", jnp.float32(0.1), jnp.float32, id="flax-traced-float32"),
+        pytest.param(
+            "flax", jnp.float32(0.1), jnp.float32, id="flax-traced-float32", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_modes_agree_bit_for_bit(dtype, rate, impl):
@@ -255,8 +281,16 @@ def test_backends_without_packed_words_keep_only_the_key(monkeypatch):
     assert _avals(leaves) == [((2,), "uint32")]
 
 
-@pytest.mark.parametrize("packs", [True, False], ids=["words", "key"])
-@pytest.mark.parametrize("rate", [0.3, jnp.float32(0.3)], ids=["static", "run_time"])
+# Fast: the words with a static rate, the key with a run-time one.
+@pytest.mark.parametrize(
+    ("rate", "packs"),
+    [
+        pytest.param(0.3, True, id="static-words"),
+        pytest.param(0.3, False, id="static-key", marks=pytest.mark.slow),
+        pytest.param(jnp.float32(0.3), True, id="run_time-words", marks=pytest.mark.slow),
+        pytest.param(jnp.float32(0.3), False, id="run_time-key"),
+    ],
+)
 def test_a_kept_mask_gives_the_flags_draw_gives(monkeypatch, packs, rate):
     # A caller with its own backward pass keeps the mask as `Kept` (the packed words,
     # or the key where the backend packs none) and rebuilds the same flags from it.

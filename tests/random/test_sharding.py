@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tests.covering import covering
 
 import dropmask
 from dropmask import linen as dl
@@ -32,12 +33,20 @@ def _reference(broadcast_dims=()):
 
 
 # Every device count with a mask of its own per element; a shared mask on 8 devices,
-# where a broadcast axis is split the most ways.
+# where a broadcast axis is split the most ways. Fast: each device count once, the split
+# axis in turn, and each shared mask split along its broadcast axis.
+_NAMED = [(n, ()) for n in (1, 2, 4, 8)] + [(8, (0,)), (8, (1,))]
+
+
 @pytest.mark.parametrize(
-    ("n", "broadcast_dims"),
-    [(n, ()) for n in (1, 2, 4, 8)] + [(8, (0,)), (8, (1,))],
+    ("axis", "n", "broadcast_dims"),
+    covering(
+        [(axis, *case) for axis in (0, 1) for case in _NAMED],
+        [(i % 2, n, ()) for i, n in enumerate((1, 2, 4, 8))] + [(0, 8, (0,)), (1, 8, (1,))],
+        unpack=True,
+    ),
+    ids=[f"{axis}-{n}-broadcast_dims{i}" for axis in (0, 1) for i, (n, _) in enumerate(_NAMED)],
 )
-@pytest.mark.parametrize("axis", [0, 1])
 def test_named_sharding_bit_identical_and_communication_free(n, axis, broadcast_dims):
     spec = PartitionSpec(*(("d" if i == axis else None) for i in range(2)))
     sharding = NamedSharding(_mesh(n), spec)
@@ -52,8 +61,16 @@ def test_named_sharding_bit_identical_and_communication_free(n, axis, broadcast_
     assert not any(op in hlo for op in COLLECTIVES), [op for op in COLLECTIVES if op in hlo]
 
 
-@pytest.mark.parametrize("path", _fast_mask.PATHS)
-@pytest.mark.parametrize("axis", [0, 1])
+# Fast: each path once, the split axis in turn.
+@pytest.mark.parametrize(
+    ("axis", "path"),
+    covering(
+        [(axis, path) for axis in (0, 1) for path in _fast_mask.PATHS],
+        [(i % 2, path) for i, path in enumerate(_fast_mask.PATHS)],
+        unpack=True,
+    ),
+    ids=[f"{axis}-{path}" for axis in (0, 1) for path in _fast_mask.PATHS],
+)
 def test_every_mask_path_is_bit_identical_and_communication_free_when_sharded(path, axis):
     """CPU and CUDA take different paths by default; each must shard like the others."""
     spec = PartitionSpec(*(("d" if i == axis else None) for i in range(2)))
@@ -128,8 +145,12 @@ def test_data_parallel_step_matches_single_device():
     )
 
 
-@pytest.mark.parametrize("rate", [0.1, 0.5])
-@pytest.mark.parametrize("axis", [0, 1])
+# Fast: each split axis once, the rates in turn.
+@pytest.mark.parametrize(
+    ("axis", "rate"),
+    covering([(a, r) for a in (0, 1) for r in (0.1, 0.5)], [(0, 0.1), (1, 0.5)], unpack=True),
+    ids=[f"{a}-{r}" for a in (0, 1) for r in (0.1, 0.5)],
+)
 def test_each_device_generates_only_its_own_words(axis, rate):
     """The packed parts (a byte per Threefry call, four to a word, at every rate) come
     out of a fusion of their own; it must be partitioned like the data (each device
@@ -172,8 +193,17 @@ SPECS = [
 ]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=str)
-@pytest.mark.parametrize("broadcast_dims", [(), (0,)])
+# Fast: every spec with a mask per element, and the mask shared along the batch axis
+# with both axes split (the batch over "data"); the other shared-mask cases are slow.
+@pytest.mark.parametrize(
+    ("broadcast_dims", "spec"),
+    covering(
+        [(dims, spec) for dims in ((), (0,)) for spec in SPECS],
+        [((), spec) for spec in SPECS] + [((0,), PartitionSpec("data", "model"))],
+        unpack=True,
+    ),
+    ids=[f"broadcast_dims{i}-{spec}" for i in range(2) for spec in SPECS],
+)
 def test_linen_dropout_in_shard_map_equals_unsharded(spec, broadcast_dims):
     mesh, x, key = _mesh2d(), jax.random.normal(jax.random.key(1), SHAPE), jax.random.key(3)
     layer = dl.Dropout(0.3, broadcast_dims=broadcast_dims, deterministic=False)
@@ -202,7 +232,14 @@ def test_linen_dropout_in_shard_map_equals_unsharded(spec, broadcast_dims):
     assert not np.array_equal(np.asarray(same(x, key)), np.asarray(want))
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=str)
+# Fast: a split batch and a feature axis split over a tuple of mesh axes; the block
+# comes from shard_spec by the helper test_linen_dropout_in_shard_map_equals_unsharded
+# runs on every spec.
+@pytest.mark.parametrize(
+    "spec",
+    covering(SPECS, [PartitionSpec("data", "model"), PartitionSpec(None, ("model", "data"))]),
+    ids=str,
+)
 def test_nnx_dropout_in_shard_map_equals_unsharded(spec):
     mesh, x = _mesh2d(), jax.random.normal(jax.random.key(1), SHAPE)
     key = jax.random.key(5)
@@ -312,8 +349,19 @@ def _x_and_key():
     return jax.random.normal(jax.random.key(1), SHAPE), jax.random.key(7)
 
 
-@pytest.mark.parametrize(("mesh_name", "spec"), BLOCK_CASES, ids=str)
-@pytest.mark.parametrize("name", sorted(FUNCTIONAL))
+# Fast: drop_path (one decision per example) on every block; alpha_dropout, a mask per
+# element as test_linen_dropout_in_shard_map_equals_unsharded draws on every spec, on
+# the layers' LAYER_BLOCK_CASES.
+@pytest.mark.parametrize(
+    ("name", "mesh_name", "spec"),
+    covering(
+        [(name, *case) for name in sorted(FUNCTIONAL) for case in BLOCK_CASES],
+        [("drop_path", *case) for case in BLOCK_CASES]
+        + [("alpha_dropout", *case) for case in LAYER_BLOCK_CASES],
+        unpack=True,
+    ),
+    ids=[f"{name}-{m}-{s}" for name in sorted(FUNCTIONAL) for m, s in BLOCK_CASES],
+)
 def test_functional_block_in_shard_map_equals_unsharded(name, mesh_name, spec):
     fn, (x, key) = FUNCTIONAL[name], _x_and_key()
     want = np.asarray(fn(x, key))
@@ -465,7 +513,11 @@ def _word(x, k, **kw):
     return dropmask.word_dropout(x, RATE, k, unk_id=UNK, **kw)
 
 
-@pytest.mark.parametrize(("mesh_name", "spec"), BLOCK_CASES, ids=str)
+# Fast: LAYER_BLOCK_CASES (a mask per element, as
+# test_linen_dropout_in_shard_map_equals_unsharded draws on every spec).
+@pytest.mark.parametrize(
+    ("mesh_name", "spec"), covering(BLOCK_CASES, LAYER_BLOCK_CASES, unpack=True), ids=str
+)
 def test_word_dropout_block_in_shard_map_equals_unsharded(mesh_name, spec):
     tokens, key = _tokens_and_key()
     want = np.asarray(_word(tokens, key))

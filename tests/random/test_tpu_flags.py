@@ -237,14 +237,18 @@ def _drawn_by_flags(f, *args):
     return "dropmask_tpu_bytes_linear" in jaxpr and "dropmask_tpu_masked_linear" not in jaxpr
 
 
+_NOT_TAKEN = [
+    ((3, 100), "float32", ()),  # a last axis that is not whole registers
+    ((2, 197, 96), "bfloat16", ()),
+    ((4, 16, 256), "float32", (1,)),  # broadcast_dims: the mask drawn at (4, 1, 256)
+    ((64, 128), "float16", ()),  # a dtype the dropout kernel does not take
+]
+
+
+# Fast: a last axis that is not whole registers (96 lanes, rank 3), broadcast_dims and a
+# dtype the dropout kernel does not take; the slow suite adds the rank-2 short axis.
 @pytest.mark.parametrize(
-    ("shape", "dtype", "dims"),
-    [
-        ((3, 100), "float32", ()),  # a last axis that is not whole registers
-        ((2, 197, 96), "bfloat16", ()),
-        ((4, 16, 256), "float32", (1,)),  # broadcast_dims: the mask drawn at (4, 1, 256)
-        ((64, 128), "float16", ()),  # a dtype the dropout kernel does not take
-    ],
+    ("shape", "dtype", "dims"), covering(_NOT_TAKEN, _NOT_TAKEN[1:], unpack=True)
 )
 def test_dropout_the_kernel_does_not_take_selects_with_the_flags_kernels_bytes(shape, dtype, dims):
     x = jax.random.normal(KEY, shape, jnp.float32).astype(dtype)

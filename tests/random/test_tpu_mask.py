@@ -143,6 +143,8 @@ def pretend_tpu(monkeypatch):
     jax.clear_caches()
 
 
+# Fast: the default on a TPU; turned off there (slow), the choice is in
+# test_leaving_tpu_kernels_restores_the_choice_for_the_next_trace, the values XLA's own.
 @pytest.mark.parametrize(
     ("devices", "enabled", "served"),
     covering(
@@ -152,7 +154,7 @@ def pretend_tpu(monkeypatch):
             (1, False, False),
             (8, True, True),
         ],
-        [(1, None, True), (1, False, False)],
+        [(1, None, True)],
         unpack=True,
     ),
 )

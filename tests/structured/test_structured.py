@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import jax.test_util
 import numpy as np
 import pytest
+from tests.covering import covering
 
 import dropmask
 
@@ -28,12 +29,14 @@ def _within_4_sigma(samples, expected):
 # --- DropBlock -------------------------------------------------------------------------
 
 
+# Fast: a 1-D, a 2-D (7 x 7 blocks on 14 x 14, where blocks overlap the most) and a 3-D
+# map; the slow suite adds a second 2-D map.
 @pytest.mark.parametrize(
     ("shape", "block_size", "rate"),
     [
         ((512, 32, 1), 5, 0.1),
         ((256, 14, 14, 1), 7, 0.1),
-        ((256, 16, 16, 1), 3, 0.3),
+        pytest.param((256, 16, 16, 1), 3, 0.3, marks=pytest.mark.slow),
         ((128, 6, 8, 7, 1), (2, 3, 2), 0.2),
     ],
 )
@@ -502,14 +505,25 @@ _OWN_ARITHMETIC = ("alpha_dropout", "drop_block", "word_dropout")
 _RATES = (0.05, 0.1, 0.2, 0.3, 0.5)
 
 
+# Fast: every function at 0.1, and those with arithmetic of their own at either end of
+# the rates too; the slow suite adds the rates between.
 @pytest.mark.parametrize(
     ("rate", "name"),
-    [
-        (rate, name)
-        for rate in _RATES
-        for name in sorted(STRUCTURED_CALLS)
-        if name in _OWN_ARITHMETIC or rate in (0.1, 0.3)
-    ],
+    covering(
+        [
+            (rate, name)
+            for rate in _RATES
+            for name in sorted(STRUCTURED_CALLS)
+            if name in _OWN_ARITHMETIC or rate in (0.1, 0.3)
+        ],
+        [
+            (rate, name)
+            for rate in _RATES
+            for name in sorted(STRUCTURED_CALLS)
+            if rate == 0.1 or (name in _OWN_ARITHMETIC and rate in (_RATES[0], _RATES[-1]))
+        ],
+        unpack=True,
+    ),
 )
 def test_a_static_rate_and_a_jax_scalar_give_the_same_result(name, rate):
     """Every function that takes a run-time rate draws the static rate's mask for the

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tests.covering import covering
 
 import dropmask
 
@@ -28,8 +29,17 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("axis", [0, -1])
+# Fast: each function once, the batch and the last axis split in turn (drop_block's
+# channels split per channel).
+@pytest.mark.parametrize(
+    ("axis", "name"),
+    covering(
+        [(axis, name) for axis in (0, -1) for name in sorted(CASES)],
+        [((0, -1)[i % 2], name) for i, name in enumerate(sorted(CASES))],
+        unpack=True,
+    ),
+    ids=[f"{axis}-{name}" for axis in (0, -1) for name in sorted(CASES)],
+)
 def test_named_sharding_gives_the_unsharded_result(name, axis):
     f, shape = CASES[name]
     x = jax.random.normal(jax.random.key(1), shape)
@@ -40,8 +50,21 @@ def test_named_sharding_gives_the_unsharded_result(name, axis):
     np.testing.assert_array_equal(np.asarray(jax.jit(f)(sharded, KEY)), np.asarray(want))
 
 
-@pytest.mark.parametrize("per_channel", [False, True])
-@pytest.mark.parametrize("spec", [PartitionSpec("d"), PartitionSpec(None, None, None, "d")])
+# Fast: the batch split with one mask for the channels, the channels split with a mask
+# per channel.
+@pytest.mark.parametrize(
+    ("spec", "per_channel"),
+    covering(
+        [
+            (s, c)
+            for s in (PartitionSpec("d"), PartitionSpec(None, None, None, "d"))
+            for c in (False, True)
+        ],
+        [(PartitionSpec("d"), False), (PartitionSpec(None, None, None, "d"), True)],
+        unpack=True,
+    ),
+    ids=[f"spec{i}-{c}" for i in range(2) for c in (False, True)],
+)
 def test_drop_block_in_shard_map_equals_unsharded(per_channel, spec):
     shape = (16, 8, 8, 8)
     x = jax.random.normal(jax.random.key(1), shape)
